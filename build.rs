@@ -1,0 +1,20 @@
+//! Compiles `proto/` with a pure-Rust protobuf compiler so a fresh machine needs no `protoc`,
+//! and keeps the file descriptor set for gRPC reflection.
+use std::path::PathBuf;
+
+const PROTOS: &[&str] = &["snp.proto", "snp_networking.proto", "dds.proto", "rules.proto"];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed=proto/{proto}");
+    }
+    let descriptors = protox::compile(PROTOS, ["proto"])?;
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    // Reflection needs the encoded set; `compile_fds` does not write it, so write it here.
+    std::fs::write(
+        out_dir.join("dubbo_cp_descriptor.bin"),
+        prost::Message::encode_to_vec(&descriptors),
+    )?;
+    tonic_prost_build::configure().compile_fds(descriptors)?;
+    Ok(())
+}

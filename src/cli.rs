@@ -1,0 +1,109 @@
+//! The command line: `serve` runs the control plane; the other sub-commands are clients of it.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::config::{Config, ServeArgs};
+use crate::pb::snp::ServiceMappingRequest;
+use crate::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient;
+use crate::{server, telemetry};
+
+#[derive(Debug, Parser)]
+#[command(name = "dubbo-cp", version, about = "A control plane for Apache Dubbo services")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the control plane (standalone, embedded store).
+    Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+        /// Print the effective configuration as YAML and exit.
+        #[arg(long)]
+        print_config: bool,
+    },
+    /// Register a service-name mapping, as an SDK does at start-up.
+    Register {
+        /// The control plane's gRPC address.
+        #[arg(long, env = "DUBBO_CP_SERVER", default_value = "http://127.0.0.1:30060")]
+        server: String,
+        #[arg(short, long)]
+        namespace: String,
+        #[arg(short, long)]
+        application: String,
+        /// Interfaces the application serves.
+        #[arg(required = true)]
+        interfaces: Vec<String>,
+    },
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve { args, print_config } => {
+            let config = Config::load(&args)?;
+            if print_config {
+                print!("{}", serde_yaml::to_string(&config.to_file_config())?);
+                return Ok(());
+            }
+            telemetry::init(config.log_format);
+            serve(config).await
+        }
+        Command::Register {
+            server,
+            namespace,
+            application,
+            interfaces,
+        } => register(server, namespace, application, interfaces).await,
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let running = server::start(config).await?;
+    shutdown_signal().await?;
+    running.stop().await
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        result = tokio::signal::ctrl_c() => {
+            result.context("cannot listen for Ctrl-C")?;
+            tracing::info!("interrupt received");
+        }
+    }
+    Ok(())
+}
+
+async fn register(
+    server: String,
+    namespace: String,
+    application: String,
+    interfaces: Vec<String>,
+) -> anyhow::Result<()> {
+    let channel = tonic::transport::Endpoint::from_shared(server.clone())
+        .with_context(|| format!("invalid server address {server}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {server}"))?;
+    let response = ServiceNameMappingServiceClient::new(channel)
+        .register_service_app_mapping(ServiceMappingRequest {
+            namespace,
+            application_name: application,
+            interface_names: interfaces,
+        })
+        .await
+        .map_err(|status| anyhow::anyhow!("{:?}: {}", status.code(), status.message()))?
+        .into_inner();
+    println!("success: {}, message: {}", response.success, response.message);
+    anyhow::ensure!(response.success, "registration refused");
+    Ok(())
+}

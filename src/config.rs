@@ -1,0 +1,410 @@
+//! Configuration: flags beat environment variables beat the YAML file beat defaults.
+//! Durations are accepted as human strings (`100ms`, `10s`) or as integer nanoseconds, the way
+//! the reference control plane writes them.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::debounce::DebounceConfig;
+use crate::telemetry::LogFormat;
+
+pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:30060";
+pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:30070";
+pub const DEFAULT_DATA_DIR: &str = "./data";
+
+/// The effective configuration of `serve`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub data_dir: PathBuf,
+    pub log_format: LogFormat,
+    pub debounce: DebounceConfig,
+    pub ingest: IngestConfig,
+    /// How long shutdown waits for in-flight work before it gives up on it.
+    pub shutdown_grace: Duration,
+    /// Serve without authentication on a non-loopback address.
+    pub insecure_allow_unauthenticated: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IngestConfig {
+    /// Registrations that may wait for a commit; beyond this, callers get `RESOURCE_EXHAUSTED`.
+    pub queue_capacity: usize,
+    /// Most registrations committed in one transaction.
+    pub max_batch: usize,
+    /// How long a caller waits for its commit before it gets `UNAVAILABLE`.
+    pub commit_timeout: Duration,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            queue_capacity: 8192,
+            max_batch: 4096,
+            commit_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 30060)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 30070)),
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            log_format: LogFormat::Text,
+            debounce: DebounceConfig::default(),
+            ingest: IngestConfig::default(),
+            shutdown_grace: Duration::from_secs(15),
+            insecure_allow_unauthenticated: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The YAML file. Every field is optional; unknown fields are an error so typos do not pass
+/// silently.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_addr: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_addr: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<LogSection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<DebounceSection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingest: Option<IngestSection>,
+    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    pub shutdown_grace: Option<Duration>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub insecure_allow_unauthenticated: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LogSection {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format: Option<LogFormat>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DebounceSection {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enable: Option<bool>,
+    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    pub after: Option<Duration>,
+    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    pub max: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IngestSection {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_capacity: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_batch: Option<usize>,
+    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    pub commit_timeout: Option<Duration>,
+}
+
+/// What flags and environment variables set (clap fills both); `None` falls through to the file.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// YAML config file.
+    #[arg(long, env = "DUBBO_CP_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address of the plain gRPC port [default: 127.0.0.1:30060].
+    #[arg(long, env = "DUBBO_CP_GRPC_ADDR")]
+    pub grpc_addr: Option<SocketAddr>,
+    /// Address of the HTTP admin port (/healthz, /readyz) [default: 127.0.0.1:30070].
+    #[arg(long, env = "DUBBO_CP_ADMIN_ADDR")]
+    pub admin_addr: Option<SocketAddr>,
+    /// Directory of the embedded database [default: ./data].
+    #[arg(long, env = "DUBBO_CP_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Log format [default: text].
+    #[arg(long, env = "DUBBO_CP_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Debounce on or off [default: true].
+    #[arg(long, env = "DUBBO_CP_DEBOUNCE_ENABLE", action = clap::ArgAction::Set)]
+    pub debounce_enable: Option<bool>,
+    /// Quiet time before a flush, e.g. 100ms or 100000000 (ns) [default: 100ms].
+    #[arg(long, env = "DUBBO_CP_DEBOUNCE_AFTER", value_parser = parse_duration)]
+    pub debounce_after: Option<Duration>,
+    /// Longest delay of a flush [default: 10s].
+    #[arg(long, env = "DUBBO_CP_DEBOUNCE_MAX", value_parser = parse_duration)]
+    pub debounce_max: Option<Duration>,
+    /// Registrations that may wait for a commit [default: 8192].
+    #[arg(long, env = "DUBBO_CP_INGEST_QUEUE_CAPACITY")]
+    pub ingest_queue_capacity: Option<usize>,
+    /// How long a registration waits for its commit [default: 10s].
+    #[arg(long, env = "DUBBO_CP_COMMIT_TIMEOUT", value_parser = parse_duration)]
+    pub commit_timeout: Option<Duration>,
+    /// Serve on a non-loopback address without authentication (logged loudly).
+    #[arg(long, env = "DUBBO_CP_INSECURE_ALLOW_UNAUTHENTICATED", action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub insecure_allow_unauthenticated: Option<bool>,
+}
+
+impl Config {
+    /// Reads the file named by the arguments (if any) and layers flags and environment over it.
+    pub fn load(args: &ServeArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => FileConfig::read(path)?,
+            None => FileConfig::default(),
+        };
+        Config::resolve(args, file)
+    }
+
+    /// Flags and environment (already merged by clap) over the file over defaults.
+    pub fn resolve(args: &ServeArgs, file: FileConfig) -> Result<Config, ConfigError> {
+        let defaults = Config::default();
+        let log = file.log.unwrap_or_default();
+        let debounce = file.debounce.unwrap_or_default();
+        let ingest = file.ingest.unwrap_or_default();
+        let config = Config {
+            grpc_addr: args.grpc_addr.or(file.grpc_addr).unwrap_or(defaults.grpc_addr),
+            admin_addr: args.admin_addr.or(file.admin_addr).unwrap_or(defaults.admin_addr),
+            data_dir: args.data_dir.clone().or(file.data_dir).unwrap_or(defaults.data_dir),
+            log_format: args.log_format.or(log.format).unwrap_or(defaults.log_format),
+            debounce: DebounceConfig {
+                enable: args.debounce_enable.or(debounce.enable).unwrap_or(defaults.debounce.enable),
+                after: args.debounce_after.or(debounce.after).unwrap_or(defaults.debounce.after),
+                max: args.debounce_max.or(debounce.max).unwrap_or(defaults.debounce.max),
+            },
+            ingest: IngestConfig {
+                queue_capacity: args
+                    .ingest_queue_capacity
+                    .or(ingest.queue_capacity)
+                    .unwrap_or(defaults.ingest.queue_capacity),
+                max_batch: ingest.max_batch.unwrap_or(defaults.ingest.max_batch),
+                commit_timeout: args
+                    .commit_timeout
+                    .or(ingest.commit_timeout)
+                    .unwrap_or(defaults.ingest.commit_timeout),
+            },
+            shutdown_grace: file.shutdown_grace.unwrap_or(defaults.shutdown_grace),
+            insecure_allow_unauthenticated: args
+                .insecure_allow_unauthenticated
+                .or(file.insecure_allow_unauthenticated)
+                .unwrap_or(defaults.insecure_allow_unauthenticated),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.ingest.queue_capacity == 0 {
+            return Err(ConfigError::Invalid("ingest.queueCapacity must be at least 1".into()));
+        }
+        if self.ingest.max_batch == 0 {
+            return Err(ConfigError::Invalid("ingest.maxBatch must be at least 1".into()));
+        }
+        if self.ingest.commit_timeout.is_zero() {
+            return Err(ConfigError::Invalid("ingest.commitTimeout must be above zero".into()));
+        }
+        Ok(())
+    }
+
+    /// The effective configuration in the file's format, for `serve --print-config`.
+    pub fn to_file_config(&self) -> FileConfig {
+        FileConfig {
+            grpc_addr: Some(self.grpc_addr),
+            admin_addr: Some(self.admin_addr),
+            data_dir: Some(self.data_dir.clone()),
+            log: Some(LogSection {
+                format: Some(self.log_format),
+            }),
+            debounce: Some(DebounceSection {
+                enable: Some(self.debounce.enable),
+                after: Some(self.debounce.after),
+                max: Some(self.debounce.max),
+            }),
+            ingest: Some(IngestSection {
+                queue_capacity: Some(self.ingest.queue_capacity),
+                max_batch: Some(self.ingest.max_batch),
+                commit_timeout: Some(self.ingest.commit_timeout),
+            }),
+            shutdown_grace: Some(self.shutdown_grace),
+            insecure_allow_unauthenticated: Some(self.insecure_allow_unauthenticated),
+        }
+    }
+}
+
+impl FileConfig {
+    pub fn read(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        FileConfig::parse(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<FileConfig, serde_yaml::Error> {
+        if text.trim().is_empty() {
+            return Ok(FileConfig::default());
+        }
+        serde_yaml::from_str(text)
+    }
+}
+
+/// `100ms`, `1m30s`, or a bare integer of nanoseconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse::<u64>()
+            .map(Duration::from_nanos)
+            .map_err(|err| format!("invalid duration {text:?}: {err}"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|err| format!("invalid duration {text:?}: {err} (use e.g. 100ms, 10s, or integer nanoseconds)"))
+}
+
+mod opt_duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Nanos(u64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Option<Duration>, D::Error> {
+        match Option::<Raw>::deserialize(de)? {
+            None => Ok(None),
+            Some(Raw::Nanos(nanos)) => Ok(Some(Duration::from_nanos(nanos))),
+            Some(Raw::Text(text)) => super::parse_duration(&text)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+
+    pub fn serialize<S: Serializer>(value: &Option<Duration>, ser: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(duration) => ser.serialize_str(&humantime::format_duration(*duration).to_string()),
+            None => ser.serialize_none(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn args(argv: &[&str]) -> ServeArgs {
+        let argv = std::iter::once("dubbo-cp").chain(argv.iter().copied());
+        match Cli::try_parse_from(argv) {
+            Ok(cli) => cli.serve,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    fn file(yaml: &str) -> FileConfig {
+        FileConfig::parse(yaml).unwrap_or_else(|err| panic!("{err}"))
+    }
+
+    fn resolve(args: &ServeArgs, file: FileConfig) -> Config {
+        Config::resolve(args, file).unwrap_or_else(|err| panic!("{err}"))
+    }
+
+    #[test]
+    fn durations_as_strings_or_nanoseconds() {
+        assert_eq!(parse_duration("100ms"), Ok(Duration::from_millis(100)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("100000000"), Ok(Duration::from_millis(100)));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("-5s").is_err());
+
+        let parsed = file("debounce:\n  after: 100000000\n  max: 10s\n  enable: false\n");
+        let debounce = parsed.debounce.unwrap_or_default();
+        assert_eq!(debounce.after, Some(Duration::from_millis(100)));
+        assert_eq!(debounce.max, Some(Duration::from_secs(10)));
+        assert_eq!(debounce.enable, Some(false));
+    }
+
+    #[test]
+    fn defaults_match_the_reference() {
+        let config = resolve(&ServeArgs::default(), FileConfig::default());
+        assert_eq!(config.grpc_addr.to_string(), DEFAULT_GRPC_ADDR);
+        assert_eq!(config.admin_addr.to_string(), DEFAULT_ADMIN_ADDR);
+        assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert_eq!(config.debounce, DebounceConfig {
+            after: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+            enable: true,
+        });
+    }
+
+    #[test]
+    fn flags_beat_file_beats_defaults() {
+        let from_file = file(
+            "grpcAddr: 127.0.0.1:1000\nadminAddr: 127.0.0.1:2000\ndebounce:\n  after: 1s\n  max: 20s\n",
+        );
+        let config = resolve(&args(&["--grpc-addr", "127.0.0.1:3000", "--debounce-after", "5ms"]), from_file);
+        assert_eq!(config.grpc_addr.port(), 3000, "flag beats file");
+        assert_eq!(config.admin_addr.port(), 2000, "file beats default");
+        assert_eq!(config.debounce.after, Duration::from_millis(5), "flag beats file");
+        assert_eq!(config.debounce.max, Duration::from_secs(20), "file beats default");
+        assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+    }
+
+    #[test]
+    fn unknown_or_malformed_fields_are_errors() {
+        assert!(FileConfig::parse("grpcAdr: 127.0.0.1:1\n").is_err());
+        assert!(FileConfig::parse("debounce:\n  after: soon\n").is_err());
+        assert!(FileConfig::parse("grpcAddr: not-an-address\n").is_err());
+        assert!(FileConfig::parse("").is_ok());
+        let zero = file("ingest:\n  queueCapacity: 0\n");
+        assert!(Config::resolve(&ServeArgs::default(), zero).is_err());
+    }
+
+    #[test]
+    fn effective_config_round_trips_through_yaml() {
+        let config = resolve(&args(&["--debounce-max", "3s", "--log-format", "json"]), FileConfig::default());
+        let yaml = serde_yaml::to_string(&config.to_file_config()).unwrap_or_default();
+        assert!(yaml.contains("max: 3s"), "{yaml}");
+        let again = resolve(&ServeArgs::default(), file(&yaml));
+        assert_eq!(again, config);
+    }
+}

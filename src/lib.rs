@@ -1,0 +1,26 @@
+//! dubbo-cp: a control plane for Apache Dubbo services.
+//!
+//! # Layout
+//! Data flows one way (see `shared/design.md`):
+//! `ingest` (gRPC registration, validation) -> `store` (durable, group commit, then ack) ->
+//! `debounce` (merges bursts) -> `index` (revisioned state per kind) -> discovery streams.
+//! - [`mapping`]: domain types and validation; no I/O.
+//! - [`debounce`]: the generic debouncer.
+//! - [`store`]: the embedded SQLite store.
+//! - [`index`]: the state the discovery stream reads.
+//! - [`ingest`]: the registration gRPC service.
+//! - [`server`]: all wiring, in one function.
+//! - [`config`], [`telemetry`], [`admin`]: configuration, logs, the HTTP admin port.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod debounce;
+pub mod index;
+pub mod ingest;
+pub mod mapping;
+pub mod pb;
+pub mod server;
+pub mod store;
+pub mod telemetry;

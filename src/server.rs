@@ -1,0 +1,240 @@
+//! All wiring in one place: open the store, load the index, start the debouncer, serve gRPC and
+//! the admin port, and shut down in the order that loses nothing.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::admin::{self, Readiness};
+use crate::config::Config;
+use crate::debounce::{self, Batch};
+use crate::index::{MappingIndex, MappingSnapshot};
+use crate::ingest::Ingest;
+use crate::pb;
+use crate::store::{EmbeddedStore, StoreOptions, StoredChange};
+
+/// Largest request a client may send.
+pub const MAX_DECODING_MESSAGE_BYTES: usize = 1024 * 1024;
+/// Committed changes that may wait for the debouncer before the writer waits.
+const CHANGE_FEED_CAPACITY: usize = 1024;
+
+/// A started control plane. Dropping it does not stop it; call [`RunningServer::shutdown`].
+pub struct RunningServer {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub store: EmbeddedStore,
+    pub index: Arc<MappingIndex>,
+    pub readiness: Readiness,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl RunningServer {
+    /// Starts a graceful shutdown; [`RunningServer::wait`] returns when it is done.
+    pub fn shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    /// Waits until the server has shut down.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("server task failed")?
+    }
+
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown();
+        self.wait().await
+    }
+}
+
+/// Starts the control plane; returns once both ports accept connections.
+pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
+    check_bind_policy(&config)?;
+
+    let (changes_tx, changes_rx) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
+    let store_options = StoreOptions {
+        queue_capacity: config.ingest.queue_capacity,
+        max_batch: config.ingest.max_batch,
+    };
+    let data_dir = config.data_dir.clone();
+    let (store, writer) = tokio::task::spawn_blocking(move || {
+        EmbeddedStore::open(&data_dir, store_options, changes_tx)
+    })
+    .await
+    .context("store open task failed")?
+    .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
+
+    let index = Arc::new(MappingIndex::new(MappingSnapshot {
+        revision: store.opened_revision(),
+        mappings: store.snapshot(),
+    }));
+    tracing::info!(
+        mappings = index.current().mappings.len(),
+        revision = store.opened_revision(),
+        data_dir = %config.data_dir.display(),
+        "store opened"
+    );
+    let debouncer = tokio::spawn({
+        let index = index.clone();
+        async move {
+            publish_changes(config.debounce, changes_rx, index).await;
+            Ok(())
+        }
+    });
+
+    let grpc_listener = TcpListener::bind(config.grpc_addr)
+        .await
+        .with_context(|| format!("cannot bind the gRPC port {}", config.grpc_addr))?;
+    let admin_listener = TcpListener::bind(config.admin_addr)
+        .await
+        .with_context(|| format!("cannot bind the admin port {}", config.admin_addr))?;
+    let grpc_addr = grpc_listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let readiness = Readiness::default();
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::snp::service_name_mapping_service_server::ServiceNameMappingServiceServer<Ingest>>()
+        .await;
+
+    let ingest = Ingest::new(store.clone(), config.ingest.commit_timeout);
+    let grpc_serve = grpc_router(ingest, health_service)?.serve_with_incoming_shutdown(
+        TcpListenerStream::new(grpc_listener),
+        wait_for_shutdown(shutdown_rx.clone()),
+    );
+    let grpc = tokio::spawn(async move { grpc_serve.await.context("gRPC server failed") });
+    let admin_serve = axum::serve(admin_listener, admin::router(readiness.clone(), store.clone()))
+        .with_graceful_shutdown(wait_for_shutdown(shutdown_rx.clone()));
+    let admin = tokio::spawn(async move { admin_serve.await.context("admin server failed") });
+    readiness.set(true);
+    tracing::info!(%grpc_addr, %admin_addr, "dubbo-cp serving");
+
+    let task = tokio::spawn({
+        let readiness = readiness.clone();
+        let grace = config.shutdown_grace;
+        async move {
+            wait_for_shutdown(shutdown_rx).await;
+            tracing::info!("shutting down: finishing in-flight registrations");
+            readiness.set(false);
+            health.set_not_serving::<pb::snp::service_name_mapping_service_server::ServiceNameMappingServiceServer<Ingest>>().await;
+            finish_within(grace, "gRPC server", grpc).await;
+            // Every acknowledged registration is committed; the writer commits what is queued.
+            tokio::task::spawn_blocking(move || writer.shutdown())
+                .await
+                .context("store writer shutdown failed")?;
+            // The writer's exit closed the change feed: the debouncer publishes what is pending.
+            finish_within(grace, "debouncer", debouncer).await;
+            finish_within(grace, "admin server", admin).await;
+            tracing::info!("shutdown complete");
+            Ok(())
+        }
+    });
+
+    Ok(RunningServer {
+        grpc_addr,
+        admin_addr,
+        store,
+        index,
+        readiness,
+        shutdown,
+        task,
+    })
+}
+
+/// Refuses to serve an unauthenticated control plane beyond loopback unless told to.
+fn check_bind_policy(config: &Config) -> anyhow::Result<()> {
+    if config.grpc_addr.ip().is_loopback() {
+        return Ok(());
+    }
+    if !config.insecure_allow_unauthenticated {
+        anyhow::bail!(
+            "refusing to serve unauthenticated registrations on {}: bind a loopback address, or pass \
+             --insecure-allow-unauthenticated to accept that anyone who reaches this port can steer traffic",
+            config.grpc_addr
+        );
+    }
+    tracing::warn!(
+        grpc_addr = %config.grpc_addr,
+        "INSECURE: serving without authentication on a non-loopback address; anyone who reaches \
+         this port can register mappings"
+    );
+    Ok(())
+}
+
+fn grpc_router(
+    ingest: Ingest,
+    health: tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+) -> anyhow::Result<tonic::transport::server::Router> {
+    // grpcurl and most tools speak v1alpha; newer clients v1.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
+    let snp_service =
+        pb::snp::service_name_mapping_service_server::ServiceNameMappingServiceServer::new(ingest.clone())
+            .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
+    let networking_service =
+        pb::dubbo::networking::v1alpha1::service_name_mapping_service_server::ServiceNameMappingServiceServer::new(ingest)
+            .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
+    Ok(tonic::transport::Server::builder()
+        // Detect dead peers: long-lived streams would otherwise pin memory forever.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .tcp_keepalive(Some(Duration::from_secs(60)))
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(snp_service)
+        .add_service(networking_service))
+}
+
+/// The debounce loop of standalone mode: merged committed changes go to the index.
+async fn publish_changes(
+    config: debounce::DebounceConfig,
+    changes: mpsc::Receiver<StoredChange>,
+    index: Arc<MappingIndex>,
+) {
+    debounce::run(config, changes, |batch: Batch<StoredChange>| {
+        let published_keys = batch.value.delta.len();
+        let revision = batch.value.revision;
+        let changed = index.apply(batch.value);
+        tracing::debug!(
+            events = batch.events,
+            keys = published_keys,
+            revision,
+            changed,
+            waited_ms = batch.first_event.elapsed().as_millis() as u64,
+            "published stored changes"
+        );
+        std::future::ready(())
+    })
+    .await;
+}
+
+async fn wait_for_shutdown(mut rx: watch::Receiver<bool>) {
+    // An error means the sender is gone, which also means: shut down.
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Waits for a component to finish; after `grace` it is abandoned with a warning.
+async fn finish_within(grace: Duration, what: &str, task: JoinHandle<anyhow::Result<()>>) {
+    let abort = task.abort_handle();
+    match tokio::time::timeout(grace, task).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(err))) => tracing::error!(error = format!("{err:#}"), "{what} failed"),
+        Ok(Err(err)) => tracing::error!(error = %err, "{what} task failed"),
+        Err(_) => {
+            tracing::warn!(?grace, "{what} did not finish within the shutdown grace period");
+            abort.abort();
+        }
+    }
+}
