@@ -2,7 +2,12 @@
 //! and keeps the file descriptor set for gRPC reflection.
 use std::path::PathBuf;
 
-const PROTOS: &[&str] = &["snp.proto", "snp_networking.proto", "dds.proto", "rules.proto"];
+const PROTOS: &[&str] = &[
+    "snp.proto",
+    "snp_networking.proto",
+    "dds.proto",
+    "rules.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in PROTOS {

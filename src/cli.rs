@@ -11,7 +11,11 @@ use crate::pb::snp::service_name_mapping_service_client::ServiceNameMappingServi
 use crate::{server, telemetry};
 
 #[derive(Debug, Parser)]
-#[command(name = "dubbo-cp", version, about = "A control plane for Apache Dubbo services")]
+#[command(
+    name = "dubbo-cp",
+    version,
+    about = "A control plane for Apache Dubbo services"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -30,7 +34,11 @@ pub enum Command {
     /// Register a service-name mapping, as an SDK does at start-up.
     Register {
         /// The control plane's gRPC address.
-        #[arg(long, env = "DUBBO_CP_SERVER", default_value = "http://127.0.0.1:30060")]
+        #[arg(
+            long,
+            env = "DUBBO_CP_SERVER",
+            default_value = "http://127.0.0.1:30060"
+        )]
         server: String,
         #[arg(short, long)]
         namespace: String,
@@ -103,7 +111,10 @@ async fn register(
         .await
         .map_err(|status| anyhow::anyhow!("{:?}: {}", status.code(), status.message()))?
         .into_inner();
-    println!("success: {}, message: {}", response.success, response.message);
+    println!(
+        "success: {}, message: {}",
+        response.success, response.message
+    );
     anyhow::ensure!(response.success, "registration refused");
     Ok(())
 }

@@ -98,7 +98,11 @@ pub struct FileConfig {
     pub debounce: Option<DebounceSection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingest: Option<IngestSection>,
-    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub shutdown_grace: Option<Duration>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insecure_allow_unauthenticated: Option<bool>,
@@ -116,9 +120,17 @@ pub struct LogSection {
 pub struct DebounceSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub enable: Option<bool>,
-    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub after: Option<Duration>,
-    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max: Option<Duration>,
 }
 
@@ -129,7 +141,11 @@ pub struct IngestSection {
     pub queue_capacity: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_batch: Option<usize>,
-    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub commit_timeout: Option<Duration>,
 }
 
@@ -188,14 +204,36 @@ impl Config {
         let debounce = file.debounce.unwrap_or_default();
         let ingest = file.ingest.unwrap_or_default();
         let config = Config {
-            grpc_addr: args.grpc_addr.or(file.grpc_addr).unwrap_or(defaults.grpc_addr),
-            admin_addr: args.admin_addr.or(file.admin_addr).unwrap_or(defaults.admin_addr),
-            data_dir: args.data_dir.clone().or(file.data_dir).unwrap_or(defaults.data_dir),
-            log_format: args.log_format.or(log.format).unwrap_or(defaults.log_format),
+            grpc_addr: args
+                .grpc_addr
+                .or(file.grpc_addr)
+                .unwrap_or(defaults.grpc_addr),
+            admin_addr: args
+                .admin_addr
+                .or(file.admin_addr)
+                .unwrap_or(defaults.admin_addr),
+            data_dir: args
+                .data_dir
+                .clone()
+                .or(file.data_dir)
+                .unwrap_or(defaults.data_dir),
+            log_format: args
+                .log_format
+                .or(log.format)
+                .unwrap_or(defaults.log_format),
             debounce: DebounceConfig {
-                enable: args.debounce_enable.or(debounce.enable).unwrap_or(defaults.debounce.enable),
-                after: args.debounce_after.or(debounce.after).unwrap_or(defaults.debounce.after),
-                max: args.debounce_max.or(debounce.max).unwrap_or(defaults.debounce.max),
+                enable: args
+                    .debounce_enable
+                    .or(debounce.enable)
+                    .unwrap_or(defaults.debounce.enable),
+                after: args
+                    .debounce_after
+                    .or(debounce.after)
+                    .unwrap_or(defaults.debounce.after),
+                max: args
+                    .debounce_max
+                    .or(debounce.max)
+                    .unwrap_or(defaults.debounce.max),
             },
             ingest: IngestConfig {
                 queue_capacity: args
@@ -220,13 +258,19 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         if self.ingest.queue_capacity == 0 {
-            return Err(ConfigError::Invalid("ingest.queueCapacity must be at least 1".into()));
+            return Err(ConfigError::Invalid(
+                "ingest.queueCapacity must be at least 1".into(),
+            ));
         }
         if self.ingest.max_batch == 0 {
-            return Err(ConfigError::Invalid("ingest.maxBatch must be at least 1".into()));
+            return Err(ConfigError::Invalid(
+                "ingest.maxBatch must be at least 1".into(),
+            ));
         }
         if self.ingest.commit_timeout.is_zero() {
-            return Err(ConfigError::Invalid("ingest.commitTimeout must be above zero".into()));
+            return Err(ConfigError::Invalid(
+                "ingest.commitTimeout must be above zero".into(),
+            ));
         }
         Ok(())
     }
@@ -285,8 +329,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             .map(Duration::from_nanos)
             .map_err(|err| format!("invalid duration {text:?}: {err}"));
     }
-    humantime::parse_duration(text)
-        .map_err(|err| format!("invalid duration {text:?}: {err} (use e.g. 100ms, 10s, or integer nanoseconds)"))
+    humantime::parse_duration(text).map_err(|err| {
+        format!("invalid duration {text:?}: {err} (use e.g. 100ms, 10s, or integer nanoseconds)")
+    })
 }
 
 mod opt_duration {
@@ -369,11 +414,14 @@ mod tests {
         assert_eq!(config.grpc_addr.to_string(), DEFAULT_GRPC_ADDR);
         assert_eq!(config.admin_addr.to_string(), DEFAULT_ADMIN_ADDR);
         assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
-        assert_eq!(config.debounce, DebounceConfig {
-            after: Duration::from_millis(100),
-            max: Duration::from_secs(10),
-            enable: true,
-        });
+        assert_eq!(
+            config.debounce,
+            DebounceConfig {
+                after: Duration::from_millis(100),
+                max: Duration::from_secs(10),
+                enable: true,
+            }
+        );
     }
 
     #[test]
@@ -381,11 +429,22 @@ mod tests {
         let from_file = file(
             "grpcAddr: 127.0.0.1:1000\nadminAddr: 127.0.0.1:2000\ndebounce:\n  after: 1s\n  max: 20s\n",
         );
-        let config = resolve(&args(&["--grpc-addr", "127.0.0.1:3000", "--debounce-after", "5ms"]), from_file);
+        let config = resolve(
+            &args(&["--grpc-addr", "127.0.0.1:3000", "--debounce-after", "5ms"]),
+            from_file,
+        );
         assert_eq!(config.grpc_addr.port(), 3000, "flag beats file");
         assert_eq!(config.admin_addr.port(), 2000, "file beats default");
-        assert_eq!(config.debounce.after, Duration::from_millis(5), "flag beats file");
-        assert_eq!(config.debounce.max, Duration::from_secs(20), "file beats default");
+        assert_eq!(
+            config.debounce.after,
+            Duration::from_millis(5),
+            "flag beats file"
+        );
+        assert_eq!(
+            config.debounce.max,
+            Duration::from_secs(20),
+            "file beats default"
+        );
         assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
     }
 
@@ -401,7 +460,10 @@ mod tests {
 
     #[test]
     fn effective_config_round_trips_through_yaml() {
-        let config = resolve(&args(&["--debounce-max", "3s", "--log-format", "json"]), FileConfig::default());
+        let config = resolve(
+            &args(&["--debounce-max", "3s", "--log-format", "json"]),
+            FileConfig::default(),
+        );
         let yaml = serde_yaml::to_string(&config.to_file_config()).unwrap_or_default();
         assert!(yaml.contains("max: 3s"), "{yaml}");
         let again = resolve(&ServeArgs::default(), file(&yaml));

@@ -210,7 +210,13 @@ mod tests {
                 conc.lock().unwrap_or_else(|e| e.into_inner()).0 -= 1;
             }
         }));
-        Harness { tx, flushed, max_concurrent, task, start }
+        Harness {
+            tx,
+            flushed,
+            max_concurrent,
+            task,
+            start,
+        }
     }
 
     impl Harness {
@@ -221,17 +227,24 @@ mod tests {
             tokio::time::sleep_until(self.start + Duration::from_millis(ms)).await;
         }
         fn flushed(&self) -> Vec<Flushed> {
-            self.flushed.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            self.flushed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
         }
         fn max_concurrent(&self) -> usize {
-            self.max_concurrent.lock().unwrap_or_else(|e| e.into_inner()).1
+            self.max_concurrent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .1
         }
         async fn finish(self) -> Vec<Flushed> {
-            let Harness { tx, flushed, task, .. } = self;
+            let Harness {
+                tx, flushed, task, ..
+            } = self;
             drop(tx);
             assert!(task.await.is_ok());
-            let flushed = flushed.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            flushed
+            flushed.lock().unwrap_or_else(|e| e.into_inner()).clone()
         }
     }
 
@@ -244,7 +257,11 @@ mod tests {
     }
 
     fn f(at_ms: u128, values: &[u32]) -> Flushed {
-        Flushed { at_ms, values: values.to_vec(), events: values.len() }
+        Flushed {
+            at_ms,
+            values: values.to_vec(),
+            events: values.len(),
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -252,7 +269,10 @@ mod tests {
         let h = start(cfg(100, 10_000), Duration::ZERO);
         h.send(1).await;
         h.at(199).await;
-        assert!(h.flushed().is_empty(), "flushed before the 200 ms first timer");
+        assert!(
+            h.flushed().is_empty(),
+            "flushed before the 200 ms first timer"
+        );
         h.at(201).await;
         assert_eq!(h.flushed(), vec![f(200, &[1])]);
     }
@@ -278,7 +298,10 @@ mod tests {
         let h = start(cfg(500, 10_000), Duration::ZERO);
         h.send(1).await;
         h.at(300).await;
-        assert!(h.flushed().is_empty(), "200 ms first timer must not flush before `after`");
+        assert!(
+            h.flushed().is_empty(),
+            "200 ms first timer must not flush before `after`"
+        );
         h.at(501).await;
         assert_eq!(h.flushed(), vec![f(500, &[1])]);
     }
@@ -313,7 +336,11 @@ mod tests {
             h.send(v).await;
         }
         h.at(1_199).await;
-        assert_eq!(h.flushed().len(), 1, "a second flush started while the first ran");
+        assert_eq!(
+            h.flushed().len(),
+            1,
+            "a second flush started while the first ran"
+        );
         h.at(1_250).await;
         // The waiting batch was quiet long enough, so it goes as soon as the first flush returns.
         assert_eq!(h.flushed(), vec![f(200, &[1]), f(1_200, &[2, 3, 4])]);
@@ -334,7 +361,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn disabled_flushes_every_event_on_its_own_one_at_a_time() {
-        let config = DebounceConfig { enable: false, ..cfg(100, 10_000) };
+        let config = DebounceConfig {
+            enable: false,
+            ..cfg(100, 10_000)
+        };
         let h = start(config, Duration::from_millis(10));
         for v in 1..=3 {
             h.send(v).await;

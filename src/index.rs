@@ -76,18 +76,30 @@ mod tests {
 
     #[test]
     fn publishes_only_real_changes_with_rising_revisions() {
-        let index = MappingIndex::new(MappingSnapshot { revision: 5, ..Default::default() });
+        let index = MappingIndex::new(MappingSnapshot {
+            revision: 5,
+            ..Default::default()
+        });
         let mut rx = index.subscribe();
         rx.mark_unchanged();
         assert!(index.apply(change(&[("ns", "I", "a")], 6)));
         assert!(rx.has_changed().unwrap_or(false));
         rx.mark_unchanged();
-        assert!(!index.apply(change(&[("ns", "I", "a")], 7)), "same pair published twice");
+        assert!(
+            !index.apply(change(&[("ns", "I", "a")], 7)),
+            "same pair published twice"
+        );
         assert!(!rx.has_changed().unwrap_or(true));
         // A lower revision than the current one still moves the revision forward.
         assert!(index.apply(change(&[("ns", "I", "b")], 3)));
         let current = index.current();
         assert_eq!(current.revision, 7);
-        assert_eq!(current.mappings.get(&MappingKey::new("ns", "I")).map(|a| a.len()), Some(2));
+        assert_eq!(
+            current
+                .mappings
+                .get(&MappingKey::new("ns", "I"))
+                .map(|a| a.len()),
+            Some(2)
+        );
     }
 }

@@ -109,8 +109,11 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         wait_for_shutdown(shutdown_rx.clone()),
     );
     let grpc = tokio::spawn(async move { grpc_serve.await.context("gRPC server failed") });
-    let admin_serve = axum::serve(admin_listener, admin::router(readiness.clone(), store.clone()))
-        .with_graceful_shutdown(wait_for_shutdown(shutdown_rx.clone()));
+    let admin_serve = axum::serve(
+        admin_listener,
+        admin::router(readiness.clone(), store.clone()),
+    )
+    .with_graceful_shutdown(wait_for_shutdown(shutdown_rx.clone()));
     let admin = tokio::spawn(async move { admin_serve.await.context("admin server failed") });
     readiness.set(true);
     tracing::info!(%grpc_addr, %admin_addr, "dubbo-cp serving");
@@ -169,7 +172,9 @@ fn check_bind_policy(config: &Config) -> anyhow::Result<()> {
 
 fn grpc_router(
     ingest: Ingest,
-    health: tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
 ) -> anyhow::Result<tonic::transport::server::Router> {
     // grpcurl and most tools speak v1alpha; newer clients v1.
     let reflection = || {
@@ -180,8 +185,10 @@ fn grpc_router(
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
     let snp_service =
-        pb::snp::service_name_mapping_service_server::ServiceNameMappingServiceServer::new(ingest.clone())
-            .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
+        pb::snp::service_name_mapping_service_server::ServiceNameMappingServiceServer::new(
+            ingest.clone(),
+        )
+        .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
     let networking_service =
         pb::dubbo::networking::v1alpha1::service_name_mapping_service_server::ServiceNameMappingServiceServer::new(ingest)
             .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
@@ -233,7 +240,10 @@ async fn finish_within(grace: Duration, what: &str, task: JoinHandle<anyhow::Res
         Ok(Ok(Err(err))) => tracing::error!(error = format!("{err:#}"), "{what} failed"),
         Ok(Err(err)) => tracing::error!(error = %err, "{what} task failed"),
         Err(_) => {
-            tracing::warn!(?grace, "{what} did not finish within the shutdown grace period");
+            tracing::warn!(
+                ?grace,
+                "{what} did not finish within the shutdown grace period"
+            );
             abort.abort();
         }
     }

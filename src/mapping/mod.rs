@@ -75,7 +75,9 @@ impl MappingDelta {
     }
 
     pub fn contains(&self, key: &MappingKey, application: &str) -> bool {
-        self.added.get(key).is_some_and(|apps| apps.contains(application))
+        self.added
+            .get(key)
+            .is_some_and(|apps| apps.contains(application))
     }
 
     /// Union of both deltas, into `self`.
@@ -129,7 +131,13 @@ mod tests {
         a.merge(b);
         assert_eq!(a.len(), 2);
         assert_eq!(a.pairs(), 3);
-        let apps: Vec<_> = a.iter().next().map(|(_, apps)| apps.clone()).into_iter().flatten().collect();
+        let apps: Vec<_> = a
+            .iter()
+            .next()
+            .map(|(_, apps)| apps.clone())
+            .into_iter()
+            .flatten()
+            .collect();
         assert_eq!(apps, vec!["app-a".to_string(), "app-b".to_string()]);
     }
 

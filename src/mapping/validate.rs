@@ -163,7 +163,11 @@ mod tests {
         let reg = validate_registration(
             "dubbo-system",
             "demo-provider",
-            &strings(&["org.apache.dubbo.demo.DemoService", "org.apache.dubbo.demo.DemoService", "a.B$Inner"]),
+            &strings(&[
+                "org.apache.dubbo.demo.DemoService",
+                "org.apache.dubbo.demo.DemoService",
+                "a.B$Inner",
+            ]),
         )
         .map_err(|e| e.to_string());
         let reg = reg.as_ref().map(|r| r.interfaces.len());
@@ -172,18 +176,46 @@ mod tests {
 
     #[test]
     fn namespace_must_be_a_dns_label() {
-        for bad in ["", "Default", "-ns", "ns-", "ns_1", "ns.a", &"a".repeat(64), "nß"] {
-            assert_eq!(field_of(bad, "app", &["I"]), "namespace", "namespace {bad:?}");
+        for bad in [
+            "",
+            "Default",
+            "-ns",
+            "ns-",
+            "ns_1",
+            "ns.a",
+            &"a".repeat(64),
+            "nß",
+        ] {
+            assert_eq!(
+                field_of(bad, "app", &["I"]),
+                "namespace",
+                "namespace {bad:?}"
+            );
         }
         for good in ["a", "default", "ns-1", &"a".repeat(63)] {
-            assert!(validate_registration(good, "app", &strings(&["I"])).is_ok(), "{good:?}");
+            assert!(
+                validate_registration(good, "app", &strings(&["I"])).is_ok(),
+                "{good:?}"
+            );
         }
     }
 
     #[test]
     fn application_rules() {
-        for bad in ["", "a b", "a,b", "a\tb", "a\u{7}b", "a\u{a0}b", &"a".repeat(254)] {
-            assert_eq!(field_of("ns", bad, &["I"]), "applicationName", "application {bad:?}");
+        for bad in [
+            "",
+            "a b",
+            "a,b",
+            "a\tb",
+            "a\u{7}b",
+            "a\u{a0}b",
+            &"a".repeat(254),
+        ] {
+            assert_eq!(
+                field_of("ns", bad, &["I"]),
+                "applicationName",
+                "application {bad:?}"
+            );
         }
         assert!(validate_registration("ns", &"a".repeat(253), &strings(&["I"])).is_ok());
     }
@@ -194,7 +226,10 @@ mod tests {
         assert_eq!(field_of("ns", "app", &["ok", ""]), "interfaceNames[1]");
         assert_eq!(field_of("ns", "app", &["a b"]), "interfaceNames[0]");
         assert_eq!(field_of("ns", "app", &["a\nb"]), "interfaceNames[0]");
-        assert_eq!(field_of("ns", "app", &[&"i".repeat(1025)]), "interfaceNames[0]");
+        assert_eq!(
+            field_of("ns", "app", &[&"i".repeat(1025)]),
+            "interfaceNames[0]"
+        );
         assert!(validate_registration("ns", "app", &strings(&[&"i".repeat(1024)])).is_ok());
         let many: Vec<String> = (0..1001).map(|i| format!("I{i}")).collect();
         let err = validate_registration("ns", "app", &many).err();
@@ -205,11 +240,15 @@ mod tests {
 
     #[test]
     fn message_quotes_the_value_escaped_and_short() {
-        let err = validate_registration("ns", "app", &strings(&[&format!("x\n{}", "y".repeat(500))]))
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(err.starts_with("interfaceNames[0]: must not contain control characters (got \"x\\n"), "{err}");
+        let err =
+            validate_registration("ns", "app", &strings(&[&format!("x\n{}", "y".repeat(500))]))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+        assert!(
+            err.starts_with("interfaceNames[0]: must not contain control characters (got \"x\\n"),
+            "{err}"
+        );
         assert!(err.contains("(502 bytes)"), "{err}");
         assert!(err.len() < 200, "{err}");
     }

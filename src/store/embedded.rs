@@ -90,8 +90,12 @@ impl EmbeddedStore {
         };
         std::fs::create_dir_all(data_dir).map_err(dir_error)?;
         let lock = File::create(data_dir.join(LOCK_FILE)).map_err(dir_error)?;
-        if lock.try_lock().is_err() {
-            return Err(StoreError::Locked(data_dir.to_path_buf()));
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Locked(data_dir.to_path_buf()));
+            }
+            Err(std::fs::TryLockError::Error(err)) => return Err(dir_error(err)),
         }
         let mut conn = Connection::open(data_dir.join(DB_FILE))?;
         prepare_schema(&conn)?;
@@ -124,7 +128,10 @@ impl EmbeddedStore {
 
     /// Makes `registration` durable. Returns once it is committed, or at once when everything in
     /// it is stored already or the queue is full.
-    pub async fn register(&self, registration: Registration) -> Result<RegisterOutcome, StoreError> {
+    pub async fn register(
+        &self,
+        registration: Registration,
+    ) -> Result<RegisterOutcome, StoreError> {
         if self.is_stored(&registration) {
             self.stats.already_stored.fetch_add(1, Ordering::Relaxed);
             return Ok(RegisterOutcome::AlreadyStored);
@@ -196,14 +203,19 @@ struct Writer {
     revision: i64,
 }
 
-type Pending = (Registration, oneshot::Sender<Result<RegisterOutcome, StoreError>>);
+type Pending = (
+    Registration,
+    oneshot::Sender<Result<RegisterOutcome, StoreError>>,
+);
 
 impl Writer {
     fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         let mut batch: Vec<Pending> = Vec::with_capacity(self.max_batch);
         let mut stopping = false;
         while !stopping {
-            let Some(first) = rx.blocking_recv() else { break };
+            let Some(first) = rx.blocking_recv() else {
+                break;
+            };
             let mut next = Some(first);
             while let Some(command) = next.take() {
                 match command {
@@ -382,7 +394,11 @@ mod tests {
     }
 
     async fn close(writer: StoreWriter) {
-        assert!(tokio::task::spawn_blocking(move || writer.shutdown()).await.is_ok());
+        assert!(
+            tokio::task::spawn_blocking(move || writer.shutdown())
+                .await
+                .is_ok()
+        );
     }
 
     #[tokio::test]
@@ -390,26 +406,41 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let (store, writer, mut changes) = open(dir.path());
         let first_revision = store.opened_revision();
-        let outcome = store.register(registration("ns", "app", &["I1", "I2"])).await;
+        let outcome = store
+            .register(registration("ns", "app", &["I1", "I2"]))
+            .await;
         assert_eq!(outcome.ok(), Some(RegisterOutcome::Stored { added: 2 }));
         let change = changes.recv().await.unwrap_or_default();
         assert_eq!(change.delta.pairs(), 2);
         assert_eq!(change.revision, first_revision + 1);
 
-        let again = store.register(registration("ns", "app", &["I2", "I1"])).await;
+        let again = store
+            .register(registration("ns", "app", &["I2", "I1"]))
+            .await;
         assert_eq!(again.ok(), Some(RegisterOutcome::AlreadyStored));
-        let partly = store.register(registration("ns", "app", &["I1", "I3"])).await;
+        let partly = store
+            .register(registration("ns", "app", &["I1", "I3"]))
+            .await;
         assert_eq!(partly.ok(), Some(RegisterOutcome::Stored { added: 1 }));
         assert_eq!(store.stats().commits.load(Ordering::Relaxed), 2);
         assert_eq!(store.stats().pairs_written.load(Ordering::Relaxed), 3);
         close(writer).await;
 
         let (reopened, writer, _changes) = open(dir.path());
-        assert!(reopened.opened_revision() > first_revision + 2, "revision went backwards");
+        assert!(
+            reopened.opened_revision() > first_revision + 2,
+            "revision went backwards"
+        );
         let snapshot = reopened.snapshot();
         assert_eq!(snapshot.len(), 3);
-        let apps = snapshot.get(&MappingKey::new("ns", "I3")).cloned().unwrap_or_default();
-        assert_eq!(apps.into_iter().collect::<Vec<_>>(), vec!["app".to_string()]);
+        let apps = snapshot
+            .get(&MappingKey::new("ns", "I3"))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            apps.into_iter().collect::<Vec<_>>(),
+            vec!["app".to_string()]
+        );
         close(writer).await;
     }
 
@@ -443,7 +474,13 @@ mod tests {
         }
         let commits = store.stats().commits.load(Ordering::Relaxed);
         assert!((1..=500).contains(&commits));
-        assert_eq!(store.snapshot().get(&MappingKey::new("ns", "I1")).map(|a| a.len()), Some(500));
+        assert_eq!(
+            store
+                .snapshot()
+                .get(&MappingKey::new("ns", "I1"))
+                .map(|a| a.len()),
+            Some(500)
+        );
         close(writer).await;
     }
 
@@ -453,7 +490,10 @@ mod tests {
         // The change feed has room for one change and nobody reads it, so the writer blocks after
         // its second commit and the one-slot queue fills up.
         let (tx, _rx) = mpsc::channel(1);
-        let options = StoreOptions { queue_capacity: 1, max_batch: 1 };
+        let options = StoreOptions {
+            queue_capacity: 1,
+            max_batch: 1,
+        };
         let (store, writer) = match EmbeddedStore::open(dir.path(), options, tx) {
             Ok(opened) => opened,
             Err(err) => panic!("{err}"),

@@ -1,0 +1,155 @@
+//! The binary's command line: configuration precedence and the `register` client.
+
+mod common;
+
+use std::process::Command;
+
+use common::{admin_mappings, start, test_config};
+
+fn print_config(file: &std::path::Path, env: &[(&str, &str)], flags: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args(["serve", "--print-config", "--config"])
+        .arg(file)
+        .args(flags)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn flags_beat_environment_beats_file_beats_defaults() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.path().join("dubbo-cp.yaml");
+    let yaml = "grpcAddr: 127.0.0.1:1001\nadminAddr: 127.0.0.1:1002\ndataDir: /from/file\n\
+                debounce:\n  after: 100000000\n  max: 20s\n  enable: true\n";
+    assert!(std::fs::write(&file, yaml).is_ok());
+
+    let only_file = print_config(&file, &[], &[]);
+    assert!(
+        only_file.contains("grpcAddr: 127.0.0.1:1001"),
+        "{only_file}"
+    );
+    assert!(
+        only_file.contains("after: 100ms"),
+        "nanoseconds not read: {only_file}"
+    );
+    assert!(
+        only_file.contains("queueCapacity: 8192"),
+        "default missing: {only_file}"
+    );
+
+    let env = [
+        ("DUBBO_CP_GRPC_ADDR", "127.0.0.1:2001"),
+        ("DUBBO_CP_DATA_DIR", "/from/env"),
+        ("DUBBO_CP_DEBOUNCE_ENABLE", "false"),
+    ];
+    let with_env = print_config(&file, &env, &[]);
+    assert!(with_env.contains("grpcAddr: 127.0.0.1:2001"), "{with_env}");
+    assert!(with_env.contains("dataDir: /from/env"), "{with_env}");
+    assert!(with_env.contains("enable: false"), "{with_env}");
+    assert!(with_env.contains("adminAddr: 127.0.0.1:1002"), "{with_env}");
+
+    let with_flags = print_config(
+        &file,
+        &env,
+        &["--grpc-addr", "127.0.0.1:3001", "--debounce-max", "2500ms"],
+    );
+    assert!(
+        with_flags.contains("grpcAddr: 127.0.0.1:3001"),
+        "{with_flags}"
+    );
+    assert!(with_flags.contains("max: 2s 500ms"), "{with_flags}");
+    assert!(with_flags.contains("dataDir: /from/env"), "{with_flags}");
+}
+
+#[test]
+fn bad_config_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.path().join("bad.yaml");
+    assert!(std::fs::write(&file, "debounce:\n  aftr: 1s\n").is_ok());
+    let output = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args(["serve", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("aftr"), "{stderr}");
+}
+
+#[test]
+fn refuses_a_non_loopback_address_without_authentication() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let output = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "0.0.0.0:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--insecure-allow-unauthenticated"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_subcommand_talks_to_a_real_server() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start(test_config(dir.path())).await;
+    let addr = format!("http://{}", server.grpc_addr);
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args([
+            "register",
+            "--server",
+            &addr,
+            "-n",
+            "default",
+            "-a",
+            "demo-provider",
+            "org.apache.dubbo.demo.DemoService",
+        ])
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("success: true"));
+
+    let bad = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args([
+            "register",
+            "--server",
+            &addr,
+            "-n",
+            "Bad",
+            "-a",
+            "demo-provider",
+            "I",
+        ])
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("InvalidArgument"));
+
+    let stored = admin_mappings(server.admin_addr).await;
+    assert_eq!(stored.len(), 1);
+    assert!(server.stop().await.is_ok());
+}

@@ -1,0 +1,161 @@
+//! Helpers shared by the integration tests: a real server on 127.0.0.1:0, real gRPC clients,
+//! a tiny HTTP client for the admin port, and the real binary as a child process.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use dubbo_cp::admin::MappingView;
+use dubbo_cp::config::Config;
+use dubbo_cp::pb::snp::ServiceMappingRequest;
+use dubbo_cp::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient;
+use dubbo_cp::server::{self, RunningServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::Channel;
+
+pub type Mappings = BTreeMap<(String, String), BTreeSet<String>>;
+
+pub fn test_config(data_dir: &Path) -> Config {
+    Config {
+        grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        data_dir: data_dir.to_path_buf(),
+        ..Config::default()
+    }
+}
+
+pub async fn start(config: Config) -> RunningServer {
+    match server::start(config).await {
+        Ok(server) => server,
+        Err(err) => panic!("server did not start: {err:#}"),
+    }
+}
+
+pub async fn channel(addr: SocketAddr) -> Channel {
+    match Channel::from_shared(format!("http://{addr}")) {
+        Ok(endpoint) => match endpoint.connect().await {
+            Ok(channel) => channel,
+            Err(err) => panic!("cannot connect to {addr}: {err}"),
+        },
+        Err(err) => panic!("{err}"),
+    }
+}
+
+pub async fn client(addr: SocketAddr) -> ServiceNameMappingServiceClient<Channel> {
+    ServiceNameMappingServiceClient::new(channel(addr).await)
+}
+
+pub fn request(namespace: &str, application: &str, interfaces: &[&str]) -> ServiceMappingRequest {
+    ServiceMappingRequest {
+        namespace: namespace.into(),
+        application_name: application.into(),
+        interface_names: interfaces.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// A plain HTTP/1.1 GET; returns the status code and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = match tokio::net::TcpStream::connect(addr).await {
+        Ok(stream) => stream,
+        Err(err) => panic!("cannot connect to {addr}: {err}"),
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    assert!(stream.write_all(request.as_bytes()).await.is_ok());
+    let mut response = Vec::new();
+    assert!(stream.read_to_end(&mut response).await.is_ok());
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The stored mappings as the admin port reports them.
+pub async fn admin_mappings(admin: SocketAddr) -> Mappings {
+    let (status, body) = http_get(admin, "/debug/mappings").await;
+    assert_eq!(status, 200, "{body}");
+    let views: Vec<MappingView> = match serde_json::from_str(&body) {
+        Ok(views) => views,
+        Err(err) => panic!("bad /debug/mappings body {body:?}: {err}"),
+    };
+    views
+        .into_iter()
+        .map(|v| {
+            (
+                (v.namespace, v.interface_name),
+                v.application_names.into_iter().collect(),
+            )
+        })
+        .collect()
+}
+
+/// The real binary, started with `serve` on ephemeral ports.
+pub struct Process {
+    pub child: Child,
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    /// Log lines printed after start-up, collected in the background.
+    pub logs: std::sync::mpsc::Receiver<String>,
+}
+
+pub fn spawn_binary(data_dir: &Path, extra: &[&str]) -> Process {
+    let mut child = match Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(data_dir)
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(err) => panic!("cannot spawn dubbo-cp: {err}"),
+    };
+    let Some(stdout) = child.stdout.take() else {
+        panic!("no stdout")
+    };
+    let (tx, logs) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let line = loop {
+        match logs.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) if line.contains("dubbo-cp serving") => break line,
+            Ok(_) => continue,
+            Err(err) => panic!("dubbo-cp did not report serving: {err}"),
+        }
+    };
+    let field = |name: &str| -> SocketAddr {
+        line.split_whitespace()
+            .find_map(|word| word.strip_prefix(&format!("{name}=")))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+    };
+    Process {
+        grpc_addr: field("grpc_addr"),
+        admin_addr: field("admin_addr"),
+        child,
+        logs,
+    }
+}
