@@ -20,6 +20,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("dubbo_cp_descriptor.bin"),
         prost::Message::encode_to_vec(&descriptors),
     )?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    tonic_prost_build::configure()
+        // Responses carry a pre-encoded payload shared by every stream (see src/dds/wire.rs).
+        .extern_path(
+            ".org.apache.dubbo.auth.v1alpha1.ObserveResponse",
+            "crate::dds::wire::ObserveResponse",
+        )
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::dds::DdsConfig;
 use crate::debounce::DebounceConfig;
 use crate::telemetry::LogFormat;
 
@@ -24,6 +25,8 @@ pub struct Config {
     pub log_format: LogFormat,
     pub debounce: DebounceConfig,
     pub ingest: IngestConfig,
+    pub dds: DdsConfig,
+    pub grpc: GrpcConfig,
     /// How long shutdown waits for in-flight work before it gives up on it.
     pub shutdown_grace: Duration,
     /// Serve without authentication on a non-loopback address.
@@ -38,6 +41,33 @@ pub struct IngestConfig {
     pub max_batch: usize,
     /// How long a caller waits for its commit before it gets `UNAVAILABLE`.
     pub commit_timeout: Duration,
+}
+
+/// Connection-level settings of the gRPC port.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GrpcConfig {
+    /// HTTP/2 PING interval that detects dead peers.
+    pub keepalive_interval: Duration,
+    /// How long a PING may go unanswered before the connection is closed.
+    pub keepalive_timeout: Duration,
+    /// Connections older than this are closed so clients rebalance across replicas.
+    pub max_connection_age: Duration,
+    /// How long streams of an aged connection may go on before it is cut.
+    pub max_connection_age_grace: Duration,
+    /// Concurrent streams per connection.
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self {
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_connection_age: Duration::from_secs(30 * 60),
+            max_connection_age_grace: Duration::from_secs(60),
+            max_concurrent_streams: 1024,
+        }
+    }
 }
 
 impl Default for IngestConfig {
@@ -59,6 +89,8 @@ impl Default for Config {
             log_format: LogFormat::Text,
             debounce: DebounceConfig::default(),
             ingest: IngestConfig::default(),
+            dds: DdsConfig::default(),
+            grpc: GrpcConfig::default(),
             shutdown_grace: Duration::from_secs(15),
             insecure_allow_unauthenticated: false,
         }
@@ -98,6 +130,10 @@ pub struct FileConfig {
     pub debounce: Option<DebounceSection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingest: Option<IngestSection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dds: Option<DdsSection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc: Option<GrpcSection>,
     #[serde(
         default,
         with = "opt_duration",
@@ -149,6 +185,52 @@ pub struct IngestSection {
     pub commit_timeout: Option<Duration>,
 }
 
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DdsSection {
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub send_timeout: Option<Duration>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_streams_per_second: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_streams_burst: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GrpcSection {
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub keepalive_interval: Option<Duration>,
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub keepalive_timeout: Option<Duration>,
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_connection_age: Option<Duration>,
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_connection_age_grace: Option<Duration>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_streams: Option<u32>,
+}
+
 /// What flags and environment variables set (clap fills both); `None` falls through to the file.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ServeArgs {
@@ -182,6 +264,18 @@ pub struct ServeArgs {
     /// How long a registration waits for its commit [default: 10s].
     #[arg(long, env = "DUBBO_CP_COMMIT_TIMEOUT", value_parser = parse_duration)]
     pub commit_timeout: Option<Duration>,
+    /// How long a discovery response may wait for the transport [default: 5s].
+    #[arg(long, env = "DUBBO_CP_DDS_SEND_TIMEOUT", value_parser = parse_duration)]
+    pub dds_send_timeout: Option<Duration>,
+    /// New discovery streams admitted per second [default: 1000].
+    #[arg(long, env = "DUBBO_CP_NEW_STREAMS_PER_SECOND")]
+    pub new_streams_per_second: Option<f64>,
+    /// New discovery streams admitted at once [default: 2000].
+    #[arg(long, env = "DUBBO_CP_NEW_STREAMS_BURST")]
+    pub new_streams_burst: Option<u32>,
+    /// Connections older than this are closed so clients rebalance [default: 30m].
+    #[arg(long, env = "DUBBO_CP_MAX_CONNECTION_AGE", value_parser = parse_duration)]
+    pub max_connection_age: Option<Duration>,
     /// Serve on a non-loopback address without authentication (logged loudly).
     #[arg(long, env = "DUBBO_CP_INSECURE_ALLOW_UNAUTHENTICATED", action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub insecure_allow_unauthenticated: Option<bool>,
@@ -203,6 +297,8 @@ impl Config {
         let log = file.log.unwrap_or_default();
         let debounce = file.debounce.unwrap_or_default();
         let ingest = file.ingest.unwrap_or_default();
+        let dds = file.dds.unwrap_or_default();
+        let grpc = file.grpc.unwrap_or_default();
         let config = Config {
             grpc_addr: args
                 .grpc_addr
@@ -245,6 +341,38 @@ impl Config {
                     .commit_timeout
                     .or(ingest.commit_timeout)
                     .unwrap_or(defaults.ingest.commit_timeout),
+            },
+            dds: DdsConfig {
+                send_timeout: args
+                    .dds_send_timeout
+                    .or(dds.send_timeout)
+                    .unwrap_or(defaults.dds.send_timeout),
+                new_streams_per_second: args
+                    .new_streams_per_second
+                    .or(dds.new_streams_per_second)
+                    .unwrap_or(defaults.dds.new_streams_per_second),
+                new_streams_burst: args
+                    .new_streams_burst
+                    .or(dds.new_streams_burst)
+                    .unwrap_or(defaults.dds.new_streams_burst),
+            },
+            grpc: GrpcConfig {
+                keepalive_interval: grpc
+                    .keepalive_interval
+                    .unwrap_or(defaults.grpc.keepalive_interval),
+                keepalive_timeout: grpc
+                    .keepalive_timeout
+                    .unwrap_or(defaults.grpc.keepalive_timeout),
+                max_connection_age: args
+                    .max_connection_age
+                    .or(grpc.max_connection_age)
+                    .unwrap_or(defaults.grpc.max_connection_age),
+                max_connection_age_grace: grpc
+                    .max_connection_age_grace
+                    .unwrap_or(defaults.grpc.max_connection_age_grace),
+                max_concurrent_streams: grpc
+                    .max_concurrent_streams
+                    .unwrap_or(defaults.grpc.max_concurrent_streams),
             },
             shutdown_grace: file.shutdown_grace.unwrap_or(defaults.shutdown_grace),
             insecure_allow_unauthenticated: args
@@ -293,6 +421,18 @@ impl Config {
                 queue_capacity: Some(self.ingest.queue_capacity),
                 max_batch: Some(self.ingest.max_batch),
                 commit_timeout: Some(self.ingest.commit_timeout),
+            }),
+            dds: Some(DdsSection {
+                send_timeout: Some(self.dds.send_timeout),
+                new_streams_per_second: Some(self.dds.new_streams_per_second),
+                new_streams_burst: Some(self.dds.new_streams_burst),
+            }),
+            grpc: Some(GrpcSection {
+                keepalive_interval: Some(self.grpc.keepalive_interval),
+                keepalive_timeout: Some(self.grpc.keepalive_timeout),
+                max_connection_age: Some(self.grpc.max_connection_age),
+                max_connection_age_grace: Some(self.grpc.max_connection_age_grace),
+                max_concurrent_streams: Some(self.grpc.max_concurrent_streams),
             }),
             shutdown_grace: Some(self.shutdown_grace),
             insecure_allow_unauthenticated: Some(self.insecure_allow_unauthenticated),
@@ -468,5 +608,19 @@ mod tests {
         assert!(yaml.contains("max: 3s"), "{yaml}");
         let again = resolve(&ServeArgs::default(), file(&yaml));
         assert_eq!(again, config);
+    }
+}
+
+#[cfg(test)]
+mod example_file_tests {
+    use super::*;
+
+    #[test]
+    fn the_example_in_deploy_parses_to_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dubbo-cp.yaml");
+        let file = FileConfig::read(&path).unwrap_or_else(|err| panic!("{err}"));
+        let config =
+            Config::resolve(&ServeArgs::default(), file).unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(config, Config::default());
     }
 }

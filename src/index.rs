@@ -1,105 +1,251 @@
-//! The state the discovery stream reads: per kind, the current objects and a revision. It is
-//! published through a `watch` channel, so readers always see a whole state, never a partial one,
-//! and a reader that falls behind skips straight to the newest state.
+//! The state the discovery stream reads: per kind, the current objects, a revision, and the
+//! objects encoded once for every stream to share.
+//!
+//! Each kind is published through a `watch` channel, so a reader always sees a whole state,
+//! never a partial one, and a reader that falls behind skips straight to the newest. A new state
+//! is published only when something really changed, and then always with a higher revision.
+//! Standalone mode feeds it from the store's change feed; a Kubernetes watch can feed it the same
+//! way (`apply` for events, `reset` after a list).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use prost_types::Any;
 use tokio::sync::watch;
 
-use crate::mapping::MappingKey;
-use crate::store::StoredChange;
+use crate::dds::wire::EncodedData;
 
-/// All mappings at one revision.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MappingSnapshot {
-    pub revision: i64,
-    pub mappings: BTreeMap<MappingKey, BTreeSet<String>>,
+/// The kinds a discovery-stream client can subscribe to (wire.md §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    ServiceNameMapping,
+    TagRoute,
+    ConditionRoute,
+    DynamicConfig,
+    AuthenticationPolicy,
+    AuthorizationPolicy,
 }
 
-/// Owner of the mapping state; the only writer of its `watch` channel.
-pub struct MappingIndex {
-    state: watch::Sender<Arc<MappingSnapshot>>,
-}
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::ServiceNameMapping,
+        Kind::TagRoute,
+        Kind::ConditionRoute,
+        Kind::DynamicConfig,
+        Kind::AuthenticationPolicy,
+        Kind::AuthorizationPolicy,
+    ];
 
-impl MappingIndex {
-    pub fn new(initial: MappingSnapshot) -> Self {
-        Self {
-            state: watch::Sender::new(Arc::new(initial)),
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::ServiceNameMapping => "ServiceNameMapping",
+            Kind::TagRoute => "TagRoute",
+            Kind::ConditionRoute => "ConditionRoute",
+            Kind::DynamicConfig => "DynamicConfig",
+            Kind::AuthenticationPolicy => "AuthenticationPolicy",
+            Kind::AuthorizationPolicy => "AuthorizationPolicy",
         }
     }
 
-    /// Adds the committed change. Publishes a new snapshot only when something was new, so
-    /// subscribers are never woken for an unchanged state. Returns whether it published.
-    pub fn apply(&self, change: StoredChange) -> bool {
-        self.state.send_if_modified(|current| {
-            let added = change.delta.iter().any(|(key, apps)| {
-                current
-                    .mappings
-                    .get(key)
-                    .is_none_or(|stored| !apps.is_subset(stored))
-            });
-            if !added {
+    /// `<group>/<version>/<Kind>`, as clients put it in `ObserveRequest.type`.
+    pub fn type_name(self) -> String {
+        format!("dubbo.apache.org/v1alpha1/{}", self.name())
+    }
+
+    pub fn from_type_name(type_name: &str) -> Option<Kind> {
+        let name = type_name.strip_prefix("dubbo.apache.org/v1alpha1/")?;
+        Kind::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// Type URL of the `<Kind>ToClient` messages in `ObserveResponse.data`.
+    pub fn type_url(self) -> String {
+        format!(
+            "type.googleapis.com/dubbo.apache.org.v1alpha1.{}ToClient",
+            self.name()
+        )
+    }
+
+    fn slot(self) -> usize {
+        self as usize
+    }
+}
+
+/// One kind at one revision.
+#[derive(Debug, Default, PartialEq)]
+pub struct KindSnapshot {
+    pub revision: i64,
+    /// Objects by client key (`<name>/<namespace>`).
+    pub objects: BTreeMap<String, Any>,
+    /// `objects` encoded as `ObserveResponse.data`, built once for all streams.
+    pub data: EncodedData,
+}
+
+impl KindSnapshot {
+    fn new(revision: i64, objects: BTreeMap<String, Any>) -> Self {
+        let data = EncodedData::encode(objects.values());
+        KindSnapshot {
+            revision,
+            objects,
+            data,
+        }
+    }
+}
+
+/// Owner of every kind's state; the only writer of their channels.
+pub struct Index {
+    kinds: Vec<watch::Sender<Arc<KindSnapshot>>>,
+    /// False until the initial state of every source is in; streams are refused until then.
+    loaded: watch::Sender<bool>,
+}
+
+impl Index {
+    /// Every kind empty at `revision`, not yet loaded.
+    pub fn new(revision: i64) -> Self {
+        let kinds = Kind::ALL
+            .iter()
+            .map(|_| watch::Sender::new(Arc::new(KindSnapshot::new(revision, BTreeMap::new()))))
+            .collect();
+        Index {
+            kinds,
+            loaded: watch::Sender::new(false),
+        }
+    }
+
+    fn sender(&self, kind: Kind) -> &watch::Sender<Arc<KindSnapshot>> {
+        &self.kinds[kind.slot()]
+    }
+
+    /// Upserts and deletes objects of `kind`. Publishes only if something changed, at a revision
+    /// above the current one (`revision` where that is higher). Returns whether it published.
+    pub fn apply(
+        &self,
+        kind: Kind,
+        upserts: impl IntoIterator<Item = (String, Any)>,
+        deletes: impl IntoIterator<Item = String>,
+        revision: i64,
+    ) -> bool {
+        let upserts: Vec<(String, Any)> = upserts.into_iter().collect();
+        let deletes: Vec<String> = deletes.into_iter().collect();
+        self.sender(kind).send_if_modified(|current| {
+            let changed = upserts
+                .iter()
+                .any(|(key, any)| current.objects.get(key) != Some(any))
+                || deletes.iter().any(|key| current.objects.contains_key(key));
+            if !changed {
                 return false;
             }
-            let mut next = MappingSnapshot::clone(current);
-            for (key, apps) in change.delta.into_inner() {
-                next.mappings.entry(key).or_default().extend(apps);
+            let mut objects = current.objects.clone();
+            for key in &deletes {
+                objects.remove(key);
             }
-            next.revision = change.revision.max(current.revision + 1);
-            *current = Arc::new(next);
+            objects.extend(upserts.iter().cloned());
+            *current = Arc::new(KindSnapshot::new(
+                revision.max(current.revision + 1),
+                objects,
+            ));
             true
         })
     }
 
-    pub fn current(&self) -> Arc<MappingSnapshot> {
-        self.state.borrow().clone()
+    /// Replaces the whole state of `kind` (after a list). Publishes only if it differs.
+    pub fn reset(&self, kind: Kind, objects: BTreeMap<String, Any>, revision: i64) -> bool {
+        self.sender(kind).send_if_modified(|current| {
+            if current.objects == objects {
+                return false;
+            }
+            let revision = revision.max(current.revision + 1);
+            *current = Arc::new(KindSnapshot::new(revision, objects));
+            true
+        })
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<Arc<MappingSnapshot>> {
-        self.state.subscribe()
+    pub fn current(&self, kind: Kind) -> Arc<KindSnapshot> {
+        self.sender(kind).borrow().clone()
+    }
+
+    pub fn subscribe(&self, kind: Kind) -> watch::Receiver<Arc<KindSnapshot>> {
+        self.sender(kind).subscribe()
+    }
+
+    pub fn mark_loaded(&self) {
+        self.loaded.send_replace(true);
+    }
+
+    pub fn is_loaded(&self) -> bool {
+        *self.loaded.borrow()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mapping::MappingDelta;
 
-    fn change(pairs: &[(&str, &str, &str)], revision: i64) -> StoredChange {
-        let mut delta = MappingDelta::default();
-        for (ns, iface, app) in pairs {
-            delta.add(MappingKey::new(*ns, *iface), app.to_string());
+    fn any(value: &[u8]) -> Any {
+        Any {
+            type_url: Kind::TagRoute.type_url(),
+            value: value.to_vec(),
         }
-        StoredChange { delta, revision }
+    }
+
+    #[test]
+    fn type_names_round_trip_and_unknowns_are_rejected() {
+        for kind in Kind::ALL {
+            assert_eq!(Kind::from_type_name(&kind.type_name()), Some(kind));
+        }
+        assert_eq!(
+            Kind::ServiceNameMapping.type_name(),
+            "dubbo.apache.org/v1alpha1/ServiceNameMapping"
+        );
+        assert_eq!(
+            Kind::ServiceNameMapping.type_url(),
+            "type.googleapis.com/dubbo.apache.org.v1alpha1.ServiceNameMappingToClient"
+        );
+        for unknown in [
+            "",
+            "ServiceNameMapping",
+            "dubbo.apache.org/v1alpha1/",
+            "x/v1/TagRoute",
+        ] {
+            assert_eq!(Kind::from_type_name(unknown), None, "{unknown:?}");
+        }
     }
 
     #[test]
     fn publishes_only_real_changes_with_rising_revisions() {
-        let index = MappingIndex::new(MappingSnapshot {
-            revision: 5,
-            ..Default::default()
-        });
-        let mut rx = index.subscribe();
+        let index = Index::new(5);
+        let mut rx = index.subscribe(Kind::TagRoute);
         rx.mark_unchanged();
-        assert!(index.apply(change(&[("ns", "I", "a")], 6)));
+        assert!(index.apply(Kind::TagRoute, [("a/ns".into(), any(b"1"))], [], 0));
         assert!(rx.has_changed().unwrap_or(false));
+        assert_eq!(index.current(Kind::TagRoute).revision, 6);
         rx.mark_unchanged();
+
         assert!(
-            !index.apply(change(&[("ns", "I", "a")], 7)),
-            "same pair published twice"
+            !index.apply(Kind::TagRoute, [("a/ns".into(), any(b"1"))], [], 0),
+            "same object twice"
         );
+        assert!(!index.apply(Kind::TagRoute, [], ["missing/ns".to_string()], 0));
         assert!(!rx.has_changed().unwrap_or(true));
-        // A lower revision than the current one still moves the revision forward.
-        assert!(index.apply(change(&[("ns", "I", "b")], 3)));
-        let current = index.current();
-        assert_eq!(current.revision, 7);
-        assert_eq!(
-            current
-                .mappings
-                .get(&MappingKey::new("ns", "I"))
-                .map(|a| a.len()),
-            Some(2)
-        );
+
+        assert!(index.apply(Kind::TagRoute, [("a/ns".into(), any(b"2"))], [], 100));
+        assert_eq!(index.current(Kind::TagRoute).revision, 100);
+        assert!(index.apply(Kind::TagRoute, [], ["a/ns".to_string()], 0));
+        let current = index.current(Kind::TagRoute);
+        assert_eq!(current.revision, 101);
+        assert!(current.objects.is_empty());
+        // Other kinds are untouched.
+        assert_eq!(index.current(Kind::ServiceNameMapping).revision, 5);
+    }
+
+    #[test]
+    fn reset_replaces_and_skips_identical_states() {
+        let index = Index::new(1);
+        let state: BTreeMap<String, Any> =
+            [("a".to_string(), any(b"1")), ("b".to_string(), any(b"2"))].into();
+        assert!(index.reset(Kind::DynamicConfig, state.clone(), 1));
+        assert!(!index.reset(Kind::DynamicConfig, state, 9));
+        let current = index.current(Kind::DynamicConfig);
+        assert_eq!(current.revision, 2);
+        assert_eq!(current.data.decode().map(|v| v.len()).ok(), Some(2));
     }
 }

@@ -7,7 +7,8 @@
 //! - [`mapping`]: domain types and validation; no I/O.
 //! - [`debounce`]: the generic debouncer.
 //! - [`store`]: the embedded SQLite store.
-//! - [`index`]: the state the discovery stream reads.
+//! - [`index`]: the state the discovery stream reads; [`resources`] turns mappings into its objects.
+//! - [`dds`]: the discovery stream, `RuleService/Observe`.
 //! - [`ingest`]: the registration gRPC service.
 //! - [`server`]: all wiring, in one function.
 //! - [`config`], [`telemetry`], [`admin`]: configuration, logs, the HTTP admin port.
@@ -16,11 +17,14 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod dds;
 pub mod debounce;
 pub mod index;
 pub mod ingest;
 pub mod mapping;
 pub mod pb;
+pub mod resources;
 pub mod server;
+pub mod shutdown;
 pub mod store;
 pub mod telemetry;

@@ -13,10 +13,13 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::admin::{self, Readiness};
 use crate::config::Config;
+use crate::dds::{DdsStats, RuleService};
 use crate::debounce::{self, Batch};
-use crate::index::{MappingIndex, MappingSnapshot};
+use crate::index::{Index, Kind};
 use crate::ingest::Ingest;
 use crate::pb;
+use crate::resources::mapping_object;
+use crate::shutdown::signalled;
 use crate::store::{EmbeddedStore, StoreOptions, StoredChange};
 
 /// Largest request a client may send.
@@ -29,7 +32,8 @@ pub struct RunningServer {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub store: EmbeddedStore,
-    pub index: Arc<MappingIndex>,
+    pub index: Arc<Index>,
+    pub dds_stats: Arc<DdsStats>,
     pub readiness: Readiness,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<anyhow::Result<()>>,
@@ -69,20 +73,25 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     .context("store open task failed")?
     .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
 
-    let index = Arc::new(MappingIndex::new(MappingSnapshot {
-        revision: store.opened_revision(),
-        mappings: store.snapshot(),
-    }));
+    let index = Arc::new(Index::new(store.opened_revision()));
+    let objects = store
+        .snapshot()
+        .iter()
+        .map(|(key, apps)| mapping_object(key, apps))
+        .collect();
+    index.reset(Kind::ServiceNameMapping, objects, store.opened_revision());
+    index.mark_loaded();
     tracing::info!(
-        mappings = index.current().mappings.len(),
+        mappings = index.current(Kind::ServiceNameMapping).objects.len(),
         revision = store.opened_revision(),
         data_dir = %config.data_dir.display(),
         "store opened"
     );
     let debouncer = tokio::spawn({
         let index = index.clone();
+        let store_for_publish = store.clone();
         async move {
-            publish_changes(config.debounce, changes_rx, index).await;
+            publish_changes(config.debounce, changes_rx, store_for_publish, index).await;
             Ok(())
         }
     });
@@ -104,10 +113,13 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         .await;
 
     let ingest = Ingest::new(store.clone(), config.ingest.commit_timeout);
-    let grpc_serve = grpc_router(ingest, health_service)?.serve_with_incoming_shutdown(
-        TcpListenerStream::new(grpc_listener),
-        wait_for_shutdown(shutdown_rx.clone()),
-    );
+    let rules = RuleService::new(index.clone(), config.dds, shutdown_rx.clone());
+    let dds_stats = rules.stats();
+    let grpc_serve = grpc_router(&config, ingest, rules, health_service)?
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc_listener),
+            wait_for_shutdown(shutdown_rx.clone()),
+        );
     let grpc = tokio::spawn(async move { grpc_serve.await.context("gRPC server failed") });
     let admin_serve = axum::serve(
         admin_listener,
@@ -144,6 +156,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         admin_addr,
         store,
         index,
+        dds_stats,
         readiness,
         shutdown,
         task,
@@ -171,7 +184,9 @@ fn check_bind_policy(config: &Config) -> anyhow::Result<()> {
 }
 
 fn grpc_router(
+    config: &Config,
     ingest: Ingest,
+    rules: RuleService,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
@@ -192,28 +207,48 @@ fn grpc_router(
     let networking_service =
         pb::dubbo::networking::v1alpha1::service_name_mapping_service_server::ServiceNameMappingServiceServer::new(ingest)
             .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
+    let rule_service = pb::dds::rule_service_server::RuleServiceServer::new(rules)
+        .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
+    let grpc = &config.grpc;
     Ok(tonic::transport::Server::builder()
         // Detect dead peers: long-lived streams would otherwise pin memory forever.
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .http2_keepalive_interval(Some(grpc.keepalive_interval))
+        .http2_keepalive_timeout(Some(grpc.keepalive_timeout))
         .tcp_keepalive(Some(Duration::from_secs(60)))
+        // Old connections are closed (after a grace period) so clients rebalance across replicas.
+        .max_connection_age(grpc.max_connection_age)
+        .max_connection_age_grace(grpc.max_connection_age_grace)
+        .max_concurrent_streams(grpc.max_concurrent_streams)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(snp_service)
-        .add_service(networking_service))
+        .add_service(networking_service)
+        .add_service(rule_service))
 }
 
-/// The debounce loop of standalone mode: merged committed changes go to the index.
+/// The debounce loop of standalone mode: merged committed changes go to the index, each changed
+/// key with all its committed applications.
 async fn publish_changes(
     config: debounce::DebounceConfig,
     changes: mpsc::Receiver<StoredChange>,
-    index: Arc<MappingIndex>,
+    store: EmbeddedStore,
+    index: Arc<Index>,
 ) {
     debounce::run(config, changes, |batch: Batch<StoredChange>| {
         let published_keys = batch.value.delta.len();
         let revision = batch.value.revision;
-        let changed = index.apply(batch.value);
+        let objects: Vec<_> = batch
+            .value
+            .delta
+            .iter()
+            .filter_map(|(key, _)| {
+                store
+                    .applications(key)
+                    .map(|apps| mapping_object(key, &apps))
+            })
+            .collect();
+        let changed = index.apply(Kind::ServiceNameMapping, objects, [], revision);
         tracing::debug!(
             events = batch.events,
             keys = published_keys,
@@ -228,8 +263,7 @@ async fn publish_changes(
 }
 
 async fn wait_for_shutdown(mut rx: watch::Receiver<bool>) {
-    // An error means the sender is gone, which also means: shut down.
-    let _ = rx.wait_for(|stop| *stop).await;
+    signalled(&mut rx).await;
 }
 
 /// Waits for a component to finish; after `grace` it is abandoned with a warning.

@@ -1,8 +1,10 @@
 //! Service-name mappings as the control plane understands them: which applications serve an
 //! interface in a namespace. No I/O, no protobuf, no Kubernetes here.
 
+mod name;
 mod validate;
 
+pub use name::{client_key, object_name};
 pub use validate::{
     MAX_APPLICATION_BYTES, MAX_INTERFACE_BYTES, MAX_INTERFACES_PER_REQUEST, ValidationError,
     validate_registration,

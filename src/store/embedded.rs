@@ -167,6 +167,11 @@ impl EmbeddedStore {
             .collect()
     }
 
+    /// The committed applications of one key.
+    pub fn applications(&self, key: &MappingKey) -> Option<BTreeSet<String>> {
+        self.committed.get(key).map(|apps| apps.clone())
+    }
+
     pub fn opened_revision(&self) -> i64 {
         self.opened_revision
     }

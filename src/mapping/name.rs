@@ -1,0 +1,119 @@
+//! Object names of ServiceNameMappings (wire.md §3).
+//!
+//! The reference name is `lowercase(interface with "." replaced by "-")`. Where that is not a
+//! valid Kubernetes object name (characters outside `[a-z0-9-]`, a leading or trailing `-`, or
+//! longer than 253 characters), the name is the *fallback*: the interface lower-cased with every
+//! run of characters outside `[a-z0-9]` replaced by one `-`, trimmed of `-` at both ends, cut to
+//! 242 characters, then `-` and the first 10 hex digits of the interface's 64-bit FNV-1a hash
+//! (`snp-<hash>` when nothing is left). Deterministic across processes and versions.
+
+/// Longest Kubernetes object name (a DNS-1123 subdomain).
+const MAX_NAME: usize = 253;
+/// Hex digits of the hash in a fallback name.
+const HASH_DIGITS: usize = 10;
+
+/// The object name of the mapping for `interface`.
+pub fn object_name(interface: &str) -> String {
+    let reference = interface.replace('.', "-").to_lowercase();
+    if is_valid_name(&reference) {
+        return reference;
+    }
+    fallback_name(interface)
+}
+
+fn is_valid_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= MAX_NAME
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+fn fallback_name(interface: &str) -> String {
+    let mut prefix = String::with_capacity(interface.len().min(MAX_NAME));
+    for c in interface.chars().flat_map(char::to_lowercase) {
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            prefix.push(c);
+        } else if !prefix.is_empty() && !prefix.ends_with('-') {
+            prefix.push('-');
+        }
+    }
+    prefix.truncate(MAX_NAME - HASH_DIGITS - 1);
+    let prefix = prefix.trim_end_matches('-');
+    let hash = format!("{:016x}", fnv1a64(interface.as_bytes()));
+    let hash = &hash[..HASH_DIGITS];
+    if prefix.is_empty() {
+        format!("snp-{hash}")
+    } else {
+        format!("{prefix}-{hash}")
+    }
+}
+
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    bytes
+        .iter()
+        .fold(OFFSET, |hash, b| (hash ^ u64::from(*b)).wrapping_mul(PRIME))
+}
+
+/// The key a discovery-stream client sees: `<object name>/<namespace>`, or just the name when
+/// the namespace is empty (wire.md §2).
+pub fn client_key(name: &str, namespace: &str) -> String {
+    if namespace.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name}/{namespace}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_names_where_valid() {
+        assert_eq!(
+            object_name("org.apache.dubbo.demo.DemoService"),
+            "org-apache-dubbo-demo-demoservice"
+        );
+        assert_eq!(object_name("a.b2.C"), "a-b2-c");
+    }
+
+    #[test]
+    fn fallback_for_what_the_reference_rule_cannot_express() {
+        let inner = object_name("org.example.Outer$Inner");
+        assert!(inner.starts_with("org-example-outer-inner-"), "{inner}");
+        assert_eq!(inner.len(), "org-example-outer-inner-".len() + 10);
+        assert_eq!(
+            inner,
+            object_name("org.example.Outer$Inner"),
+            "not deterministic"
+        );
+        assert_ne!(
+            inner,
+            object_name("org.example.Outer_Inner"),
+            "distinct inputs collide"
+        );
+
+        let long = "a.".repeat(200) + "B";
+        let name = object_name(&long);
+        assert!(name.len() <= 253, "{}", name.len());
+        assert!(is_valid_name(&name), "{name}");
+
+        assert!(object_name("_").starts_with("snp-"));
+        assert!(is_valid_name(&object_name("-lead.trail-")));
+        assert!(is_valid_name(&object_name("Ünïcode.Sérvice")));
+        // A fixed vector, so the documented rule cannot drift silently.
+        assert_eq!(format!("{:016x}", fnv1a64(b"a")), "af63dc4c8601ec8c");
+    }
+
+    #[test]
+    fn client_keys() {
+        assert_eq!(client_key("n", "ns"), "n/ns");
+        assert_eq!(client_key("n", ""), "n");
+    }
+}

@@ -1,0 +1,64 @@
+//! Domain state turned into discovery-stream objects: the `<Kind>ToClient` messages of wire.md §2,
+//! keyed by client key and packed as `Any`.
+
+use std::collections::BTreeSet;
+
+use prost::Message;
+use prost_types::Any;
+
+use crate::index::Kind;
+use crate::mapping::{MappingKey, client_key, object_name};
+use crate::pb::rules::{ServiceNameMapping, ServiceNameMappingToClient};
+
+/// The object for one mapping: key `<object name>/<namespace>` and its `Any`.
+pub fn mapping_object(key: &MappingKey, applications: &BTreeSet<String>) -> (String, Any) {
+    let client_key = client_key(&object_name(&key.interface), &key.namespace);
+    let message = ServiceNameMappingToClient {
+        key: client_key.clone(),
+        spec: Some(ServiceNameMapping {
+            interface_name: key.interface.clone(),
+            application_names: applications.iter().cloned().collect(),
+        }),
+    };
+    let any = Any {
+        type_url: Kind::ServiceNameMapping.type_url(),
+        value: message.encode_to_vec(),
+    };
+    (client_key, any)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeObjectError {
+    #[error("unexpected type URL {0}")]
+    TypeUrl(String),
+    #[error(transparent)]
+    Decode(#[from] prost::DecodeError),
+}
+
+/// Decodes a mapping object received on the stream (for clients of our own: `watch`, tests).
+pub fn decode_mapping(any: &Any) -> Result<ServiceNameMappingToClient, DecodeObjectError> {
+    if any.type_url != Kind::ServiceNameMapping.type_url() {
+        return Err(DecodeObjectError::TypeUrl(any.type_url.clone()));
+    }
+    Ok(ServiceNameMappingToClient::decode(any.value.as_slice())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapping_object_matches_the_contract() {
+        let apps: BTreeSet<String> = ["b-app".to_string(), "a-app".to_string()].into();
+        let (key, any) = mapping_object(
+            &MappingKey::new("dubbo-demo", "org.apache.dubbo.demo.DemoService"),
+            &apps,
+        );
+        assert_eq!(key, "org-apache-dubbo-demo-demoservice/dubbo-demo");
+        let decoded = decode_mapping(&any).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(decoded.key, key);
+        let spec = decoded.spec.unwrap_or_default();
+        assert_eq!(spec.interface_name, "org.apache.dubbo.demo.DemoService");
+        assert_eq!(spec.application_names, vec!["a-app", "b-app"]);
+    }
+}
