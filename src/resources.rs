@@ -43,6 +43,16 @@ pub fn decode_mapping(any: &Any) -> Result<ServiceNameMappingToClient, DecodeObj
     Ok(ServiceNameMappingToClient::decode(any.value.as_slice())?)
 }
 
+/// The `key` of any `<Kind>ToClient` object: every one of them has `string key = 1`.
+pub fn object_key(any: &Any) -> Result<String, DecodeObjectError> {
+    #[derive(Clone, PartialEq, Message)]
+    struct KeyOnly {
+        #[prost(string, tag = "1")]
+        key: String,
+    }
+    Ok(KeyOnly::decode(any.value.as_slice())?.key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -153,3 +153,55 @@ async fn register_subcommand_talks_to_a_real_server() {
     assert_eq!(stored.len(), 1);
     assert!(server.stop().await.is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_mappings_prints_the_state_from_the_discovery_stream() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mut config = test_config(dir.path());
+    config.debounce.enable = false;
+    let server = start(config).await;
+    let mut client = common::client(server.grpc_addr).await;
+    for (ns, app) in [("default", "demo-provider"), ("other", "other-provider")] {
+        let reply = client
+            .register_service_app_mapping(common::request(
+                ns,
+                app,
+                &["org.apache.dubbo.demo.DemoService"],
+            ))
+            .await;
+        assert!(reply.is_ok());
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let addr = format!("http://{}", server.grpc_addr);
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args([
+            "get", "mappings", "--server", &addr, "-n", "default", "-o", "json",
+        ])
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let state: serde_json::Value =
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let objects = state["objects"].as_array().cloned().unwrap_or_default();
+    assert_eq!(objects.len(), 1, "{state}");
+    assert_eq!(
+        objects[0]["key"],
+        "org-apache-dubbo-demo-demoservice/default"
+    );
+    assert_eq!(objects[0]["applicationNames"][0], "demo-provider");
+    assert!(state["revision"].as_i64().unwrap_or(0) > 0);
+
+    let text = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args(["get", "mappings", "--server", &addr])
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("org-apache-dubbo-demo-demoservice/other\torg.apache.dubbo.demo.DemoService\tother-provider"), "{text}");
+    assert!(server.stop().await.is_ok());
+}

@@ -167,3 +167,63 @@ async fn sigterm_finishes_in_flight_registrations_and_exits_zero() {
     let _ = restarted.child.kill();
     let _ = restarted.child.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigkill_and_restart_the_first_state_has_everything_at_a_higher_revision() {
+    use common::{Observer, SNP_TYPE, channel, mappings_of};
+
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mut process = spawn_binary(dir.path(), &["--debounce-enable", "false"]);
+    let mut observer = Observer::connect(channel(process.grpc_addr).await)
+        .await
+        .unwrap_or_else(|s| panic!("{s}"));
+    observer.subscribe(SNP_TYPE).await;
+    let mut highest = observer.next().await;
+    observer.ack(&highest).await;
+
+    let mut acked: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut sdk = client(process.grpc_addr).await;
+    for i in 0..50 {
+        let app = format!("app-{i}");
+        let iface = format!("org.example.Service{}", i % 7);
+        let reply = sdk
+            .register_service_app_mapping(request("default", &app, &[&iface]))
+            .await;
+        assert!(reply.map(|r| r.into_inner().success).unwrap_or(false));
+        acked.insert((iface, app));
+    }
+    // Read what the stream pushed until it has everything (each response acknowledged).
+    loop {
+        let pairs: usize = mappings_of(&highest)
+            .values()
+            .map(|(_, apps)| apps.len())
+            .sum();
+        if pairs == acked.len() {
+            break;
+        }
+        highest = observer.next().await;
+        observer.ack(&highest).await;
+    }
+    assert!(process.child.kill().is_ok());
+    assert!(process.child.wait().is_ok());
+
+    let mut restarted = spawn_binary(dir.path(), &[]);
+    let mut observer = Observer::connect(channel(restarted.grpc_addr).await)
+        .await
+        .unwrap_or_else(|s| panic!("{s}"));
+    observer.subscribe(SNP_TYPE).await;
+    let first = observer.next().await;
+    assert!(
+        first.revision > highest.revision,
+        "revision {} after restart, {} before",
+        first.revision,
+        highest.revision
+    );
+    let received: BTreeSet<(String, String)> = mappings_of(&first)
+        .into_values()
+        .flat_map(|(iface, apps)| apps.into_iter().map(move |app| (iface.clone(), app)))
+        .collect();
+    assert_eq!(received, acked);
+    let _ = restarted.child.kill();
+    let _ = restarted.child.wait();
+}

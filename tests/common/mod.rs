@@ -159,3 +159,85 @@ pub fn spawn_binary(data_dir: &Path, extra: &[&str]) -> Process {
         logs,
     }
 }
+
+/// A data-plane client on one discovery stream.
+pub struct Observer {
+    requests: tokio::sync::mpsc::Sender<dubbo_cp::pb::dds::ObserveRequest>,
+    responses: tonic::Streaming<dubbo_cp::dds::ObserveResponse>,
+}
+
+pub const SNP_TYPE: &str = "dubbo.apache.org/v1alpha1/ServiceNameMapping";
+pub const TAG_TYPE: &str = "dubbo.apache.org/v1alpha1/TagRoute";
+
+impl Observer {
+    pub async fn connect(channel: Channel) -> Result<Observer, tonic::Status> {
+        let (requests, rx) = tokio::sync::mpsc::channel(16);
+        let responses = dubbo_cp::pb::dds::rule_service_client::RuleServiceClient::new(channel)
+            .observe(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(Observer {
+            requests,
+            responses,
+        })
+    }
+
+    pub async fn send(&self, nonce: &str, r#type: &str) {
+        let request = dubbo_cp::pb::dds::ObserveRequest {
+            nonce: nonce.into(),
+            r#type: r#type.into(),
+        };
+        assert!(
+            self.requests.send(request).await.is_ok(),
+            "request stream closed"
+        );
+    }
+
+    pub async fn subscribe(&self, r#type: &str) {
+        self.send("", r#type).await;
+    }
+
+    pub async fn ack(&self, response: &dubbo_cp::dds::ObserveResponse) {
+        self.send(&response.nonce, &response.r#type).await;
+    }
+
+    /// The next response, within `wait`.
+    pub async fn next_within(&mut self, wait: Duration) -> Option<dubbo_cp::dds::ObserveResponse> {
+        match tokio::time::timeout(wait, self.responses.message()).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(status)) => panic!("stream failed: {status}"),
+            Err(_) => None,
+        }
+    }
+
+    pub async fn next(&mut self) -> dubbo_cp::dds::ObserveResponse {
+        self.next_within(Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("no response within 10 s"))
+    }
+}
+
+/// The mappings in a response: (namespace-qualified key, interface) -> applications.
+pub fn mappings_of(
+    response: &dubbo_cp::dds::ObserveResponse,
+) -> BTreeMap<String, (String, BTreeSet<String>)> {
+    let objects = response
+        .data
+        .decode()
+        .unwrap_or_else(|e| panic!("bad data: {e}"));
+    objects
+        .iter()
+        .map(|any| {
+            let mapping =
+                dubbo_cp::resources::decode_mapping(any).unwrap_or_else(|e| panic!("{e}"));
+            let spec = mapping.spec.unwrap_or_default();
+            (
+                mapping.key,
+                (
+                    spec.interface_name,
+                    spec.application_names.into_iter().collect(),
+                ),
+            )
+        })
+        .collect()
+}

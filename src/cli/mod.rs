@@ -10,6 +10,8 @@ use crate::pb::snp::ServiceMappingRequest;
 use crate::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient;
 use crate::{server, telemetry};
 
+mod watch;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "dubbo-cp",
@@ -48,6 +50,49 @@ pub enum Command {
         #[arg(required = true)]
         interfaces: Vec<String>,
     },
+    /// Subscribe to the discovery stream like a data-plane client and print every state.
+    Watch {
+        #[arg(
+            long,
+            env = "DUBBO_CP_SERVER",
+            default_value = "http://127.0.0.1:30060"
+        )]
+        server: String,
+        /// Kind to watch (e.g. ServiceNameMapping, TagRoute).
+        #[arg(long = "type", default_value = "ServiceNameMapping")]
+        kind: String,
+        #[arg(short, long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Print current state from one discovery-stream subscription.
+    Get {
+        #[command(subcommand)]
+        what: GetWhat,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GetWhat {
+    /// Service-name mappings.
+    Mappings {
+        #[arg(
+            long,
+            env = "DUBBO_CP_SERVER",
+            default_value = "http://127.0.0.1:30060"
+        )]
+        server: String,
+        /// Only this namespace.
+        #[arg(short, long)]
+        namespace: Option<String>,
+        #[arg(short, long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -67,6 +112,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             application,
             interfaces,
         } => register(server, namespace, application, interfaces).await,
+        Command::Watch {
+            server,
+            kind,
+            output,
+        } => watch::watch(&server, &kind, output).await,
+        Command::Get {
+            what:
+                GetWhat::Mappings {
+                    server,
+                    namespace,
+                    output,
+                },
+        } => watch::get_mappings(&server, namespace.as_deref(), output).await,
     }
 }
 
@@ -90,18 +148,22 @@ async fn shutdown_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn connect(server: &str) -> anyhow::Result<tonic::transport::Channel> {
+    tonic::transport::Endpoint::from_shared(server.to_owned())
+        .with_context(|| format!("invalid server address {server}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {server}"))
+}
+
 async fn register(
     server: String,
     namespace: String,
     application: String,
     interfaces: Vec<String>,
 ) -> anyhow::Result<()> {
-    let channel = tonic::transport::Endpoint::from_shared(server.clone())
-        .with_context(|| format!("invalid server address {server}"))?
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .with_context(|| format!("cannot connect to {server}"))?;
+    let channel = connect(&server).await?;
     let response = ServiceNameMappingServiceClient::new(channel)
         .register_service_app_mapping(ServiceMappingRequest {
             namespace,

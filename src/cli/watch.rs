@@ -1,0 +1,175 @@
+//! `watch` and `get`: a real discovery-stream client that subscribes, acknowledges every
+//! response and prints the states it receives.
+
+use anyhow::Context;
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{Output, connect};
+use crate::dds::ObserveResponse;
+use crate::index::Kind;
+use crate::pb::dds::ObserveRequest;
+use crate::pb::dds::rule_service_client::RuleServiceClient;
+use crate::resources::{decode_mapping, object_key};
+
+/// One object of a received state, as printed.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ObjectView {
+    key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    interface_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    application_names: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    type_url: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct StateView {
+    r#type: String,
+    revision: i64,
+    objects: Vec<ObjectView>,
+}
+
+fn parse_kind(kind: &str) -> anyhow::Result<Kind> {
+    Kind::from_type_name(kind)
+        .or_else(|| {
+            Kind::ALL
+                .into_iter()
+                .find(|k| k.name().eq_ignore_ascii_case(kind))
+        })
+        .with_context(|| {
+            let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+            format!("unknown type {kind:?}; known: {}", known.join(", "))
+        })
+}
+
+fn view(
+    kind: Kind,
+    response: &ObserveResponse,
+    namespace: Option<&str>,
+) -> anyhow::Result<StateView> {
+    let mut objects = Vec::new();
+    for any in response.data.decode().context("malformed response data")? {
+        let object = if kind == Kind::ServiceNameMapping {
+            let mapping = decode_mapping(&any).context("malformed mapping")?;
+            let spec = mapping.spec.unwrap_or_default();
+            ObjectView {
+                key: mapping.key,
+                interface_name: Some(spec.interface_name),
+                application_names: Some(spec.application_names),
+                type_url: None,
+            }
+        } else {
+            ObjectView {
+                key: object_key(&any).context("malformed object")?,
+                interface_name: None,
+                application_names: None,
+                type_url: Some(any.type_url),
+            }
+        };
+        let in_namespace = namespace.is_none_or(|ns| {
+            object
+                .key
+                .rsplit_once('/')
+                .is_some_and(|(_, key_ns)| key_ns == ns)
+        });
+        if in_namespace {
+            objects.push(object);
+        }
+    }
+    Ok(StateView {
+        r#type: response.r#type.clone(),
+        revision: response.revision,
+        objects,
+    })
+}
+
+fn print_state(state: &StateView, output: Output) -> anyhow::Result<()> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string(state)?),
+        Output::Text => {
+            println!(
+                "# {} revision {} ({} objects)",
+                state.r#type,
+                state.revision,
+                state.objects.len()
+            );
+            for object in &state.objects {
+                match (&object.interface_name, &object.application_names) {
+                    (Some(interface), Some(apps)) => {
+                        println!("{}\t{}\t{}", object.key, interface, apps.join(","));
+                    }
+                    _ => println!(
+                        "{}\t{}",
+                        object.key,
+                        object.type_url.as_deref().unwrap_or("")
+                    ),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Subscribes to `kind`, calls `on_state` for each response (stopping when it returns false),
+/// and acknowledges every response it accepts.
+async fn observe(
+    server: &str,
+    kind: Kind,
+    mut on_state: impl FnMut(&ObserveResponse) -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let channel = connect(server).await?;
+    let (requests, requests_rx) = mpsc::channel(4);
+    requests
+        .send(ObserveRequest {
+            nonce: String::new(),
+            r#type: kind.type_name(),
+        })
+        .await
+        .context("request stream closed")?;
+    let mut responses = RuleServiceClient::new(channel)
+        .observe(ReceiverStream::new(requests_rx))
+        .await
+        .map_err(|status| anyhow::anyhow!("{:?}: {}", status.code(), status.message()))?
+        .into_inner();
+    while let Some(response) = responses.message().await.map_err(|status| {
+        anyhow::anyhow!("stream ended: {:?}: {}", status.code(), status.message())
+    })? {
+        if !on_state(&response)? {
+            return Ok(());
+        }
+        requests
+            .send(ObserveRequest {
+                nonce: response.nonce.clone(),
+                r#type: response.r#type.clone(),
+            })
+            .await
+            .context("request stream closed")?;
+    }
+    Ok(())
+}
+
+pub async fn watch(server: &str, kind: &str, output: Output) -> anyhow::Result<()> {
+    let kind = parse_kind(kind)?;
+    observe(server, kind, |response| {
+        print_state(&view(kind, response, None)?, output)?;
+        Ok(true)
+    })
+    .await
+}
+
+pub async fn get_mappings(
+    server: &str,
+    namespace: Option<&str>,
+    output: Output,
+) -> anyhow::Result<()> {
+    let kind = Kind::ServiceNameMapping;
+    observe(server, kind, |response| {
+        print_state(&view(kind, response, namespace)?, output)?;
+        Ok(false)
+    })
+    .await
+}
