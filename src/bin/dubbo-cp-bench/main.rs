@@ -25,6 +25,21 @@ struct Cli {
 enum Command {
     /// Registration throughput and latency.
     Register(RegisterArgs),
+    /// Discovery-stream fan-out: time for one change to reach N streams, and memory per stream.
+    Fanout(FanoutArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct FanoutArgs {
+    /// Streams to open (comma-separated for several runs).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    streams: Vec<usize>,
+    /// Streams per HTTP/2 connection.
+    #[arg(long, default_value_t = 500)]
+    streams_per_connection: usize,
+    /// Mappings stored before the streams open (the size of every state sent).
+    #[arg(long, default_value_t = 100)]
+    mappings: usize,
 }
 
 #[derive(clap::Args, Clone)]
@@ -50,6 +65,7 @@ struct RegisterArgs {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Register(args) => register(args).await,
+        Command::Fanout(args) => fanout::run(args).await,
     }
 }
 
@@ -152,15 +168,26 @@ async fn drive(
         }
     }
     let elapsed = started.elapsed();
-    latencies.sort_unstable();
-    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+    let (p50, p99, max) = percentiles(&mut latencies);
     Ok(RunResult {
         per_second: args.requests as f64 / elapsed.as_secs_f64(),
-        p50: at(0.50),
-        p99: at(0.99),
-        max: latencies.last().copied().unwrap_or_default(),
+        p50,
+        p99,
+        max,
         errors,
     })
+}
+
+mod fanout;
+
+/// p50, p99 and max of `samples` (sorted in place); zero when empty.
+fn percentiles(samples: &mut [Duration]) -> (Duration, Duration, Duration) {
+    if samples.is_empty() {
+        return Default::default();
+    }
+    samples.sort_unstable();
+    let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+    (at(0.50), at(0.99), samples[samples.len() - 1])
 }
 
 fn ms(d: Duration) -> f64 {

@@ -1,0 +1,222 @@
+//! Fan-out: the real `dubbo-cp` binary in its own process (so its memory is its own), N streams
+//! over a bounded number of connections, one registration, and the time until every stream has
+//! it. Debounce is off in the server, so the time measured starts at the durable ack and is the
+//! push itself.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use dubbo_cp::pb::dds::ObserveRequest;
+use dubbo_cp::pb::dds::rule_service_client::RuleServiceClient;
+use dubbo_cp::pb::snp::ServiceMappingRequest;
+use dubbo_cp::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient;
+use tokio::sync::{Barrier, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+use super::{FanoutArgs, ms, percentiles};
+
+const SNP_TYPE: &str = "dubbo.apache.org/v1alpha1/ServiceNameMapping";
+
+struct ServerProcess {
+    child: Child,
+    grpc_addr: SocketAddr,
+    _data_dir: tempfile::TempDir,
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_server() -> anyhow::Result<ServerProcess> {
+    let binary = std::env::current_exe()?.with_file_name("dubbo-cp");
+    let data_dir = tempfile::tempdir()?;
+    let mut child = Command::new(&binary)
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--debounce-enable",
+            "false",
+            "--new-streams-per-second",
+            "1000000",
+        ])
+        .args(["--new-streams-burst", "1000000", "--data-dir"])
+        .arg(data_dir.path())
+        .env("RUST_LOG", "warn,dubbo_cp::server=info")
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| {
+            format!(
+                "cannot start {} (build it with cargo build --release)",
+                binary.display()
+            )
+        })?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let grpc_addr = loop {
+        let Some(line) = lines.next() else {
+            bail!("dubbo-cp exited before serving")
+        };
+        let line = line?;
+        if let Some(addr) = line
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix("grpc_addr="))
+        {
+            break addr.parse()?;
+        }
+    };
+    // Keep draining its output so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Ok(ServerProcess {
+        child,
+        grpc_addr,
+        _data_dir: data_dir,
+    })
+}
+
+fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .context("no VmRSS")
+}
+
+pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
+    println!(
+        "# dubbo-cp-bench fanout: {} mappings in every state, {} streams per connection, debounce off",
+        args.mappings, args.streams_per_connection
+    );
+    println!(
+        "{:>8} {:>12} {:>10} {:>10} {:>10} {:>14} {:>12}",
+        "streams", "connect_s", "p50_ms", "p99_ms", "max_ms", "rss_per_kib", "received"
+    );
+    for &streams in &args.streams {
+        let server = spawn_server()?;
+        let addr = format!("http://{}", server.grpc_addr);
+        let mut sdk = ServiceNameMappingServiceClient::new(
+            Channel::from_shared(addr.clone())?.connect().await?,
+        );
+        for i in 0..args.mappings {
+            sdk.register_service_app_mapping(ServiceMappingRequest {
+                namespace: "bench".into(),
+                application_name: "seed".into(),
+                interface_names: vec![format!("org.apache.dubbo.bench.Seed{i}")],
+            })
+            .await?;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let rss_before = rss_kib(server.child.id())?;
+
+        let connections = streams.div_ceil(args.streams_per_connection.max(1));
+        let mut channels = Vec::with_capacity(connections);
+        for _ in 0..connections {
+            channels.push(Channel::from_shared(addr.clone())?.connect().await?);
+        }
+        let subscribed = Arc::new(Barrier::new(streams + 1));
+        let (received_tx, mut received_rx) = mpsc::unbounded_channel::<Instant>();
+        let started = Instant::now();
+        let mut holders = Vec::with_capacity(streams);
+        for i in 0..streams {
+            let channel = channels[i % channels.len()].clone();
+            let subscribed = subscribed.clone();
+            let received = received_tx.clone();
+            holders.push(tokio::spawn(async move {
+                let result = observe_one(channel, subscribed.clone(), received).await;
+                if let Err(err) = result {
+                    eprintln!("stream {i}: {err:#}");
+                }
+            }));
+        }
+        drop(received_tx);
+        subscribed.wait().await;
+        let connect_time = started.elapsed();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let rss_after = rss_kib(server.child.id())?;
+
+        sdk.register_service_app_mapping(ServiceMappingRequest {
+            namespace: "bench".into(),
+            application_name: "the-change".into(),
+            interface_names: vec!["org.apache.dubbo.bench.Changed".into()],
+        })
+        .await?;
+        let acked = Instant::now();
+        let mut latencies = Vec::with_capacity(streams);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while latencies.len() < streams {
+            match tokio::time::timeout_at(deadline, received_rx.recv()).await {
+                Ok(Some(at)) => latencies.push(at.saturating_duration_since(acked)),
+                _ => break,
+            }
+        }
+        let received = latencies.len();
+        let (p50, p99, max) = percentiles(&mut latencies);
+        let per_stream = (rss_after.saturating_sub(rss_before)) as f64 / streams as f64;
+        println!(
+            "{:>8} {:>12.2} {:>10.1} {:>10.1} {:>10.1} {:>14.1} {:>12}",
+            streams,
+            connect_time.as_secs_f64(),
+            ms(p50),
+            ms(p99),
+            ms(max),
+            per_stream,
+            format!("{received}/{streams}")
+        );
+        for holder in holders {
+            holder.abort();
+        }
+        drop(server);
+    }
+    Ok(())
+}
+
+/// Subscribes, acknowledges the first state, reports when the next one arrives, and then holds
+/// the stream open until aborted.
+async fn observe_one(
+    channel: Channel,
+    subscribed: Arc<Barrier>,
+    received: mpsc::UnboundedSender<Instant>,
+) -> anyhow::Result<()> {
+    let (requests, rx) = mpsc::channel(4);
+    let subscribe = ObserveRequest {
+        nonce: String::new(),
+        r#type: SNP_TYPE.into(),
+    };
+    requests.send(subscribe).await?;
+    let mut responses = RuleServiceClient::new(channel)
+        .observe(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let first = responses.message().await?.context("stream ended")?;
+    requests
+        .send(ObserveRequest {
+            nonce: first.nonce,
+            r#type: first.r#type,
+        })
+        .await?;
+    subscribed.wait().await;
+    let next = responses.message().await?.context("stream ended")?;
+    let _ = received.send(Instant::now());
+    requests
+        .send(ObserveRequest {
+            nonce: next.nonce,
+            r#type: next.r#type,
+        })
+        .await?;
+    std::future::pending::<()>().await;
+    Ok(())
+}
