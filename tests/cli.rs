@@ -171,7 +171,7 @@ async fn get_mappings_prints_the_state_from_the_discovery_stream() {
             .await;
         assert!(reply.is_ok());
     }
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    common::wait_published(&server, 2).await;
     let addr = format!("http://{}", server.grpc_addr);
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
         .args([

@@ -38,12 +38,10 @@ async fn existing_state_on_subscribe_then_changes_after_ack() {
         &["org.apache.dubbo.demo.DemoService"],
     )
     .await;
-    // Give the publish a moment; the state must be there before the subscribe.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The state must be there before the subscribe.
+    common::wait_published(&server, 1).await;
 
-    let mut observer = Observer::connect(channel(server.grpc_addr).await)
-        .await
-        .unwrap_or_else(|s| panic!("{s}"));
+    let mut observer = Observer::open(server.grpc_addr).await;
     observer.subscribe(SNP_TYPE).await;
     let first = observer.next().await;
     assert_eq!(first.r#type, SNP_TYPE);
@@ -85,9 +83,7 @@ async fn existing_state_on_subscribe_then_changes_after_ack() {
 async fn another_kind_receives_nothing_for_mapping_changes() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let server = start(fast_config(dir.path())).await;
-    let mut observer = Observer::connect(channel(server.grpc_addr).await)
-        .await
-        .unwrap_or_else(|s| panic!("{s}"));
+    let mut observer = Observer::open(server.grpc_addr).await;
     observer.subscribe(TAG_TYPE).await;
     let first = observer.next().await;
     assert_eq!(first.r#type, TAG_TYPE);
@@ -111,15 +107,13 @@ async fn another_kind_receives_nothing_for_mapping_changes() {
 async fn changes_before_an_ack_coalesce_into_one_response_with_the_newest_state() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let server = start(fast_config(dir.path())).await;
-    let mut observer = Observer::connect(channel(server.grpc_addr).await)
-        .await
-        .unwrap_or_else(|s| panic!("{s}"));
+    let mut observer = Observer::open(server.grpc_addr).await;
     observer.subscribe(SNP_TYPE).await;
     let first = observer.next().await;
     for app in ["a", "b", "c"] {
         register(server.grpc_addr, "ns", app, &["I"]).await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    common::wait_published_apps(&server, "i/ns", 3).await;
     // Wrong nonces: ignored, nothing sent, nothing wedged.
     observer.send("999", SNP_TYPE).await;
     observer.send("", "dubbo.apache.org/v1alpha1/Unknown").await;
@@ -166,9 +160,7 @@ async fn changes_before_an_ack_coalesce_into_one_response_with_the_newest_state(
 async fn a_first_message_with_a_nonce_does_not_subscribe() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let server = start(fast_config(dir.path())).await;
-    let mut observer = Observer::connect(channel(server.grpc_addr).await)
-        .await
-        .unwrap_or_else(|s| panic!("{s}"));
+    let mut observer = Observer::open(server.grpc_addr).await;
     observer.send("1", SNP_TYPE).await;
     register(server.grpc_addr, "ns", "app", &["I"]).await;
     assert!(
@@ -229,22 +221,22 @@ async fn a_stuck_client_does_not_delay_the_others() {
         .collect();
     let interfaces: Vec<&str> = long_interfaces.iter().map(String::as_str).collect();
     register(server.grpc_addr, "ns", "app", &interfaces).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
 
     // The stuck client subscribes on its own connection and never reads.
-    let stuck = Observer::connect(channel(server.grpc_addr).await)
-        .await
-        .unwrap_or_else(|s| panic!("{s}"));
+    let stuck = Observer::open(server.grpc_addr).await;
     stuck.subscribe(SNP_TYPE).await;
     let mut others = Vec::new();
     for _ in 0..10 {
-        let mut observer = Observer::connect(channel(server.grpc_addr).await)
-            .await
-            .unwrap_or_else(|s| panic!("{s}"));
+        let mut observer = Observer::open(server.grpc_addr).await;
         observer.subscribe(SNP_TYPE).await;
-        let first = observer.next().await;
-        assert_eq!(mappings_of(&first).len(), 1000);
-        observer.ack(&first).await;
+        // The publish may trail the ack of the big registration: read until the state has it.
+        let mut state = observer.next().await;
+        observer.ack(&state).await;
+        while mappings_of(&state).len() < 1000 {
+            state = observer.next().await;
+            observer.ack(&state).await;
+        }
+        assert_eq!(mappings_of(&state).len(), 1000);
         others.push(observer);
     }
     for round in 0..3 {
@@ -283,9 +275,7 @@ async fn observe_is_unavailable_until_the_initial_state_is_loaded() {
     assert_eq!(refused.map(|s| s.code()), Some(Code::Unavailable));
 
     index.mark_loaded();
-    let mut observer = Observer::connect(channel(addr).await)
-        .await
-        .unwrap_or_else(|s| panic!("{s}"));
+    let mut observer = Observer::open(addr).await;
     observer.subscribe(SNP_TYPE).await;
     assert_eq!(observer.next().await.revision, 1);
 }
@@ -315,9 +305,7 @@ async fn new_streams_beyond_the_admission_rate_are_refused() {
 async fn shutdown_ends_open_streams() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let server = start(fast_config(dir.path())).await;
-    let mut observer = Observer::connect(channel(server.grpc_addr).await)
-        .await
-        .unwrap_or_else(|s| panic!("{s}"));
+    let mut observer = Observer::open(server.grpc_addr).await;
     observer.subscribe(SNP_TYPE).await;
     let _ = observer.next().await;
     let started = std::time::Instant::now();

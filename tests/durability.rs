@@ -170,13 +170,11 @@ async fn sigterm_finishes_in_flight_registrations_and_exits_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_sigkill_and_restart_the_first_state_has_everything_at_a_higher_revision() {
-    use common::{Observer, SNP_TYPE, channel, mappings_of};
+    use common::{Observer, SNP_TYPE, mappings_of};
 
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let mut process = spawn_binary(dir.path(), &["--debounce-enable", "false"]);
-    let mut observer = Observer::connect(channel(process.grpc_addr).await)
-        .await
-        .unwrap_or_else(|s| panic!("{s}"));
+    let mut observer = Observer::open(process.grpc_addr).await;
     observer.subscribe(SNP_TYPE).await;
     let mut highest = observer.next().await;
     observer.ack(&highest).await;
@@ -208,9 +206,7 @@ async fn after_sigkill_and_restart_the_first_state_has_everything_at_a_higher_re
     assert!(process.child.wait().is_ok());
 
     let mut restarted = spawn_binary(dir.path(), &[]);
-    let mut observer = Observer::connect(channel(restarted.grpc_addr).await)
-        .await
-        .unwrap_or_else(|s| panic!("{s}"));
+    let mut observer = Observer::open(restarted.grpc_addr).await;
     observer.subscribe(SNP_TYPE).await;
     let first = observer.next().await;
     assert!(

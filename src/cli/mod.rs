@@ -35,13 +35,8 @@ pub enum Command {
     },
     /// Register a service-name mapping, as an SDK does at start-up.
     Register {
-        /// The control plane's gRPC address.
-        #[arg(
-            long,
-            env = "DUBBO_CP_SERVER",
-            default_value = "http://127.0.0.1:30060"
-        )]
-        server: String,
+        #[command(flatten)]
+        server: ServerArg,
         #[arg(short, long)]
         namespace: String,
         #[arg(short, long)]
@@ -52,12 +47,8 @@ pub enum Command {
     },
     /// Subscribe to the discovery stream like a data-plane client and print every state.
     Watch {
-        #[arg(
-            long,
-            env = "DUBBO_CP_SERVER",
-            default_value = "http://127.0.0.1:30060"
-        )]
-        server: String,
+        #[command(flatten)]
+        server: ServerArg,
         /// Kind to watch (e.g. ServiceNameMapping, TagRoute).
         #[arg(long = "type", default_value = "ServiceNameMapping")]
         kind: String,
@@ -75,18 +66,26 @@ pub enum Command {
 pub enum GetWhat {
     /// Service-name mappings.
     Mappings {
-        #[arg(
-            long,
-            env = "DUBBO_CP_SERVER",
-            default_value = "http://127.0.0.1:30060"
-        )]
-        server: String,
+        #[command(flatten)]
+        server: ServerArg,
         /// Only this namespace.
         #[arg(short, long)]
         namespace: Option<String>,
         #[arg(short, long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+}
+
+/// Where the client sub-commands find the control plane.
+#[derive(Debug, clap::Args)]
+pub struct ServerArg {
+    /// The control plane's gRPC address.
+    #[arg(
+        long = "server",
+        env = "DUBBO_CP_SERVER",
+        default_value = "http://127.0.0.1:30060"
+    )]
+    pub address: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -111,12 +110,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             namespace,
             application,
             interfaces,
-        } => register(server, namespace, application, interfaces).await,
+        } => register(server.address, namespace, application, interfaces).await,
         Command::Watch {
             server,
             kind,
             output,
-        } => watch::watch(&server, &kind, output).await,
+        } => watch::watch(&server.address, &kind, output).await,
         Command::Get {
             what:
                 GetWhat::Mappings {
@@ -124,7 +123,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     namespace,
                     output,
                 },
-        } => watch::get_mappings(&server, namespace.as_deref(), output).await,
+        } => watch::get_mappings(&server.address, namespace.as_deref(), output).await,
     }
 }
 

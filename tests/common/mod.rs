@@ -182,6 +182,13 @@ impl Observer {
         })
     }
 
+    /// A new connection to `addr` with one stream on it; panics if the stream is refused.
+    pub async fn open(addr: SocketAddr) -> Observer {
+        Observer::connect(channel(addr).await)
+            .await
+            .unwrap_or_else(|s| panic!("{s}"))
+    }
+
     pub async fn send(&self, nonce: &str, r#type: &str) {
         let request = dubbo_cp::pb::dds::ObserveRequest {
             nonce: nonce.into(),
@@ -240,4 +247,43 @@ pub fn mappings_of(
             )
         })
         .collect()
+}
+
+/// Waits until the index holds `objects` mappings, i.e. what was acknowledged is published.
+pub async fn wait_published(server: &RunningServer, objects: usize) {
+    let mut rx = server
+        .index
+        .subscribe(dubbo_cp::index::Kind::ServiceNameMapping);
+    let published = tokio::time::timeout(
+        Duration::from_secs(10),
+        rx.wait_for(|s| s.objects.len() >= objects),
+    )
+    .await;
+    assert!(
+        matches!(published, Ok(Ok(_))),
+        "{objects} mappings not published within 10 s"
+    );
+}
+
+/// Waits until the mapping under `key` has `applications` applications.
+pub async fn wait_published_apps(server: &RunningServer, key: &str, applications: usize) {
+    let mut rx = server
+        .index
+        .subscribe(dubbo_cp::index::Kind::ServiceNameMapping);
+    let published = tokio::time::timeout(
+        Duration::from_secs(10),
+        rx.wait_for(|s| {
+            s.objects.get(key).is_some_and(|any| {
+                dubbo_cp::resources::decode_mapping(any).is_ok_and(|m| {
+                    m.spec
+                        .is_some_and(|spec| spec.application_names.len() >= applications)
+                })
+            })
+        }),
+    )
+    .await;
+    assert!(
+        matches!(published, Ok(Ok(_))),
+        "{key} not published with {applications} applications"
+    );
 }
