@@ -37,10 +37,6 @@ impl EncodedData {
         }
         DataOnly::decode(self.0.clone()).map(|only| only.data)
     }
-
-    pub fn byte_len(&self) -> usize {
-        self.0.len()
-    }
 }
 
 impl std::fmt::Debug for EncodedData {

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -371,11 +371,6 @@ fn write_pairs(conn: &mut Connection, pairs: &MappingDelta, revision: i64) -> ru
         )?;
     }
     tx.commit()
-}
-
-/// Path of the database file in `data_dir`, for operators and tests.
-pub fn db_path(data_dir: &Path) -> PathBuf {
-    data_dir.join(DB_FILE)
 }
 
 #[cfg(test)]
