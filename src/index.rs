@@ -48,21 +48,43 @@ impl Kind {
     }
 
     /// `<group>/<version>/<Kind>`, as clients put it in `ObserveRequest.type`.
-    pub fn type_name(self) -> String {
-        format!("dubbo.apache.org/v1alpha1/{}", self.name())
+    pub fn type_name(self) -> &'static str {
+        match self {
+            Kind::ServiceNameMapping => "dubbo.apache.org/v1alpha1/ServiceNameMapping",
+            Kind::TagRoute => "dubbo.apache.org/v1alpha1/TagRoute",
+            Kind::ConditionRoute => "dubbo.apache.org/v1alpha1/ConditionRoute",
+            Kind::DynamicConfig => "dubbo.apache.org/v1alpha1/DynamicConfig",
+            Kind::AuthenticationPolicy => "dubbo.apache.org/v1alpha1/AuthenticationPolicy",
+            Kind::AuthorizationPolicy => "dubbo.apache.org/v1alpha1/AuthorizationPolicy",
+        }
     }
 
     pub fn from_type_name(type_name: &str) -> Option<Kind> {
-        let name = type_name.strip_prefix("dubbo.apache.org/v1alpha1/")?;
-        Kind::ALL.into_iter().find(|kind| kind.name() == name)
+        Kind::ALL
+            .into_iter()
+            .find(|kind| kind.type_name() == type_name)
     }
 
     /// Type URL of the `<Kind>ToClient` messages in `ObserveResponse.data`.
-    pub fn type_url(self) -> String {
-        format!(
-            "type.googleapis.com/dubbo.apache.org.v1alpha1.{}ToClient",
-            self.name()
-        )
+    pub fn type_url(self) -> &'static str {
+        match self {
+            Kind::ServiceNameMapping => {
+                "type.googleapis.com/dubbo.apache.org.v1alpha1.ServiceNameMappingToClient"
+            }
+            Kind::TagRoute => "type.googleapis.com/dubbo.apache.org.v1alpha1.TagRouteToClient",
+            Kind::ConditionRoute => {
+                "type.googleapis.com/dubbo.apache.org.v1alpha1.ConditionRouteToClient"
+            }
+            Kind::DynamicConfig => {
+                "type.googleapis.com/dubbo.apache.org.v1alpha1.DynamicConfigToClient"
+            }
+            Kind::AuthenticationPolicy => {
+                "type.googleapis.com/dubbo.apache.org.v1alpha1.AuthenticationPolicyToClient"
+            }
+            Kind::AuthorizationPolicy => {
+                "type.googleapis.com/dubbo.apache.org.v1alpha1.AuthorizationPolicyToClient"
+            }
+        }
     }
 
     fn slot(self) -> usize {
@@ -182,7 +204,7 @@ mod tests {
 
     fn any(value: &[u8]) -> Any {
         Any {
-            type_url: Kind::TagRoute.type_url(),
+            type_url: Kind::TagRoute.type_url().to_owned(),
             value: value.to_vec(),
         }
     }
@@ -190,7 +212,18 @@ mod tests {
     #[test]
     fn type_names_round_trip_and_unknowns_are_rejected() {
         for kind in Kind::ALL {
-            assert_eq!(Kind::from_type_name(&kind.type_name()), Some(kind));
+            assert_eq!(Kind::from_type_name(kind.type_name()), Some(kind));
+            assert_eq!(
+                kind.type_name(),
+                format!("dubbo.apache.org/v1alpha1/{}", kind.name())
+            );
+            assert_eq!(
+                kind.type_url(),
+                format!(
+                    "type.googleapis.com/dubbo.apache.org.v1alpha1.{}ToClient",
+                    kind.name()
+                )
+            );
         }
         assert_eq!(
             Kind::ServiceNameMapping.type_name(),

@@ -21,7 +21,7 @@ pub fn mapping_object(key: &MappingKey, applications: &BTreeSet<String>) -> (Str
         }),
     };
     let any = Any {
-        type_url: Kind::ServiceNameMapping.type_url(),
+        type_url: Kind::ServiceNameMapping.type_url().to_owned(),
         value: message.encode_to_vec(),
     };
     (client_key, any)

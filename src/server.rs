@@ -22,6 +22,10 @@ use crate::resources::mapping_object;
 use crate::shutdown::signalled;
 use crate::store::{EmbeddedStore, StoreOptions, StoredChange};
 
+/// The registration service as the health service names it.
+type RegistrationServer =
+    pb::snp::service_name_mapping_service_server::ServiceNameMappingServiceServer<Ingest>;
+
 /// Largest request a client may send.
 pub const MAX_DECODING_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Committed changes that may wait for the debouncer before the writer waits.
@@ -108,9 +112,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let readiness = Readiness::default();
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<pb::snp::service_name_mapping_service_server::ServiceNameMappingServiceServer<Ingest>>()
-        .await;
+    health.set_serving::<RegistrationServer>().await;
 
     let ingest = Ingest::new(store.clone(), config.ingest.commit_timeout);
     let rules = RuleService::new(index.clone(), config.dds, shutdown_rx.clone());
@@ -137,7 +139,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
             wait_for_shutdown(shutdown_rx).await;
             tracing::info!("shutting down: finishing in-flight registrations");
             readiness.set(false);
-            health.set_not_serving::<pb::snp::service_name_mapping_service_server::ServiceNameMappingServiceServer<Ingest>>().await;
+            health.set_not_serving::<RegistrationServer>().await;
             finish_within(grace, "gRPC server", grpc).await;
             // Every acknowledged registration is committed; the writer commits what is queued.
             tokio::task::spawn_blocking(move || writer.shutdown())

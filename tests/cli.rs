@@ -22,6 +22,15 @@ fn print_config(file: &std::path::Path, env: &[(&str, &str)], flags: &[&str]) ->
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// Runs a client sub-command of the real binary to completion.
+async fn run_client(args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args(args)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 #[test]
 fn flags_beat_environment_beats_file_beats_defaults() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -111,20 +120,17 @@ async fn register_subcommand_talks_to_a_real_server() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let server = start(test_config(dir.path())).await;
     let addr = format!("http://{}", server.grpc_addr);
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
-        .args([
-            "register",
-            "--server",
-            &addr,
-            "-n",
-            "default",
-            "-a",
-            "demo-provider",
-            "org.apache.dubbo.demo.DemoService",
-        ])
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let output = run_client(&[
+        "register",
+        "--server",
+        &addr,
+        "-n",
+        "default",
+        "-a",
+        "demo-provider",
+        "org.apache.dubbo.demo.DemoService",
+    ])
+    .await;
     assert!(
         output.status.success(),
         "{}",
@@ -132,20 +138,17 @@ async fn register_subcommand_talks_to_a_real_server() {
     );
     assert!(String::from_utf8_lossy(&output.stdout).contains("success: true"));
 
-    let bad = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
-        .args([
-            "register",
-            "--server",
-            &addr,
-            "-n",
-            "Bad",
-            "-a",
-            "demo-provider",
-            "I",
-        ])
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let bad = run_client(&[
+        "register",
+        "--server",
+        &addr,
+        "-n",
+        "Bad",
+        "-a",
+        "demo-provider",
+        "I",
+    ])
+    .await;
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("InvalidArgument"));
 
@@ -173,13 +176,10 @@ async fn get_mappings_prints_the_state_from_the_discovery_stream() {
     }
     common::wait_published(&server, 2).await;
     let addr = format!("http://{}", server.grpc_addr);
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
-        .args([
-            "get", "mappings", "--server", &addr, "-n", "default", "-o", "json",
-        ])
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let output = run_client(&[
+        "get", "mappings", "--server", &addr, "-n", "default", "-o", "json",
+    ])
+    .await;
     assert!(
         output.status.success(),
         "{}",
@@ -196,11 +196,7 @@ async fn get_mappings_prints_the_state_from_the_discovery_stream() {
     assert_eq!(objects[0]["applicationNames"][0], "demo-provider");
     assert!(state["revision"].as_i64().unwrap_or(0) > 0);
 
-    let text = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
-        .args(["get", "mappings", "--server", &addr])
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let text = run_client(&["get", "mappings", "--server", &addr]).await;
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("org-apache-dubbo-demo-demoservice/other\torg.apache.dubbo.demo.DemoService\tother-provider"), "{text}");
     assert!(server.stop().await.is_ok());

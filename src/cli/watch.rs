@@ -126,7 +126,7 @@ async fn observe(
     requests
         .send(ObserveRequest {
             nonce: String::new(),
-            r#type: kind.type_name(),
+            r#type: kind.type_name().to_owned(),
         })
         .await
         .context("request stream closed")?;

@@ -7,6 +7,7 @@ pub mod admission;
 pub mod stream;
 pub mod wire;
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -170,5 +171,3 @@ impl Stream for ResponseStream {
         }
     }
 }
-
-use std::future::Future;

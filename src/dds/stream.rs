@@ -55,7 +55,7 @@ impl Outbound<'_> {
         let nonce = subscription.nonce_seq.to_string();
         let response = ObserveResponse {
             nonce: nonce.clone(),
-            r#type: kind.type_name(),
+            r#type: kind.type_name().to_owned(),
             revision: snapshot.revision,
             data: snapshot.data.clone(),
         };
@@ -199,7 +199,7 @@ mod tests {
         (
             key.to_string(),
             Any {
-                type_url: Kind::ServiceNameMapping.type_url(),
+                type_url: Kind::ServiceNameMapping.type_url().to_owned(),
                 value: value.to_vec(),
             },
         )

@@ -63,7 +63,7 @@ enum Command {
 /// Handle for registering and reading; cheap to clone.
 #[derive(Clone)]
 pub struct EmbeddedStore {
-    committed: Arc<DashMap<MappingKey, BTreeSet<String>>>,
+    committed: Arc<Committed>,
     stats: Arc<StoreStats>,
     queue: mpsc::Sender<Command>,
     /// The revision in effect when the store was opened (already bumped past every earlier one).
@@ -152,11 +152,9 @@ impl EmbeddedStore {
     }
 
     fn is_stored(&self, registration: &Registration) -> bool {
-        registration.keys().all(|key| {
-            self.committed
-                .get(&key)
-                .is_some_and(|apps| apps.contains(&registration.application))
-        })
+        registration
+            .keys()
+            .all(|key| is_committed(&self.committed, &key, &registration.application))
     }
 
     /// Everything committed, sorted.
@@ -199,7 +197,7 @@ impl StoreWriter {
 
 struct Writer {
     conn: Connection,
-    committed: Arc<DashMap<MappingKey, BTreeSet<String>>>,
+    committed: Arc<Committed>,
     stats: Arc<StoreStats>,
     changes: mpsc::Sender<StoredChange>,
     max_batch: usize,
@@ -248,10 +246,7 @@ impl Writer {
         for (registration, _) in batch.iter() {
             let mut added = 0;
             for key in registration.keys() {
-                let stored = self
-                    .committed
-                    .get(&key)
-                    .is_some_and(|apps| apps.contains(&registration.application));
+                let stored = is_committed(&self.committed, &key, &registration.application);
                 if !stored && !new_pairs.contains(&key, &registration.application) {
                     new_pairs.add(key, registration.application.clone());
                     added += 1;
@@ -311,6 +306,14 @@ impl Writer {
     }
 }
 
+type Committed = DashMap<MappingKey, BTreeSet<String>>;
+
+fn is_committed(committed: &Committed, key: &MappingKey, application: &str) -> bool {
+    committed
+        .get(key)
+        .is_some_and(|apps| apps.contains(application))
+}
+
 fn prepare_schema(conn: &Connection) -> rusqlite::Result<()> {
     // WAL lets readers (an operator's sqlite3 shell) work beside the writer; FULL makes every
     // commit survive a power cut, not only a process crash.
@@ -343,8 +346,8 @@ fn bump_revision(conn: &mut Connection) -> rusqlite::Result<i64> {
     )
 }
 
-fn load_all(conn: &Connection) -> rusqlite::Result<DashMap<MappingKey, BTreeSet<String>>> {
-    let committed: DashMap<MappingKey, BTreeSet<String>> = DashMap::new();
+fn load_all(conn: &Connection) -> rusqlite::Result<Committed> {
+    let committed = Committed::new();
     let mut stmt = conn.prepare("SELECT namespace, interface, application FROM mapping")?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
