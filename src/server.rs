@@ -209,8 +209,6 @@ fn grpc_router(
     let networking_service =
         pb::dubbo::networking::v1alpha1::service_name_mapping_service_server::ServiceNameMappingServiceServer::new(ingest)
             .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
-    let rule_service = pb::dds::rule_service_server::RuleServiceServer::new(rules)
-        .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
     let grpc = &config.grpc;
     Ok(tonic::transport::Server::builder()
         // Detect dead peers: long-lived streams would otherwise pin memory forever.
@@ -226,7 +224,7 @@ fn grpc_router(
         .add_service(reflection_v1alpha)
         .add_service(snp_service)
         .add_service(networking_service)
-        .add_service(rule_service))
+        .add_service(rules))
 }
 
 /// The debounce loop of standalone mode: merged committed changes go to the index, each changed

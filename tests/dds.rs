@@ -268,7 +268,7 @@ async fn observe_is_unavailable_until_the_initial_state_is_loaded() {
     let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(dubbo_cp::pb::dds::rule_service_server::RuleServiceServer::new(service))
+            .add_service(service)
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     let refused = Observer::connect(channel(addr).await).await.err();

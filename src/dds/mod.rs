@@ -1,28 +1,39 @@
 //! The discovery stream, `RuleService/Observe` (wire.md §2, behaviour.md "Discovery stream").
 //!
-//! One task per stream runs the protocol ([`stream`]); this module admits streams (readiness,
-//! admission rate) and hands each task's responses to tonic through a bounded channel.
+//! One task per stream runs the protocol ([`stream`]). This module admits streams (readiness,
+//! admission rate) and serves the method as a plain HTTP/2 gRPC handler: requests are decoded by
+//! tonic, responses are written by [`body::ObserveBody`] without copying the shared state, which
+//! tonic's generated server would copy into a per-stream buffer and keep.
 
 pub mod admission;
+pub mod body;
 pub mod stream;
 pub mod wire;
 
-use std::future::Future;
-use std::pin::Pin;
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::Stream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codec::{BufferSettings, Streaming};
+use tonic::server::NamedService;
 
 use crate::index::Index;
 use crate::pb::dds::ObserveRequest;
-use crate::pb::dds::rule_service_server;
 use admission::RateLimiter;
+use body::ObserveBody;
 pub use wire::ObserveResponse;
+
+/// The gRPC path of the method, as clients call it.
+pub const OBSERVE_PATH: &str = "/org.apache.dubbo.auth.v1alpha1.RuleService/Observe";
+/// Largest `ObserveRequest` accepted; real ones are a nonce and a type name.
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// Initial decode buffer of a stream: requests are tiny, and every open stream keeps one.
+const REQUEST_BUFFER_BYTES: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DdsConfig {
@@ -53,6 +64,7 @@ pub struct DdsStats {
     pub stale_nonces: AtomicU64,
 }
 
+/// The `org.apache.dubbo.auth.v1alpha1.RuleService` gRPC service.
 #[derive(Clone)]
 pub struct RuleService {
     index: Arc<Index>,
@@ -60,6 +72,10 @@ pub struct RuleService {
     admission: Arc<RateLimiter>,
     shutdown: watch::Receiver<bool>,
     stats: Arc<DdsStats>,
+}
+
+impl NamedService for RuleService {
+    const NAME: &'static str = "org.apache.dubbo.auth.v1alpha1.RuleService";
 }
 
 impl RuleService {
@@ -80,16 +96,9 @@ impl RuleService {
     pub fn stats(&self) -> Arc<DdsStats> {
         self.stats.clone()
     }
-}
 
-#[tonic::async_trait]
-impl rule_service_server::RuleService for RuleService {
-    type ObserveStream = ResponseStream;
-
-    async fn observe(
-        &self,
-        request: Request<Streaming<ObserveRequest>>,
-    ) -> Result<Response<Self::ObserveStream>, Status> {
+    /// Admits a new stream and starts its task, or says why not.
+    fn observe(&self, request: http::Request<Body>) -> Result<ObserveBody, Status> {
         if !self.index.is_loaded() {
             return Err(Status::unavailable(
                 "initial state not loaded yet; retry shortly",
@@ -100,14 +109,28 @@ impl rule_service_server::RuleService for RuleService {
                 "control plane shutting down; reconnect",
             ));
         }
+        if let Some(encoding) = request.headers().get("grpc-encoding")
+            && encoding != "identity"
+        {
+            return Err(Status::unimplemented(
+                "compressed requests are not supported; send uncompressed messages",
+            ));
+        }
         if !self.admission.try_acquire() {
             self.stats.streams_refused.fetch_add(1, Ordering::Relaxed);
             return Err(Status::unavailable(
                 "too many new discovery streams per second; retry with backoff",
             ));
         }
-        let peer = request.remote_addr();
-        let requests = request.into_inner();
+        let peer = request
+            .extensions()
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(|info| info.remote_addr());
+        let decoder = tonic_prost::ProstCodec::<ObserveResponse, ObserveRequest>::raw_decoder(
+            BufferSettings::new(REQUEST_BUFFER_BYTES, MAX_REQUEST_BYTES),
+        );
+        let requests =
+            Streaming::new_request(decoder, request.into_body(), None, Some(MAX_REQUEST_BYTES));
         // One response in the channel at a time: a stream that does not drain holds at most
         // that one (plus what the transport buffers), and its next send times out.
         let (responses, rx) = mpsc::channel(1);
@@ -133,41 +156,34 @@ impl rule_service_server::RuleService for RuleService {
                 let _ = end_tx.send(status);
             }
         });
-        Ok(Response::new(ResponseStream {
-            responses: rx,
-            end: Some(end_rx),
-        }))
+        Ok(ObserveBody::new(rx, end_rx))
     }
 }
 
-/// What tonic sends: the task's responses, or its final error status, which overtakes anything
-/// still queued.
-pub struct ResponseStream {
-    responses: mpsc::Receiver<ObserveResponse>,
-    end: Option<oneshot::Receiver<Status>>,
-}
+impl tower::Service<http::Request<Body>> for RuleService {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
 
-impl Stream for ResponseStream {
-    type Item = Result<ObserveResponse, Status>;
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if let Some(end) = self.end.as_mut() {
-            match Pin::new(end).poll(cx) {
-                Poll::Ready(Ok(status)) => {
-                    self.end = None;
-                    self.responses.close();
-                    return Poll::Ready(Some(Err(status)));
-                }
-                // The task ended without an error: drain what it sent, then finish.
-                Poll::Ready(Err(_)) => self.end = None,
-                Poll::Pending => {}
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        if request.uri().path() != OBSERVE_PATH {
+            return std::future::ready(Ok(Status::unimplemented("").into_http()));
+        }
+        let response = match self.observe(request) {
+            Ok(body) => {
+                let mut response = http::Response::new(Body::new(body));
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/grpc"),
+                );
+                response
             }
-        }
-        match self.responses.poll_recv(cx) {
-            Poll::Ready(Some(response)) => Poll::Ready(Some(Ok(response))),
-            Poll::Ready(None) if self.end.is_some() => Poll::Pending,
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
+            Err(status) => status.into_http(),
+        };
+        std::future::ready(Ok(response))
     }
 }

@@ -54,8 +54,9 @@ pub struct ObserveResponse {
     pub data: EncodedData,
 }
 
-impl Message for ObserveResponse {
-    fn encode_raw(&self, buf: &mut impl BufMut) {
+impl ObserveResponse {
+    /// Fields 1-3, the part that differs per stream; `data` follows it on the wire as it is.
+    pub fn encode_head(&self, buf: &mut impl BufMut) {
         if !self.nonce.is_empty() {
             encoding::string::encode(1, &self.nonce, buf);
         }
@@ -65,6 +66,17 @@ impl Message for ObserveResponse {
         if self.revision != 0 {
             encoding::int64::encode(3, &self.revision, buf);
         }
+    }
+
+    /// The shared, pre-encoded `data` records.
+    pub fn data_bytes(&self) -> &Bytes {
+        &self.data.0
+    }
+}
+
+impl Message for ObserveResponse {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        self.encode_head(buf);
         buf.put_slice(&self.data.0);
     }
 

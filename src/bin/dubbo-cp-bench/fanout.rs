@@ -11,12 +11,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use dubbo_cp::pb::dds::ObserveRequest;
-use dubbo_cp::pb::dds::rule_service_client::RuleServiceClient;
 use dubbo_cp::pb::snp::ServiceMappingRequest;
 use dubbo_cp::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient;
+use prost::bytes::Buf;
+use prost::encoding;
 use tokio::sync::{Barrier, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::transport::Channel;
+use tonic_prost::ProstCodec;
 
 use super::{FanoutArgs, ms, percentiles};
 
@@ -96,14 +100,40 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
         .context("no VmRSS")
 }
 
+/// CPU time (user + system) a process has used, in seconds.
+fn cpu_seconds(pid: &str) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
+    Ok((ticks(11) + ticks(12)) / 100.0)
+}
+
 pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
     println!(
         "# dubbo-cp-bench fanout: {} mappings in every state, {} streams per connection, debounce off",
         args.mappings, args.streams_per_connection
     );
     println!(
-        "{:>8} {:>12} {:>10} {:>10} {:>10} {:>14} {:>12}",
-        "streams", "connect_s", "p50_ms", "p99_ms", "max_ms", "rss_per_kib", "received"
+        "{:>8} {:>10} {:>9} {:>9} {:>9} {:>12} {:>13} {:>13} {:>12}",
+        "streams",
+        "connect_s",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "rss_per_kib",
+        "server_cpu_ms",
+        "client_cpu_ms",
+        "received"
     );
     for &streams in &args.streams {
         let server = spawn_server()?;
@@ -148,6 +178,9 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let rss_after = rss_kib(server.child.id())?;
 
+        let server_pid = server.child.id().to_string();
+        let server_cpu = cpu_seconds(&server_pid)?;
+        let client_cpu = cpu_seconds("self")?;
         sdk.register_service_app_mapping(ServiceMappingRequest {
             namespace: "bench".into(),
             application_name: "the-change".into(),
@@ -163,17 +196,21 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
                 _ => break,
             }
         }
+        let server_cpu = cpu_seconds(&server_pid)? - server_cpu;
+        let client_cpu = cpu_seconds("self")? - client_cpu;
         let received = latencies.len();
         let (p50, p99, max) = percentiles(&mut latencies);
         let per_stream = (rss_after.saturating_sub(rss_before)) as f64 / streams as f64;
         println!(
-            "{:>8} {:>12.2} {:>10.1} {:>10.1} {:>10.1} {:>14.1} {:>12}",
+            "{:>8} {:>10.2} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>13.0} {:>13.0} {:>12}",
             streams,
             connect_time.as_secs_f64(),
             ms(p50),
             ms(p99),
             ms(max),
             per_stream,
+            server_cpu * 1000.0,
+            client_cpu * 1000.0,
             format!("{received}/{streams}")
         );
         for holder in holders {
@@ -182,6 +219,54 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
         drop(server);
     }
     Ok(())
+}
+
+/// What the load generator reads of a response: the head. The state bytes are received but
+/// skipped, so the generator's own decoding does not compete with the server for the CPUs.
+#[derive(Debug, Default)]
+struct ResponseHead {
+    nonce: String,
+    r#type: String,
+}
+
+struct HeadDecoder;
+
+impl Decoder for HeadDecoder {
+    type Item = ResponseHead;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<ResponseHead>, Status> {
+        let mut head = ResponseHead::default();
+        let bad = |err: prost::DecodeError| Status::internal(err.to_string());
+        while buf.has_remaining() {
+            let (tag, wire_type) = encoding::decode_key(buf).map_err(bad)?;
+            let ctx = encoding::DecodeContext::default();
+            match tag {
+                1 => encoding::string::merge(wire_type, &mut head.nonce, buf, ctx).map_err(bad)?,
+                2 => encoding::string::merge(wire_type, &mut head.r#type, buf, ctx).map_err(bad)?,
+                _ => encoding::skip_field(wire_type, tag, buf, ctx).map_err(bad)?,
+            }
+        }
+        Ok(Some(head))
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct HeadOnlyCodec;
+
+impl Codec for HeadOnlyCodec {
+    type Encode = ObserveRequest;
+    type Decode = ResponseHead;
+    type Encoder = <ProstCodec<ObserveRequest, ObserveRequest> as Codec>::Encoder;
+    type Decoder = HeadDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstCodec::<ObserveRequest, ObserveRequest>::default().encoder()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        HeadDecoder
+    }
 }
 
 /// Subscribes, acknowledges the first state, reports when the next one arrives, and then holds
@@ -197,8 +282,15 @@ async fn observe_one(
         r#type: SNP_TYPE.into(),
     };
     requests.send(subscribe).await?;
-    let mut responses = RuleServiceClient::new(channel)
-        .observe(ReceiverStream::new(rx))
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await?;
+    let path = http::uri::PathAndQuery::from_static(dubbo_cp::dds::OBSERVE_PATH);
+    let mut responses = grpc
+        .streaming(
+            tonic::Request::new(ReceiverStream::new(rx)),
+            path,
+            HeadOnlyCodec,
+        )
         .await?
         .into_inner();
     let first = responses.message().await?.context("stream ended")?;
