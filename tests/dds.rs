@@ -315,3 +315,45 @@ async fn shutdown_ends_open_streams() {
         "an open stream held up shutdown"
     );
 }
+
+#[tokio::test]
+async fn an_oversized_request_ends_that_stream_with_an_error_and_others_go_on() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start(fast_config(dir.path())).await;
+    let mut bad = Observer::open(server.grpc_addr).await;
+    bad.send("", &"x".repeat(100 * 1024)).await;
+    let ended = tokio::time::timeout(Duration::from_secs(5), bad.responses_mut().message()).await;
+    let status = match ended {
+        Ok(Err(status)) => status,
+        other => panic!("expected an error status, got {other:?}"),
+    };
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+
+    let mut good = Observer::open(server.grpc_addr).await;
+    good.subscribe(SNP_TYPE).await;
+    assert_eq!(good.next().await.nonce, "1");
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn other_methods_of_the_rule_service_are_unimplemented() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start(fast_config(dir.path())).await;
+    let mut grpc = tonic::client::Grpc::new(channel(server.grpc_addr).await);
+    assert!(grpc.ready().await.is_ok());
+    let path =
+        http::uri::PathAndQuery::from_static("/org.apache.dubbo.auth.v1alpha1.RuleService/Nope");
+    let codec = tonic_prost::ProstCodec::<
+        dubbo_cp::pb::dds::ObserveRequest,
+        dubbo_cp::pb::dds::ObserveRequest,
+    >::default();
+    let result = grpc
+        .unary(
+            tonic::Request::new(dubbo_cp::pb::dds::ObserveRequest::default()),
+            path,
+            codec,
+        )
+        .await;
+    assert_eq!(result.err().map(|s| s.code()), Some(Code::Unimplemented));
+    assert!(server.stop().await.is_ok());
+}

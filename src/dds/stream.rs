@@ -105,10 +105,9 @@ where
             }
             request = requests.next() => match request {
                 None => return Ok(()),
-                Some(Err(status)) => {
-                    tracing::debug!(code = ?status.code(), "discovery stream request error");
-                    return Ok(());
-                }
+                // A malformed or oversized request, or a reset: the status says which, and
+                // reaches the client if it is still there.
+                Some(Err(status)) => return Err(status),
                 Some(Ok(request)) => {
                     let Some(kind) = Kind::from_type_name(&request.r#type) else {
                         tracing::debug!(r#type = %request.r#type, "ignoring unknown type");

@@ -200,6 +200,10 @@ impl Observer {
         );
     }
 
+    pub fn responses_mut(&mut self) -> &mut tonic::Streaming<dubbo_cp::dds::ObserveResponse> {
+        &mut self.responses
+    }
+
     pub async fn subscribe(&self, r#type: &str) {
         self.send("", r#type).await;
     }
