@@ -21,6 +21,7 @@ pub mod dds;
 pub mod debounce;
 pub mod index;
 pub mod ingest;
+pub mod k8s;
 pub mod mapping;
 pub mod pb;
 pub mod resources;

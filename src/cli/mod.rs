@@ -45,6 +45,8 @@ pub enum Command {
         #[arg(required = true)]
         interfaces: Vec<String>,
     },
+    /// Print the ServiceNameMapping CustomResourceDefinition as YAML.
+    Crd,
     /// Subscribe to the discovery stream like a data-plane client and print every state.
     Watch {
         #[command(flatten)]
@@ -111,6 +113,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             application,
             interfaces,
         } => register(server.address, namespace, application, interfaces).await,
+        Command::Crd => {
+            print!("{}", crate::k8s::crd::crd_yaml()?);
+            Ok(())
+        }
         Command::Watch {
             server,
             kind,

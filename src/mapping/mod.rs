@@ -4,7 +4,7 @@
 mod name;
 mod validate;
 
-pub use name::{client_key, object_name};
+pub use name::{client_key, label_value, object_name};
 pub use validate::{
     MAX_APPLICATION_BYTES, MAX_INTERFACE_BYTES, MAX_INTERFACES_PER_REQUEST, ValidationError,
     validate_registration,

@@ -60,6 +60,43 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
         .fold(OFFSET, |hash, b| (hash ^ u64::from(*b)).wrapping_mul(PRIME))
 }
 
+/// Longest label value.
+const MAX_LABEL: usize = 63;
+
+/// The value of the `interface` label: the raw interface name where it is a valid label value
+/// (at most 63 characters of `[A-Za-z0-9-_.]`, starting and ending with a letter or digit);
+/// otherwise every run of other characters becomes `-`, the result is trimmed and cut to 52
+/// characters, and `-` plus the same 10-hex-digit hash as [`object_name`] is appended.
+pub fn label_value(interface: &str) -> String {
+    let allowed = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    let bytes = interface.as_bytes();
+    let valid = !bytes.is_empty()
+        && bytes.len() <= MAX_LABEL
+        && bytes.iter().all(allowed)
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric);
+    if valid {
+        return interface.to_owned();
+    }
+    let mut prefix = String::with_capacity(MAX_LABEL);
+    for c in interface.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
+            prefix.push(c);
+        } else if !prefix.is_empty() && !prefix.ends_with('-') {
+            prefix.push('-');
+        }
+    }
+    prefix.truncate(MAX_LABEL - HASH_DIGITS - 1);
+    let prefix = prefix.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    let hash = format!("{:016x}", fnv1a64(interface.as_bytes()));
+    let hash = &hash[..HASH_DIGITS];
+    if prefix.is_empty() {
+        format!("snp-{hash}")
+    } else {
+        format!("{prefix}-{hash}")
+    }
+}
+
 /// The key a discovery-stream client sees: `<object name>/<namespace>`, or just the name when
 /// the namespace is empty (wire.md §2).
 pub fn client_key(name: &str, namespace: &str) -> String {
@@ -109,6 +146,23 @@ mod tests {
         assert!(is_valid_name(&object_name("Ünïcode.Sérvice")));
         // A fixed vector, so the documented rule cannot drift silently.
         assert_eq!(format!("{:016x}", fnv1a64(b"a")), "af63dc4c8601ec8c");
+    }
+
+    #[test]
+    fn label_values_keep_the_raw_name_where_valid() {
+        assert_eq!(
+            label_value("org.apache.dubbo.demo.DemoService"),
+            "org.apache.dubbo.demo.DemoService"
+        );
+        assert_eq!(label_value("a_b.C"), "a_b.C");
+        let long = format!("org.example.{}", "x".repeat(80));
+        let value = label_value(&long);
+        assert!(value.len() <= 63, "{value}");
+        assert!(value.starts_with("org.example.xxx"), "{value}");
+        assert_ne!(value, label_value(&format!("{long}y")));
+        let inner = label_value("a.Outer$Inner");
+        assert!(inner.starts_with("a.Outer-Inner-"), "{inner}");
+        assert!(label_value("$").starts_with("snp-"));
     }
 
     #[test]
