@@ -24,6 +24,7 @@ pub mod ingest;
 pub mod k8s;
 pub mod mapping;
 pub mod pb;
+pub mod ratelimit;
 pub mod resources;
 pub mod server;
 pub mod shutdown;

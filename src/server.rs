@@ -66,6 +66,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
 
     let (changes_tx, changes_rx) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
     let store_options = StoreOptions {
+        present_elsewhere: None,
         queue_capacity: config.ingest.queue_capacity,
         max_batch: config.ingest.max_batch,
     };

@@ -5,7 +5,6 @@
 //! tonic, responses are written by [`body::ObserveBody`] without copying the shared state, which
 //! tonic's generated server would copy into a per-stream buffer and keep.
 
-pub mod admission;
 pub mod body;
 pub mod stream;
 pub mod wire;
@@ -24,7 +23,7 @@ use tonic::server::NamedService;
 
 use crate::index::Index;
 use crate::pb::dds::ObserveRequest;
-use admission::RateLimiter;
+use crate::ratelimit::RateLimiter;
 use body::ObserveBody;
 pub use wire::ObserveResponse;
 

@@ -12,6 +12,16 @@ pub use validate::{
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use dashmap::DashMap;
+
+/// Applications per key, shared between tasks (committed pairs, the watched cluster state).
+pub type SharedMappings = DashMap<MappingKey, BTreeSet<String>>;
+
+/// Whether `map` holds `application` for `key`.
+pub fn contains_pair(map: &SharedMappings, key: &MappingKey, application: &str) -> bool {
+    map.get(key).is_some_and(|apps| apps.contains(application))
+}
+
 /// One ServiceNameMapping object: an interface within a namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MappingKey {

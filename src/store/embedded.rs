@@ -4,6 +4,10 @@
 //! A registration is acknowledged only after the transaction holding it has committed. The set
 //! of committed pairs is mirrored in memory, so re-registering what is stored costs a lookup and
 //! no write.
+//!
+//! In Kubernetes mode the same table is the local outbox: pairs stay in it until they have been
+//! written to the API server ([`EmbeddedStore::complete`]), and pairs the watch already shows in
+//! the cluster (`StoreOptions::present_elsewhere`) are not written at all.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -11,12 +15,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dashmap::DashMap;
 use rusqlite::{Connection, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{RegisterOutcome, StoreError, StoredChange};
-use crate::mapping::{MappingDelta, MappingKey, Registration};
+use crate::mapping::{MappingDelta, MappingKey, Registration, SharedMappings, contains_pair};
 
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "dubbo-cp.db";
@@ -24,8 +27,11 @@ pub const DB_FILE: &str = "dubbo-cp.db";
 const LOCK_FILE: &str = "dubbo-cp.lock";
 const SCHEMA_VERSION: i64 = 1;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct StoreOptions {
+    /// Pairs stored elsewhere (the watched cluster state in Kubernetes mode); a registration
+    /// whose pairs are all there or here needs no write.
+    pub present_elsewhere: Option<Arc<SharedMappings>>,
     /// Registrations that may wait for the writer; beyond this callers are refused at once.
     pub queue_capacity: usize,
     /// Most registrations one transaction takes.
@@ -35,6 +41,7 @@ pub struct StoreOptions {
 impl Default for StoreOptions {
     fn default() -> Self {
         Self {
+            present_elsewhere: None,
             queue_capacity: 8192,
             max_batch: 4096,
         }
@@ -57,13 +64,32 @@ enum Command {
         registration: Registration,
         reply: oneshot::Sender<Result<RegisterOutcome, StoreError>>,
     },
+    /// Removes pairs that reached their final store (Kubernetes mode).
+    Complete(MappingDelta),
     Shutdown,
+}
+
+/// What is committed here, and what is known to be stored elsewhere.
+#[derive(Clone)]
+struct Known {
+    committed: Arc<SharedMappings>,
+    elsewhere: Option<Arc<SharedMappings>>,
+}
+
+impl Known {
+    fn contains(&self, key: &MappingKey, application: &str) -> bool {
+        contains_pair(&self.committed, key, application)
+            || self
+                .elsewhere
+                .as_ref()
+                .is_some_and(|elsewhere| contains_pair(elsewhere, key, application))
+    }
 }
 
 /// Handle for registering and reading; cheap to clone.
 #[derive(Clone)]
 pub struct EmbeddedStore {
-    committed: Arc<Committed>,
+    known: Known,
     stats: Arc<StoreStats>,
     queue: mpsc::Sender<Command>,
     /// The revision in effect when the store was opened (already bumped past every earlier one).
@@ -100,13 +126,16 @@ impl EmbeddedStore {
         let mut conn = Connection::open(data_dir.join(DB_FILE))?;
         prepare_schema(&conn)?;
         let opened_revision = bump_revision(&mut conn)?;
-        let committed = Arc::new(load_all(&conn)?);
+        let known = Known {
+            committed: Arc::new(load_all(&conn)?),
+            elsewhere: options.present_elsewhere.clone(),
+        };
 
         let (queue, rx) = mpsc::channel(options.queue_capacity.max(1));
         let stats = Arc::new(StoreStats::default());
         let writer = Writer {
             conn,
-            committed: committed.clone(),
+            known: known.clone(),
             stats: stats.clone(),
             changes,
             max_batch: options.max_batch.max(1),
@@ -118,7 +147,7 @@ impl EmbeddedStore {
             .spawn(move || writer.run(rx))
             .map_err(dir_error)?;
         let store = EmbeddedStore {
-            committed,
+            known,
             stats,
             queue: queue.clone(),
             opened_revision,
@@ -154,12 +183,13 @@ impl EmbeddedStore {
     fn is_stored(&self, registration: &Registration) -> bool {
         registration
             .keys()
-            .all(|key| is_committed(&self.committed, &key, &registration.application))
+            .all(|key| self.known.contains(&key, &registration.application))
     }
 
     /// Everything committed, sorted.
     pub fn snapshot(&self) -> BTreeMap<MappingKey, BTreeSet<String>> {
-        self.committed
+        self.known
+            .committed
             .iter()
             .map(|entry| (entry.key().clone(), entry.value().clone()))
             .collect()
@@ -167,7 +197,16 @@ impl EmbeddedStore {
 
     /// The committed applications of one key.
     pub fn applications(&self, key: &MappingKey) -> Option<BTreeSet<String>> {
-        self.committed.get(key).map(|apps| apps.clone())
+        self.known.committed.get(key).map(|apps| apps.clone())
+    }
+
+    /// Removes pairs that have reached their final store (Kubernetes mode: the API server), so
+    /// they are not written again after a restart. Returns once the removal is committed.
+    pub async fn complete(&self, pairs: MappingDelta) -> Result<(), StoreError> {
+        self.queue
+            .send(Command::Complete(pairs))
+            .await
+            .map_err(|_| StoreError::ShuttingDown)
     }
 
     pub fn opened_revision(&self) -> i64 {
@@ -197,7 +236,7 @@ impl StoreWriter {
 
 struct Writer {
     conn: Connection,
-    committed: Arc<Committed>,
+    known: Known,
     stats: Arc<StoreStats>,
     changes: mpsc::Sender<StoredChange>,
     max_batch: usize,
@@ -226,6 +265,12 @@ impl Writer {
                         registration,
                         reply,
                     } => batch.push((registration, reply)),
+                    Command::Complete(pairs) => {
+                        // Registrations queued before it are committed first, so a pair
+                        // registered again meanwhile is not lost by the removal.
+                        self.commit(&mut batch);
+                        self.remove(&pairs);
+                    }
                     Command::Shutdown => stopping = true,
                 }
                 if !stopping && batch.len() < self.max_batch {
@@ -233,6 +278,22 @@ impl Writer {
                 }
             }
             self.commit(&mut batch);
+        }
+    }
+
+    fn remove(&mut self, pairs: &MappingDelta) {
+        if let Err(err) = delete_pairs(&mut self.conn, pairs) {
+            // They stay in the outbox and are written again (a no-op upsert) after a restart.
+            tracing::warn!(error = %err, "cannot remove written pairs from the outbox");
+            return;
+        }
+        for (key, apps) in pairs.iter() {
+            if let Some(mut stored) = self.known.committed.get_mut(key) {
+                stored.retain(|app| !apps.contains(app));
+            }
+            self.known
+                .committed
+                .remove_if(key, |_, stored| stored.is_empty());
         }
     }
 
@@ -246,7 +307,7 @@ impl Writer {
         for (registration, _) in batch.iter() {
             let mut added = 0;
             for key in registration.keys() {
-                let stored = is_committed(&self.committed, &key, &registration.application);
+                let stored = self.known.contains(&key, &registration.application);
                 if !stored && !new_pairs.contains(&key, &registration.application) {
                     new_pairs.add(key, registration.application.clone());
                     added += 1;
@@ -273,7 +334,8 @@ impl Writer {
                     .pairs_written
                     .fetch_add(new_pairs.pairs() as u64, Ordering::Relaxed);
                 for (key, apps) in new_pairs.iter() {
-                    self.committed
+                    self.known
+                        .committed
                         .entry(key.clone())
                         .or_default()
                         .extend(apps.iter().cloned());
@@ -306,12 +368,19 @@ impl Writer {
     }
 }
 
-type Committed = DashMap<MappingKey, BTreeSet<String>>;
-
-fn is_committed(committed: &Committed, key: &MappingKey, application: &str) -> bool {
-    committed
-        .get(key)
-        .is_some_and(|apps| apps.contains(application))
+fn delete_pairs(conn: &mut Connection, pairs: &MappingDelta) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    {
+        let mut delete = tx.prepare_cached(
+            "DELETE FROM mapping WHERE namespace = ?1 AND interface = ?2 AND application = ?3",
+        )?;
+        for (key, apps) in pairs.iter() {
+            for app in apps {
+                delete.execute(params![key.namespace, key.interface, app])?;
+            }
+        }
+    }
+    tx.commit()
 }
 
 fn prepare_schema(conn: &Connection) -> rusqlite::Result<()> {
@@ -346,8 +415,8 @@ fn bump_revision(conn: &mut Connection) -> rusqlite::Result<i64> {
     )
 }
 
-fn load_all(conn: &Connection) -> rusqlite::Result<Committed> {
-    let committed = Committed::new();
+fn load_all(conn: &Connection) -> rusqlite::Result<SharedMappings> {
+    let committed = SharedMappings::new();
     let mut stmt = conn.prepare("SELECT namespace, interface, application FROM mapping")?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
@@ -448,6 +517,46 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn completed_pairs_leave_and_pairs_present_elsewhere_are_not_written() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let elsewhere = Arc::new(SharedMappings::new());
+        elsewhere
+            .entry(MappingKey::new("ns", "In-cluster"))
+            .or_default()
+            .insert("app".into());
+        let (tx, _rx) = mpsc::channel(16);
+        let options = StoreOptions {
+            present_elsewhere: Some(elsewhere),
+            ..StoreOptions::default()
+        };
+        let (store, writer) =
+            EmbeddedStore::open(dir.path(), options, tx).unwrap_or_else(|e| panic!("{e}"));
+        let present = store
+            .register(registration("ns", "app", &["In-cluster"]))
+            .await;
+        assert_eq!(present.ok(), Some(RegisterOutcome::AlreadyStored));
+        assert_eq!(store.stats().commits.load(Ordering::Relaxed), 0);
+
+        let outcome = store
+            .register(registration("ns", "app", &["I1", "I2"]))
+            .await;
+        assert_eq!(outcome.ok(), Some(RegisterOutcome::Stored { added: 2 }));
+        let mut written = MappingDelta::default();
+        written.add(MappingKey::new("ns", "I1"), "app".into());
+        assert!(store.complete(written).await.is_ok());
+        close(writer).await;
+
+        let (reopened, writer, _changes) = open(dir.path());
+        let left: Vec<MappingKey> = reopened.snapshot().into_keys().collect();
+        assert_eq!(
+            left,
+            vec![MappingKey::new("ns", "I2")],
+            "completed pair still in the outbox"
+        );
+        close(writer).await;
+    }
+
+    #[tokio::test]
     async fn second_process_on_the_same_dir_is_refused() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let (_store, writer, _changes) = open(dir.path());
@@ -496,6 +605,7 @@ mod tests {
         let options = StoreOptions {
             queue_capacity: 1,
             max_batch: 1,
+            ..StoreOptions::default()
         };
         let (store, writer) = match EmbeddedStore::open(dir.path(), options, tx) {
             Ok(opened) => opened,
