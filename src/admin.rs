@@ -10,6 +10,10 @@ use axum::response::{IntoResponse, Json};
 use axum::routing::get;
 use serde::Serialize;
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::index::Index;
+use crate::mapping::{MappingKey, SharedMappings};
 use crate::store::EmbeddedStore;
 
 /// Whether the control plane should receive traffic: set once its state is loaded and it
@@ -27,22 +31,55 @@ impl Readiness {
     }
 }
 
+/// Where the truth about mappings is: the embedded store (standalone) or the watched cluster.
+#[derive(Clone)]
+pub enum MappingSource {
+    Store(EmbeddedStore),
+    Cluster(Arc<SharedMappings>),
+}
+
+impl MappingSource {
+    fn snapshot(&self) -> BTreeMap<MappingKey, BTreeSet<String>> {
+        match self {
+            MappingSource::Store(store) => store.snapshot(),
+            MappingSource::Cluster(cluster) => cluster
+                .iter()
+                .map(|entry| (entry.key().clone(), entry.value().clone()))
+                .collect(),
+        }
+    }
+}
+
 #[derive(Clone)]
 struct AdminState {
     readiness: Readiness,
-    store: EmbeddedStore,
+    index: Arc<Index>,
+    mappings: MappingSource,
+    outbox: EmbeddedStore,
 }
 
-pub fn router(readiness: Readiness, store: EmbeddedStore) -> Router {
+pub fn router(
+    readiness: Readiness,
+    index: Arc<Index>,
+    mappings: MappingSource,
+    outbox: EmbeddedStore,
+) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/debug/mappings", get(mappings))
-        .with_state(AdminState { readiness, store })
+        .route("/debug/mappings", get(list_mappings))
+        .route("/debug/outbox", get(list_outbox))
+        .with_state(AdminState {
+            readiness,
+            index,
+            mappings,
+            outbox,
+        })
 }
 
+/// Ready once serving and the initial state is loaded (in Kubernetes mode: the first list).
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
-    if state.readiness.is_ready() {
+    if state.readiness.is_ready() && state.index.is_loaded() {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
@@ -58,10 +95,8 @@ pub struct MappingView {
     pub application_names: Vec<String>,
 }
 
-async fn mappings(State(state): State<AdminState>) -> Json<Vec<MappingView>> {
-    let views = state
-        .store
-        .snapshot()
+fn views(mappings: BTreeMap<MappingKey, BTreeSet<String>>) -> Json<Vec<MappingView>> {
+    let views = mappings
         .into_iter()
         .map(|(key, apps)| MappingView {
             namespace: key.namespace,
@@ -70,4 +105,14 @@ async fn mappings(State(state): State<AdminState>) -> Json<Vec<MappingView>> {
         })
         .collect();
     Json(views)
+}
+
+/// The stored mappings: the embedded store, or what the watch sees in the cluster.
+async fn list_mappings(State(state): State<AdminState>) -> Json<Vec<MappingView>> {
+    views(state.mappings.snapshot())
+}
+
+/// Kubernetes mode: acknowledged pairs not yet written to the API server (standalone: the store).
+async fn list_outbox(State(state): State<AdminState>) -> Json<Vec<MappingView>> {
+    views(state.outbox.snapshot())
 }

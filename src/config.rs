@@ -31,6 +31,24 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Serve without authentication on a non-loopback address.
     pub insecure_allow_unauthenticated: bool,
+    /// Where mappings live: the embedded store, or ServiceNameMapping objects in Kubernetes.
+    pub mode: Mode,
+    pub kubernetes: KubernetesConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Standalone,
+    Kubernetes,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubernetesConfig {
+    /// API server URL; `None` uses KUBECONFIG, ~/.kube/config or the in-cluster account.
+    pub api_server: Option<String>,
+    pub writer: crate::k8s::writer::WriterConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -93,6 +111,11 @@ impl Default for Config {
             grpc: GrpcConfig::default(),
             shutdown_grace: Duration::from_secs(15),
             insecure_allow_unauthenticated: false,
+            mode: Mode::Standalone,
+            kubernetes: KubernetesConfig {
+                api_server: None,
+                writer: crate::k8s::writer::WriterConfig::default(),
+            },
         }
     }
 }
@@ -142,6 +165,23 @@ pub struct FileConfig {
     pub shutdown_grace: Option<Duration>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insecure_allow_unauthenticated: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesSection>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubernetesSection {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_server: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_parallel_writes: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -279,6 +319,18 @@ pub struct ServeArgs {
     /// Serve on a non-loopback address without authentication (logged loudly).
     #[arg(long, env = "DUBBO_CP_INSECURE_ALLOW_UNAUTHENTICATED", action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub insecure_allow_unauthenticated: Option<bool>,
+    /// standalone (embedded store) or kubernetes (ServiceNameMapping objects) [default: standalone].
+    #[arg(long, env = "DUBBO_CP_MODE", value_enum)]
+    pub mode: Option<Mode>,
+    /// Kubernetes API server URL [default: from KUBECONFIG, ~/.kube/config or in-cluster].
+    #[arg(long, env = "DUBBO_CP_KUBE_API_SERVER")]
+    pub kube_api_server: Option<String>,
+    /// API requests per second to the Kubernetes API server [default: 50].
+    #[arg(long, env = "DUBBO_CP_KUBE_QPS")]
+    pub kube_qps: Option<f64>,
+    /// API requests at once after a quiet period [default: 100].
+    #[arg(long, env = "DUBBO_CP_KUBE_BURST")]
+    pub kube_burst: Option<u32>,
 }
 
 impl Config {
@@ -299,6 +351,7 @@ impl Config {
         let ingest = file.ingest.unwrap_or_default();
         let dds = file.dds.unwrap_or_default();
         let grpc = file.grpc.unwrap_or_default();
+        let kubernetes = file.kubernetes.unwrap_or_default();
         let config = Config {
             grpc_addr: args
                 .grpc_addr
@@ -379,6 +432,23 @@ impl Config {
                 .insecure_allow_unauthenticated
                 .or(file.insecure_allow_unauthenticated)
                 .unwrap_or(defaults.insecure_allow_unauthenticated),
+            mode: args.mode.or(file.mode).unwrap_or(defaults.mode),
+            kubernetes: KubernetesConfig {
+                api_server: args.kube_api_server.clone().or(kubernetes.api_server),
+                writer: crate::k8s::writer::WriterConfig {
+                    qps: args
+                        .kube_qps
+                        .or(kubernetes.qps)
+                        .unwrap_or(defaults.kubernetes.writer.qps),
+                    burst: args
+                        .kube_burst
+                        .or(kubernetes.burst)
+                        .unwrap_or(defaults.kubernetes.writer.burst),
+                    max_parallel: kubernetes
+                        .max_parallel_writes
+                        .unwrap_or(defaults.kubernetes.writer.max_parallel),
+                },
+            },
         };
         config.validate()?;
         Ok(config)
@@ -436,6 +506,13 @@ impl Config {
             }),
             shutdown_grace: Some(self.shutdown_grace),
             insecure_allow_unauthenticated: Some(self.insecure_allow_unauthenticated),
+            mode: Some(self.mode),
+            kubernetes: Some(KubernetesSection {
+                api_server: self.kubernetes.api_server.clone(),
+                qps: Some(self.kubernetes.writer.qps),
+                burst: Some(self.kubernetes.writer.burst),
+                max_parallel_writes: Some(self.kubernetes.writer.max_parallel),
+            }),
         }
     }
 }

@@ -13,18 +13,28 @@ use crate::pb::rules::{ServiceNameMapping, ServiceNameMappingToClient};
 /// The object for one mapping: key `<object name>/<namespace>` and its `Any`.
 pub fn mapping_object(key: &MappingKey, applications: &BTreeSet<String>) -> (String, Any) {
     let client_key = client_key(&object_name(&key.interface), &key.namespace);
+    let any = mapping_any(&client_key, &key.interface, applications.iter().cloned());
+    (client_key, any)
+}
+
+/// The packed `ServiceNameMappingToClient` of an object whose client key is known (in
+/// Kubernetes mode it comes from the object's actual name, which kubectl users choose).
+pub fn mapping_any(
+    client_key: &str,
+    interface: &str,
+    applications: impl IntoIterator<Item = String>,
+) -> Any {
     let message = ServiceNameMappingToClient {
-        key: client_key.clone(),
+        key: client_key.to_owned(),
         spec: Some(ServiceNameMapping {
-            interface_name: key.interface.clone(),
-            application_names: applications.iter().cloned().collect(),
+            interface_name: interface.to_owned(),
+            application_names: applications.into_iter().collect(),
         }),
     };
-    let any = Any {
+    Any {
         type_url: Kind::ServiceNameMapping.type_url().to_owned(),
         value: message.encode_to_vec(),
-    };
-    (client_key, any)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

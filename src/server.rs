@@ -11,12 +11,16 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
-use crate::admin::{self, Readiness};
+use crate::admin::{self, MappingSource, Readiness};
 use crate::config::Config;
+use crate::config::Mode;
 use crate::dds::{DdsStats, RuleService};
 use crate::debounce::{self, Batch};
 use crate::index::{Index, Kind};
 use crate::ingest::Ingest;
+use crate::k8s;
+use crate::k8s::writer::{KubeWriter, WriterStats};
+use crate::mapping::{MappingDelta, SharedMappings};
 use crate::pb;
 use crate::resources::mapping_object;
 use crate::shutdown::signalled;
@@ -38,6 +42,8 @@ pub struct RunningServer {
     pub store: EmbeddedStore,
     pub index: Arc<Index>,
     pub dds_stats: Arc<DdsStats>,
+    /// API-server request counters, in Kubernetes mode.
+    pub kube_stats: Option<Arc<WriterStats>>,
     pub readiness: Readiness,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<anyhow::Result<()>>,
@@ -64,12 +70,16 @@ impl RunningServer {
 pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     check_bind_policy(&config)?;
 
+    let (shutdown, shutdown_rx) = watch::channel(false);
     let (changes_tx, changes_rx) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
+    // In Kubernetes mode, the watched cluster state: what is there needs no write.
+    let cluster = (config.mode == Mode::Kubernetes).then(|| Arc::new(SharedMappings::new()));
     let store_options = StoreOptions {
-        present_elsewhere: None,
+        present_elsewhere: cluster.clone(),
         queue_capacity: config.ingest.queue_capacity,
         max_batch: config.ingest.max_batch,
     };
+    let replay = changes_tx.clone();
     let data_dir = config.data_dir.clone();
     let (store, writer) = tokio::task::spawn_blocking(move || {
         EmbeddedStore::open(&data_dir, store_options, changes_tx)
@@ -77,29 +87,75 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     .await
     .context("store open task failed")?
     .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
-
     let index = Arc::new(Index::new(store.opened_revision()));
-    let objects = store
-        .snapshot()
-        .iter()
-        .map(|(key, apps)| mapping_object(key, apps))
-        .collect();
-    index.reset(Kind::ServiceNameMapping, objects, store.opened_revision());
-    index.mark_loaded();
-    tracing::info!(
-        mappings = index.current(Kind::ServiceNameMapping).objects.len(),
-        revision = store.opened_revision(),
-        data_dir = %config.data_dir.display(),
-        "store opened"
-    );
-    let debouncer = tokio::spawn({
-        let index = index.clone();
-        let store_for_publish = store.clone();
-        async move {
-            publish_changes(config.debounce, changes_rx, store_for_publish, index).await;
-            Ok(())
+
+    let (debouncer, cluster_watch, kube_stats) = match cluster.clone() {
+        None => {
+            let objects = store
+                .snapshot()
+                .iter()
+                .map(|(key, apps)| mapping_object(key, apps))
+                .collect();
+            index.reset(Kind::ServiceNameMapping, objects, store.opened_revision());
+            index.mark_loaded();
+            tracing::info!(
+                mappings = index.current(Kind::ServiceNameMapping).objects.len(),
+                revision = store.opened_revision(),
+                data_dir = %config.data_dir.display(),
+                "store opened"
+            );
+            let debouncer = tokio::spawn({
+                let (index, store) = (index.clone(), store.clone());
+                async move {
+                    publish_changes(config.debounce, changes_rx, store, index).await;
+                    Ok(())
+                }
+            });
+            (debouncer, None, None)
         }
-    });
+        Some(cluster) => {
+            let client = k8s::client(config.kubernetes.api_server.as_deref()).await?;
+            let cluster_watch = tokio::spawn({
+                let (client, index, shutdown) =
+                    (client.clone(), index.clone(), shutdown_rx.clone());
+                async move {
+                    k8s::watch::run(client, index, cluster, shutdown).await;
+                    Ok(())
+                }
+            });
+            let kube_writer = Arc::new(KubeWriter::new(client, config.kubernetes.writer));
+            let kube_stats = kube_writer.stats();
+            // What was acknowledged but not yet written before the last stop goes out first.
+            let pending = store.snapshot();
+            tracing::info!(pending = pending.len(), data_dir = %config.data_dir.display(), "outbox opened");
+            if !pending.is_empty() {
+                let mut delta = MappingDelta::default();
+                for (key, apps) in pending {
+                    for app in apps {
+                        delta.add(key.clone(), app);
+                    }
+                }
+                let change = StoredChange {
+                    delta,
+                    revision: store.opened_revision(),
+                };
+                replay
+                    .send(change)
+                    .await
+                    .context("change feed closed at start")?;
+            }
+            let debouncer = tokio::spawn({
+                let store = store.clone();
+                async move {
+                    write_to_kubernetes(config.debounce, changes_rx, kube_writer, store).await;
+                    Ok(())
+                }
+            });
+            (debouncer, Some(cluster_watch), Some(kube_stats))
+        }
+    };
+    // Only the store writer may keep the feed open, so its exit ends the debouncer.
+    drop(replay);
 
     let grpc_listener = TcpListener::bind(config.grpc_addr)
         .await
@@ -110,7 +166,6 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     let grpc_addr = grpc_listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
 
-    let (shutdown, shutdown_rx) = watch::channel(false);
     let readiness = Readiness::default();
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RegistrationServer>().await;
@@ -124,9 +179,13 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
             wait_for_shutdown(shutdown_rx.clone()),
         );
     let grpc = tokio::spawn(async move { grpc_serve.await.context("gRPC server failed") });
+    let mappings = match &cluster {
+        Some(cluster) => MappingSource::Cluster(cluster.clone()),
+        None => MappingSource::Store(store.clone()),
+    };
     let admin_serve = axum::serve(
         admin_listener,
-        admin::router(readiness.clone(), store.clone()),
+        admin::router(readiness.clone(), index.clone(), mappings, store.clone()),
     )
     .with_graceful_shutdown(wait_for_shutdown(shutdown_rx.clone()));
     let admin = tokio::spawn(async move { admin_serve.await.context("admin server failed") });
@@ -142,6 +201,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
             readiness.set(false);
             health.set_not_serving::<RegistrationServer>().await;
             finish_within(grace, "gRPC server", grpc).await;
+            if let Some(cluster_watch) = cluster_watch {
+                finish_within(grace, "ServiceNameMapping watch", cluster_watch).await;
+            }
             // Every acknowledged registration is committed; the writer commits what is queued.
             tokio::task::spawn_blocking(move || writer.shutdown())
                 .await
@@ -160,6 +222,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         store,
         index,
         dds_stats,
+        kube_stats,
         readiness,
         shutdown,
         task,
@@ -259,6 +322,30 @@ async fn publish_changes(
             "published stored changes"
         );
         std::future::ready(())
+    })
+    .await;
+}
+
+/// The debounce loop of Kubernetes mode: merged registrations become upserts, one per key.
+async fn write_to_kubernetes(
+    config: debounce::DebounceConfig,
+    changes: mpsc::Receiver<StoredChange>,
+    writer: Arc<KubeWriter>,
+    outbox: EmbeddedStore,
+) {
+    debounce::run(config, changes, |batch: Batch<StoredChange>| {
+        let writer = writer.clone();
+        let outbox = outbox.clone();
+        async move {
+            let keys = batch.value.delta.len();
+            writer.write_all(batch.value.delta, &outbox).await;
+            tracing::debug!(
+                events = batch.events,
+                keys,
+                waited_ms = batch.first_event.elapsed().as_millis() as u64,
+                "upserts written"
+            );
+        }
     })
     .await;
 }

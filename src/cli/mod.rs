@@ -25,7 +25,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the control plane (standalone, embedded store).
+    /// Run the control plane (standalone by default; `--mode kubernetes` for ServiceNameMapping objects).
     Serve {
         #[command(flatten)]
         args: ServeArgs,

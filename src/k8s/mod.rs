@@ -2,5 +2,24 @@
 //! watch that feeds what is in the cluster to the index.
 
 pub mod crd;
+pub mod watch;
+pub mod writer;
 
 pub use crd::{ServiceNameMapping, ServiceNameMappingSpec};
+
+/// A client for the API server at `api_server`, or from the usual places (`KUBECONFIG`,
+/// `~/.kube/config`, the in-cluster service account) when it is `None`.
+pub async fn client(api_server: Option<&str>) -> anyhow::Result<kube::Client> {
+    use anyhow::Context;
+    match api_server {
+        Some(url) => {
+            let uri: http::Uri = url
+                .parse()
+                .with_context(|| format!("invalid API server URL {url}"))?;
+            Ok(kube::Client::try_from(kube::Config::new(uri))?)
+        }
+        None => kube::Client::try_default().await.context(
+            "no Kubernetes configuration found (KUBECONFIG, ~/.kube/config or in-cluster)",
+        ),
+    }
+}
