@@ -24,21 +24,11 @@ pub const INTERFACE_LABEL: &str = "interface";
     plural = "servicenamemappings",
     singular = "servicenamemapping",
     shortname = "snp",
-    printcolumn(
-        name = "Interface",
-        type_ = "string",
-        json_path = ".spec.interfaceName"
-    ),
-    printcolumn(
-        name = "Applications",
-        type_ = "string",
-        json_path = ".spec.applicationNames"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    // Raw JSON: the structured form repeats `type_ = "string"`, which clippy flags as a
+    // duplicated attribute.
+    printcolumn = r#"{"name":"Interface","type":"string","jsonPath":".spec.interfaceName"}"#,
+    printcolumn = r#"{"name":"Applications","type":"string","jsonPath":".spec.applicationNames"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceNameMappingSpec {

@@ -150,7 +150,7 @@ impl KubeWriter {
                 Err(err) => {
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(%key, attempt, error = %err, "upsert failed; retrying");
-                    (Duration::from_millis(200), Duration::from_secs(30))
+                    (Duration::from_millis(200), Duration::from_secs(10))
                 }
             };
             tokio::time::sleep(jittered_backoff(attempt, base, cap)).await;

@@ -2,6 +2,8 @@
 //! a tiny HTTP client for the admin port, and the real binary as a child process.
 #![allow(dead_code)]
 
+pub mod apiserver;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -1,0 +1,488 @@
+//! A stateful, in-process Kubernetes API server for ServiceNameMapping objects, served over
+//! real HTTP on loopback so the real `kube::Client` talks to it: get, list, watch (from a
+//! resourceVersion, with bookmarks, 410 Gone when expired), create, update (409 on a stale
+//! resourceVersion), delete. Failures can be injected: 500s on writes, latency, an outage (503 on
+//! every request, open watches cut), blocked watches.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::Response;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+
+const GROUP_PATH: &str = "/apis/dubbo.apache.org/v1alpha1";
+
+#[derive(Default)]
+struct Inner {
+    rv: u64,
+    objects: BTreeMap<(String, String), Value>,
+    /// Every change, for watches to replay: (resourceVersion, type, object).
+    events: Vec<(u64, &'static str, Value)>,
+    /// Watches from a resourceVersion below this get 410 Gone.
+    oldest_watchable: u64,
+    fail_writes: u32,
+    /// Updates answered 409 whatever their resourceVersion, as if another writer won the race.
+    conflict_updates: u32,
+    down: bool,
+    watches_blocked: bool,
+    latency: Duration,
+    /// Successful creates and updates, with when they happened.
+    write_times: Vec<Instant>,
+    requests: u64,
+    /// Watches answered with 410 Gone.
+    gone: u64,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    /// The newest resourceVersion, so watches wake on changes.
+    latest: watch::Sender<u64>,
+    /// Bumped to cut every open watch.
+    cut: watch::Sender<u64>,
+}
+
+#[derive(Clone)]
+pub struct ApiServer {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code,
+    });
+    json_response(
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        &body,
+    )
+}
+
+fn json_response(code: StatusCode, body: &Value) -> Response {
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        "content-type",
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn query(uri: &Uri) -> BTreeMap<String, String> {
+    uri.query()
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+impl ApiServer {
+    pub async fn start() -> ApiServer {
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                rv: 1,
+                ..Inner::default()
+            }),
+            latest: watch::Sender::new(1),
+            cut: watch::Sender::new(0),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(shared.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        ApiServer { addr, shared }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.shared.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    // ---- failure injection ----
+
+    pub fn fail_next_writes(&self, n: u32) {
+        self.lock().fail_writes = n;
+    }
+
+    pub fn conflict_next_updates(&self, n: u32) {
+        self.lock().conflict_updates = n;
+    }
+
+    pub fn set_latency(&self, latency: Duration) {
+        self.lock().latency = latency;
+    }
+
+    /// An outage: every request gets 503 and open watches are cut.
+    pub fn set_down(&self, down: bool) {
+        self.lock().down = down;
+        if down {
+            self.shared.cut.send_modify(|g| *g += 1);
+        }
+    }
+
+    /// Cuts open watches and refuses new ones (lists still work).
+    pub fn block_watches(&self, blocked: bool) {
+        self.lock().watches_blocked = blocked;
+        if blocked {
+            self.shared.cut.send_modify(|g| *g += 1);
+        }
+    }
+
+    /// Makes every resourceVersion seen so far too old: resuming watches get 410 Gone.
+    pub fn expire_resource_versions(&self) {
+        let mut inner = self.lock();
+        inner.oldest_watchable = inner.rv + 1;
+        drop(inner);
+        self.shared.cut.send_modify(|g| *g += 1);
+    }
+
+    // ---- what happened ----
+
+    pub fn writes(&self) -> usize {
+        self.lock().write_times.len()
+    }
+
+    pub fn write_times(&self) -> Vec<Instant> {
+        self.lock().write_times.clone()
+    }
+
+    pub fn gone_served(&self) -> u64 {
+        self.lock().gone
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.lock().requests
+    }
+
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.lock()
+            .objects
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// The applications of an object, as stored.
+    pub fn applications(&self, namespace: &str, name: &str) -> Vec<String> {
+        self.get(namespace, name)
+            .and_then(|o| serde_json::from_value(o["spec"]["applicationNames"].clone()).ok())
+            .unwrap_or_default()
+    }
+
+    pub fn object_count(&self) -> usize {
+        self.lock().objects.len()
+    }
+
+    // ---- kubectl ----
+
+    /// `kubectl apply` of an object with this spec (any JSON, valid or not).
+    pub fn kubectl_apply(&self, namespace: &str, name: &str, spec: Value) {
+        let mut inner = self.lock();
+        let key = (namespace.to_owned(), name.to_owned());
+        let object = match inner.objects.get(&key) {
+            Some(existing) => {
+                let mut object = existing.clone();
+                object["spec"] = spec;
+                object
+            }
+            None => json!({
+                "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "ServiceNameMapping",
+                "metadata": {"name": name, "namespace": namespace}, "spec": spec,
+            }),
+        };
+        let kind = if inner.objects.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.store(&mut inner, key, object, kind);
+    }
+
+    pub fn kubectl_delete(&self, namespace: &str, name: &str) {
+        let mut inner = self.lock();
+        self.remove(&mut inner, namespace, name);
+    }
+
+    fn store(
+        &self,
+        inner: &mut Inner,
+        key: (String, String),
+        mut object: Value,
+        kind: &'static str,
+    ) {
+        inner.rv += 1;
+        let rv = inner.rv;
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        object["metadata"]["namespace"] = json!(key.0.clone());
+        if object["metadata"]["uid"].is_null() {
+            object["metadata"]["uid"] = json!(format!("uid-{rv}"));
+            object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        inner.objects.insert(key, object.clone());
+        inner.events.push((rv, kind, object));
+        self.shared.latest.send_replace(rv);
+    }
+
+    fn remove(&self, inner: &mut Inner, namespace: &str, name: &str) -> Option<Value> {
+        let mut object = inner
+            .objects
+            .remove(&(namespace.to_owned(), name.to_owned()))?;
+        inner.rv += 1;
+        let rv = inner.rv;
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        inner.events.push((rv, "DELETED", object.clone()));
+        self.shared.latest.send_replace(rv);
+        Some(object)
+    }
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    let server = ApiServer {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        shared,
+    };
+    let latency = {
+        let mut inner = server.lock();
+        inner.requests += 1;
+        if inner.down {
+            return status(503, "ServiceUnavailable", "the API server is down");
+        }
+        inner.latency
+    };
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let Some(rest) = uri.path().strip_prefix(GROUP_PATH) else {
+        return status(404, "NotFound", "unknown path");
+    };
+    let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let params = query(&uri);
+    match (method, segments.as_slice()) {
+        (Method::GET, ["servicenamemappings"]) => list_or_watch(&server, None, &params),
+        (Method::GET, ["namespaces", ns, "servicenamemappings"]) => {
+            list_or_watch(&server, Some(ns), &params)
+        }
+        (Method::POST, ["namespaces", ns, "servicenamemappings"]) => create(&server, ns, &body),
+        (Method::GET, ["namespaces", ns, "servicenamemappings", name]) => {
+            match server.get(ns, name) {
+                Some(object) => json_response(StatusCode::OK, &object),
+                None => status(
+                    404,
+                    "NotFound",
+                    &format!("servicenamemappings \"{name}\" not found"),
+                ),
+            }
+        }
+        (Method::PUT, ["namespaces", ns, "servicenamemappings", name]) => {
+            replace(&server, ns, name, &body)
+        }
+        (Method::DELETE, ["namespaces", ns, "servicenamemappings", name]) => {
+            let mut inner = server.lock();
+            match server.remove(&mut inner, ns, name) {
+                Some(object) => json_response(StatusCode::OK, &object),
+                None => status(404, "NotFound", "not found"),
+            }
+        }
+        _ => status(405, "MethodNotAllowed", "not supported by the fixture"),
+    }
+}
+
+fn write_allowed(inner: &mut Inner) -> Option<Response> {
+    if inner.fail_writes > 0 {
+        inner.fail_writes -= 1;
+        return Some(status(500, "InternalError", "injected failure"));
+    }
+    None
+}
+
+fn create(server: &ApiServer, namespace: &str, body: &Bytes) -> Response {
+    let Ok(object) = serde_json::from_slice::<Value>(body) else {
+        return status(400, "BadRequest", "invalid JSON");
+    };
+    let Some(name) = object["metadata"]["name"].as_str().map(str::to_owned) else {
+        return status(422, "Invalid", "metadata.name is required");
+    };
+    let mut inner = server.lock();
+    if let Some(failure) = write_allowed(&mut inner) {
+        return failure;
+    }
+    let key = (namespace.to_owned(), name.clone());
+    if inner.objects.contains_key(&key) {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("servicenamemappings \"{name}\" already exists"),
+        );
+    }
+    server.store(&mut inner, key.clone(), object, "ADDED");
+    inner.write_times.push(Instant::now());
+    let stored = inner.objects.get(&key).cloned().unwrap_or_default();
+    json_response(StatusCode::CREATED, &stored)
+}
+
+fn replace(server: &ApiServer, namespace: &str, name: &str, body: &Bytes) -> Response {
+    let Ok(mut object) = serde_json::from_slice::<Value>(body) else {
+        return status(400, "BadRequest", "invalid JSON");
+    };
+    let mut inner = server.lock();
+    if let Some(failure) = write_allowed(&mut inner) {
+        return failure;
+    }
+    let key = (namespace.to_owned(), name.to_owned());
+    if !inner.objects.contains_key(&key) {
+        return status(404, "NotFound", "not found");
+    }
+    let injected_conflict = inner.conflict_updates > 0;
+    if injected_conflict {
+        inner.conflict_updates -= 1;
+    }
+    let Some(existing) = inner.objects.get(&key) else {
+        return status(404, "NotFound", "not found");
+    };
+    if injected_conflict
+        || object["metadata"]["resourceVersion"] != existing["metadata"]["resourceVersion"]
+    {
+        return status(
+            409,
+            "Conflict",
+            "the object has been modified; please apply your changes to the latest version and try again",
+        );
+    }
+    object["metadata"]["uid"] = existing["metadata"]["uid"].clone();
+    object["metadata"]["creationTimestamp"] = existing["metadata"]["creationTimestamp"].clone();
+    server.store(&mut inner, key.clone(), object, "MODIFIED");
+    inner.write_times.push(Instant::now());
+    let stored = inner.objects.get(&key).cloned().unwrap_or_default();
+    json_response(StatusCode::OK, &stored)
+}
+
+fn in_namespace(object: &Value, namespace: Option<&str>) -> bool {
+    namespace.is_none_or(|ns| object["metadata"]["namespace"] == ns)
+}
+
+fn list_or_watch(
+    server: &ApiServer,
+    namespace: Option<&str>,
+    params: &BTreeMap<String, String>,
+) -> Response {
+    let watching = params.get("watch").is_some_and(|v| v == "true" || v == "1");
+    if !watching {
+        let inner = server.lock();
+        let items: Vec<Value> = inner
+            .objects
+            .values()
+            .filter(|o| in_namespace(o, namespace))
+            .cloned()
+            .collect();
+        let body = json!({
+            "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "ServiceNameMappingList",
+            "metadata": {"resourceVersion": inner.rv.to_string()}, "items": items,
+        });
+        return json_response(StatusCode::OK, &body);
+    }
+    if server.lock().watches_blocked {
+        return status(503, "ServiceUnavailable", "watches are blocked");
+    }
+    let from: u64 = params
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let timeout = params
+        .get("timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(290));
+    let bookmarks = params
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true");
+    let namespace = namespace.map(str::to_owned);
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::convert::Infallible>>(64);
+    let server = server.clone();
+    tokio::spawn(async move {
+        let line = |value: Value| Ok(Bytes::from(format!("{value}\n")));
+        let expired = {
+            let mut inner = server.lock();
+            let expired = from < inner.oldest_watchable;
+            inner.gone += u64::from(expired);
+            expired
+        };
+        if expired {
+            let gone = json!({"type": "ERROR", "object": {
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "too old resource version", "reason": "Expired", "code": 410}});
+            let _ = tx.send(line(gone)).await;
+            return;
+        }
+        let mut latest = server.shared.latest.subscribe();
+        let mut cut = server.shared.cut.subscribe();
+        cut.mark_unchanged();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut sent = from;
+        loop {
+            latest.borrow_and_update();
+            // Events and the resourceVersion they lead up to, read together.
+            let (pending, rv) = {
+                let inner = server.lock();
+                let pending: Vec<(u64, &'static str, Value)> = inner
+                    .events
+                    .iter()
+                    .filter(|(rv, _, object)| {
+                        *rv > sent && in_namespace(object, namespace.as_deref())
+                    })
+                    .cloned()
+                    .collect();
+                (pending, inner.rv)
+            };
+            for (_, kind, object) in pending {
+                if tx
+                    .send(line(json!({"type": kind, "object": object})))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            if bookmarks && rv > sent {
+                let bookmark = json!({"type": "BOOKMARK", "object": {
+                    "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "ServiceNameMapping",
+                    "metadata": {"resourceVersion": rv.to_string()}}});
+                if tx.send(line(bookmark)).await.is_err() {
+                    return;
+                }
+            }
+            sent = sent.max(rv);
+            tokio::select! {
+                _ = latest.changed() => {}
+                _ = cut.changed() => return,
+                () = tokio::time::sleep_until(deadline) => return,
+            }
+        }
+    });
+    let mut response = Response::new(Body::from_stream(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    ));
+    response.headers_mut().insert(
+        "content-type",
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    response
+}

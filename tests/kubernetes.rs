@@ -1,0 +1,353 @@
+//! Kubernetes mode against the stateful API-server fixture, with the real `kube::Client`.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::apiserver::ApiServer;
+use common::{Observer, SNP_TYPE, client, http_get, mappings_of, request, start, test_config};
+use dubbo_cp::config::{Config, Mode};
+use dubbo_cp::server::RunningServer;
+use serde_json::json;
+
+fn k8s_config(dir: &std::path::Path, api: &ApiServer) -> Config {
+    let mut config = test_config(dir);
+    config.mode = Mode::Kubernetes;
+    config.kubernetes.api_server = Some(api.url());
+    config.shutdown_grace = Duration::from_secs(2);
+    config
+}
+
+async fn register(server: &RunningServer, namespace: &str, app: &str, interfaces: &[&str]) {
+    let reply = client(server.grpc_addr)
+        .await
+        .register_service_app_mapping(request(namespace, app, interfaces))
+        .await;
+    match reply {
+        Ok(reply) => assert!(reply.into_inner().success),
+        Err(status) => panic!("registration failed: {status}"),
+    }
+}
+
+/// Waits until `check` holds, polling; panics with `what` after `limit`.
+async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_ready(server: &RunningServer) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    while http_get(server.admin_addr, "/readyz").await.0 != 200 {
+        assert!(tokio::time::Instant::now() < deadline, "never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn set(items: &[&str]) -> Vec<String> {
+    let set: BTreeSet<String> = items.iter().map(|s| s.to_string()).collect();
+    set.into_iter().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_then_union_then_no_write_for_what_is_there() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start(k8s_config(dir.path(), &api)).await;
+    let name = "org-apache-dubbo-demo-demoservice";
+
+    register(
+        &server,
+        "demo",
+        "app-a",
+        &["org.apache.dubbo.demo.DemoService"],
+    )
+    .await;
+    eventually(Duration::from_secs(10), "the object", || {
+        api.applications("demo", name) == set(&["app-a"])
+    })
+    .await;
+    let object = api.get("demo", name).unwrap_or_default();
+    assert_eq!(
+        object["spec"]["interfaceName"],
+        "org.apache.dubbo.demo.DemoService"
+    );
+    assert_eq!(
+        object["metadata"]["labels"]["interface"],
+        "org.apache.dubbo.demo.DemoService"
+    );
+
+    register(
+        &server,
+        "demo",
+        "app-b",
+        &["org.apache.dubbo.demo.DemoService"],
+    )
+    .await;
+    eventually(Duration::from_secs(10), "the union", || {
+        api.applications("demo", name) == set(&["app-a", "app-b"])
+    })
+    .await;
+    assert_eq!(api.writes(), 2);
+
+    // Once the watch shows it, registering it again writes nothing, locally or remotely.
+    common::wait_published_apps(&server, &format!("{name}/demo"), 2).await;
+    let commits = server.store.stats().commits.load(Ordering::Relaxed);
+    register(
+        &server,
+        "demo",
+        "app-a",
+        &["org.apache.dubbo.demo.DemoService"],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        api.writes(),
+        2,
+        "an already present registration was written"
+    );
+    assert_eq!(
+        server.store.stats().commits.load(Ordering::Relaxed),
+        commits
+    );
+    let (_, outbox) = http_get(server.admin_addr, "/debug/outbox").await;
+    assert_eq!(outbox, "[]", "written pairs left in the outbox");
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicts_and_server_errors_are_retried_until_written() {
+    let api = ApiServer::start().await;
+    api.kubectl_apply(
+        "demo",
+        "i",
+        json!({"interfaceName": "I", "applicationNames": ["other"]}),
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start(k8s_config(dir.path(), &api)).await;
+    api.conflict_next_updates(2);
+    register(&server, "demo", "app", &["I"]).await;
+    eventually(Duration::from_secs(15), "the union after conflicts", || {
+        api.applications("demo", "i") == set(&["app", "other"])
+    })
+    .await;
+    let stats = server.kube_stats.clone().unwrap_or_default();
+    assert!(stats.conflicts.load(Ordering::Relaxed) >= 2);
+
+    api.fail_next_writes(3);
+    register(&server, "demo", "app", &["J"]).await;
+    eventually(Duration::from_secs(15), "the create after 500s", || {
+        api.applications("demo", "j") == set(&["app"])
+    })
+    .await;
+    assert!(stats.errors.load(Ordering::Relaxed) >= 3);
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thirty_second_outage_and_a_restart_lose_nothing() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start(k8s_config(dir.path(), &api)).await;
+    api.set_down(true);
+    let outage = std::time::Instant::now();
+    for i in 0..10 {
+        register(&server, "demo", &format!("app-{i}"), &["I"]).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A restart in the middle of the outage: the outbox is on disk.
+    assert!(server.stop().await.is_ok());
+    let server = start(k8s_config(dir.path(), &api)).await;
+    for i in 10..20 {
+        register(&server, "demo", &format!("app-{i}"), &["I"]).await;
+    }
+    let (_, outbox) = http_get(server.admin_addr, "/debug/outbox").await;
+    assert!(
+        outbox.contains("app-0") && outbox.contains("app-19"),
+        "{outbox}"
+    );
+    assert_eq!(
+        http_get(server.admin_addr, "/readyz").await.0,
+        503,
+        "ready without a list"
+    );
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(outage.elapsed())).await;
+    assert_eq!(api.object_count(), 0);
+    api.set_down(false);
+
+    let apps: Vec<String> = (0..20).map(|i| format!("app-{i}")).collect();
+    let expected = set(&apps.iter().map(String::as_str).collect::<Vec<_>>());
+    eventually(
+        Duration::from_secs(30),
+        "every registration after the outage",
+        || api.applications("demo", "i") == expected,
+    )
+    .await;
+    wait_ready(&server).await;
+    let (_, outbox) = http_get(server.admin_addr, "/debug/outbox").await;
+    assert_eq!(outbox, "[]");
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_create_edit_delete_reach_a_discovery_client() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start(k8s_config(dir.path(), &api)).await;
+    let mut observer = Observer::open(server.grpc_addr).await;
+    observer.subscribe(SNP_TYPE).await;
+    let first = observer.next().await;
+    assert!(mappings_of(&first).is_empty());
+    observer.ack(&first).await;
+
+    api.kubectl_apply(
+        "ns",
+        "hand-made",
+        json!({"interfaceName": "x.Hello", "applicationNames": ["a"]}),
+    );
+    let created = observer.next().await;
+    observer.ack(&created).await;
+    let state = mappings_of(&created);
+    assert_eq!(
+        state
+            .get("hand-made/ns")
+            .map(|(i, a)| (i.as_str(), a.len())),
+        Some(("x.Hello", 1))
+    );
+
+    // An object that does not deserialize is skipped; the watch goes on.
+    api.kubectl_apply("ns", "broken", json!({"interfaceName": 42}));
+    api.kubectl_apply(
+        "ns",
+        "hand-made",
+        json!({"interfaceName": "x.Hello", "applicationNames": ["a", "b"]}),
+    );
+    let edited = observer.next().await;
+    observer.ack(&edited).await;
+    let state = mappings_of(&edited);
+    assert!(!state.contains_key("broken/ns"));
+    assert_eq!(state.get("hand-made/ns").map(|(_, a)| a.len()), Some(2));
+
+    api.kubectl_delete("ns", "hand-made");
+    let deleted = observer.next().await;
+    assert!(mappings_of(&deleted).is_empty());
+    assert!(deleted.revision > edited.revision && edited.revision > created.revision);
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gone_causes_a_relist_that_removes_what_was_deleted_meanwhile() {
+    let api = ApiServer::start().await;
+    api.kubectl_apply(
+        "ns",
+        "a",
+        json!({"interfaceName": "A", "applicationNames": ["x"]}),
+    );
+    api.kubectl_apply(
+        "ns",
+        "b",
+        json!({"interfaceName": "B", "applicationNames": ["x"]}),
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start(k8s_config(dir.path(), &api)).await;
+    let mut observer = Observer::open(server.grpc_addr).await;
+    observer.subscribe(SNP_TYPE).await;
+    let first = observer.next().await;
+    assert_eq!(mappings_of(&first).len(), 2);
+    observer.ack(&first).await;
+
+    api.block_watches(true);
+    api.kubectl_delete("ns", "b");
+    api.expire_resource_versions();
+    api.block_watches(false);
+    let relisted = observer
+        .next_within(Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|| panic!("no push after the re-list"));
+    let keys: Vec<String> = mappings_of(&relisted).into_keys().collect();
+    assert_eq!(keys, vec!["a/ns".to_string()]);
+    assert!(
+        api.gone_served() >= 1,
+        "the watch never resumed from an expired resourceVersion"
+    );
+    observer.ack(&relisted).await;
+
+    // Another re-list with nothing changed pushes nothing.
+    api.expire_resource_versions();
+    assert!(
+        observer.next_within(Duration::from_secs(3)).await.is_none(),
+        "an unchanged re-list was pushed"
+    );
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_ready_and_no_streams_until_the_first_list() {
+    let api = ApiServer::start().await;
+    api.set_down(true);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start(k8s_config(dir.path(), &api)).await;
+    assert_eq!(http_get(server.admin_addr, "/readyz").await.0, 503);
+    let refused = Observer::connect(common::channel(server.grpc_addr).await)
+        .await
+        .err();
+    assert_eq!(refused.map(|s| s.code()), Some(tonic::Code::Unavailable));
+    api.set_down(false);
+    wait_ready(&server).await;
+    let mut observer = Observer::open(server.grpc_addr).await;
+    observer.subscribe(SNP_TYPE).await;
+    assert_eq!(observer.next().await.nonce, "1");
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_registering_the_same_keys_converge_to_the_union() {
+    let api = ApiServer::start().await;
+    let dirs =
+        [tempfile::tempdir(), tempfile::tempdir()].map(|d| d.unwrap_or_else(|e| panic!("{e}")));
+    let mut replicas = Vec::new();
+    for dir in &dirs {
+        let mut config = k8s_config(dir.path(), &api);
+        // Tight debounce so the replicas' upserts overlap and race.
+        config.debounce.after = Duration::from_millis(1);
+        replicas.push(start(config).await);
+    }
+    let interfaces: Vec<String> = (0..5).map(|i| format!("org.example.Service{i}")).collect();
+    let mut tasks = Vec::new();
+    for app in 0..20 {
+        let addr = replicas[app % 2].grpc_addr;
+        let interfaces = interfaces.clone();
+        tasks.push(tokio::spawn(async move {
+            let interfaces: Vec<&str> = interfaces.iter().map(String::as_str).collect();
+            let reply = client(addr)
+                .await
+                .register_service_app_mapping(request("demo", &format!("app-{app}"), &interfaces))
+                .await;
+            assert!(reply.map(|r| r.into_inner().success).unwrap_or(false));
+        }));
+    }
+    for task in tasks {
+        assert!(task.await.is_ok());
+    }
+    let expected: Vec<String> = {
+        let all: BTreeSet<String> = (0..20).map(|i| format!("app-{i}")).collect();
+        all.into_iter().collect()
+    };
+    for i in 0..5 {
+        let name = format!("org-example-service{i}");
+        eventually(Duration::from_secs(30), &name, || {
+            api.applications("demo", &name) == expected
+        })
+        .await;
+    }
+    for replica in replicas {
+        assert!(replica.stop().await.is_ok());
+    }
+}
