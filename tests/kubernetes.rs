@@ -201,6 +201,7 @@ async fn kubectl_create_edit_delete_reach_a_discovery_client() {
     let api = ApiServer::start().await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let server = start(k8s_config(dir.path(), &api)).await;
+    wait_ready(&server).await;
     let mut observer = Observer::open(server.grpc_addr).await;
     observer.subscribe(SNP_TYPE).await;
     let first = observer.next().await;
@@ -257,16 +258,17 @@ async fn gone_causes_a_relist_that_removes_what_was_deleted_meanwhile() {
     );
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let server = start(k8s_config(dir.path(), &api)).await;
+    wait_ready(&server).await;
     let mut observer = Observer::open(server.grpc_addr).await;
     observer.subscribe(SNP_TYPE).await;
     let first = observer.next().await;
     assert_eq!(mappings_of(&first).len(), 2);
     observer.ack(&first).await;
 
-    api.block_watches(true);
+    api.block_watches(true).await;
     api.kubectl_delete("ns", "b");
     api.expire_resource_versions();
-    api.block_watches(false);
+    api.block_watches(false).await;
     let relisted = observer
         .next_within(Duration::from_secs(20))
         .await

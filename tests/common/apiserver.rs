@@ -46,6 +46,24 @@ struct Shared {
     latest: watch::Sender<u64>,
     /// Bumped to cut every open watch.
     cut: watch::Sender<u64>,
+    /// Watches streaming right now.
+    active_watches: watch::Sender<usize>,
+}
+
+/// Counts a watch as active while it lives.
+struct ActiveWatch(Arc<Shared>);
+
+impl ActiveWatch {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.active_watches.send_modify(|n| *n += 1);
+        ActiveWatch(shared.clone())
+    }
+}
+
+impl Drop for ActiveWatch {
+    fn drop(&mut self) {
+        self.0.active_watches.send_modify(|n| *n -= 1);
+    }
 }
 
 #[derive(Clone)]
@@ -93,6 +111,7 @@ impl ApiServer {
             }),
             latest: watch::Sender::new(1),
             cut: watch::Sender::new(0),
+            active_watches: watch::Sender::new(0),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -135,11 +154,15 @@ impl ApiServer {
         }
     }
 
-    /// Cuts open watches and refuses new ones (lists still work).
-    pub fn block_watches(&self, blocked: bool) {
+    /// Cuts open watches and refuses new ones (lists still work); returns once none is open.
+    pub async fn block_watches(&self, blocked: bool) {
         self.lock().watches_blocked = blocked;
         if blocked {
             self.shared.cut.send_modify(|g| *g += 1);
+            let mut active = self.shared.active_watches.subscribe();
+            let closed =
+                tokio::time::timeout(Duration::from_secs(5), active.wait_for(|n| *n == 0)).await;
+            assert!(matches!(closed, Ok(Ok(_))), "open watches did not close");
         }
     }
 
@@ -417,7 +440,9 @@ fn list_or_watch(
     let namespace = namespace.map(str::to_owned);
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::convert::Infallible>>(64);
     let server = server.clone();
+    let active = ActiveWatch::new(&server.shared);
     tokio::spawn(async move {
+        let _active = active;
         let line = |value: Value| Ok(Bytes::from(format!("{value}\n")));
         let expired = {
             let mut inner = server.lock();
