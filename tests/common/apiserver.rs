@@ -33,8 +33,9 @@ struct Inner {
     down: bool,
     watches_blocked: bool,
     latency: Duration,
-    /// Successful creates and updates, with when they happened.
+    /// Successful creates and updates, with when they happened and to which object.
     write_times: Vec<Instant>,
+    writes_per_object: BTreeMap<(String, String), usize>,
     requests: u64,
     /// Watches answered with 410 Gone.
     gone: u64,
@@ -178,6 +179,11 @@ impl ApiServer {
 
     pub fn writes(&self) -> usize {
         self.lock().write_times.len()
+    }
+
+    /// Successful creates and updates per (namespace, name).
+    pub fn writes_per_object(&self) -> BTreeMap<(String, String), usize> {
+        self.lock().writes_per_object.clone()
     }
 
     pub fn write_times(&self) -> Vec<Instant> {
@@ -358,6 +364,7 @@ fn create(server: &ApiServer, namespace: &str, body: &Bytes) -> Response {
     }
     server.store(&mut inner, key.clone(), object, "ADDED");
     inner.write_times.push(Instant::now());
+    *inner.writes_per_object.entry(key.clone()).or_default() += 1;
     let stored = inner.objects.get(&key).cloned().unwrap_or_default();
     json_response(StatusCode::CREATED, &stored)
 }
@@ -394,6 +401,7 @@ fn replace(server: &ApiServer, namespace: &str, name: &str, body: &Bytes) -> Res
     object["metadata"]["creationTimestamp"] = existing["metadata"]["creationTimestamp"].clone();
     server.store(&mut inner, key.clone(), object, "MODIFIED");
     inner.write_times.push(Instant::now());
+    *inner.writes_per_object.entry(key.clone()).or_default() += 1;
     let stored = inner.objects.get(&key).cloned().unwrap_or_default();
     json_response(StatusCode::OK, &stored)
 }
