@@ -141,6 +141,19 @@ async fn conflicts_and_server_errors_are_retried_until_written() {
     let stats = server.kube_stats.clone().unwrap_or_default();
     assert!(stats.conflicts.load(Ordering::Relaxed) >= 2);
 
+    // 429 with Retry-After: the writer waits as told, then writes.
+    api.throttle_next_requests(1, 2);
+    let throttled = std::time::Instant::now();
+    register(&server, "demo", "app", &["K"]).await;
+    eventually(Duration::from_secs(15), "the create after a 429", || {
+        api.applications("demo", "k") == set(&["app"])
+    })
+    .await;
+    assert!(
+        throttled.elapsed() >= Duration::from_secs(2),
+        "Retry-After not honoured"
+    );
+
     api.fail_next_writes(3);
     register(&server, "demo", "app", &["J"]).await;
     eventually(Duration::from_secs(15), "the create after 500s", || {

@@ -144,8 +144,17 @@ impl KubeWriter {
                 }
                 Err(AttemptError::Kube(kube::Error::Api(status))) if status.code == 429 => {
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%key, attempt, "API server asks to slow down (429)");
-                    (Duration::from_secs(1), Duration::from_secs(30))
+                    // Honour the server's Retry-After (Status.details.retryAfterSeconds).
+                    let retry_after = status
+                        .details
+                        .as_ref()
+                        .map(|details| Duration::from_secs(details.retry_after_seconds.into()))
+                        .filter(|wait| !wait.is_zero())
+                        .unwrap_or(Duration::from_secs(1));
+                    tracing::warn!(%key, attempt, ?retry_after, "API server asks to slow down (429)");
+                    tokio::time::sleep(retry_after).await;
+                    attempt = attempt.saturating_add(1);
+                    continue;
                 }
                 Err(err) => {
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);

@@ -30,6 +30,8 @@ struct Inner {
     fail_writes: u32,
     /// Updates answered 409 whatever their resourceVersion, as if another writer won the race.
     conflict_updates: u32,
+    /// Requests answered 429 with this Retry-After (seconds).
+    throttle: (u32, u32),
     down: bool,
     watches_blocked: bool,
     latency: Duration,
@@ -137,6 +139,11 @@ impl ApiServer {
 
     pub fn fail_next_writes(&self, n: u32) {
         self.lock().fail_writes = n;
+    }
+
+    /// Answers the next `n` requests with 429 Too Many Requests and `retry_after_seconds`.
+    pub fn throttle_next_requests(&self, n: u32, retry_after_seconds: u32) {
+        self.lock().throttle = (n, retry_after_seconds);
     }
 
     pub fn conflict_next_updates(&self, n: u32) {
@@ -294,6 +301,20 @@ async fn handle(
         inner.requests += 1;
         if inner.down {
             return status(503, "ServiceUnavailable", "the API server is down");
+        }
+        if inner.throttle.0 > 0 {
+            inner.throttle.0 -= 1;
+            let body = json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "too many requests", "reason": "TooManyRequests", "code": 429,
+                "details": {"retryAfterSeconds": inner.throttle.1},
+            });
+            let mut response = json_response(StatusCode::TOO_MANY_REQUESTS, &body);
+            response.headers_mut().insert(
+                "retry-after",
+                axum::http::HeaderValue::from(inner.throttle.1),
+            );
+            return response;
         }
         inner.latency
     };
