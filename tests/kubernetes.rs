@@ -51,6 +51,22 @@ async fn wait_ready(server: &RunningServer) {
     }
 }
 
+/// Written pairs leave the outbox just after the write lands.
+async fn wait_outbox_empty(server: &RunningServer) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, outbox) = http_get(server.admin_addr, "/debug/outbox").await;
+        if outbox == "[]" {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "written pairs left in the outbox: {outbox}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn set(items: &[&str]) -> Vec<String> {
     let set: BTreeSet<String> = items.iter().map(|s| s.to_string()).collect();
     set.into_iter().collect()
@@ -117,8 +133,7 @@ async fn create_then_union_then_no_write_for_what_is_there() {
         server.store.stats().commits.load(Ordering::Relaxed),
         commits
     );
-    let (_, outbox) = http_get(server.admin_addr, "/debug/outbox").await;
-    assert_eq!(outbox, "[]", "written pairs left in the outbox");
+    wait_outbox_empty(&server).await;
     assert!(server.stop().await.is_ok());
 }
 
@@ -204,8 +219,7 @@ async fn a_thirty_second_outage_and_a_restart_lose_nothing() {
     )
     .await;
     wait_ready(&server).await;
-    let (_, outbox) = http_get(server.admin_addr, "/debug/outbox").await;
-    assert_eq!(outbox, "[]");
+    wait_outbox_empty(&server).await;
     assert!(server.stop().await.is_ok());
 }
 
