@@ -22,13 +22,15 @@ use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::transport::Channel;
 use tonic_prost::ProstCodec;
 
-use super::{FanoutArgs, ms, percentiles};
+use super::FanoutArgs;
+use super::load::{ms, percentiles};
 
 const SNP_TYPE: &str = "dubbo.apache.org/v1alpha1/ServiceNameMapping";
 
-struct ServerProcess {
-    child: Child,
-    grpc_addr: SocketAddr,
+pub struct ServerProcess {
+    pub child: Child,
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
     _data_dir: tempfile::TempDir,
 }
 
@@ -39,9 +41,16 @@ impl Drop for ServerProcess {
     }
 }
 
-fn spawn_server() -> anyhow::Result<ServerProcess> {
+pub fn spawn_server() -> anyhow::Result<ServerProcess> {
+    spawn_server_in(tempfile::tempdir()?, &["--debounce-enable", "false"])
+}
+
+/// The real binary serving `data_dir` with `extra` flags; returns once it reports serving.
+pub fn spawn_server_in(
+    data_dir: tempfile::TempDir,
+    extra: &[&str],
+) -> anyhow::Result<ServerProcess> {
     let binary = std::env::current_exe()?.with_file_name("dubbo-cp");
-    let data_dir = tempfile::tempdir()?;
     let mut child = Command::new(&binary)
         .args([
             "serve",
@@ -51,12 +60,13 @@ fn spawn_server() -> anyhow::Result<ServerProcess> {
             "127.0.0.1:0",
         ])
         .args([
-            "--debounce-enable",
-            "false",
             "--new-streams-per-second",
             "1000000",
+            "--new-streams-burst",
+            "1000000",
         ])
-        .args(["--new-streams-burst", "1000000", "--data-dir"])
+        .args(extra)
+        .arg("--data-dir")
         .arg(data_dir.path())
         .env("RUST_LOG", "warn,dubbo_cp::server=info")
         .stdout(Stdio::piped())
@@ -69,16 +79,18 @@ fn spawn_server() -> anyhow::Result<ServerProcess> {
         })?;
     let stdout = child.stdout.take().context("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
-    let grpc_addr = loop {
+    let (grpc_addr, admin_addr) = loop {
         let Some(line) = lines.next() else {
             bail!("dubbo-cp exited before serving")
         };
         let line = line?;
-        if let Some(addr) = line
-            .split_whitespace()
-            .find_map(|word| word.strip_prefix("grpc_addr="))
-        {
-            break addr.parse()?;
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|word| word.strip_prefix(name))
+                .and_then(|addr| addr.parse::<SocketAddr>().ok())
+        };
+        if let (Some(grpc), Some(admin)) = (field("grpc_addr="), field("admin_addr=")) {
+            break (grpc, admin);
         }
     };
     // Keep draining its output so it never blocks on a full pipe.
@@ -86,8 +98,24 @@ fn spawn_server() -> anyhow::Result<ServerProcess> {
     Ok(ServerProcess {
         child,
         grpc_addr,
+        admin_addr,
         _data_dir: data_dir,
     })
+}
+
+/// Whether `/readyz` on `admin` answers 200.
+pub async fn readyz(admin: SocketAddr) -> anyhow::Result<bool> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin).await?;
+    stream
+        .write_all(
+            format!("GET /readyz HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response.starts_with("HTTP/1.1 200"))
 }
 
 fn rss_kib(pid: u32) -> anyhow::Result<u64> {
@@ -118,6 +146,19 @@ fn cpu_seconds(pid: &str) -> anyhow::Result<f64> {
     Ok((ticks(11) + ticks(12)) / 100.0)
 }
 
+/// One fan-out measurement.
+pub struct FanoutResult {
+    pub streams: usize,
+    pub connect: Duration,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+    pub rss_per_stream_kib: f64,
+    pub server_cpu: f64,
+    pub client_cpu: f64,
+    pub received: usize,
+}
+
 pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
     println!(
         "# dubbo-cp-bench fanout: {} mappings in every state, {} streams per connection, debounce off",
@@ -136,89 +177,107 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
         "received"
     );
     for &streams in &args.streams {
-        let server = spawn_server()?;
-        let addr = format!("http://{}", server.grpc_addr);
-        let mut sdk = ServiceNameMappingServiceClient::new(
-            Channel::from_shared(addr.clone())?.connect().await?,
-        );
-        for i in 0..args.mappings {
-            sdk.register_service_app_mapping(ServiceMappingRequest {
-                namespace: "bench".into(),
-                application_name: "seed".into(),
-                interface_names: vec![format!("org.apache.dubbo.bench.Seed{i}")],
-            })
-            .await?;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let rss_before = rss_kib(server.child.id())?;
-
-        let connections = streams.div_ceil(args.streams_per_connection.max(1));
-        let mut channels = Vec::with_capacity(connections);
-        for _ in 0..connections {
-            channels.push(Channel::from_shared(addr.clone())?.connect().await?);
-        }
-        let subscribed = Arc::new(Barrier::new(streams + 1));
-        let (received_tx, mut received_rx) = mpsc::unbounded_channel::<Instant>();
-        let started = Instant::now();
-        let mut holders = Vec::with_capacity(streams);
-        for i in 0..streams {
-            let channel = channels[i % channels.len()].clone();
-            let subscribed = subscribed.clone();
-            let received = received_tx.clone();
-            holders.push(tokio::spawn(async move {
-                let result = observe_one(channel, subscribed.clone(), received).await;
-                if let Err(err) = result {
-                    eprintln!("stream {i}: {err:#}");
-                }
-            }));
-        }
-        drop(received_tx);
-        subscribed.wait().await;
-        let connect_time = started.elapsed();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let rss_after = rss_kib(server.child.id())?;
-
-        let server_pid = server.child.id().to_string();
-        let server_cpu = cpu_seconds(&server_pid)?;
-        let client_cpu = cpu_seconds("self")?;
-        sdk.register_service_app_mapping(ServiceMappingRequest {
-            namespace: "bench".into(),
-            application_name: "the-change".into(),
-            interface_names: vec!["org.apache.dubbo.bench.Changed".into()],
-        })
-        .await?;
-        let acked = Instant::now();
-        let mut latencies = Vec::with_capacity(streams);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while latencies.len() < streams {
-            match tokio::time::timeout_at(deadline, received_rx.recv()).await {
-                Ok(Some(at)) => latencies.push(at.saturating_duration_since(acked)),
-                _ => break,
-            }
-        }
-        let server_cpu = cpu_seconds(&server_pid)? - server_cpu;
-        let client_cpu = cpu_seconds("self")? - client_cpu;
-        let received = latencies.len();
-        let (p50, p99, max) = percentiles(&mut latencies);
-        let per_stream = (rss_after.saturating_sub(rss_before)) as f64 / streams as f64;
+        let r = measure(streams, args.streams_per_connection, args.mappings).await?;
         println!(
             "{:>8} {:>10.2} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>13.0} {:>13.0} {:>12}",
-            streams,
-            connect_time.as_secs_f64(),
-            ms(p50),
-            ms(p99),
-            ms(max),
-            per_stream,
-            server_cpu * 1000.0,
-            client_cpu * 1000.0,
-            format!("{received}/{streams}")
+            r.streams,
+            r.connect.as_secs_f64(),
+            ms(r.p50),
+            ms(r.p99),
+            ms(r.max),
+            r.rss_per_stream_kib,
+            r.server_cpu * 1000.0,
+            r.client_cpu * 1000.0,
+            format!("{}/{}", r.received, r.streams)
         );
-        for holder in holders {
-            holder.abort();
-        }
-        drop(server);
     }
     Ok(())
+}
+
+/// Starts a server with `mappings` stored, opens `streams` streams, pushes one change.
+pub async fn measure(
+    streams: usize,
+    streams_per_connection: usize,
+    mappings: usize,
+) -> anyhow::Result<FanoutResult> {
+    let server = spawn_server()?;
+    let addr = format!("http://{}", server.grpc_addr);
+    let mut sdk =
+        ServiceNameMappingServiceClient::new(Channel::from_shared(addr.clone())?.connect().await?);
+    for i in 0..mappings {
+        sdk.register_service_app_mapping(ServiceMappingRequest {
+            namespace: "bench".into(),
+            application_name: "seed".into(),
+            interface_names: vec![format!("org.apache.dubbo.bench.Seed{i}")],
+        })
+        .await?;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_before = rss_kib(server.child.id())?;
+
+    let connections = streams.div_ceil(streams_per_connection.max(1));
+    let mut channels = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        channels.push(Channel::from_shared(addr.clone())?.connect().await?);
+    }
+    let subscribed = Arc::new(Barrier::new(streams + 1));
+    let (received_tx, mut received_rx) = mpsc::unbounded_channel::<Instant>();
+    let started = Instant::now();
+    let mut holders = Vec::with_capacity(streams);
+    for i in 0..streams {
+        let channel = channels[i % channels.len()].clone();
+        let subscribed = subscribed.clone();
+        let received = received_tx.clone();
+        holders.push(tokio::spawn(async move {
+            let result = observe_one(channel, subscribed.clone(), received).await;
+            if let Err(err) = result {
+                eprintln!("stream {i}: {err:#}");
+            }
+        }));
+    }
+    drop(received_tx);
+    subscribed.wait().await;
+    let connect = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_after = rss_kib(server.child.id())?;
+
+    let server_pid = server.child.id().to_string();
+    let server_cpu = cpu_seconds(&server_pid)?;
+    let client_cpu = cpu_seconds("self")?;
+    sdk.register_service_app_mapping(ServiceMappingRequest {
+        namespace: "bench".into(),
+        application_name: "the-change".into(),
+        interface_names: vec!["org.apache.dubbo.bench.Changed".into()],
+    })
+    .await?;
+    let acked = Instant::now();
+    let mut latencies = Vec::with_capacity(streams);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while latencies.len() < streams {
+        match tokio::time::timeout_at(deadline, received_rx.recv()).await {
+            Ok(Some(at)) => latencies.push(at.saturating_duration_since(acked)),
+            _ => break,
+        }
+    }
+    let server_cpu = cpu_seconds(&server_pid)? - server_cpu;
+    let client_cpu = cpu_seconds("self")? - client_cpu;
+    let received = latencies.len();
+    let (p50, p99, max) = percentiles(&mut latencies);
+    for holder in holders {
+        holder.abort();
+    }
+    drop(server);
+    Ok(FanoutResult {
+        streams,
+        connect,
+        p50,
+        p99,
+        max,
+        rss_per_stream_kib: rss_after.saturating_sub(rss_before) as f64 / streams as f64,
+        server_cpu,
+        client_cpu,
+        received,
+    })
 }
 
 /// What the load generator reads of a response: the head. The state bytes are received but

@@ -3,16 +3,23 @@
 //! `dubbo-cp-bench register` drives `registerServiceAppMapping` with a fixed number of requests
 //! in flight over a bounded number of connections and reports throughput and latency. Without
 //! `--server` it starts an in-process control plane on a fresh temporary data directory.
-
-use std::time::{Duration, Instant};
+//! `dubbo-cp-bench fanout` measures the discovery stream; `dubbo-cp-bench all` runs everything
+//! side by side (see BENCHMARKS.md).
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use dubbo_cp::config::Config;
 use dubbo_cp::pb::snp::ServiceMappingRequest;
 use dubbo_cp::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient;
-use tokio::sync::Semaphore;
 use tonic::transport::Channel;
+
+use load::{RunResult, ms, request_mix, run_load};
+
+mod all;
+mod ceiling;
+mod fanout;
+mod load;
+mod zk;
 
 #[derive(Parser)]
 #[command(name = "dubbo-cp-bench", about = "Load generator for dubbo-cp")]
@@ -27,6 +34,9 @@ enum Command {
     Register(RegisterArgs),
     /// Discovery-stream fan-out: time for one change to reach N streams, and memory per stream.
     Fanout(FanoutArgs),
+    /// Everything side by side in one run: ceiling, dubbo-cp, ZooKeeper, coalescing, fan-out,
+    /// cold start; medians of several runs as Markdown.
+    All(all::AllArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -66,6 +76,7 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Register(args) => register(args).await,
         Command::Fanout(args) => fanout::run(args).await,
+        Command::All(args) => all::run(args).await,
     }
 }
 
@@ -82,21 +93,26 @@ async fn register(args: RegisterArgs) -> anyhow::Result<()> {
     for (run, &in_flight) in args.concurrency.iter().enumerate() {
         // Each run gets a fresh server (and data directory), so every registration is new and
         // pays for a durable commit.
-        let dir = tempfile::tempdir()?;
-        let (target, server) = match &args.server {
-            Some(addr) => (addr.clone(), None),
+        let (target, server, _dir) = match &args.server {
+            Some(addr) => (addr.clone(), None, None),
             None => {
-                let config = Config {
-                    grpc_addr: ([127, 0, 0, 1], 0).into(),
-                    admin_addr: ([127, 0, 0, 1], 0).into(),
-                    data_dir: dir.path().to_path_buf(),
-                    ..Config::default()
-                };
-                let server = dubbo_cp::server::start(config).await?;
-                (format!("http://{}", server.grpc_addr), Some(server))
+                let (server, dir) = start_in_process(Config::default()).await?;
+                (
+                    format!("http://{}", server.grpc_addr),
+                    Some(server),
+                    Some(dir),
+                )
             }
         };
-        let result = drive(&target, &args, in_flight, run).await?;
+        let result = drive_grpc(
+            &target,
+            args.requests,
+            in_flight,
+            args.connections,
+            run,
+            args.interfaces,
+        )
+        .await?;
         println!(
             "{:>11} {:>12.0} {:>10.3} {:>10.3} {:>10.3} {:>8}",
             in_flight,
@@ -113,83 +129,60 @@ async fn register(args: RegisterArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct RunResult {
-    per_second: f64,
-    p50: Duration,
-    p99: Duration,
-    max: Duration,
-    errors: usize,
+/// An in-process control plane on ephemeral ports and a fresh data directory.
+async fn start_in_process(
+    base: Config,
+) -> anyhow::Result<(dubbo_cp::server::RunningServer, tempfile::TempDir)> {
+    let dir = tempfile::tempdir()?;
+    let config = Config {
+        grpc_addr: ([127, 0, 0, 1], 0).into(),
+        admin_addr: ([127, 0, 0, 1], 0).into(),
+        data_dir: dir.path().to_path_buf(),
+        ..base
+    };
+    Ok((dubbo_cp::server::start(config).await?, dir))
 }
 
-async fn drive(
+/// Drives `registerServiceAppMapping` at `target` with the shared request mix.
+async fn drive_grpc(
     target: &str,
-    args: &RegisterArgs,
+    requests: usize,
     in_flight: usize,
+    connections: usize,
     run: usize,
+    interfaces: usize,
 ) -> anyhow::Result<RunResult> {
-    let mut clients = Vec::with_capacity(args.connections);
-    for _ in 0..args.connections.max(1) {
+    let mut clients = Vec::with_capacity(connections);
+    for _ in 0..connections.max(1) {
         let channel = Channel::from_shared(target.to_owned())?
             .connect()
             .await
             .with_context(|| format!("cannot connect to {target}"))?;
         clients.push(ServiceNameMappingServiceClient::new(channel));
     }
-    let permits = std::sync::Arc::new(Semaphore::new(in_flight));
-    let started = Instant::now();
-    let mut tasks = Vec::with_capacity(args.requests);
-    for i in 0..args.requests {
-        let permit = permits.clone().acquire_owned().await?;
+    run_load(requests, in_flight, |i| {
         let mut client = clients[i % clients.len()].clone();
+        let (application, interface) = request_mix(run, i);
+        let interface_names = (0..interfaces.max(1))
+            .map(|k| {
+                if k == 0 {
+                    interface.clone()
+                } else {
+                    format!("{interface}.{k}")
+                }
+            })
+            .collect();
         let request = ServiceMappingRequest {
             namespace: "bench".into(),
-            application_name: format!("app-{run}-{i}"),
-            interface_names: (0..args.interfaces)
-                .map(|k| format!("org.apache.dubbo.bench.Service{}", (i + k) % 1000))
-                .collect(),
+            application_name: application,
+            interface_names,
         };
-        tasks.push(tokio::spawn(async move {
-            let sent = Instant::now();
-            let ok = client
+        async move {
+            client
                 .register_service_app_mapping(request)
                 .await
-                .is_ok_and(|r| r.get_ref().success);
-            drop(permit);
-            (sent.elapsed(), ok)
-        }));
-    }
-    let mut latencies = Vec::with_capacity(tasks.len());
-    let mut errors = 0;
-    for task in tasks {
-        let (latency, ok) = task.await?;
-        latencies.push(latency);
-        if !ok {
-            errors += 1;
+                .is_ok_and(|r| r.get_ref().success)
         }
-    }
-    let elapsed = started.elapsed();
-    let (p50, p99, max) = percentiles(&mut latencies);
-    Ok(RunResult {
-        per_second: args.requests as f64 / elapsed.as_secs_f64(),
-        p50,
-        p99,
-        max,
-        errors,
     })
-}
-
-mod fanout;
-
-/// p50, p99 and max of `samples` (sorted in place); zero when empty.
-fn percentiles(samples: &mut [Duration]) -> (Duration, Duration, Duration) {
-    if samples.is_empty() {
-        return Default::default();
-    }
-    samples.sort_unstable();
-    let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
-    (at(0.50), at(0.99), samples[samples.len() - 1])
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
+    .await
 }
