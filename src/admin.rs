@@ -12,6 +12,8 @@ use serde::Serialize;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use prometheus_client::registry::Registry;
+
 use crate::index::Index;
 use crate::mapping::{MappingKey, SharedMappings};
 use crate::store::EmbeddedStore;
@@ -50,31 +52,39 @@ impl MappingSource {
     }
 }
 
+/// What the admin endpoints read.
 #[derive(Clone)]
-struct AdminState {
-    readiness: Readiness,
-    index: Arc<Index>,
-    mappings: MappingSource,
-    outbox: EmbeddedStore,
+pub struct AdminState {
+    pub readiness: Readiness,
+    pub index: Arc<Index>,
+    pub mappings: MappingSource,
+    pub outbox: EmbeddedStore,
+    pub registry: Arc<Registry>,
 }
 
-pub fn router(
-    readiness: Readiness,
-    index: Arc<Index>,
-    mappings: MappingSource,
-    outbox: EmbeddedStore,
-) -> Router {
+pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .route("/debug/mappings", get(list_mappings))
         .route("/debug/outbox", get(list_outbox))
-        .with_state(AdminState {
-            readiness,
-            index,
-            mappings,
-            outbox,
-        })
+        .with_state(state)
+}
+
+async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    match crate::metrics::render(&state.registry) {
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n").into_response(),
+    }
 }
 
 /// Ready once serving and the initial state is loaded (in Kubernetes mode: the first list).

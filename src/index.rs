@@ -93,13 +93,15 @@ impl Kind {
 }
 
 /// One kind at one revision.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug)]
 pub struct KindSnapshot {
     pub revision: i64,
     /// Objects by client key (`<name>/<namespace>`).
     pub objects: BTreeMap<String, Any>,
     /// `objects` encoded as `ObserveResponse.data`, built once for all streams.
     pub data: EncodedData,
+    /// When this state was published, for the push-delay metric.
+    pub published: tokio::time::Instant,
 }
 
 impl KindSnapshot {
@@ -109,6 +111,7 @@ impl KindSnapshot {
             revision,
             objects,
             data,
+            published: tokio::time::Instant::now(),
         }
     }
 }

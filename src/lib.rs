@@ -23,6 +23,7 @@ pub mod index;
 pub mod ingest;
 pub mod k8s;
 pub mod mapping;
+pub mod metrics;
 pub mod pb;
 pub mod ratelimit;
 pub mod resources;

@@ -21,6 +21,7 @@ use crate::ingest::Ingest;
 use crate::k8s;
 use crate::k8s::writer::{KubeWriter, WriterStats};
 use crate::mapping::{MappingDelta, SharedMappings};
+use crate::metrics::{self, Metrics};
 use crate::pb;
 use crate::resources::mapping_object;
 use crate::shutdown::signalled;
@@ -88,6 +89,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     .context("store open task failed")?
     .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
     let index = Arc::new(Index::new(store.opened_revision()));
+    let metrics = Arc::new(Metrics::default());
 
     let (debouncer, cluster_watch, kube_stats) = match cluster.clone() {
         None => {
@@ -105,9 +107,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
                 "store opened"
             );
             let debouncer = tokio::spawn({
-                let (index, store) = (index.clone(), store.clone());
+                let (index, store, metrics) = (index.clone(), store.clone(), metrics.clone());
                 async move {
-                    publish_changes(config.debounce, changes_rx, store, index).await;
+                    publish_changes(config.debounce, changes_rx, store, index, metrics).await;
                     Ok(())
                 }
             });
@@ -145,9 +147,10 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
                     .context("change feed closed at start")?;
             }
             let debouncer = tokio::spawn({
-                let store = store.clone();
+                let (store, metrics) = (store.clone(), metrics.clone());
                 async move {
-                    write_to_kubernetes(config.debounce, changes_rx, kube_writer, store).await;
+                    write_to_kubernetes(config.debounce, changes_rx, kube_writer, store, metrics)
+                        .await;
                     Ok(())
                 }
             });
@@ -170,7 +173,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RegistrationServer>().await;
 
-    let ingest = Ingest::new(store.clone(), config.ingest.commit_timeout);
+    let ingest = Ingest::new(store.clone(), config.ingest.commit_timeout, metrics.clone());
     let rules = RuleService::new(index.clone(), config.dds, shutdown_rx.clone());
     let dds_stats = rules.stats();
     let grpc_serve = grpc_router(&config, ingest, rules, health_service)?
@@ -183,9 +186,21 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         Some(cluster) => MappingSource::Cluster(cluster.clone()),
         None => MappingSource::Store(store.clone()),
     };
+    let registry = Arc::new(metrics::registry(metrics::Sources {
+        metrics: metrics.clone(),
+        store: store.clone(),
+        dds: dds_stats.clone(),
+        kube: kube_stats.clone(),
+    }));
     let admin_serve = axum::serve(
         admin_listener,
-        admin::router(readiness.clone(), index.clone(), mappings, store.clone()),
+        admin::router(admin::AdminState {
+            readiness: readiness.clone(),
+            index: index.clone(),
+            mappings,
+            outbox: store.clone(),
+            registry,
+        }),
     )
     .with_graceful_shutdown(wait_for_shutdown(shutdown_rx.clone()));
     let admin = tokio::spawn(async move { admin_serve.await.context("admin server failed") });
@@ -298,8 +313,10 @@ async fn publish_changes(
     changes: mpsc::Receiver<StoredChange>,
     store: EmbeddedStore,
     index: Arc<Index>,
+    metrics: Arc<Metrics>,
 ) {
     debounce::run(config, changes, |batch: Batch<StoredChange>| {
+        observe_flush(&metrics, &batch);
         let published_keys = batch.value.delta.len();
         let revision = batch.value.revision;
         let objects: Vec<_> = batch
@@ -332,8 +349,10 @@ async fn write_to_kubernetes(
     changes: mpsc::Receiver<StoredChange>,
     writer: Arc<KubeWriter>,
     outbox: EmbeddedStore,
+    metrics: Arc<Metrics>,
 ) {
     debounce::run(config, changes, |batch: Batch<StoredChange>| {
+        observe_flush(&metrics, &batch);
         let writer = writer.clone();
         let outbox = outbox.clone();
         async move {
@@ -348,6 +367,13 @@ async fn write_to_kubernetes(
         }
     })
     .await;
+}
+
+fn observe_flush<T>(metrics: &Metrics, batch: &Batch<T>) {
+    metrics.flush_size.observe(batch.events as f64);
+    metrics
+        .flush_delay
+        .observe(batch.first_event.elapsed().as_secs_f64());
 }
 
 async fn wait_for_shutdown(mut rx: watch::Receiver<bool>) {

@@ -134,6 +134,19 @@ async fn create_then_union_then_no_write_for_what_is_there() {
         commits
     );
     wait_outbox_empty(&server).await;
+    let (_, metrics) = http_get(server.admin_addr, "/metrics").await;
+    assert!(
+        metrics.contains("dubbo_cp_kube_writes_total 2\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("dubbo_cp_outbox_pending_pairs 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("dubbo_cp_kube_request_duration_seconds_count"),
+        "{metrics}"
+    );
     assert!(server.stop().await.is_ok());
 }
 
@@ -156,7 +169,8 @@ async fn conflicts_and_server_errors_are_retried_until_written() {
     let stats = server.kube_stats.clone().unwrap_or_default();
     assert!(stats.conflicts.load(Ordering::Relaxed) >= 2);
 
-    // 429 with Retry-After: the writer waits as told, then writes.
+    // 429 with Retry-After: the write waits as told, then lands. (kube's client retries 429s
+    // itself, honouring the header; the writer's own 429 handling is the fallback.)
     api.throttle_next_requests(1, 2);
     let throttled = std::time::Instant::now();
     register(&server, "demo", "app", &["K"]).await;
@@ -176,6 +190,19 @@ async fn conflicts_and_server_errors_are_retried_until_written() {
     })
     .await;
     assert!(stats.errors.load(Ordering::Relaxed) >= 3);
+    let (_, metrics) = http_get(server.admin_addr, "/metrics").await;
+    assert!(
+        metrics.contains("dubbo_cp_kube_errors_total{code=\"500\"} 3\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("dubbo_cp_kube_errors_total{code=\"429\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("dubbo_cp_kube_errors_total{code=\"409\"} 2\n"),
+        "{metrics}"
+    );
     assert!(server.stop().await.is_ok());
 }
 

@@ -54,13 +54,28 @@ impl Default for DdsConfig {
     }
 }
 
-/// Counters for logs, tests and benchmarks.
-#[derive(Debug, Default)]
+/// Counters for logs, tests, benchmarks and `/metrics`.
+#[derive(Debug)]
 pub struct DdsStats {
     pub streams_open: AtomicI64,
     pub streams_refused: AtomicU64,
     pub pushes: AtomicU64,
     pub stale_nonces: AtomicU64,
+    /// Seconds from a state's publication to its hand-over to a stream's transport; with the
+    /// debounce delay before it, the time from registration to the last client's receipt.
+    pub push_delay: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl Default for DdsStats {
+    fn default() -> Self {
+        Self {
+            streams_open: AtomicI64::new(0),
+            streams_refused: AtomicU64::new(0),
+            pushes: AtomicU64::new(0),
+            stale_nonces: AtomicU64::new(0),
+            push_delay: crate::metrics::latency_histogram(),
+        }
+    }
 }
 
 /// The `org.apache.dubbo.auth.v1alpha1.RuleService` gRPC service.

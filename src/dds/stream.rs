@@ -70,6 +70,9 @@ impl Outbound<'_> {
                 subscription.pending = Some(nonce);
                 subscription.last_sent = Some(snapshot.revision);
                 self.stats.pushes.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .push_delay
+                    .observe(snapshot.published.elapsed().as_secs_f64());
                 Ok(())
             }
         }

@@ -15,8 +15,13 @@ use kube::api::{Api, PostParams};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+
 use super::crd::{INTERFACE_LABEL, ServiceNameMapping};
 use crate::mapping::{MappingDelta, MappingKey, label_value, object_name};
+use crate::metrics::{CodeLabel, latency_histogram};
 use crate::ratelimit::RateLimiter;
 use crate::store::EmbeddedStore;
 
@@ -40,9 +45,13 @@ impl Default for WriterConfig {
     }
 }
 
-/// Counters for logs, tests and benchmarks.
+/// Counters for logs, tests, benchmarks and `/metrics`.
 #[derive(Debug, Default)]
 pub struct WriterStats {
+    /// Seconds per API request.
+    pub request_seconds: RequestHistogram,
+    /// Failed API requests by HTTP code (0: no answer).
+    pub errors_by_code: Family<CodeLabel, Counter>,
     /// Requests sent to the API server (reads and writes).
     pub requests: AtomicU64,
     /// Creates and updates that succeeded.
@@ -53,6 +62,24 @@ pub struct WriterStats {
     pub conflicts: AtomicU64,
     /// Other failures (API errors, unreachable server), each retried.
     pub errors: AtomicU64,
+}
+
+/// The request-latency histogram, with the shared buckets by default.
+#[derive(Debug, Clone)]
+pub struct RequestHistogram(pub Histogram);
+
+impl Default for RequestHistogram {
+    fn default() -> Self {
+        Self(latency_histogram())
+    }
+}
+
+impl std::ops::Deref for RequestHistogram {
+    type Target = Histogram;
+
+    fn deref(&self) -> &Histogram {
+        &self.0
+    }
 }
 
 /// Why one upsert attempt did not land.
@@ -144,7 +171,8 @@ impl KubeWriter {
                 }
                 Err(AttemptError::Kube(kube::Error::Api(status))) if status.code == 429 => {
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    // Honour the server's Retry-After (Status.details.retryAfterSeconds).
+                    // kube's client already retried this 429, honouring Retry-After; it is still
+                    // throttled, so wait as the server says (Status.details.retryAfterSeconds).
                     let retry_after = status
                         .details
                         .as_ref()
@@ -174,11 +202,12 @@ impl KubeWriter {
         key: &MappingKey,
         applications: &BTreeSet<String>,
     ) -> Result<Upserted, AttemptError> {
-        self.paced().await;
-        let Some(mut existing) = api.get_opt(name).await? else {
-            self.paced().await;
+        let Some(mut existing) = self.request(api.get_opt(name)).await? else {
             let object = ServiceNameMapping::for_key(key, applications);
-            return match api.create(&PostParams::default(), &object).await {
+            return match self
+                .request(api.create(&PostParams::default(), &object))
+                .await
+            {
                 Ok(_) => Ok(Upserted::Written),
                 Err(kube::Error::Api(status)) if status.code == 409 => Err(AttemptError::Conflict),
                 Err(err) => Err(err.into()),
@@ -205,17 +234,39 @@ impl KubeWriter {
             .entry(INTERFACE_LABEL.to_owned())
             .or_insert_with(|| label_value(&key.interface));
         // `existing` still carries the resourceVersion it was read at: the precondition.
-        self.paced().await;
-        match api.replace(name, &PostParams::default(), &existing).await {
+        match self
+            .request(api.replace(name, &PostParams::default(), &existing))
+            .await
+        {
             Ok(_) => Ok(Upserted::Written),
             Err(kube::Error::Api(status)) if status.code == 409 => Err(AttemptError::Conflict),
             Err(err) => Err(err.into()),
         }
     }
 
-    async fn paced(&self) {
+    /// Waits for the rate limiter, then runs and times one API request.
+    async fn request<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
         self.limiter.acquire().await;
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        let result = call.await;
+        self.stats
+            .request_seconds
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(err) = &result {
+            let code = match err {
+                kube::Error::Api(status) => status.code.to_string(),
+                _ => "0".to_owned(),
+            };
+            self.stats
+                .errors_by_code
+                .get_or_create(&CodeLabel { code })
+                .inc();
+        }
+        result
     }
 }
 

@@ -48,15 +48,31 @@ impl Default for StoreOptions {
     }
 }
 
-/// Counters that tests, benchmarks and logs read.
-#[derive(Debug, Default)]
+/// Counters that tests, benchmarks, logs and `/metrics` read.
+#[derive(Debug)]
 pub struct StoreStats {
+    /// Seconds per transaction, fsync included.
+    pub commit_seconds: prometheus_client::metrics::histogram::Histogram,
+    /// Transactions that failed.
+    pub errors: AtomicU64,
     /// Transactions committed.
     pub commits: AtomicU64,
     /// (key, application) pairs inserted.
     pub pairs_written: AtomicU64,
     /// Registrations answered from memory without a write.
     pub already_stored: AtomicU64,
+}
+
+impl Default for StoreStats {
+    fn default() -> Self {
+        Self {
+            commit_seconds: crate::metrics::latency_histogram(),
+            errors: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            pairs_written: AtomicU64::new(0),
+            already_stored: AtomicU64::new(0),
+        }
+    }
 }
 
 enum Command {
@@ -195,6 +211,15 @@ impl EmbeddedStore {
             .collect()
     }
 
+    /// Number of committed (key, application) pairs.
+    pub fn pair_count(&self) -> usize {
+        self.known
+            .committed
+            .iter()
+            .map(|entry| entry.value().len())
+            .sum()
+    }
+
     /// The committed applications of one key.
     pub fn applications(&self, key: &MappingKey) -> Option<BTreeSet<String>> {
         self.known.committed.get(key).map(|apps| apps.clone())
@@ -326,7 +351,12 @@ impl Writer {
             return;
         }
 
-        match write_pairs(&mut self.conn, &new_pairs, self.revision + 1) {
+        let started = std::time::Instant::now();
+        let written = write_pairs(&mut self.conn, &new_pairs, self.revision + 1);
+        self.stats
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        match written {
             Ok(()) => {
                 self.revision += 1;
                 self.stats.commits.fetch_add(1, Ordering::Relaxed);
@@ -358,6 +388,7 @@ impl Writer {
                 }
             }
             Err(err) => {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %err, registrations = batch.len(), "commit failed");
                 let message = err.to_string();
                 for (_, reply) in batch.drain(..) {
