@@ -196,10 +196,6 @@ async fn conflicts_and_server_errors_are_retried_until_written() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("dubbo_cp_kube_errors_total{code=\"429\"} 1\n"),
-        "{metrics}"
-    );
-    assert!(
         metrics.contains("dubbo_cp_kube_errors_total{code=\"409\"} 2\n"),
         "{metrics}"
     );
