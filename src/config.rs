@@ -33,6 +33,7 @@ pub struct Config {
     pub insecure_allow_unauthenticated: bool,
     /// Where mappings live: the embedded store, or ServiceNameMapping objects in Kubernetes.
     pub mode: Mode,
+    pub auth: AuthConfig,
     pub kubernetes: KubernetesConfig,
 }
 
@@ -42,6 +43,29 @@ pub enum Mode {
     #[default]
     Standalone,
     Kubernetes,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuthConfig {
+    /// Static token file (standalone authentication); `None`: no authentication.
+    pub token_file: Option<PathBuf>,
+    /// How often the token file is checked for changes.
+    pub reload_interval: Duration,
+    /// Identities that may register in any namespace.
+    pub admins: Vec<String>,
+    /// Answer refusals with gRPC OK and `success: false` (old SDKs read only `success`).
+    pub legacy_answers: bool,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            token_file: None,
+            reload_interval: Duration::from_secs(2),
+            admins: Vec::new(),
+            legacy_answers: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -59,6 +83,11 @@ pub struct IngestConfig {
     pub max_batch: usize,
     /// How long a caller waits for its commit before it gets `UNAVAILABLE`.
     pub commit_timeout: Duration,
+    /// Registrations per second one authenticated identity may send, on average; beyond it,
+    /// `RESOURCE_EXHAUSTED`. (Without authentication the bounded queue is the limit.)
+    pub rate_per_caller: f64,
+    /// Registrations one caller may send at once after a quiet period.
+    pub burst_per_caller: u32,
 }
 
 /// Connection-level settings of the gRPC port.
@@ -94,6 +123,8 @@ impl Default for IngestConfig {
             queue_capacity: 8192,
             max_batch: 4096,
             commit_timeout: Duration::from_secs(10),
+            rate_per_caller: 200.0,
+            burst_per_caller: 2000,
         }
     }
 }
@@ -112,6 +143,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(15),
             insecure_allow_unauthenticated: false,
             mode: Mode::Standalone,
+            auth: AuthConfig::default(),
             kubernetes: KubernetesConfig {
                 api_server: None,
                 writer: crate::k8s::writer::WriterConfig::default(),
@@ -168,6 +200,8 @@ pub struct FileConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthSection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesSection>,
 }
 
@@ -223,6 +257,27 @@ pub struct IngestSection {
         skip_serializing_if = "Option::is_none"
     )]
     pub commit_timeout: Option<Duration>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_per_caller: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst_per_caller: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AuthSection {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub reload_interval: Option<Duration>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admins: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub legacy_answers: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -238,6 +293,8 @@ pub struct DdsSection {
     pub new_streams_per_second: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub new_streams_burst: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_streams: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -319,6 +376,12 @@ pub struct ServeArgs {
     /// Serve on a non-loopback address without authentication (logged loudly).
     #[arg(long, env = "DUBBO_CP_INSECURE_ALLOW_UNAUTHENTICATED", action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub insecure_allow_unauthenticated: Option<bool>,
+    /// Static token file: authenticates callers (standalone) and allows non-loopback addresses.
+    #[arg(long, env = "DUBBO_CP_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Answer refusals with OK and `success: false`, for SDKs that only read `success`.
+    #[arg(long, env = "DUBBO_CP_LEGACY_ANSWERS", action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub legacy_answers: Option<bool>,
     /// standalone (embedded store) or kubernetes (ServiceNameMapping objects) [default: standalone].
     #[arg(long, env = "DUBBO_CP_MODE", value_enum)]
     pub mode: Option<Mode>,
@@ -352,6 +415,7 @@ impl Config {
         let dds = file.dds.unwrap_or_default();
         let grpc = file.grpc.unwrap_or_default();
         let kubernetes = file.kubernetes.unwrap_or_default();
+        let auth = file.auth.unwrap_or_default();
         let config = Config {
             grpc_addr: args
                 .grpc_addr
@@ -394,6 +458,12 @@ impl Config {
                     .commit_timeout
                     .or(ingest.commit_timeout)
                     .unwrap_or(defaults.ingest.commit_timeout),
+                rate_per_caller: ingest
+                    .rate_per_caller
+                    .unwrap_or(defaults.ingest.rate_per_caller),
+                burst_per_caller: ingest
+                    .burst_per_caller
+                    .unwrap_or(defaults.ingest.burst_per_caller),
             },
             dds: DdsConfig {
                 send_timeout: args
@@ -408,6 +478,7 @@ impl Config {
                     .new_streams_burst
                     .or(dds.new_streams_burst)
                     .unwrap_or(defaults.dds.new_streams_burst),
+                max_streams: dds.max_streams.unwrap_or(defaults.dds.max_streams),
             },
             grpc: GrpcConfig {
                 keepalive_interval: grpc
@@ -433,6 +504,17 @@ impl Config {
                 .or(file.insecure_allow_unauthenticated)
                 .unwrap_or(defaults.insecure_allow_unauthenticated),
             mode: args.mode.or(file.mode).unwrap_or(defaults.mode),
+            auth: AuthConfig {
+                token_file: args.token_file.clone().or(auth.token_file),
+                reload_interval: auth
+                    .reload_interval
+                    .unwrap_or(defaults.auth.reload_interval),
+                admins: auth.admins.unwrap_or_default(),
+                legacy_answers: args
+                    .legacy_answers
+                    .or(auth.legacy_answers)
+                    .unwrap_or(defaults.auth.legacy_answers),
+            },
             kubernetes: KubernetesConfig {
                 api_server: args.kube_api_server.clone().or(kubernetes.api_server),
                 writer: crate::k8s::writer::WriterConfig {
@@ -491,11 +573,14 @@ impl Config {
                 queue_capacity: Some(self.ingest.queue_capacity),
                 max_batch: Some(self.ingest.max_batch),
                 commit_timeout: Some(self.ingest.commit_timeout),
+                rate_per_caller: Some(self.ingest.rate_per_caller),
+                burst_per_caller: Some(self.ingest.burst_per_caller),
             }),
             dds: Some(DdsSection {
                 send_timeout: Some(self.dds.send_timeout),
                 new_streams_per_second: Some(self.dds.new_streams_per_second),
                 new_streams_burst: Some(self.dds.new_streams_burst),
+                max_streams: Some(self.dds.max_streams),
             }),
             grpc: Some(GrpcSection {
                 keepalive_interval: Some(self.grpc.keepalive_interval),
@@ -507,6 +592,12 @@ impl Config {
             shutdown_grace: Some(self.shutdown_grace),
             insecure_allow_unauthenticated: Some(self.insecure_allow_unauthenticated),
             mode: Some(self.mode),
+            auth: Some(AuthSection {
+                token_file: self.auth.token_file.clone(),
+                reload_interval: Some(self.auth.reload_interval),
+                admins: Some(self.auth.admins.clone()),
+                legacy_answers: Some(self.auth.legacy_answers),
+            }),
             kubernetes: Some(KubernetesSection {
                 api_server: self.kubernetes.api_server.clone(),
                 qps: Some(self.kubernetes.writer.qps),

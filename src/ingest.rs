@@ -1,104 +1,201 @@
-//! The registration gRPC service, at both paths SDKs call (wire.md §1): validate, hand to the
-//! store, answer once durable. Errors that are the caller's fault get a gRPC status naming the
-//! field; store trouble is `UNAVAILABLE` or `RESOURCE_EXHAUSTED`, which SDKs retry.
+//! The registration gRPC service, at both paths SDKs call (wire.md §1): authenticate, limit the
+//! caller's rate, validate, authorize the namespace, hand to the store, answer once durable.
+//! Errors that are the caller's fault get a gRPC status naming the field; store trouble is
+//! `UNAVAILABLE` or `RESOURCE_EXHAUSTED`, which SDKs retry. With legacy answers on, refusals of
+//! authentication and authorization are OK with `success: false`, as old SDKs expect.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use dashmap::DashMap;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{Policy, Refusal};
 use crate::mapping::validate_registration;
 use crate::metrics::Metrics;
 use crate::pb::dubbo::networking::v1alpha1::service_name_mapping_service_server as networking;
 use crate::pb::snp::service_name_mapping_service_server as snp;
 use crate::pb::snp::{ServiceMappingRequest, ServiceMappingResponse};
+use crate::ratelimit::RateLimiter;
 use crate::store::{EmbeddedStore, RegisterOutcome, StoreError};
 
 /// The message of a registration that needed no write.
 const ALREADY_REGISTERED: &str = "already registered";
+/// Callers tracked for rate limiting; past this the table starts afresh, so memory stays
+/// bounded whatever the number of distinct callers.
+const MAX_TRACKED_CALLERS: usize = 100_000;
+
+/// Per-caller token buckets.
+struct CallerLimits {
+    per_second: f64,
+    burst: u32,
+    buckets: DashMap<String, Arc<RateLimiter>>,
+}
+
+impl CallerLimits {
+    fn allow(&self, caller: &str) -> bool {
+        if let Some(bucket) = self.buckets.get(caller) {
+            return bucket.try_acquire();
+        }
+        if self.buckets.len() >= MAX_TRACKED_CALLERS {
+            self.buckets.clear();
+        }
+        let bucket = self
+            .buckets
+            .entry(caller.to_owned())
+            .or_insert_with(|| Arc::new(RateLimiter::new(self.per_second, self.burst)))
+            .clone();
+        bucket.try_acquire()
+    }
+}
 
 #[derive(Clone)]
 pub struct Ingest {
     store: EmbeddedStore,
     /// How long a caller waits for its commit before it is told to retry.
     commit_timeout: Duration,
+    policy: Policy,
+    limits: Arc<CallerLimits>,
     metrics: Arc<Metrics>,
 }
 
+/// How one call ended, with the label it is counted under.
+type Counted = (Result<ServiceMappingResponse, Status>, &'static str);
+
 impl Ingest {
-    pub fn new(store: EmbeddedStore, commit_timeout: Duration, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        store: EmbeddedStore,
+        config: &crate::config::IngestConfig,
+        policy: Policy,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             store,
-            commit_timeout,
+            commit_timeout: config.commit_timeout,
+            policy,
+            limits: Arc::new(CallerLimits {
+                per_second: config.rate_per_caller,
+                burst: config.burst_per_caller,
+                buckets: DashMap::new(),
+            }),
             metrics,
         }
     }
 
-    /// Registers and counts the result.
-    async fn register(
+    async fn handle(
         &self,
-        request: ServiceMappingRequest,
-    ) -> Result<ServiceMappingResponse, Status> {
-        let result = self.register_uncounted(request).await;
-        let label = match &result {
-            Ok(response) if response.message == ALREADY_REGISTERED => "already_registered",
-            Ok(_) => "stored",
-            Err(status) => match status.code() {
-                tonic::Code::InvalidArgument => "invalid",
-                tonic::Code::ResourceExhausted => "exhausted",
-                _ => "unavailable",
-            },
-        };
+        request: Request<ServiceMappingRequest>,
+    ) -> Result<Response<ServiceMappingResponse>, Status> {
+        let (result, label) = self.register(request).await;
         self.metrics.registration(label);
-        result
+        result.map(Response::new)
     }
 
-    async fn register_uncounted(
-        &self,
-        request: ServiceMappingRequest,
-    ) -> Result<ServiceMappingResponse, Status> {
-        let registration = validate_registration(
+    fn refuse(&self, refusal: Refusal) -> Counted {
+        let label = refusal.metric_result();
+        tracing::debug!(?refusal, "registration refused");
+        if self.policy.legacy_answers {
+            let message = refusal.into_status().message().to_owned();
+            return (
+                Ok(ServiceMappingResponse {
+                    success: false,
+                    message,
+                }),
+                label,
+            );
+        }
+        (Err(refusal.into_status()), label)
+    }
+
+    async fn register(&self, request: Request<ServiceMappingRequest>) -> Counted {
+        let identity = match self.policy.authenticate(request.metadata()) {
+            Ok(identity) => identity,
+            Err(refusal) => return self.refuse(refusal),
+        };
+        // Rates are limited per authenticated identity; without authentication every caller
+        // looks alike (often one address), and the bounded ingest queue is the limit.
+        if let Some(identity) = &identity
+            && !self.limits.allow(&identity.name)
+        {
+            self.metrics.rejected("caller_rate");
+            let status = Status::resource_exhausted(format!(
+                "{} exceeds {} registrations per second; retry later",
+                identity.name, self.limits.per_second
+            ));
+            return (Err(status), "exhausted");
+        }
+        let caller = identity
+            .as_ref()
+            .map(|i| i.name.clone())
+            .unwrap_or_default();
+        let request = request.into_inner();
+        let registration = match validate_registration(
             &request.namespace,
             &request.application_name,
             &request.interface_names,
-        )
-        .map_err(|err| {
-            tracing::debug!(error = %err, "registration rejected");
-            Status::invalid_argument(err.to_string())
-        })?;
+        ) {
+            Ok(registration) => registration,
+            Err(err) => {
+                tracing::debug!(error = %err, "registration rejected");
+                return (Err(Status::invalid_argument(err.to_string())), "invalid");
+            }
+        };
+        if let Err(refusal) = self
+            .policy
+            .authorize(identity.as_ref(), &registration.namespace)
+        {
+            return self.refuse(refusal);
+        }
         let namespace = registration.namespace.clone();
         let application = registration.application.clone();
         let interfaces = registration.interfaces.len();
-        let outcome = tokio::time::timeout(self.commit_timeout, self.store.register(registration))
-            .await
-            .map_err(|_| {
-                Status::unavailable(format!(
+        let outcome = match tokio::time::timeout(
+            self.commit_timeout,
+            self.store.register(registration),
+        )
+        .await
+        {
+            Err(_) => {
+                let status = Status::unavailable(format!(
                     "registration not confirmed within {:?}; retry (registering again is safe)",
                     self.commit_timeout
-                ))
-            })?
-            .map_err(store_status)?;
-        let message = match outcome {
-            RegisterOutcome::AlreadyStored => ALREADY_REGISTERED.to_owned(),
+                ));
+                return (Err(status), "unavailable");
+            }
+            Ok(Err(err)) => return store_refusal(err),
+            Ok(Ok(outcome)) => outcome,
+        };
+        let (message, label) = match outcome {
+            RegisterOutcome::AlreadyStored => (ALREADY_REGISTERED.to_owned(), "already_registered"),
             RegisterOutcome::Stored { added } => {
-                tracing::info!(%namespace, %application, interfaces, added, "registration stored");
-                format!("registered {added} new interface mapping(s)")
+                tracing::info!(%namespace, %application, interfaces, added, caller, "registration stored");
+                (
+                    format!("registered {added} new interface mapping(s)"),
+                    "stored",
+                )
             }
         };
-        Ok(ServiceMappingResponse {
-            success: true,
-            message,
-        })
+        (
+            Ok(ServiceMappingResponse {
+                success: true,
+                message,
+            }),
+            label,
+        )
     }
 }
 
-fn store_status(err: StoreError) -> Status {
+fn store_refusal(err: StoreError) -> Counted {
     match err {
-        StoreError::Busy(_) => Status::resource_exhausted(err.to_string()),
-        StoreError::ShuttingDown => Status::unavailable(err.to_string()),
+        StoreError::Busy(_) => (
+            Err(Status::resource_exhausted(err.to_string())),
+            "exhausted",
+        ),
+        StoreError::ShuttingDown => (Err(Status::unavailable(err.to_string())), "unavailable"),
         other => {
             tracing::error!(error = %other, "registration not stored");
-            Status::unavailable(format!("registration not stored: {other}"))
+            let status = Status::unavailable(format!("registration not stored: {other}"));
+            (Err(status), "unavailable")
         }
     }
 }
@@ -109,7 +206,7 @@ impl snp::ServiceNameMappingService for Ingest {
         &self,
         request: Request<ServiceMappingRequest>,
     ) -> Result<Response<ServiceMappingResponse>, Status> {
-        self.register(request.into_inner()).await.map(Response::new)
+        self.handle(request).await
     }
 }
 
@@ -119,6 +216,6 @@ impl networking::ServiceNameMappingService for Ingest {
         &self,
         request: Request<ServiceMappingRequest>,
     ) -> Result<Response<ServiceMappingResponse>, Status> {
-        self.register(request.into_inner()).await.map(Response::new)
+        self.handle(request).await
     }
 }

@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod dds;

@@ -12,6 +12,8 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::admin::{self, MappingSource, Readiness};
+use crate::auth::Policy;
+use crate::auth::tokens::StaticTokens;
 use crate::config::Config;
 use crate::config::Mode;
 use crate::dds::{DdsStats, RuleService};
@@ -173,8 +175,20 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RegistrationServer>().await;
 
-    let ingest = Ingest::new(store.clone(), config.ingest.commit_timeout, metrics.clone());
-    let rules = RuleService::new(index.clone(), config.dds, shutdown_rx.clone());
+    let policy = auth_policy(&config, shutdown_rx.clone())?;
+    let ingest = Ingest::new(
+        store.clone(),
+        &config.ingest,
+        policy.clone(),
+        metrics.clone(),
+    );
+    let rules = RuleService::new(
+        index.clone(),
+        config.dds,
+        policy,
+        metrics.clone(),
+        shutdown_rx.clone(),
+    );
     let dds_stats = rules.stats();
     let grpc_serve = grpc_router(&config, ingest, rules, health_service)?
         .serve_with_incoming_shutdown(
@@ -244,9 +258,34 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     })
 }
 
+/// The authentication and authorization of the configuration; watches the token file.
+fn auth_policy(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<Policy> {
+    let Some(path) = &config.auth.token_file else {
+        return Ok(Policy::new(
+            None,
+            config.auth.admins.clone(),
+            config.auth.legacy_answers,
+        ));
+    };
+    let (tokens, modified) = StaticTokens::open(path)?;
+    let reload = config.auth.reload_interval;
+    let watched = tokens.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = watched.watch(reload, modified) => {}
+            () = signalled(&mut shutdown) => {}
+        }
+    });
+    Ok(Policy::new(
+        Some(tokens),
+        config.auth.admins.clone(),
+        config.auth.legacy_answers,
+    ))
+}
+
 /// Refuses to serve an unauthenticated control plane beyond loopback unless told to.
 fn check_bind_policy(config: &Config) -> anyhow::Result<()> {
-    if config.grpc_addr.ip().is_loopback() {
+    if config.grpc_addr.ip().is_loopback() || config.auth.token_file.is_some() {
         return Ok(());
     }
     if !config.insecure_allow_unauthenticated {

@@ -261,7 +261,13 @@ async fn a_stuck_client_does_not_delay_the_others() {
 async fn observe_is_unavailable_until_the_initial_state_is_loaded() {
     let index = Arc::new(dubbo_cp::index::Index::new(1));
     let (_shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
-    let service = dubbo_cp::dds::RuleService::new(index.clone(), Default::default(), shutdown_rx);
+    let service = dubbo_cp::dds::RuleService::new(
+        index.clone(),
+        Default::default(),
+        Default::default(),
+        Default::default(),
+        shutdown_rx,
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .unwrap_or_else(|e| panic!("{e}"));

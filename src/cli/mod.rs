@@ -28,7 +28,7 @@ pub enum Command {
     /// Run the control plane (standalone by default; `--mode kubernetes` for ServiceNameMapping objects).
     Serve {
         #[command(flatten)]
-        args: ServeArgs,
+        args: Box<ServeArgs>,
         /// Print the effective configuration as YAML and exit.
         #[arg(long)]
         print_config: bool,

@@ -21,7 +21,9 @@ use tonic::body::Body;
 use tonic::codec::{BufferSettings, Streaming};
 use tonic::server::NamedService;
 
+use crate::auth::Policy;
 use crate::index::Index;
+use crate::metrics::Metrics;
 use crate::pb::dds::ObserveRequest;
 use crate::ratelimit::RateLimiter;
 use body::ObserveBody;
@@ -42,6 +44,8 @@ pub struct DdsConfig {
     pub new_streams_per_second: f64,
     /// New streams admitted at once after a quiet period.
     pub new_streams_burst: u32,
+    /// Streams open at once, over all connections.
+    pub max_streams: usize,
 }
 
 impl Default for DdsConfig {
@@ -50,6 +54,7 @@ impl Default for DdsConfig {
             send_timeout: Duration::from_secs(5),
             new_streams_per_second: 1000.0,
             new_streams_burst: 2000,
+            max_streams: 100_000,
         }
     }
 }
@@ -83,6 +88,8 @@ impl Default for DdsStats {
 pub struct RuleService {
     index: Arc<Index>,
     config: DdsConfig,
+    policy: Policy,
+    metrics: Arc<Metrics>,
     admission: Arc<RateLimiter>,
     shutdown: watch::Receiver<bool>,
     stats: Arc<DdsStats>,
@@ -93,7 +100,13 @@ impl NamedService for RuleService {
 }
 
 impl RuleService {
-    pub fn new(index: Arc<Index>, config: DdsConfig, shutdown: watch::Receiver<bool>) -> Self {
+    pub fn new(
+        index: Arc<Index>,
+        config: DdsConfig,
+        policy: Policy,
+        metrics: Arc<Metrics>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
         let admission = Arc::new(RateLimiter::new(
             config.new_streams_per_second,
             config.new_streams_burst,
@@ -101,6 +114,8 @@ impl RuleService {
         Self {
             index,
             config,
+            policy,
+            metrics,
             admission,
             shutdown,
             stats: Arc::new(DdsStats::default()),
@@ -123,6 +138,19 @@ impl RuleService {
                 "control plane shutting down; reconnect",
             ));
         }
+        let metadata = tonic::metadata::MetadataMap::from_headers(request.headers().clone());
+        if let Err(refusal) = self.policy.authenticate(&metadata) {
+            self.metrics.rejected("unauthenticated_stream");
+            return Err(refusal.into_status());
+        }
+        let open = usize::try_from(self.stats.streams_open.load(Ordering::Relaxed)).unwrap_or(0);
+        if open >= self.config.max_streams {
+            self.metrics.rejected("max_streams");
+            return Err(Status::resource_exhausted(format!(
+                "{open} discovery streams open, the limit is {}; retry against another replica or later",
+                self.config.max_streams
+            )));
+        }
         if let Some(encoding) = request.headers().get("grpc-encoding")
             && encoding != "identity"
         {
@@ -132,6 +160,7 @@ impl RuleService {
         }
         if !self.admission.try_acquire() {
             self.stats.streams_refused.fetch_add(1, Ordering::Relaxed);
+            self.metrics.rejected("new_stream_rate");
             return Err(Status::unavailable(
                 "too many new discovery streams per second; retry with backoff",
             ));

@@ -173,9 +173,24 @@ pub const TAG_TYPE: &str = "dubbo.apache.org/v1alpha1/TagRoute";
 
 impl Observer {
     pub async fn connect(channel: Channel) -> Result<Observer, tonic::Status> {
+        Observer::connect_as(channel, None).await
+    }
+
+    /// A stream that sends `authorization: Bearer <token>` when `token` is given.
+    pub async fn connect_as(
+        channel: Channel,
+        token: Option<&str>,
+    ) -> Result<Observer, tonic::Status> {
         let (requests, rx) = tokio::sync::mpsc::channel(16);
+        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        if let Some(token) = token {
+            let value = format!("Bearer {token}")
+                .parse()
+                .unwrap_or_else(|e| panic!("{e}"));
+            request.metadata_mut().insert("authorization", value);
+        }
         let responses = dubbo_cp::pb::dds::rule_service_client::RuleServiceClient::new(channel)
-            .observe(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .observe(request)
             .await?
             .into_inner();
         Ok(Observer {

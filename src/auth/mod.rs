@@ -1,0 +1,197 @@
+//! Who is calling, and what they may do (wire.md §5, behaviour.md "Security").
+//!
+//! An [`Authenticator`] turns request metadata into an [`Identity`]; the [`Policy`] decides
+//! whether that identity may register in a namespace (its own, or any for configured admins)
+//! and how refusals are answered: as gRPC status codes, or the legacy way (OK with
+//! `success: false`) for old SDKs that only read `success`.
+
+pub mod tokens;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use tonic::Status;
+use tonic::metadata::MetadataMap;
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// The namespace the caller belongs to; it may register only there.
+    pub namespace: String,
+    /// A stable name for logs, rate limits and the admin list (e.g. `ns/service-account`).
+    pub name: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    #[error("missing authorization: send `authorization: Bearer <token>`")]
+    Missing,
+    #[error("malformed authorization: {0}")]
+    Malformed(&'static str),
+    #[error("invalid token")]
+    InvalidToken,
+}
+
+/// Turns request metadata into an identity.
+pub trait Authenticator: Send + Sync {
+    fn authenticate(&self, metadata: &MetadataMap) -> Result<Identity, AuthError>;
+}
+
+/// The bearer token of a request: exactly one `authorization: Bearer <token>` value.
+pub fn bearer_token(metadata: &MetadataMap) -> Result<&str, AuthError> {
+    let mut values = metadata.get_all("authorization").iter();
+    let Some(value) = values.next() else {
+        return Err(AuthError::Missing);
+    };
+    if values.next().is_some() {
+        return Err(AuthError::Malformed(
+            "authorization must have exactly one value",
+        ));
+    }
+    let value = value
+        .to_str()
+        .map_err(|_| AuthError::Malformed("authorization is not ASCII"))?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .ok_or(AuthError::Malformed(
+            "authorization must be `Bearer <token>`",
+        ))?
+        .trim();
+    if token.is_empty() {
+        return Err(AuthError::Malformed("empty bearer token"));
+    }
+    Ok(token)
+}
+
+/// Why a caller was refused.
+#[derive(Debug)]
+pub enum Refusal {
+    Unauthenticated(AuthError),
+    PermissionDenied(String),
+}
+
+impl Refusal {
+    pub fn into_status(self) -> Status {
+        match self {
+            Refusal::Unauthenticated(err) => Status::unauthenticated(err.to_string()),
+            Refusal::PermissionDenied(message) => Status::permission_denied(message),
+        }
+    }
+
+    pub fn metric_result(&self) -> &'static str {
+        match self {
+            Refusal::Unauthenticated(_) => "unauthenticated",
+            Refusal::PermissionDenied(_) => "denied",
+        }
+    }
+}
+
+/// Authentication and authorization as configured. Without an authenticator everyone is
+/// anonymous and allowed (the server then binds only to loopback unless told otherwise).
+#[derive(Clone, Default)]
+pub struct Policy {
+    authenticator: Option<Arc<dyn Authenticator>>,
+    /// Identities that may register in any namespace.
+    admins: Arc<BTreeSet<String>>,
+    /// Answer refusals with gRPC OK and `success: false`, for SDKs that only read `success`.
+    pub legacy_answers: bool,
+}
+
+impl Policy {
+    pub fn new(
+        authenticator: Option<Arc<dyn Authenticator>>,
+        admins: impl IntoIterator<Item = String>,
+        legacy_answers: bool,
+    ) -> Self {
+        Self {
+            authenticator,
+            admins: Arc::new(admins.into_iter().collect()),
+            legacy_answers,
+        }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.authenticator.is_some()
+    }
+
+    /// The caller's identity, `None` when authentication is off.
+    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Option<Identity>, Refusal> {
+        match &self.authenticator {
+            None => Ok(None),
+            Some(authenticator) => authenticator
+                .authenticate(metadata)
+                .map(Some)
+                .map_err(Refusal::Unauthenticated),
+        }
+    }
+
+    /// Whether `identity` may register in `namespace`.
+    pub fn authorize(&self, identity: Option<&Identity>, namespace: &str) -> Result<(), Refusal> {
+        let Some(identity) = identity else {
+            return Ok(());
+        };
+        if identity.namespace == namespace || self.admins.contains(&identity.name) {
+            return Ok(());
+        }
+        Err(Refusal::PermissionDenied(format!(
+            "namespace: {} may register only in namespace {:?}, not {namespace:?}",
+            identity.name, identity.namespace
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metadata(values: &[&str]) -> MetadataMap {
+        let mut map = MetadataMap::new();
+        for value in values {
+            if let Ok(value) = value.parse() {
+                map.append("authorization", value);
+            }
+        }
+        map
+    }
+
+    #[test]
+    fn bearer_tokens_are_parsed_strictly() {
+        assert_eq!(bearer_token(&metadata(&["Bearer abc"])), Ok("abc"));
+        assert_eq!(bearer_token(&metadata(&[])), Err(AuthError::Missing));
+        assert!(matches!(
+            bearer_token(&metadata(&["Basic abc"])),
+            Err(AuthError::Malformed(_))
+        ));
+        assert!(matches!(
+            bearer_token(&metadata(&["Bearer "])),
+            Err(AuthError::Malformed(_))
+        ));
+        assert!(matches!(
+            bearer_token(&metadata(&["Bearer a", "Bearer b"])),
+            Err(AuthError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn own_namespace_or_admin() {
+        let policy = Policy::new(None, ["root".to_string()], false);
+        let caller = Identity {
+            namespace: "a".into(),
+            name: "a/app".into(),
+        };
+        assert!(policy.authorize(Some(&caller), "a").is_ok());
+        assert!(matches!(
+            policy.authorize(Some(&caller), "b"),
+            Err(Refusal::PermissionDenied(_))
+        ));
+        let admin = Identity {
+            namespace: "ops".into(),
+            name: "root".into(),
+        };
+        assert!(policy.authorize(Some(&admin), "b").is_ok());
+        assert!(
+            policy.authorize(None, "b").is_ok(),
+            "authentication off: no identity, no check"
+        );
+    }
+}
