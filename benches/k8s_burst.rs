@@ -32,6 +32,10 @@ async fn main() -> anyhow::Result<()> {
             admin_addr: ([127, 0, 0, 1], 0).into(),
             data_dir: dir.path().to_path_buf(),
             mode: Mode::Kubernetes,
+            auth: dubbo_cp::config::AuthConfig {
+                token_review: Some(false),
+                ..Config::default().auth
+            },
             kubernetes: dubbo_cp::config::KubernetesConfig {
                 api_server: Some(api.url()),
                 ..Config::default().kubernetes

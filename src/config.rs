@@ -55,6 +55,23 @@ pub struct AuthConfig {
     pub admins: Vec<String>,
     /// Answer refusals with gRPC OK and `success: false` (old SDKs read only `success`).
     pub legacy_answers: bool,
+    /// Kubernetes mode: check bearer tokens with TokenReview (default: on in Kubernetes mode).
+    pub token_review: Option<bool>,
+    /// How long a positive TokenReview answer is reused.
+    pub cache_ttl: Duration,
+}
+
+impl Config {
+    /// Whether callers are authenticated: a token file, or TokenReview in Kubernetes mode.
+    pub fn authenticates(&self) -> bool {
+        self.auth.token_file.is_some() || self.uses_token_review()
+    }
+
+    pub fn uses_token_review(&self) -> bool {
+        self.auth.token_file.is_none()
+            && self.mode == Mode::Kubernetes
+            && self.auth.token_review != Some(false)
+    }
 }
 
 impl Default for AuthConfig {
@@ -64,6 +81,8 @@ impl Default for AuthConfig {
             reload_interval: Duration::from_secs(2),
             admins: Vec::new(),
             legacy_answers: false,
+            token_review: None,
+            cache_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -278,6 +297,14 @@ pub struct AuthSection {
     pub admins: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub legacy_answers: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_review: Option<bool>,
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cache_ttl: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -514,6 +541,8 @@ impl Config {
                     .legacy_answers
                     .or(auth.legacy_answers)
                     .unwrap_or(defaults.auth.legacy_answers),
+                token_review: auth.token_review,
+                cache_ttl: auth.cache_ttl.unwrap_or(defaults.auth.cache_ttl),
             },
             kubernetes: KubernetesConfig {
                 api_server: args.kube_api_server.clone().or(kubernetes.api_server),
@@ -597,6 +626,8 @@ impl Config {
                 reload_interval: Some(self.auth.reload_interval),
                 admins: Some(self.auth.admins.clone()),
                 legacy_answers: Some(self.auth.legacy_answers),
+                token_review: self.auth.token_review,
+                cache_ttl: Some(self.auth.cache_ttl),
             }),
             kubernetes: Some(KubernetesSection {
                 api_server: self.kubernetes.api_server.clone(),

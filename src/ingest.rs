@@ -108,7 +108,7 @@ impl Ingest {
     }
 
     async fn register(&self, request: Request<ServiceMappingRequest>) -> Counted {
-        let identity = match self.policy.authenticate(request.metadata()) {
+        let identity = match self.policy.authenticate(request.metadata()).await {
             Ok(identity) => identity,
             Err(refusal) => return self.refuse(refusal),
         };

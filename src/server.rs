@@ -12,8 +12,9 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::admin::{self, MappingSource, Readiness};
-use crate::auth::Policy;
+use crate::auth::tokenreview::TokenReviewer;
 use crate::auth::tokens::StaticTokens;
+use crate::auth::{Authenticator, Policy};
 use crate::config::Config;
 use crate::config::Mode;
 use crate::dds::{DdsStats, RuleService};
@@ -93,6 +94,10 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     let index = Arc::new(Index::new(store.opened_revision()));
     let metrics = Arc::new(Metrics::default());
 
+    let kube_client = match config.mode {
+        Mode::Kubernetes => Some(k8s::client(config.kubernetes.api_server.as_deref()).await?),
+        Mode::Standalone => None,
+    };
     let (debouncer, cluster_watch, kube_stats) = match cluster.clone() {
         None => {
             let objects = store
@@ -118,7 +123,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
             (debouncer, None, None)
         }
         Some(cluster) => {
-            let client = k8s::client(config.kubernetes.api_server.as_deref()).await?;
+            let client = kube_client
+                .clone()
+                .context("Kubernetes mode without a Kubernetes client")?;
             let cluster_watch = tokio::spawn({
                 let (client, index, shutdown) =
                     (client.clone(), index.clone(), shutdown_rx.clone());
@@ -175,7 +182,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RegistrationServer>().await;
 
-    let policy = auth_policy(&config, shutdown_rx.clone())?;
+    let policy = auth_policy(&config, kube_client.as_ref(), shutdown_rx.clone())?;
     let ingest = Ingest::new(
         store.clone(),
         &config.ingest,
@@ -258,14 +265,27 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     })
 }
 
-/// The authentication and authorization of the configuration; watches the token file.
-fn auth_policy(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<Policy> {
-    let Some(path) = &config.auth.token_file else {
-        return Ok(Policy::new(
-            None,
+/// The authentication and authorization of the configuration: a token file (watched for
+/// changes), TokenReview in Kubernetes mode, or none.
+fn auth_policy(
+    config: &Config,
+    kube_client: Option<&kube::Client>,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<Policy> {
+    let policy = |authenticator: Option<Arc<dyn Authenticator>>| {
+        Policy::new(
+            authenticator,
             config.auth.admins.clone(),
             config.auth.legacy_answers,
-        ));
+        )
+    };
+    if config.uses_token_review() {
+        let client = kube_client.context("TokenReview needs a Kubernetes client")?;
+        let reviewer = TokenReviewer::new(client.clone(), config.auth.cache_ttl);
+        return Ok(policy(Some(Arc::new(reviewer))));
+    }
+    let Some(path) = &config.auth.token_file else {
+        return Ok(policy(None));
     };
     let (tokens, modified) = StaticTokens::open(path)?;
     let reload = config.auth.reload_interval;
@@ -276,16 +296,12 @@ fn auth_policy(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow::
             () = signalled(&mut shutdown) => {}
         }
     });
-    Ok(Policy::new(
-        Some(tokens),
-        config.auth.admins.clone(),
-        config.auth.legacy_answers,
-    ))
+    Ok(policy(Some(tokens)))
 }
 
 /// Refuses to serve an unauthenticated control plane beyond loopback unless told to.
 fn check_bind_policy(config: &Config) -> anyhow::Result<()> {
-    if config.grpc_addr.ip().is_loopback() || config.auth.token_file.is_some() {
+    if config.grpc_addr.ip().is_loopback() || config.authenticates() {
         return Ok(());
     }
     if !config.insecure_allow_unauthenticated {

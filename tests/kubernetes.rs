@@ -17,6 +17,8 @@ fn k8s_config(dir: &std::path::Path, api: &ApiServer) -> Config {
     config.mode = Mode::Kubernetes;
     config.kubernetes.api_server = Some(api.url());
     config.shutdown_grace = Duration::from_secs(2);
+    // These tests are about storage; authentication has its own (tests/tokenreview.rs).
+    config.auth.token_review = Some(false);
     config
 }
 
@@ -169,8 +171,7 @@ async fn conflicts_and_server_errors_are_retried_until_written() {
     let stats = server.kube_stats.clone().unwrap_or_default();
     assert!(stats.conflicts.load(Ordering::Relaxed) >= 2);
 
-    // 429 with Retry-After: the write waits as told, then lands. (kube's client retries 429s
-    // itself, honouring the header; the writer's own 429 handling is the fallback.)
+    // 429 with Retry-After: the write waits as told, then lands.
     api.throttle_next_requests(1, 2);
     let throttled = std::time::Instant::now();
     register(&server, "demo", "app", &["K"]).await;
@@ -197,6 +198,10 @@ async fn conflicts_and_server_errors_are_retried_until_written() {
     );
     assert!(
         metrics.contains("dubbo_cp_kube_errors_total{code=\"409\"} 2\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("dubbo_cp_kube_errors_total{code=\"429\"} 1\n"),
         "{metrics}"
     );
     assert!(server.stop().await.is_ok());

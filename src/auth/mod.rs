@@ -5,6 +5,7 @@
 //! and how refusals are answered: as gRPC status codes, or the legacy way (OK with
 //! `success: false`) for old SDKs that only read `success`.
 
+pub mod tokenreview;
 pub mod tokens;
 
 use std::collections::BTreeSet;
@@ -30,11 +31,19 @@ pub enum AuthError {
     Malformed(&'static str),
     #[error("invalid token")]
     InvalidToken,
+    #[error("token rejected: {0}")]
+    Rejected(String),
+    #[error("{0}")]
+    Unsupported(&'static str),
+    /// The authenticator could not decide (e.g. the API server is unreachable): retryable.
+    #[error("cannot check the token now: {0}")]
+    Unavailable(String),
 }
 
 /// Turns request metadata into an identity.
+#[tonic::async_trait]
 pub trait Authenticator: Send + Sync {
-    fn authenticate(&self, metadata: &MetadataMap) -> Result<Identity, AuthError>;
+    async fn authenticate(&self, metadata: &MetadataMap) -> Result<Identity, AuthError>;
 }
 
 /// The bearer token of a request: exactly one `authorization: Bearer <token>` value.
@@ -73,6 +82,9 @@ pub enum Refusal {
 impl Refusal {
     pub fn into_status(self) -> Status {
         match self {
+            Refusal::Unauthenticated(AuthError::Unavailable(reason)) => {
+                Status::unavailable(format!("cannot check the token now: {reason}"))
+            }
             Refusal::Unauthenticated(err) => Status::unauthenticated(err.to_string()),
             Refusal::PermissionDenied(message) => Status::permission_denied(message),
         }
@@ -80,6 +92,7 @@ impl Refusal {
 
     pub fn metric_result(&self) -> &'static str {
         match self {
+            Refusal::Unauthenticated(AuthError::Unavailable(_)) => "unavailable",
             Refusal::Unauthenticated(_) => "unauthenticated",
             Refusal::PermissionDenied(_) => "denied",
         }
@@ -115,11 +128,12 @@ impl Policy {
     }
 
     /// The caller's identity, `None` when authentication is off.
-    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Option<Identity>, Refusal> {
+    pub async fn authenticate(&self, metadata: &MetadataMap) -> Result<Option<Identity>, Refusal> {
         match &self.authenticator {
             None => Ok(None),
             Some(authenticator) => authenticator
                 .authenticate(metadata)
+                .await
                 .map(Some)
                 .map_err(Refusal::Unauthenticated),
         }

@@ -121,8 +121,9 @@ impl StaticTokens {
     }
 }
 
+#[tonic::async_trait]
 impl Authenticator for StaticTokens {
-    fn authenticate(&self, metadata: &MetadataMap) -> Result<Identity, AuthError> {
+    async fn authenticate(&self, metadata: &MetadataMap) -> Result<Identity, AuthError> {
         let token = bearer_token(metadata)?;
         let tokens = self
             .tokens

@@ -10,6 +10,7 @@ pub mod stream;
 pub mod wire;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::task::{Context, Poll};
@@ -127,7 +128,7 @@ impl RuleService {
     }
 
     /// Admits a new stream and starts its task, or says why not.
-    fn observe(&self, request: http::Request<Body>) -> Result<ObserveBody, Status> {
+    async fn observe(&self, request: http::Request<Body>) -> Result<ObserveBody, Status> {
         if !self.index.is_loaded() {
             return Err(Status::unavailable(
                 "initial state not loaded yet; retry shortly",
@@ -139,7 +140,7 @@ impl RuleService {
             ));
         }
         let metadata = tonic::metadata::MetadataMap::from_headers(request.headers().clone());
-        if let Err(refusal) = self.policy.authenticate(&metadata) {
+        if let Err(refusal) = self.policy.authenticate(&metadata).await {
             self.metrics.rejected("unauthenticated_stream");
             return Err(refusal.into_status());
         }
@@ -206,27 +207,32 @@ impl RuleService {
 impl tower::Service<http::Request<Body>> for RuleService {
     type Response = http::Response<Body>;
     type Error = Infallible;
-    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+    type Future = std::pin::Pin<
+        Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send + 'static>,
+    >;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if request.uri().path() != OBSERVE_PATH {
-            return std::future::ready(Ok(Status::unimplemented("").into_http()));
-        }
-        let response = match self.observe(request) {
-            Ok(body) => {
-                let mut response = http::Response::new(Body::new(body));
-                response.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/grpc"),
-                );
-                response
+        let service = self.clone();
+        Box::pin(async move {
+            if request.uri().path() != OBSERVE_PATH {
+                return Ok(Status::unimplemented("").into_http());
             }
-            Err(status) => status.into_http(),
-        };
-        std::future::ready(Ok(response))
+            let response = match service.observe(request).await {
+                Ok(body) => {
+                    let mut response = http::Response::new(Body::new(body));
+                    response.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/grpc"),
+                    );
+                    response
+                }
+                Err(status) => status.into_http(),
+            };
+            Ok(response)
+        })
     }
 }

@@ -9,17 +9,22 @@ pub use crd::{ServiceNameMapping, ServiceNameMappingSpec};
 
 /// A client for the API server at `api_server`, or from the usual places (`KUBECONFIG`,
 /// `~/.kube/config`, the in-cluster service account) when it is `None`.
+///
+/// kube's own retry layer is off: it would retry 429/503/504 for minutes inside one call,
+/// hiding outages from our capped, jittered, metered retries and stalling authentication.
 pub async fn client(api_server: Option<&str>) -> anyhow::Result<kube::Client> {
     use anyhow::Context;
-    match api_server {
+    let mut config = match api_server {
         Some(url) => {
             let uri: http::Uri = url
                 .parse()
                 .with_context(|| format!("invalid API server URL {url}"))?;
-            Ok(kube::Client::try_from(kube::Config::new(uri))?)
+            kube::Config::new(uri)
         }
-        None => kube::Client::try_default().await.context(
+        None => kube::Config::infer().await.context(
             "no Kubernetes configuration found (KUBECONFIG, ~/.kube/config or in-cluster)",
-        ),
-    }
+        )?,
+    };
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
 }

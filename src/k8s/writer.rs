@@ -171,8 +171,8 @@ impl KubeWriter {
                 }
                 Err(AttemptError::Kube(kube::Error::Api(status))) if status.code == 429 => {
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    // kube's client already retried this 429, honouring Retry-After; it is still
-                    // throttled, so wait as the server says (Status.details.retryAfterSeconds).
+                    // Wait as the server says (Status.details.retryAfterSeconds, which the API
+                    // server sets beside the Retry-After header).
                     let retry_after = status
                         .details
                         .as_ref()

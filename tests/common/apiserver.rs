@@ -41,6 +41,9 @@ struct Inner {
     requests: u64,
     /// Watches answered with 410 Gone.
     gone: u64,
+    /// TokenReview: token -> (username, audiences it is valid for).
+    tokens: BTreeMap<String, (String, Vec<String>)>,
+    token_reviews: u64,
 }
 
 struct Shared {
@@ -197,6 +200,18 @@ impl ApiServer {
         self.lock().write_times.clone()
     }
 
+    /// Makes `token` authenticate as `username` for `audiences` (empty: the API server's).
+    pub fn add_token(&self, token: &str, username: &str, audiences: &[&str]) {
+        let audiences = audiences.iter().map(|a| a.to_string()).collect();
+        self.lock()
+            .tokens
+            .insert(token.to_owned(), (username.to_owned(), audiences));
+    }
+
+    pub fn token_reviews(&self) -> u64 {
+        self.lock().token_reviews
+    }
+
     pub fn gone_served(&self) -> u64 {
         self.lock().gone
     }
@@ -321,6 +336,9 @@ async fn handle(
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
+    if method == Method::POST && uri.path() == "/apis/authentication.k8s.io/v1/tokenreviews" {
+        return token_review(&server, &body);
+    }
     let Some(rest) = uri.path().strip_prefix(GROUP_PATH) else {
         return status(404, "NotFound", "unknown path");
     };
@@ -354,6 +372,40 @@ async fn handle(
         }
         _ => status(405, "MethodNotAllowed", "not supported by the fixture"),
     }
+}
+
+/// Answers a TokenReview like the API server: authenticated only for a known token and, when
+/// audiences are asked for, only if the token is valid for one of them.
+fn token_review(server: &ApiServer, body: &Bytes) -> Response {
+    let Ok(review) = serde_json::from_slice::<Value>(body) else {
+        return status(400, "BadRequest", "invalid JSON");
+    };
+    let token = review["spec"]["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let wanted: Vec<String> =
+        serde_json::from_value(review["spec"]["audiences"].clone()).unwrap_or_default();
+    let mut inner = server.lock();
+    inner.token_reviews += 1;
+    let answer = match inner.tokens.get(&token) {
+        None => json!({"authenticated": false, "error": "invalid bearer token"}),
+        Some((username, valid_for)) => {
+            let granted: Vec<&String> = wanted.iter().filter(|a| valid_for.contains(a)).collect();
+            if !wanted.is_empty() && granted.is_empty() {
+                json!({"authenticated": false, "error": "token audiences do not match"})
+            } else {
+                json!({"authenticated": true, "user": {"username": username}, "audiences": granted})
+            }
+        }
+    };
+    json_response(
+        StatusCode::CREATED,
+        &json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "metadata": {}, "spec": review["spec"].clone(), "status": answer,
+        }),
+    )
 }
 
 fn write_allowed(inner: &mut Inner) -> Option<Response> {
