@@ -21,11 +21,14 @@ const MAX_CACHED: usize = 10_000;
 /// Longest wait for a TokenReview; a caller is told to retry rather than hang.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A token and the audience it was reviewed for.
+type ReviewKey = (String, Option<&'static str>);
+
 pub struct TokenReviewer {
     client: kube::Client,
     ttl: Duration,
     /// (token, audience) -> identity and when it was confirmed.
-    cache: Mutex<HashMap<(String, Option<&'static str>), (Identity, Instant)>>,
+    cache: Mutex<HashMap<ReviewKey, (Identity, Instant)>>,
 }
 
 impl TokenReviewer {
@@ -37,7 +40,7 @@ impl TokenReviewer {
         }
     }
 
-    fn cached(&self, key: &(String, Option<&'static str>)) -> Option<Identity> {
+    fn cached(&self, key: &ReviewKey) -> Option<Identity> {
         let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         cache
             .get(key)
@@ -45,7 +48,7 @@ impl TokenReviewer {
             .map(|(identity, _)| identity.clone())
     }
 
-    fn remember(&self, key: (String, Option<&'static str>), identity: Identity) {
+    fn remember(&self, key: ReviewKey, identity: Identity) {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= MAX_CACHED {
             cache.clear();
