@@ -20,6 +20,8 @@ pub mod cli;
 pub mod config;
 pub mod dds;
 pub mod debounce;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod index;
 pub mod ingest;
 pub mod k8s;

@@ -1,0 +1,134 @@
+//! Harnesses shared by the fuzz targets (`fuzz/`) and the test that replays their committed
+//! corpus (`tests/fuzz_corpus.rs`). Each takes arbitrary bytes and panics only when an invariant
+//! breaks; malformed input must come back as an error, never a panic.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use prost::Message;
+
+use crate::dds::wire::ObserveResponse;
+use crate::debounce::{self, Batch, DebounceConfig, Merge};
+use crate::index::Kind;
+use crate::mapping::{MAX_INTERFACES_PER_REQUEST, validate_registration};
+use crate::pb::dds::ObserveRequest;
+use crate::pb::snp::ServiceMappingRequest;
+
+/// Decoding and validating a registration: a valid one satisfies every rule it promises.
+pub fn registration(data: &[u8]) {
+    let Ok(request) = ServiceMappingRequest::decode(data) else {
+        return;
+    };
+    match validate_registration(
+        &request.namespace,
+        &request.application_name,
+        &request.interface_names,
+    ) {
+        Ok(registration) => {
+            assert!(!registration.interfaces.is_empty());
+            assert!(registration.interfaces.len() <= MAX_INTERFACES_PER_REQUEST);
+            assert!(
+                registration
+                    .interfaces
+                    .iter()
+                    .all(|i| !i.is_empty() && !i.chars().any(char::is_whitespace))
+            );
+            assert!(!registration.application.contains(','));
+            let requested: BTreeSet<&String> = request.interface_names.iter().collect();
+            assert_eq!(
+                requested.len(),
+                registration.interfaces.len(),
+                "duplicates must collapse, nothing else"
+            );
+        }
+        Err(err) => assert!(!err.field.is_empty(), "an error must name its field"),
+    }
+}
+
+/// Decoding what a data-plane client sends, and our hand-written response encoding: a decoded
+/// response re-encodes to bytes that decode to the same message.
+pub fn observe(data: &[u8]) {
+    if let Ok(request) = ObserveRequest::decode(data) {
+        let _ = Kind::from_type_name(&request.r#type);
+    }
+    if let Ok(response) = ObserveResponse::decode(data) {
+        let encoded = response.encode_to_vec();
+        assert_eq!(encoded.len(), response.encoded_len());
+        let again = ObserveResponse::decode(encoded.as_slice());
+        assert_eq!(
+            again.ok().as_ref(),
+            Some(&response),
+            "re-encoding changed the message"
+        );
+        let _ = response.data.decode();
+    }
+}
+
+#[derive(Debug, Default)]
+struct Values(BTreeSet<u8>);
+
+impl Merge for Values {
+    fn merge(&mut self, other: Self) {
+        self.0.extend(other.0);
+    }
+}
+
+/// The debounce loop driven by bytes: pairs of (delay before the event in ms, value); flushes
+/// take a duration from the input too. Invariants: every event sent ends up in some flush (the
+/// union is complete) and at most one flush is ever in flight.
+pub fn debounce(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let config = DebounceConfig {
+        after: Duration::from_millis(u64::from(mode % 7) * 30),
+        max: Duration::from_millis(u64::from(mode % 5 + 1) * 200),
+        enable: mode % 11 != 0,
+    };
+    let flush_time = Duration::from_millis(u64::from(mode / 8));
+    let events: Vec<(u8, u8)> = rest
+        .chunks_exact(2)
+        .map(|pair| (pair[0], pair[1]))
+        .collect();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => panic!("no runtime: {err}"),
+    };
+    runtime.block_on(async move {
+        let (tx, rx) = tokio::sync::mpsc::channel(events.len().max(1));
+        let flushed = std::sync::Arc::new(std::sync::Mutex::new((BTreeSet::new(), 0usize, 0usize)));
+        let record = flushed.clone();
+        let task = tokio::spawn(debounce::run(config, rx, move |batch: Batch<Values>| {
+            let record = record.clone();
+            async move {
+                {
+                    let mut state = record.lock().unwrap_or_else(|e| e.into_inner());
+                    state.1 += 1;
+                    state.2 = state.2.max(state.1);
+                    state.0.extend(batch.value.0);
+                }
+                tokio::time::sleep(flush_time).await;
+                record.lock().unwrap_or_else(|e| e.into_inner()).1 -= 1;
+            }
+        }));
+        let mut sent = BTreeSet::new();
+        for (delay, value) in events {
+            tokio::time::sleep(Duration::from_millis(u64::from(delay))).await;
+            if tx.send(Values(BTreeSet::from([value]))).await.is_ok() {
+                sent.insert(value);
+            }
+        }
+        drop(tx);
+        assert!(task.await.is_ok(), "the debouncer panicked");
+        let state = flushed.lock().unwrap_or_else(|e| e.into_inner());
+        assert_eq!(
+            state.0, sent,
+            "an accepted event is missing from the flushed union"
+        );
+        assert!(state.2 <= 1, "{} flushes ran at once", state.2);
+    });
+}

@@ -1,0 +1,33 @@
+//! Replays the committed fuzz seeds (fuzz/seeds/<target>/) through the same harnesses the fuzz
+//! targets run, so CI checks them without a fuzzer.
+
+use std::path::Path;
+
+fn replay(target: &str, harness: fn(&[u8])) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/seeds")
+        .join(target);
+    let mut count = 0;
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap_or_else(|e| panic!("{e}")).path();
+        let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        harness(&data);
+        count += 1;
+    }
+    assert!(count > 0, "no seeds in {}", dir.display());
+}
+
+#[test]
+fn registration_seeds() {
+    replay("registration", dubbo_cp::fuzzing::registration);
+}
+
+#[test]
+fn observe_seeds() {
+    replay("observe", dubbo_cp::fuzzing::observe);
+}
+
+#[test]
+fn debounce_seeds() {
+    replay("debounce", dubbo_cp::fuzzing::debounce);
+}
