@@ -34,6 +34,7 @@ pub struct Config {
     /// Where mappings live: the embedded store, or ServiceNameMapping objects in Kubernetes.
     pub mode: Mode,
     pub auth: AuthConfig,
+    pub tls: TlsConfig,
     pub kubernetes: KubernetesConfig,
 }
 
@@ -43,6 +44,30 @@ pub enum Mode {
     #[default]
     Standalone,
     Kubernetes,
+}
+
+/// The TLS gRPC port; on when a certificate and key are given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsConfig {
+    pub addr: SocketAddr,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// CA that signs client certificates; with it, clients may present one (SPIFFE identity).
+    pub client_ca_file: Option<PathBuf>,
+    /// Expected SPIFFE trust domain of client certificates (any when unset).
+    pub trust_domain: Option<String>,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 30062)),
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+            trust_domain: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -163,6 +188,7 @@ impl Default for Config {
             insecure_allow_unauthenticated: false,
             mode: Mode::Standalone,
             auth: AuthConfig::default(),
+            tls: TlsConfig::default(),
             kubernetes: KubernetesConfig {
                 api_server: None,
                 writer: crate::k8s::writer::WriterConfig::default(),
@@ -220,6 +246,8 @@ pub struct FileConfig {
     pub mode: Option<Mode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AuthSection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesSection>,
 }
@@ -280,6 +308,21 @@ pub struct IngestSection {
     pub rate_per_caller: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub burst_per_caller: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsSection {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addr: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_ca_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trust_domain: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -403,6 +446,18 @@ pub struct ServeArgs {
     /// Serve on a non-loopback address without authentication (logged loudly).
     #[arg(long, env = "DUBBO_CP_INSECURE_ALLOW_UNAUTHENTICATED", action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub insecure_allow_unauthenticated: Option<bool>,
+    /// Address of the TLS gRPC port [default: 127.0.0.1:30062]; served when a certificate is set.
+    #[arg(long, env = "DUBBO_CP_TLS_ADDR")]
+    pub tls_addr: Option<SocketAddr>,
+    /// PEM certificate (chain) of the TLS port.
+    #[arg(long, env = "DUBBO_CP_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the TLS port.
+    #[arg(long, env = "DUBBO_CP_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA of client certificates (their SPIFFE URI SAN is the caller's identity).
+    #[arg(long, env = "DUBBO_CP_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
     /// Static token file: authenticates callers (standalone) and allows non-loopback addresses.
     #[arg(long, env = "DUBBO_CP_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
@@ -443,6 +498,7 @@ impl Config {
         let grpc = file.grpc.unwrap_or_default();
         let kubernetes = file.kubernetes.unwrap_or_default();
         let auth = file.auth.unwrap_or_default();
+        let tls = file.tls.unwrap_or_default();
         let config = Config {
             grpc_addr: args
                 .grpc_addr
@@ -531,6 +587,13 @@ impl Config {
                 .or(file.insecure_allow_unauthenticated)
                 .unwrap_or(defaults.insecure_allow_unauthenticated),
             mode: args.mode.or(file.mode).unwrap_or(defaults.mode),
+            tls: TlsConfig {
+                addr: args.tls_addr.or(tls.addr).unwrap_or(defaults.tls.addr),
+                cert_file: args.tls_cert.clone().or(tls.cert_file),
+                key_file: args.tls_key.clone().or(tls.key_file),
+                client_ca_file: args.tls_client_ca.clone().or(tls.client_ca_file),
+                trust_domain: tls.trust_domain,
+            },
             auth: AuthConfig {
                 token_file: args.token_file.clone().or(auth.token_file),
                 reload_interval: auth
@@ -621,6 +684,13 @@ impl Config {
             shutdown_grace: Some(self.shutdown_grace),
             insecure_allow_unauthenticated: Some(self.insecure_allow_unauthenticated),
             mode: Some(self.mode),
+            tls: Some(TlsSection {
+                addr: Some(self.tls.addr),
+                cert_file: self.tls.cert_file.clone(),
+                key_file: self.tls.key_file.clone(),
+                client_ca_file: self.tls.client_ca_file.clone(),
+                trust_domain: self.tls.trust_domain.clone(),
+            }),
             auth: Some(AuthSection {
                 token_file: self.auth.token_file.clone(),
                 reload_interval: Some(self.auth.reload_interval),

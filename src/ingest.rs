@@ -108,7 +108,14 @@ impl Ingest {
     }
 
     async fn register(&self, request: Request<ServiceMappingRequest>) -> Counted {
-        let identity = match self.policy.authenticate(request.metadata()).await {
+        let certificates: Option<Vec<Vec<u8>>> = request
+            .peer_certs()
+            .map(|certs| certs.iter().map(|cert| cert.as_ref().to_vec()).collect());
+        let identity = match self
+            .policy
+            .authenticate(request.metadata(), certificates.as_deref())
+            .await
+        {
             Ok(identity) => identity,
             Err(refusal) => return self.refuse(refusal),
         };

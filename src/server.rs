@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::admin::{self, MappingSource, Readiness};
 use crate::auth::tokenreview::TokenReviewer;
@@ -42,6 +43,8 @@ const CHANGE_FEED_CAPACITY: usize = 1024;
 /// A started control plane. Dropping it does not stop it; call [`RunningServer::shutdown`].
 pub struct RunningServer {
     pub grpc_addr: SocketAddr,
+    /// The TLS gRPC port, when configured.
+    pub tls_addr: Option<SocketAddr>,
     pub admin_addr: SocketAddr,
     pub store: EmbeddedStore,
     pub index: Arc<Index>,
@@ -197,7 +200,30 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         shutdown_rx.clone(),
     );
     let dds_stats = rules.stats();
-    let grpc_serve = grpc_router(&config, ingest, rules, health_service)?
+    // The TLS port serves the same services; its clients may present SPIFFE certificates.
+    let (tls_addr, grpc_tls) = match tls_settings(&config)? {
+        None => (None, None),
+        Some(tls) => {
+            let listener = TcpListener::bind(config.tls.addr)
+                .await
+                .with_context(|| format!("cannot bind the TLS gRPC port {}", config.tls.addr))?;
+            let addr = listener.local_addr()?;
+            let serve = grpc_router(
+                &config,
+                Some(tls),
+                ingest.clone(),
+                rules.clone(),
+                health_service.clone(),
+            )?
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(listener),
+                wait_for_shutdown(shutdown_rx.clone()),
+            );
+            let task = tokio::spawn(async move { serve.await.context("TLS gRPC server failed") });
+            (Some(addr), Some(task))
+        }
+    };
+    let grpc_serve = grpc_router(&config, None, ingest, rules, health_service)?
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc_listener),
             wait_for_shutdown(shutdown_rx.clone()),
@@ -226,7 +252,10 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     .with_graceful_shutdown(wait_for_shutdown(shutdown_rx.clone()));
     let admin = tokio::spawn(async move { admin_serve.await.context("admin server failed") });
     readiness.set(true);
-    tracing::info!(%grpc_addr, %admin_addr, "dubbo-cp serving");
+    match tls_addr {
+        Some(tls_addr) => tracing::info!(%grpc_addr, %tls_addr, %admin_addr, "dubbo-cp serving"),
+        None => tracing::info!(%grpc_addr, %admin_addr, "dubbo-cp serving"),
+    }
 
     let task = tokio::spawn({
         let readiness = readiness.clone();
@@ -237,6 +266,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
             readiness.set(false);
             health.set_not_serving::<RegistrationServer>().await;
             finish_within(grace, "gRPC server", grpc).await;
+            if let Some(grpc_tls) = grpc_tls {
+                finish_within(grace, "TLS gRPC server", grpc_tls).await;
+            }
             if let Some(cluster_watch) = cluster_watch {
                 finish_within(grace, "ServiceNameMapping watch", cluster_watch).await;
             }
@@ -254,6 +286,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
 
     Ok(RunningServer {
         grpc_addr,
+        tls_addr,
         admin_addr,
         store,
         index,
@@ -301,7 +334,8 @@ fn auth_policy(
 
 /// Refuses to serve an unauthenticated control plane beyond loopback unless told to.
 fn check_bind_policy(config: &Config) -> anyhow::Result<()> {
-    if config.grpc_addr.ip().is_loopback() || config.authenticates() {
+    let tls_exposed = config.tls.cert_file.is_some() && !config.tls.addr.ip().is_loopback();
+    if (config.grpc_addr.ip().is_loopback() && !tls_exposed) || config.authenticates() {
         return Ok(());
     }
     if !config.insecure_allow_unauthenticated {
@@ -319,8 +353,26 @@ fn check_bind_policy(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The TLS port's settings from the certificate, key and optional client CA files.
+fn tls_settings(config: &Config) -> anyhow::Result<Option<ServerTlsConfig>> {
+    let (Some(cert), Some(key)) = (&config.tls.cert_file, &config.tls.key_file) else {
+        return Ok(None);
+    };
+    let read = |path: &std::path::PathBuf| {
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+    if let Some(ca) = &config.tls.client_ca_file {
+        tls = tls
+            .client_ca_root(Certificate::from_pem(read(ca)?))
+            .client_auth_optional(true);
+    }
+    Ok(Some(tls))
+}
+
 fn grpc_router(
     config: &Config,
+    tls: Option<ServerTlsConfig>,
     ingest: Ingest,
     rules: RuleService,
     health: tonic_health::pb::health_server::HealthServer<
@@ -344,7 +396,11 @@ fn grpc_router(
         pb::dubbo::networking::v1alpha1::service_name_mapping_service_server::ServiceNameMappingServiceServer::new(ingest)
             .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
     let grpc = &config.grpc;
-    Ok(tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    Ok(builder
         // Detect dead peers: long-lived streams would otherwise pin memory forever.
         .http2_keepalive_interval(Some(grpc.keepalive_interval))
         .http2_keepalive_timeout(Some(grpc.keepalive_timeout))

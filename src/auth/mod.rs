@@ -5,6 +5,7 @@
 //! and how refusals are answered: as gRPC status codes, or the legacy way (OK with
 //! `success: false`) for old SDKs that only read `success`.
 
+pub mod spiffe;
 pub mod tokenreview;
 pub mod tokens;
 
@@ -108,6 +109,8 @@ pub struct Policy {
     admins: Arc<BTreeSet<String>>,
     /// Answer refusals with gRPC OK and `success: false`, for SDKs that only read `success`.
     pub legacy_answers: bool,
+    /// Expected trust domain of SPIFFE IDs in client certificates (any when `None`).
+    trust_domain: Option<Arc<str>>,
 }
 
 impl Policy {
@@ -120,15 +123,34 @@ impl Policy {
             authenticator,
             admins: Arc::new(admins.into_iter().collect()),
             legacy_answers,
+            trust_domain: None,
         }
+    }
+
+    pub fn with_trust_domain(mut self, trust_domain: Option<String>) -> Self {
+        self.trust_domain = trust_domain.map(Into::into);
+        self
     }
 
     pub fn is_enabled(&self) -> bool {
         self.authenticator.is_some()
     }
 
-    /// The caller's identity, `None` when authentication is off.
-    pub async fn authenticate(&self, metadata: &MetadataMap) -> Result<Option<Identity>, Refusal> {
+    /// The caller's identity: the SPIFFE ID of its client certificate (TLS port), else its
+    /// bearer token; `None` when authentication is off and no certificate names it.
+    pub async fn authenticate(
+        &self,
+        metadata: &MetadataMap,
+        peer_certificates: Option<&[Vec<u8>]>,
+    ) -> Result<Option<Identity>, Refusal> {
+        if let Some(leaf) = peer_certificates.and_then(|certs| certs.first()) {
+            let from_certificate =
+                spiffe::identity_from_certificate(leaf, self.trust_domain.as_deref())
+                    .map_err(Refusal::Unauthenticated)?;
+            if let Some(identity) = from_certificate {
+                return Ok(Some(identity));
+            }
+        }
         match &self.authenticator {
             None => Ok(None),
             Some(authenticator) => authenticator

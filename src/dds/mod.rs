@@ -21,6 +21,7 @@ use tonic::Status;
 use tonic::body::Body;
 use tonic::codec::{BufferSettings, Streaming};
 use tonic::server::NamedService;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use crate::auth::Policy;
 use crate::index::Index;
@@ -140,7 +141,16 @@ impl RuleService {
             ));
         }
         let metadata = tonic::metadata::MetadataMap::from_headers(request.headers().clone());
-        if let Err(refusal) = self.policy.authenticate(&metadata).await {
+        let certificates: Option<Vec<Vec<u8>>> = request
+            .extensions()
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .and_then(|info| info.peer_certs())
+            .map(|certs| certs.iter().map(|cert| cert.as_ref().to_vec()).collect());
+        if let Err(refusal) = self
+            .policy
+            .authenticate(&metadata, certificates.as_deref())
+            .await
+        {
             self.metrics.rejected("unauthenticated_stream");
             return Err(refusal.into_status());
         }
@@ -168,8 +178,12 @@ impl RuleService {
         }
         let peer = request
             .extensions()
-            .get::<tonic::transport::server::TcpConnectInfo>()
-            .and_then(|info| info.remote_addr());
+            .get::<TcpConnectInfo>()
+            .and_then(|info| info.remote_addr())
+            .or_else(|| {
+                let tls = request.extensions().get::<TlsConnectInfo<TcpConnectInfo>>();
+                tls.and_then(|info| info.get_ref().remote_addr())
+            });
         let decoder = tonic_prost::ProstCodec::<ObserveResponse, ObserveRequest>::raw_decoder(
             BufferSettings::new(REQUEST_BUFFER_BYTES, MAX_REQUEST_BYTES),
         );
