@@ -135,6 +135,10 @@ impl Ingest {
             .as_ref()
             .map(|i| i.name.clone())
             .unwrap_or_default();
+        let pod = identity
+            .as_ref()
+            .and_then(|i| i.pod.clone())
+            .unwrap_or_default();
         let request = request.into_inner();
         let registration = match validate_registration(
             &request.namespace,
@@ -175,7 +179,7 @@ impl Ingest {
         let (message, label) = match outcome {
             RegisterOutcome::AlreadyStored => (ALREADY_REGISTERED.to_owned(), "already_registered"),
             RegisterOutcome::Stored { added } => {
-                tracing::info!(%namespace, %application, interfaces, added, caller, "registration stored");
+                tracing::info!(%namespace, %application, interfaces, added, caller, pod, "registration stored");
                 (
                     format!("registered {added} new interface mapping(s)"),
                     "stored",

@@ -363,3 +363,35 @@ async fn other_methods_of_the_rule_service_are_unimplemented() {
     assert_eq!(result.err().map(|s| s.code()), Some(Code::Unimplemented));
     assert!(server.stop().await.is_ok());
 }
+
+#[tokio::test]
+async fn streams_per_connection_are_bounded_and_the_next_waits_for_a_slot() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mut config = fast_config(dir.path());
+    config.grpc.max_concurrent_streams = 2;
+    let server = start(config).await;
+    let connection = channel(server.grpc_addr).await;
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut observer = Observer::connect(connection.clone())
+            .await
+            .unwrap_or_else(|s| panic!("{s}"));
+        observer.subscribe(SNP_TYPE).await;
+        let _ = observer.next().await;
+        open.push(observer);
+    }
+    // The server advertises two streams per connection: a third waits, it is not accepted.
+    let third = tokio::spawn(Observer::connect(connection.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !third.is_finished(),
+        "a third stream was opened on a two-stream connection"
+    );
+    drop(open.pop());
+    let third = tokio::time::timeout(Duration::from_secs(5), third).await;
+    assert!(
+        matches!(third, Ok(Ok(Ok(_)))),
+        "the waiting stream did not get the freed slot"
+    );
+    assert!(server.stop().await.is_ok());
+}

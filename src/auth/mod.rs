@@ -22,6 +22,8 @@ pub struct Identity {
     pub namespace: String,
     /// A stable name for logs, rate limits and the admin list (e.g. `ns/service-account`).
     pub name: String,
+    /// The pod a Kubernetes token is bound to, when it is.
+    pub pod: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -214,6 +216,7 @@ mod tests {
         let caller = Identity {
             namespace: "a".into(),
             name: "a/app".into(),
+            pod: None,
         };
         assert!(policy.authorize(Some(&caller), "a").is_ok());
         assert!(matches!(
@@ -223,6 +226,7 @@ mod tests {
         let admin = Identity {
             namespace: "ops".into(),
             name: "root".into(),
+            pod: None,
         };
         assert!(policy.authorize(Some(&admin), "b").is_ok());
         assert!(

@@ -58,6 +58,7 @@ fn parse_spiffe_id(id: &str, trust_domain: Option<&str>) -> Result<Identity, Aut
             Ok(Identity {
                 namespace: namespace.to_owned(),
                 name: format!("{namespace}/{account}"),
+                pod: None,
             })
         }
         _ => Err(malformed()),

@@ -67,6 +67,7 @@ fn service_account(username: &str) -> Option<Identity> {
     Some(Identity {
         namespace: namespace.to_owned(),
         name: format!("{namespace}/{name}"),
+        pod: None,
     })
 }
 

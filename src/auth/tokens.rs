@@ -76,6 +76,7 @@ fn load(path: &Path) -> Result<(Tokens, Option<SystemTime>), TokenFileError> {
         let identity = Identity {
             namespace: entry.namespace,
             name,
+            pod: None,
         };
         if tokens.insert(entry.token, identity).is_some() {
             return Err(invalid(format!("tokens[{position}].token appears twice")));

@@ -395,7 +395,10 @@ fn token_review(server: &ApiServer, body: &Bytes) -> Response {
             if !wanted.is_empty() && granted.is_empty() {
                 json!({"authenticated": false, "error": "token audiences do not match"})
             } else {
-                json!({"authenticated": true, "user": {"username": username}, "audiences": granted})
+                json!({"authenticated": true, "audiences": granted, "user": {
+                    "username": username,
+                    "extra": {"authentication.kubernetes.io/pod-name": ["provider-7d9f"]},
+                }})
             }
         }
     };
