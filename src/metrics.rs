@@ -258,3 +258,58 @@ pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
     prometheus_client::encoding::text::encode(&mut text, registry)?;
     Ok(text)
 }
+
+/// Counts requests the transport refused for their size: tonic answers them itself with
+/// `OUT_OF_RANGE` before any handler runs, so this layer reads the status on the way out.
+#[derive(Clone)]
+pub struct CountOversize<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> CountOversize<S> {
+    pub fn layer(
+        metrics: Arc<Metrics>,
+    ) -> impl tower::Layer<S, Service = CountOversize<S>> + Clone {
+        tower::layer::layer_fn(move |inner| CountOversize {
+            inner,
+            metrics: metrics.clone(),
+        })
+    }
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for CountOversize<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let call = self.inner.call(request);
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let response = call.await?;
+            let out_of_range = i32::from(tonic::Code::OutOfRange).to_string();
+            if response
+                .headers()
+                .get("grpc-status")
+                .is_some_and(|status| status.as_bytes() == out_of_range.as_bytes())
+            {
+                metrics.rejected("message_size");
+            }
+            Ok(response)
+        })
+    }
+}

@@ -208,26 +208,26 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
                 .await
                 .with_context(|| format!("cannot bind the TLS gRPC port {}", config.tls.addr))?;
             let addr = listener.local_addr()?;
-            let serve = grpc_router(
+            let serve = grpc_serve(
                 &config,
+                metrics.clone(),
                 Some(tls),
-                ingest.clone(),
-                rules.clone(),
-                health_service.clone(),
-            )?
-            .serve_with_incoming_shutdown(
-                TcpListenerStream::new(listener),
-                wait_for_shutdown(shutdown_rx.clone()),
-            );
+                (ingest.clone(), rules.clone(), health_service.clone()),
+                listener,
+                shutdown_rx.clone(),
+            )?;
             let task = tokio::spawn(async move { serve.await.context("TLS gRPC server failed") });
             (Some(addr), Some(task))
         }
     };
-    let grpc_serve = grpc_router(&config, None, ingest, rules, health_service)?
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(grpc_listener),
-            wait_for_shutdown(shutdown_rx.clone()),
-        );
+    let grpc_serve = grpc_serve(
+        &config,
+        metrics.clone(),
+        None,
+        (ingest, rules, health_service),
+        grpc_listener,
+        shutdown_rx.clone(),
+    )?;
     let grpc = tokio::spawn(async move { grpc_serve.await.context("gRPC server failed") });
     let mappings = match &cluster {
         Some(cluster) => MappingSource::Cluster(cluster.clone()),
@@ -370,15 +370,21 @@ fn tls_settings(config: &Config) -> anyhow::Result<Option<ServerTlsConfig>> {
     Ok(Some(tls))
 }
 
-fn grpc_router(
+/// The gRPC server on `listener`, until shutdown: every service, the connection settings, and
+/// TLS when given.
+fn grpc_serve<H: tonic_health::pb::health_server::Health>(
     config: &Config,
+    metrics: Arc<Metrics>,
     tls: Option<ServerTlsConfig>,
-    ingest: Ingest,
-    rules: RuleService,
-    health: tonic_health::pb::health_server::HealthServer<
-        impl tonic_health::pb::health_server::Health,
-    >,
-) -> anyhow::Result<tonic::transport::server::Router> {
+    (ingest, rules, health): (
+        Ingest,
+        RuleService,
+        tonic_health::pb::health_server::HealthServer<H>,
+    ),
+    listener: TcpListener,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<impl std::future::Future<Output = Result<(), tonic::transport::Error>> + use<H>>
+{
     // grpcurl and most tools speak v1alpha; newer clients v1.
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -401,6 +407,7 @@ fn grpc_router(
         builder = builder.tls_config(tls)?;
     }
     Ok(builder
+        .layer(metrics::CountOversize::layer(metrics))
         // Detect dead peers: long-lived streams would otherwise pin memory forever.
         .http2_keepalive_interval(Some(grpc.keepalive_interval))
         .http2_keepalive_timeout(Some(grpc.keepalive_timeout))
@@ -414,7 +421,11 @@ fn grpc_router(
         .add_service(reflection_v1alpha)
         .add_service(snp_service)
         .add_service(networking_service)
-        .add_service(rules))
+        .add_service(rules)
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(listener),
+            wait_for_shutdown(shutdown),
+        ))
 }
 
 /// The debounce loop of standalone mode: merged committed changes go to the index, each changed

@@ -155,7 +155,16 @@ async fn oversized_request_is_refused_and_the_server_stays_up() {
         .register_service_app_mapping(request("ns", "app", &[&huge]))
         .await
         .err();
-    assert!(status.is_some(), "a 2 MiB request was accepted");
+    assert_eq!(
+        status.map(|s| s.code()),
+        Some(Code::OutOfRange),
+        "a 2 MiB request was accepted"
+    );
+    let (_, metrics) = http_get(server.admin_addr, "/metrics").await;
+    assert!(
+        metrics.contains("dubbo_cp_rejections_total{reason=\"message_size\"} 1\n"),
+        "{metrics}"
+    );
     let ok = client
         .register_service_app_mapping(request("ns", "app", &["I"]))
         .await;
