@@ -334,6 +334,11 @@ async fn an_oversized_request_ends_that_stream_with_an_error_and_others_go_on() 
         other => panic!("expected an error status, got {other:?}"),
     };
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    let (_, metrics) = common::http_get(server.admin_addr, "/metrics").await;
+    assert!(
+        metrics.contains("dubbo_cp_rejections_total{reason=\"message_size\"} 1\n"),
+        "{metrics}"
+    );
 
     let mut good = Observer::open(server.grpc_addr).await;
     good.subscribe(SNP_TYPE).await;

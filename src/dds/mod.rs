@@ -197,6 +197,7 @@ impl RuleService {
         let config = self.config;
         let shutdown = self.shutdown.clone();
         let stats = self.stats.clone();
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
             stats.streams_open.fetch_add(1, Ordering::Relaxed);
             let result = stream::run(
@@ -210,6 +211,9 @@ impl RuleService {
             .await;
             stats.streams_open.fetch_sub(1, Ordering::Relaxed);
             if let Err(status) = result {
+                if status.code() == tonic::Code::OutOfRange {
+                    metrics.rejected("message_size");
+                }
                 tracing::debug!(?peer, code = ?status.code(), message = status.message(), "discovery stream ended");
                 let _ = end_tx.send(status);
             }
