@@ -259,6 +259,9 @@ pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
     Ok(text)
 }
 
+/// `grpc-status` of `OUT_OF_RANGE` (code 11), as it appears in a header.
+const OUT_OF_RANGE: &[u8] = b"11";
+
 /// Counts requests the transport refused for their size: tonic answers them itself with
 /// `OUT_OF_RANGE` before any handler runs, so this layer reads the status on the way out.
 #[derive(Clone)]
@@ -301,15 +304,25 @@ where
         let metrics = self.metrics.clone();
         Box::pin(async move {
             let response = call.await?;
-            let out_of_range = i32::from(tonic::Code::OutOfRange).to_string();
             if response
                 .headers()
                 .get("grpc-status")
-                .is_some_and(|status| status.as_bytes() == out_of_range.as_bytes())
+                .is_some_and(|status| status.as_bytes() == OUT_OF_RANGE)
             {
                 metrics.rejected("message_size");
             }
             Ok(response)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn out_of_range_is_code_eleven() {
+        assert_eq!(
+            i32::from(tonic::Code::OutOfRange).to_string().as_bytes(),
+            super::OUT_OF_RANGE
+        );
     }
 }
