@@ -3,8 +3,8 @@
 //! The reference name is `lowercase(interface with "." replaced by "-")`. Where that is not a
 //! valid Kubernetes object name (characters outside `[a-z0-9-]`, a leading or trailing `-`, or
 //! longer than 253 characters), the name is the *fallback*: the interface lower-cased with every
-//! run of characters outside `[a-z0-9]` replaced by one `-`, trimmed of `-` at both ends, cut to
-//! 242 characters, then `-` and the first 10 hex digits of the interface's 64-bit FNV-1a hash
+//! run of characters outside `[a-z0-9]` replaced by one `-`, cut to 242 characters and trimmed of
+//! `-` at both ends, then `-` and the first 10 hex digits of the interface's 64-bit FNV-1a hash
 //! (`snp-<hash>` when nothing is left). Deterministic across processes and versions.
 
 /// Longest Kubernetes object name (a DNS-1123 subdomain).
@@ -33,16 +33,32 @@ fn is_valid_name(name: &str) -> bool {
 }
 
 fn fallback_name(interface: &str) -> String {
-    let mut prefix = String::with_capacity(interface.len().min(MAX_NAME));
-    for c in interface.chars().flat_map(char::to_lowercase) {
-        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+    let lowered: String = interface.chars().flat_map(char::to_lowercase).collect();
+    hashed_fallback(interface, &lowered, MAX_NAME, |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit()
+    })
+}
+
+/// `<prefix>-<hash>` of at most `max_len` characters: the characters of `text` that `keep`
+/// accepts, every run of others replaced by one `-`, trimmed so it starts and ends with a letter
+/// or digit; then the first 10 hex digits of the FNV-1a-64 hash of `interface`
+/// (`snp-<hash>` when no prefix is left).
+fn hashed_fallback(
+    interface: &str,
+    text: &str,
+    max_len: usize,
+    keep: impl Fn(char) -> bool,
+) -> String {
+    let mut prefix = String::with_capacity(text.len().min(max_len));
+    for c in text.chars() {
+        if keep(c) {
             prefix.push(c);
         } else if !prefix.is_empty() && !prefix.ends_with('-') {
             prefix.push('-');
         }
     }
-    prefix.truncate(MAX_NAME - HASH_DIGITS - 1);
-    let prefix = prefix.trim_end_matches('-');
+    prefix.truncate(max_len - HASH_DIGITS - 1);
+    let prefix = prefix.trim_matches(|c: char| !c.is_ascii_alphanumeric());
     let hash = format!("{:016x}", fnv1a64(interface.as_bytes()));
     let hash = &hash[..HASH_DIGITS];
     if prefix.is_empty() {
@@ -65,8 +81,9 @@ const MAX_LABEL: usize = 63;
 
 /// The value of the `interface` label: the raw interface name where it is a valid label value
 /// (at most 63 characters of `[A-Za-z0-9-_.]`, starting and ending with a letter or digit);
-/// otherwise every run of other characters becomes `-`, the result is trimmed and cut to 52
-/// characters, and `-` plus the same 10-hex-digit hash as [`object_name`] is appended.
+/// otherwise every run of other characters becomes `-`, the result is cut to 52 characters and
+/// trimmed to start and end with a letter or digit, and `-` plus the same 10-hex-digit hash as
+/// [`object_name`] is appended.
 pub fn label_value(interface: &str) -> String {
     let allowed = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
     let bytes = interface.as_bytes();
@@ -78,23 +95,9 @@ pub fn label_value(interface: &str) -> String {
     if valid {
         return interface.to_owned();
     }
-    let mut prefix = String::with_capacity(MAX_LABEL);
-    for c in interface.chars() {
-        if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
-            prefix.push(c);
-        } else if !prefix.is_empty() && !prefix.ends_with('-') {
-            prefix.push('-');
-        }
-    }
-    prefix.truncate(MAX_LABEL - HASH_DIGITS - 1);
-    let prefix = prefix.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
-    let hash = format!("{:016x}", fnv1a64(interface.as_bytes()));
-    let hash = &hash[..HASH_DIGITS];
-    if prefix.is_empty() {
-        format!("snp-{hash}")
-    } else {
-        format!("{prefix}-{hash}")
-    }
+    hashed_fallback(interface, interface, MAX_LABEL, |c| {
+        c.is_ascii_alphanumeric() || c == '_' || c == '.'
+    })
 }
 
 /// The key a discovery-stream client sees: `<object name>/<namespace>`, or just the name when
@@ -163,6 +166,11 @@ mod tests {
         let inner = label_value("a.Outer$Inner");
         assert!(inner.starts_with("a.Outer-Inner-"), "{inner}");
         assert!(label_value("$").starts_with("snp-"));
+        let leading = label_value("_x$");
+        assert!(
+            leading.starts_with("x-"),
+            "a label must start with a letter or digit: {leading}"
+        );
     }
 
     #[test]

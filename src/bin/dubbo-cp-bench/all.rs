@@ -140,6 +140,17 @@ pub async fn run(args: AllArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether `request` was registered.
+async fn registered(
+    mut client: ServiceNameMappingServiceClient<Channel>,
+    request: ServiceMappingRequest,
+) -> bool {
+    client
+        .register_service_app_mapping(request)
+        .await
+        .is_ok_and(|r| r.get_ref().success)
+}
+
 /// A burst of 100 applications x 50 interfaces (one interface per call), then the same pairs
 /// again, into a control plane with default debounce, with one discovery stream watching.
 async fn coalescing(samples: &mut Samples) -> anyhow::Result<()> {
@@ -182,19 +193,14 @@ async fn coalescing(samples: &mut Samples) -> anyhow::Result<()> {
     let started = Instant::now();
     let registrations = 2 * 100 * 50;
     let result = run_load(registrations, 128, |i| {
-        let mut client = client.clone();
+        let client = client.clone();
         let pair = i % 5000;
         let request = ServiceMappingRequest {
             namespace: "bench".into(),
             application_name: format!("app-{}", pair / 50),
             interface_names: vec![format!("org.apache.dubbo.bench.Service{}", pair % 50)],
         };
-        async move {
-            client
-                .register_service_app_mapping(request)
-                .await
-                .is_ok_and(|r| r.get_ref().success)
-        }
+        registered(client, request)
     })
     .await?;
     // Quiet for longer than the debounce, then count.
@@ -232,7 +238,7 @@ async fn prepare_cold_start(mappings: usize) -> anyhow::Result<tempfile::TempDir
     let client = ServiceNameMappingServiceClient::new(channel);
     let calls = mappings.div_ceil(1000);
     let result = run_load(calls, 16, |call| {
-        let mut client = client.clone();
+        let client = client.clone();
         let interfaces = (call * 1000..((call + 1) * 1000).min(mappings))
             .map(|i| format!("org.apache.dubbo.cold.Service{i}"))
             .collect();
@@ -241,12 +247,7 @@ async fn prepare_cold_start(mappings: usize) -> anyhow::Result<tempfile::TempDir
             application_name: "cold-provider".into(),
             interface_names: interfaces,
         };
-        async move {
-            client
-                .register_service_app_mapping(request)
-                .await
-                .is_ok_and(|r| r.get_ref().success)
-        }
+        registered(client, request)
     })
     .await?;
     anyhow::ensure!(result.errors == 0, "seeding the cold-start store failed");
