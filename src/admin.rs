@@ -15,8 +15,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use prometheus_client::registry::Registry;
 
 use crate::index::Index;
-use crate::mapping::{MappingKey, SharedMappings};
-use crate::store::EmbeddedStore;
+use crate::k8s::cluster::ClusterView;
+use crate::k8s::writer::{KubeWriter, ParkedKey};
+use crate::mapping::MappingKey;
+use crate::store::{Outbox, Store};
 
 /// Whether the control plane should receive traffic: set once its state is loaded and it
 /// serves, cleared when shutdown begins.
@@ -36,18 +38,15 @@ impl Readiness {
 /// Where the truth about mappings is: the embedded store (standalone) or the watched cluster.
 #[derive(Clone)]
 pub enum MappingSource {
-    Store(EmbeddedStore),
-    Cluster(Arc<SharedMappings>),
+    Store(Store),
+    Cluster(Arc<ClusterView>),
 }
 
 impl MappingSource {
     fn snapshot(&self) -> BTreeMap<MappingKey, BTreeSet<String>> {
         match self {
-            MappingSource::Store(store) => store.snapshot(),
-            MappingSource::Cluster(cluster) => cluster
-                .iter()
-                .map(|entry| (entry.key().clone(), entry.value().clone()))
-                .collect(),
+            MappingSource::Store(store) => store.mappings(),
+            MappingSource::Cluster(cluster) => cluster.snapshot(),
         }
     }
 }
@@ -58,7 +57,8 @@ pub struct AdminState {
     pub readiness: Readiness,
     pub index: Arc<Index>,
     pub mappings: MappingSource,
-    pub outbox: EmbeddedStore,
+    /// Kubernetes mode: the writer's queue and the outbox behind it.
+    pub outbox: Option<(Arc<KubeWriter>, Outbox)>,
     pub registry: Arc<Registry>,
 }
 
@@ -122,7 +122,24 @@ async fn list_mappings(State(state): State<AdminState>) -> Json<Vec<MappingView>
     views(state.mappings.snapshot())
 }
 
-/// Kubernetes mode: acknowledged pairs not yet written to the API server (standalone: the store).
-async fn list_outbox(State(state): State<AdminState>) -> Json<Vec<MappingView>> {
-    views(state.outbox.snapshot())
+/// What `/debug/outbox` shows.
+#[derive(Debug, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboxView {
+    /// Acknowledged pairs not yet written to the API server.
+    pub pending: Vec<MappingView>,
+    /// Keys whose write failed for a reason retrying soon cannot fix, with the reason.
+    pub parked: Vec<ParkedKey>,
+}
+
+/// Kubernetes mode: what is acknowledged but not in the cluster yet, and what is stuck and
+/// why. Standalone has no outbox: the answer is empty.
+async fn list_outbox(State(state): State<AdminState>) -> Json<OutboxView> {
+    let Some((writer, outbox)) = &state.outbox else {
+        return Json(OutboxView::default());
+    };
+    Json(OutboxView {
+        pending: views(outbox.pending()).0,
+        parked: writer.parked(),
+    })
 }

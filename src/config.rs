@@ -132,6 +132,10 @@ pub struct IngestConfig {
     pub rate_per_caller: f64,
     /// Registrations one caller may send at once after a quiet period.
     pub burst_per_caller: u32,
+    /// Bytes the registrations waiting for a commit may occupy.
+    pub queue_bytes: usize,
+    /// Most applications one (namespace, interface) may hold.
+    pub max_applications_per_key: usize,
 }
 
 /// Connection-level settings of the gRPC port.
@@ -169,6 +173,8 @@ impl Default for IngestConfig {
             commit_timeout: Duration::from_secs(10),
             rate_per_caller: 200.0,
             burst_per_caller: 2000,
+            queue_bytes: 64 * 1024 * 1024,
+            max_applications_per_key: 1000,
         }
     }
 }
@@ -263,6 +269,12 @@ pub struct KubernetesSection {
     pub burst: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_parallel_writes: Option<usize>,
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub parked_retry_interval: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -308,6 +320,10 @@ pub struct IngestSection {
     pub rate_per_caller: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub burst_per_caller: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_applications_per_key: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -547,6 +563,10 @@ impl Config {
                 burst_per_caller: ingest
                     .burst_per_caller
                     .unwrap_or(defaults.ingest.burst_per_caller),
+                queue_bytes: ingest.queue_bytes.unwrap_or(defaults.ingest.queue_bytes),
+                max_applications_per_key: ingest
+                    .max_applications_per_key
+                    .unwrap_or(defaults.ingest.max_applications_per_key),
             },
             dds: DdsConfig {
                 send_timeout: args
@@ -621,6 +641,9 @@ impl Config {
                     max_parallel: kubernetes
                         .max_parallel_writes
                         .unwrap_or(defaults.kubernetes.writer.max_parallel),
+                    parked_retry: kubernetes
+                        .parked_retry_interval
+                        .unwrap_or(defaults.kubernetes.writer.parked_retry),
                 },
             },
         };
@@ -667,6 +690,8 @@ impl Config {
                 commit_timeout: Some(self.ingest.commit_timeout),
                 rate_per_caller: Some(self.ingest.rate_per_caller),
                 burst_per_caller: Some(self.ingest.burst_per_caller),
+                queue_bytes: Some(self.ingest.queue_bytes),
+                max_applications_per_key: Some(self.ingest.max_applications_per_key),
             }),
             dds: Some(DdsSection {
                 send_timeout: Some(self.dds.send_timeout),
@@ -704,6 +729,7 @@ impl Config {
                 qps: Some(self.kubernetes.writer.qps),
                 burst: Some(self.kubernetes.writer.burst),
                 max_parallel_writes: Some(self.kubernetes.writer.max_parallel),
+                parked_retry_interval: Some(self.kubernetes.writer.parked_retry),
             }),
         }
     }

@@ -18,6 +18,9 @@ use tokio::time::Instant;
 
 /// The first timer of a batch, hard-coded in the reference control plane.
 pub const FIRST_TIMER: Duration = Duration::from_millis(200);
+/// With debouncing off, events waiting behind a running flush, at most; beyond it new events
+/// merge into the last waiting one, so a slow flush cannot make the queue grow without bound.
+pub const MAX_WAITING_UNMERGED: usize = 64;
 
 /// Events that can be folded into one; merging must lose nothing.
 pub trait Merge {
@@ -101,8 +104,9 @@ where
                 Some(value) => {
                     let now = Instant::now();
                     last_event = now;
+                    let pending_len = pending.len();
                     match pending.back_mut() {
-                        Some(batch) if config.enable => {
+                        Some(batch) if config.enable || pending_len >= MAX_WAITING_UNMERGED => {
                             batch.value.merge(value);
                             batch.events += 1;
                         }
@@ -375,6 +379,35 @@ mod tests {
         assert_eq!(h.flushed(), vec![f(0, &[1]), f(10, &[2]), f(20, &[3])]);
         assert_eq!(h.max_concurrent(), 1);
         h.finish().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn disabled_stays_bounded_behind_a_slow_flush_and_loses_nothing() {
+        let config = DebounceConfig {
+            enable: false,
+            ..cfg(100, 10_000)
+        };
+        // The first flush takes 10 s; 1,000 events arrive meanwhile.
+        let h = start(config, Duration::from_secs(10));
+        for v in 1..=1000 {
+            h.send(v).await;
+        }
+        h.at(5).await;
+        let flushed = h.finish().await;
+        assert_eq!(
+            flushed.len(),
+            1 + MAX_WAITING_UNMERGED,
+            "{} flushes",
+            flushed.len()
+        );
+        let mut values: Vec<u32> = flushed.iter().flat_map(|f| f.values.clone()).collect();
+        values.sort_unstable();
+        assert_eq!(values, (1..=1000).collect::<Vec<_>>(), "an event was lost");
+        assert_eq!(
+            flushed[1].values,
+            vec![2],
+            "events stay apart while there is room"
+        );
     }
 
     #[tokio::test(start_paused = true)]

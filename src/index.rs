@@ -4,12 +4,22 @@
 //! Each kind is published through a `watch` channel, so a reader always sees a whole state,
 //! never a partial one, and a reader that falls behind skips straight to the newest. A new state
 //! is published only when something really changed, and then always with a higher revision.
-//! Standalone mode feeds it from the store's change feed; a Kubernetes watch can feed it the same
-//! way (`apply` for events, `reset` after a list).
+//!
+//! Every source feeds it the same way, one debounced batch at a time ([`Index::apply`] for
+//! changes, [`Index::reset`] after a list). Each object is encoded once, when it changes; a new
+//! state is assembled from the objects' encodings (one copy, no encoding), outside the channel's
+//! lock, so stream tasks reading the current state never wait for an encode.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use prost_types::Any;
 use tokio::sync::watch;
 
@@ -90,114 +100,250 @@ impl Kind {
     fn slot(self) -> usize {
         self as usize
     }
+
+    pub fn label(self) -> KindLabel {
+        KindLabel { kind: self.name() }
+    }
+}
+
+/// One object of a kind: its `Any` and that `Any` encoded as an `ObserveResponse.data` record.
+#[derive(Debug, PartialEq)]
+pub struct Object {
+    pub any: Any,
+    record: Bytes,
 }
 
 /// One kind at one revision.
 #[derive(Debug)]
 pub struct KindSnapshot {
     pub revision: i64,
-    /// Objects by client key (`<name>/<namespace>`).
-    pub objects: BTreeMap<String, Any>,
-    /// `objects` encoded as `ObserveResponse.data`, built once for all streams.
+    /// Objects by client key (`<name>/<namespace>`); shared with the next revisions.
+    pub objects: BTreeMap<String, Arc<Object>>,
+    /// `objects` encoded as `ObserveResponse.data`, assembled once for all streams.
     pub data: EncodedData,
     /// When this state was published, for the push-delay metric.
     pub published: tokio::time::Instant,
 }
 
-impl KindSnapshot {
-    fn new(revision: i64, objects: BTreeMap<String, Any>) -> Self {
-        let data = EncodedData::encode(objects.values());
-        KindSnapshot {
-            revision,
-            objects,
-            data,
-            published: tokio::time::Instant::now(),
-        }
+/// One change to a kind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    Upsert(String, Any),
+    Delete(String),
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+/// What the index counts, per kind.
+#[derive(Debug, Default)]
+pub struct IndexStats {
+    /// Objects encoded (each at most once per change of that object).
+    pub encodes: Family<KindLabel, Counter>,
+    /// States assembled (one per published revision).
+    pub assemblies: Family<KindLabel, Counter>,
+    /// Encoded size of the current state: what every full-state response carries.
+    pub state_bytes: Family<KindLabel, Gauge>,
+    /// Objects in the current state.
+    pub objects: Family<KindLabel, Gauge>,
+}
+
+impl IndexStats {
+    pub fn encodes_of(&self, kind: Kind) -> u64 {
+        self.encodes.get_or_create(&kind.label()).get()
     }
+
+    pub fn assemblies_of(&self, kind: Kind) -> u64 {
+        self.assemblies.get_or_create(&kind.label()).get()
+    }
+}
+
+/// The writers' side of one kind: only [`Index::apply`] and [`Index::reset`] take its lock.
+struct Slot {
+    objects: Mutex<BTreeMap<String, Arc<Object>>>,
+    published: watch::Sender<Arc<KindSnapshot>>,
+    loaded: AtomicBool,
 }
 
 /// Owner of every kind's state; the only writer of their channels.
 pub struct Index {
-    kinds: Vec<watch::Sender<Arc<KindSnapshot>>>,
-    /// False until the initial state of every source is in; streams are refused until then.
+    slots: Vec<Slot>,
+    /// True once every kind's initial state is in; streams are refused until then.
     loaded: watch::Sender<bool>,
+    stats: IndexStats,
 }
 
 impl Index {
     /// Every kind empty at `revision`, not yet loaded.
     pub fn new(revision: i64) -> Self {
-        let kinds = Kind::ALL
+        let slots = Kind::ALL
             .iter()
-            .map(|_| watch::Sender::new(Arc::new(KindSnapshot::new(revision, BTreeMap::new()))))
+            .map(|_| Slot {
+                objects: Mutex::new(BTreeMap::new()),
+                published: watch::Sender::new(Arc::new(KindSnapshot {
+                    revision,
+                    objects: BTreeMap::new(),
+                    data: EncodedData::default(),
+                    published: tokio::time::Instant::now(),
+                })),
+                loaded: AtomicBool::new(false),
+            })
             .collect();
         Index {
-            kinds,
+            slots,
             loaded: watch::Sender::new(false),
+            stats: IndexStats::default(),
         }
     }
 
-    fn sender(&self, kind: Kind) -> &watch::Sender<Arc<KindSnapshot>> {
-        &self.kinds[kind.slot()]
+    fn slot(&self, kind: Kind) -> &Slot {
+        &self.slots[kind.slot()]
     }
 
-    /// Upserts and deletes objects of `kind`. Publishes only if something changed, at a revision
+    /// Applies a batch of changes to `kind`. Publishes only if something changed, at a revision
     /// above the current one (`revision` where that is higher). Returns whether it published.
     pub fn apply(
         &self,
         kind: Kind,
-        upserts: impl IntoIterator<Item = (String, Any)>,
-        deletes: impl IntoIterator<Item = String>,
+        changes: impl IntoIterator<Item = Change>,
         revision: i64,
     ) -> bool {
-        let upserts: Vec<(String, Any)> = upserts.into_iter().collect();
-        let deletes: Vec<String> = deletes.into_iter().collect();
-        self.sender(kind).send_if_modified(|current| {
-            let changed = upserts
-                .iter()
-                .any(|(key, any)| current.objects.get(key) != Some(any))
-                || deletes.iter().any(|key| current.objects.contains_key(key));
-            if !changed {
-                return false;
+        let slot = self.slot(kind);
+        let mut objects = slot.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let mut changed = false;
+        for change in changes {
+            match change {
+                Change::Upsert(key, any) => {
+                    if objects.get(&key).is_some_and(|current| current.any == any) {
+                        continue;
+                    }
+                    let record = EncodedData::record(&any);
+                    self.stats.encodes.get_or_create(&kind.label()).inc();
+                    objects.insert(key, Arc::new(Object { any, record }));
+                    changed = true;
+                }
+                Change::Delete(key) => changed |= objects.remove(&key).is_some(),
             }
-            let mut objects = current.objects.clone();
-            for key in &deletes {
-                objects.remove(key);
-            }
-            objects.extend(upserts.iter().cloned());
-            *current = Arc::new(KindSnapshot::new(
-                revision.max(current.revision + 1),
-                objects,
-            ));
-            true
-        })
+        }
+        if changed {
+            self.publish(kind, &objects, revision);
+        }
+        changed
     }
 
-    /// Replaces the whole state of `kind` (after a list). Publishes only if it differs.
+    /// Replaces the whole state of `kind` (after a list). Publishes only if it differs; only
+    /// objects that differ are encoded.
     pub fn reset(&self, kind: Kind, objects: BTreeMap<String, Any>, revision: i64) -> bool {
-        self.sender(kind).send_if_modified(|current| {
-            if current.objects == objects {
-                return false;
-            }
-            let revision = revision.max(current.revision + 1);
-            *current = Arc::new(KindSnapshot::new(revision, objects));
-            true
-        })
+        let gone: Vec<Change> = {
+            let current = self
+                .slot(kind)
+                .objects
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            current
+                .keys()
+                .filter(|key| !objects.contains_key(*key))
+                .map(|key| Change::Delete(key.clone()))
+                .collect()
+        };
+        let upserts = objects
+            .into_iter()
+            .map(|(key, any)| Change::Upsert(key, any));
+        self.apply(kind, gone.into_iter().chain(upserts), revision)
+    }
+
+    /// Assembles and publishes the state. The channel's lock is held only to swap the pointer.
+    fn publish(&self, kind: Kind, objects: &BTreeMap<String, Arc<Object>>, revision: i64) {
+        let slot = self.slot(kind);
+        let revision = revision.max(slot.published.borrow().revision + 1);
+        let data = EncodedData::assemble(objects.values().map(|object| &object.record));
+        let label = kind.label();
+        self.stats.assemblies.get_or_create(&label).inc();
+        self.stats
+            .state_bytes
+            .get_or_create(&label)
+            .set(i64::try_from(data.len()).unwrap_or(i64::MAX));
+        self.stats
+            .objects
+            .get_or_create(&label)
+            .set(i64::try_from(objects.len()).unwrap_or(i64::MAX));
+        let snapshot = Arc::new(KindSnapshot {
+            revision,
+            objects: objects.clone(),
+            data,
+            published: tokio::time::Instant::now(),
+        });
+        // The previous state is dropped here, after the lock is released.
+        let _previous = slot.published.send_replace(snapshot);
     }
 
     pub fn current(&self, kind: Kind) -> Arc<KindSnapshot> {
-        self.sender(kind).borrow().clone()
+        self.slot(kind).published.borrow().clone()
     }
 
     pub fn subscribe(&self, kind: Kind) -> watch::Receiver<Arc<KindSnapshot>> {
-        self.sender(kind).subscribe()
+        self.slot(kind).published.subscribe()
     }
 
-    pub fn mark_loaded(&self) {
-        self.loaded.send_replace(true);
+    /// Marks `kind`'s initial state as in; once every kind is, streams are admitted.
+    pub fn mark_loaded(&self, kind: Kind) {
+        self.slot(kind).loaded.store(true, Ordering::SeqCst);
+        if self
+            .slots
+            .iter()
+            .all(|slot| slot.loaded.load(Ordering::SeqCst))
+        {
+            self.loaded.send_replace(true);
+        }
+    }
+
+    /// Marks every kind loaded (a source that serves them all at once, or none).
+    pub fn mark_all_loaded(&self) {
+        for kind in Kind::ALL {
+            self.mark_loaded(kind);
+        }
     }
 
     pub fn is_loaded(&self) -> bool {
         *self.loaded.borrow()
+    }
+
+    /// Kinds whose initial state is not in yet, for logs and readiness messages.
+    pub fn not_loaded(&self) -> Vec<Kind> {
+        Kind::ALL
+            .into_iter()
+            .filter(|kind| !self.slot(*kind).loaded.load(Ordering::SeqCst))
+            .collect()
+    }
+
+    pub fn stats(&self) -> &IndexStats {
+        &self.stats
+    }
+
+    /// Registers the index's series.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "index_object_encodes",
+            "Objects encoded for the discovery stream, by kind",
+            self.stats.encodes.clone(),
+        );
+        registry.register(
+            "index_state_assemblies",
+            "States assembled from encoded objects (one per published revision), by kind",
+            self.stats.assemblies.clone(),
+        );
+        registry.register(
+            "dds_state_bytes",
+            "Encoded size of a kind's full state, as every response of it carries (clients refuse messages over 4 MiB by default)",
+            self.stats.state_bytes.clone(),
+        );
+        registry.register(
+            "index_objects",
+            "Objects in a kind's current state",
+            self.stats.objects.clone(),
+        );
     }
 }
 
@@ -246,26 +392,30 @@ mod tests {
         }
     }
 
+    fn upsert(key: &str, value: &[u8]) -> Change {
+        Change::Upsert(key.to_owned(), any(value))
+    }
+
     #[test]
     fn publishes_only_real_changes_with_rising_revisions() {
         let index = Index::new(5);
         let mut rx = index.subscribe(Kind::TagRoute);
         rx.mark_unchanged();
-        assert!(index.apply(Kind::TagRoute, [("a/ns".into(), any(b"1"))], [], 0));
+        assert!(index.apply(Kind::TagRoute, [upsert("a/ns", b"1")], 0));
         assert!(rx.has_changed().unwrap_or(false));
         assert_eq!(index.current(Kind::TagRoute).revision, 6);
         rx.mark_unchanged();
 
         assert!(
-            !index.apply(Kind::TagRoute, [("a/ns".into(), any(b"1"))], [], 0),
+            !index.apply(Kind::TagRoute, [upsert("a/ns", b"1")], 0),
             "same object twice"
         );
-        assert!(!index.apply(Kind::TagRoute, [], ["missing/ns".to_string()], 0));
+        assert!(!index.apply(Kind::TagRoute, [Change::Delete("missing/ns".into())], 0));
         assert!(!rx.has_changed().unwrap_or(true));
 
-        assert!(index.apply(Kind::TagRoute, [("a/ns".into(), any(b"2"))], [], 100));
+        assert!(index.apply(Kind::TagRoute, [upsert("a/ns", b"2")], 100));
         assert_eq!(index.current(Kind::TagRoute).revision, 100);
-        assert!(index.apply(Kind::TagRoute, [], ["a/ns".to_string()], 0));
+        assert!(index.apply(Kind::TagRoute, [Change::Delete("a/ns".into())], 0));
         let current = index.current(Kind::TagRoute);
         assert_eq!(current.revision, 101);
         assert!(current.objects.is_empty());
@@ -283,5 +433,53 @@ mod tests {
         let current = index.current(Kind::DynamicConfig);
         assert_eq!(current.revision, 2);
         assert_eq!(current.data.decode().map(|v| v.len()).ok(), Some(2));
+        let smaller: BTreeMap<String, Any> = [("b".to_string(), any(b"2"))].into();
+        assert!(index.reset(Kind::DynamicConfig, smaller, 0));
+        let current = index.current(Kind::DynamicConfig);
+        assert_eq!(current.data.decode().ok(), Some(vec![any(b"2")]));
+    }
+
+    #[test]
+    fn one_changed_object_costs_one_encode_and_the_state_is_exact() {
+        let index = Index::new(1);
+        let kind = Kind::ServiceNameMapping;
+        let batch: Vec<Change> = (0..100)
+            .map(|i| upsert(&format!("k{i:03}"), format!("v{i}").as_bytes()))
+            .collect();
+        assert!(index.apply(kind, batch, 0));
+        assert_eq!(index.stats().encodes_of(kind), 100);
+        assert_eq!(index.stats().assemblies_of(kind), 1);
+
+        // A batch touching one object (twice) and repeating 99 unchanged ones.
+        let mut batch: Vec<Change> = (0..100)
+            .map(|i| upsert(&format!("k{i:03}"), format!("v{i}").as_bytes()))
+            .collect();
+        batch.push(upsert("k050", b"changed"));
+        assert!(index.apply(kind, batch, 0));
+        assert_eq!(
+            index.stats().encodes_of(kind),
+            101,
+            "only the changed object is encoded"
+        );
+        assert_eq!(index.stats().assemblies_of(kind), 2);
+
+        // The assembled bytes equal a from-scratch encoding of the same objects.
+        let current = index.current(kind);
+        let expected: Vec<Any> = current.objects.values().map(|o| o.any.clone()).collect();
+        assert_eq!(current.data, EncodedData::encode(&expected));
+        assert_eq!(
+            current.objects.get("k050").map(|o| o.any.clone()),
+            Some(any(b"changed"))
+        );
+    }
+
+    #[test]
+    fn loaded_once_every_kind_is() {
+        let index = Index::new(1);
+        index.mark_loaded(Kind::ServiceNameMapping);
+        assert!(!index.is_loaded());
+        assert_eq!(index.not_loaded().len(), Kind::ALL.len() - 1);
+        index.mark_all_loaded();
+        assert!(index.is_loaded());
     }
 }

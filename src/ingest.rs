@@ -17,7 +17,7 @@ use crate::pb::dubbo::networking::v1alpha1::service_name_mapping_service_server 
 use crate::pb::snp::service_name_mapping_service_server as snp;
 use crate::pb::snp::{ServiceMappingRequest, ServiceMappingResponse};
 use crate::ratelimit::RateLimiter;
-use crate::store::{EmbeddedStore, RegisterOutcome, StoreError};
+use crate::store::{Durable, RegisterOutcome, StoreError};
 
 /// The message of a registration that needed no write.
 const ALREADY_REGISTERED: &str = "already registered";
@@ -51,7 +51,7 @@ impl CallerLimits {
 
 #[derive(Clone)]
 pub struct Ingest {
-    store: EmbeddedStore,
+    store: Durable,
     /// How long a caller waits for its commit before it is told to retry.
     commit_timeout: Duration,
     policy: Policy,
@@ -64,7 +64,7 @@ type Counted = (Result<ServiceMappingResponse, Status>, &'static str);
 
 impl Ingest {
     pub fn new(
-        store: EmbeddedStore,
+        store: Durable,
         config: &crate::config::IngestConfig,
         policy: Policy,
         metrics: Arc<Metrics>,
@@ -179,7 +179,8 @@ impl Ingest {
         let (message, label) = match outcome {
             RegisterOutcome::AlreadyStored => (ALREADY_REGISTERED.to_owned(), "already_registered"),
             RegisterOutcome::Stored { added } => {
-                tracing::info!(%namespace, %application, interfaces, added, caller, pod, "registration stored");
+                // DEBUG: a counter counts them; at INFO a start-up storm floods the logs.
+                tracing::debug!(%namespace, %application, interfaces, added, caller, pod, "registration stored");
                 (
                     format!("registered {added} new interface mapping(s)"),
                     "stored",
@@ -198,7 +199,7 @@ impl Ingest {
 
 fn store_refusal(err: StoreError) -> Counted {
     match err {
-        StoreError::Busy(_) => (
+        StoreError::Busy(_) | StoreError::TooManyApplications { .. } => (
             Err(Status::resource_exhausted(err.to_string())),
             "exhausted",
         ),

@@ -33,4 +33,5 @@ pub mod resources;
 pub mod server;
 pub mod shutdown;
 pub mod store;
+pub mod supervisor;
 pub mod telemetry;

@@ -1,8 +1,8 @@
 //! Prometheus metrics, served as OpenMetrics text on the admin port's `/metrics`.
 //!
-//! Counters the components already keep for themselves (atomics in their `*Stats`) are read at
-//! scrape time by a collector, so there is one count per fact; latencies and sizes are
-//! histograms the components observe as they work.
+//! This module is a leaf: shared label types, buckets and helpers, and the counters of the gRPC
+//! edge. Each component registers its own series (`register_metrics`); counters it already keeps
+//! as atomics are read at scrape time ([`scraped_counter`]), so there is one count per fact.
 
 use std::sync::Arc;
 
@@ -13,10 +13,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
-use crate::dds::DdsStats;
-use crate::k8s::writer::WriterStats;
-use crate::store::EmbeddedStore;
 
 /// Istio's convergence buckets (seconds), for the debounce delay.
 pub const DEBOUNCE_BUCKETS: [f64; 8] = [0.01, 0.1, 1.0, 3.0, 5.0, 10.0, 20.0, 30.0];
@@ -66,6 +62,36 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "registrations",
+            "Registrations by result",
+            self.registrations.clone(),
+        );
+        registry.register(
+            "rejections",
+            "Requests and streams refused by a bound, by bound",
+            self.rejections.clone(),
+        );
+        registry.register(
+            "debounce_flush_size",
+            "Events merged into one debounce flush",
+            self.flush_size.clone(),
+        );
+        registry.register(
+            "debounce_flush_delay_seconds",
+            "Seconds from the first event of a batch to its flush",
+            self.flush_delay.clone(),
+        );
+    }
+
+    /// Records one debounce flush.
+    pub fn flushed<T>(&self, batch: &crate::debounce::Batch<T>) {
+        self.flush_size.observe(batch.events as f64);
+        self.flush_delay
+            .observe(batch.first_event.elapsed().as_secs_f64());
+    }
+
     pub fn registration(&self, result: &'static str) {
         self.registrations
             .get_or_create(&ResultLabel { result })
@@ -77,178 +103,79 @@ impl Metrics {
     }
 }
 
-/// Everything `/metrics` shows.
-pub struct Sources {
-    pub metrics: Arc<Metrics>,
-    pub store: EmbeddedStore,
-    pub dds: Arc<DdsStats>,
-    pub kube: Option<Arc<WriterStats>>,
-}
-
-/// The registry, built once at start.
-pub fn registry(sources: Sources) -> Registry {
-    let mut registry = Registry::with_prefix("dubbo_cp");
-    let metrics = &sources.metrics;
-    registry.register(
-        "registrations",
-        "Registrations by result",
-        metrics.registrations.clone(),
-    );
-    registry.register(
-        "rejections",
-        "Requests and streams refused by a bound, by bound",
-        metrics.rejections.clone(),
-    );
-    registry.register(
-        "debounce_flush_size",
-        "Events merged into one debounce flush",
-        metrics.flush_size.clone(),
-    );
-    registry.register(
-        "debounce_flush_delay_seconds",
-        "Seconds from the first event of a batch to its flush",
-        metrics.flush_delay.clone(),
-    );
-    let store = sources.store.stats();
-    registry.register(
-        "store_commit_duration_seconds",
-        "Seconds per store transaction (including fsync)",
-        store.commit_seconds.clone(),
-    );
-    registry.register(
-        "dds_push_delay_seconds",
-        "Seconds from a state's publication to its hand-over to a stream's transport",
-        sources.dds.push_delay.clone(),
-    );
-    if let Some(kube) = &sources.kube {
-        registry.register(
-            "kube_request_duration_seconds",
-            "Seconds per request to the Kubernetes API server",
-            kube.request_seconds.0.clone(),
-        );
-        registry.register(
-            "kube_errors",
-            "Failed Kubernetes API requests by HTTP code (0: no answer)",
-            kube.errors_by_code.clone(),
-        );
-    }
+/// A counter read from a component at scrape time, so the component keeps one count per fact
+/// (an atomic it needs anyway) and registers it under its own name.
+pub fn scraped_counter<T: Send + Sync + 'static>(
+    registry: &mut Registry,
+    name: &'static str,
+    help: &'static str,
+    source: &Arc<T>,
+    read: fn(&T) -> u64,
+) {
     registry.register_collector(Box::new(Scraped {
-        store: sources.store,
-        dds: sources.dds,
-        kube: sources.kube,
+        name,
+        help,
+        source: source.clone(),
+        read: Read::Counter(read),
     }));
-    registry
 }
 
-/// Counters and gauges read from the components at scrape time.
-struct Scraped {
-    store: EmbeddedStore,
-    dds: Arc<DdsStats>,
-    kube: Option<Arc<WriterStats>>,
+/// A gauge read from a component at scrape time.
+pub fn scraped_gauge<T: Send + Sync + 'static>(
+    registry: &mut Registry,
+    name: &'static str,
+    help: &'static str,
+    source: &Arc<T>,
+    read: fn(&T) -> i64,
+) {
+    registry.register_collector(Box::new(Scraped {
+        name,
+        help,
+        source: source.clone(),
+        read: Read::Gauge(read),
+    }));
 }
 
-fn counter(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    value: u64,
-) -> std::fmt::Result {
-    let metric = ConstCounter::new(value);
-    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+enum Read<T> {
+    Counter(fn(&T) -> u64),
+    Gauge(fn(&T) -> i64),
 }
 
-fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) -> std::fmt::Result {
-    let metric = ConstGauge::new(value);
-    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+struct Scraped<T> {
+    name: &'static str,
+    help: &'static str,
+    source: Arc<T>,
+    read: Read<T>,
 }
 
-impl std::fmt::Debug for Scraped {
+impl<T> std::fmt::Debug for Scraped<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scraped").finish_non_exhaustive()
+        f.debug_struct("Scraped").field("name", &self.name).finish()
     }
 }
 
-impl Collector for Scraped {
+impl<T: Send + Sync + 'static> Collector for Scraped<T> {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        use std::sync::atomic::Ordering::Relaxed;
-        let store = self.store.stats();
-        let depth = i64::try_from(self.store.queue_depth()).unwrap_or(i64::MAX);
-        gauge(
-            &mut encoder,
-            "ingest_queue_depth",
-            "Registrations waiting for a commit",
-            depth,
-        )?;
-        counter(
-            &mut encoder,
-            "store_commits",
-            "Store transactions committed",
-            store.commits.load(Relaxed),
-        )?;
-        counter(
-            &mut encoder,
-            "store_pairs_written",
-            "(interface, application) pairs written to the store",
-            store.pairs_written.load(Relaxed),
-        )?;
-        counter(
-            &mut encoder,
-            "store_errors",
-            "Store transactions that failed",
-            store.errors.load(Relaxed),
-        )?;
-        gauge(
-            &mut encoder,
-            "dds_streams_open",
-            "Open discovery streams",
-            self.dds.streams_open.load(Relaxed),
-        )?;
-        counter(
-            &mut encoder,
-            "dds_pushes",
-            "Responses sent on discovery streams",
-            self.dds.pushes.load(Relaxed),
-        )?;
-        counter(
-            &mut encoder,
-            "dds_stale_nonces",
-            "Requests with a wrong or stale nonce",
-            self.dds.stale_nonces.load(Relaxed),
-        )?;
-        counter(
-            &mut encoder,
-            "dds_streams_refused",
-            "New streams refused by the admission rate",
-            self.dds.streams_refused.load(Relaxed),
-        )?;
-        if let Some(kube) = &self.kube {
-            let pending = i64::try_from(self.store.pair_count()).unwrap_or(i64::MAX);
-            gauge(
-                &mut encoder,
-                "outbox_pending_pairs",
-                "Acknowledged pairs not yet written to the API server",
-                pending,
-            )?;
-            counter(
-                &mut encoder,
-                "kube_requests",
-                "Requests sent to the Kubernetes API server",
-                kube.requests.load(Relaxed),
-            )?;
-            counter(
-                &mut encoder,
-                "kube_writes",
-                "Creates and updates that succeeded",
-                kube.writes.load(Relaxed),
-            )?;
-            counter(
-                &mut encoder,
-                "kube_conflicts",
-                "409 answers to creates and updates",
-                kube.conflicts.load(Relaxed),
-            )?;
+        match self.read {
+            Read::Counter(read) => {
+                let metric = ConstCounter::new(read(&self.source));
+                metric.encode(encoder.encode_descriptor(
+                    self.name,
+                    self.help,
+                    None,
+                    metric.metric_type(),
+                )?)
+            }
+            Read::Gauge(read) => {
+                let metric = ConstGauge::new(read(&self.source));
+                metric.encode(encoder.encode_descriptor(
+                    self.name,
+                    self.help,
+                    None,
+                    metric.metric_type(),
+                )?)
+            }
         }
-        Ok(())
     }
 }
 

@@ -7,12 +7,16 @@ use prost::Message;
 use prost_types::Any;
 
 use crate::index::Kind;
-use crate::mapping::{MappingKey, client_key, object_name};
+use crate::mapping::{MappingKey, client_key};
 use crate::pb::rules::{ServiceNameMapping, ServiceNameMappingToClient};
 
-/// The object for one mapping: key `<object name>/<namespace>` and its `Any`.
-pub fn mapping_object(key: &MappingKey, applications: &BTreeSet<String>) -> (String, Any) {
-    let client_key = client_key(&object_name(&key.interface), &key.namespace);
+/// The object for one mapping named `name`: key `<name>/<namespace>` and its `Any`.
+pub fn mapping_object(
+    name: &str,
+    key: &MappingKey,
+    applications: &BTreeSet<String>,
+) -> (String, Any) {
+    let client_key = client_key(name, &key.namespace);
     let any = mapping_any(&client_key, &key.interface, applications.iter().cloned());
     (client_key, any)
 }
@@ -71,6 +75,7 @@ mod tests {
     fn mapping_object_matches_the_contract() {
         let apps: BTreeSet<String> = ["b-app".to_string(), "a-app".to_string()].into();
         let (key, any) = mapping_object(
+            "org-apache-dubbo-demo-demoservice",
             &MappingKey::new("dubbo-demo", "org.apache.dubbo.demo.DemoService"),
             &apps,
         );

@@ -1,35 +1,39 @@
-//! All wiring in one place: open the store, load the index, start the debouncer, serve gRPC and
-//! the admin port, and shut down in the order that loses nothing.
+//! All wiring in one place, as a short list of named steps: bind the ports, open the source of
+//! truth (the embedded store, or the outbox and the watches in Kubernetes mode), build the
+//! services, serve, and shut down in the order that loses nothing. Every long-lived task runs
+//! under the [`Supervisor`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::admin::{self, MappingSource, Readiness};
 use crate::auth::tokenreview::TokenReviewer;
 use crate::auth::tokens::StaticTokens;
 use crate::auth::{Authenticator, Policy};
-use crate::config::Config;
-use crate::config::Mode;
+use crate::config::{Config, Mode};
 use crate::dds::{DdsStats, RuleService};
-use crate::debounce::{self, Batch};
 use crate::index::{Index, Kind};
 use crate::ingest::Ingest;
 use crate::k8s;
+use crate::k8s::cluster::ClusterView;
+use crate::k8s::watch::{MappingKind, WatchStats};
 use crate::k8s::writer::{KubeWriter, WriterStats};
-use crate::mapping::{MappingDelta, SharedMappings};
 use crate::metrics::{self, Metrics};
 use crate::pb;
-use crate::resources::mapping_object;
 use crate::shutdown::signalled;
-use crate::store::{EmbeddedStore, StoreOptions, StoredChange};
+use crate::store::{
+    self, Durable, Outbox, Store, StoreLimits, StoreStats, StoreWriter, StoredChange,
+};
+use crate::supervisor::Supervisor;
 
 /// The registration service as the health service names it.
 type RegistrationServer =
@@ -39,6 +43,9 @@ type RegistrationServer =
 pub const MAX_DECODING_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Committed changes that may wait for the debouncer before the writer waits.
 const CHANGE_FEED_CAPACITY: usize = 1024;
+/// TCP keepalive of accepted connections (HTTP/2 PINGs find dead peers sooner; this catches
+/// half-open connections of clients that stopped answering at the TCP level).
+const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 
 /// A started control plane. Dropping it does not stop it; call [`RunningServer::shutdown`].
 pub struct RunningServer {
@@ -46,8 +53,8 @@ pub struct RunningServer {
     /// The TLS gRPC port, when configured.
     pub tls_addr: Option<SocketAddr>,
     pub admin_addr: SocketAddr,
-    pub store: EmbeddedStore,
     pub index: Arc<Index>,
+    pub store_stats: Arc<StoreStats>,
     pub dds_stats: Arc<DdsStats>,
     /// API-server request counters, in Kubernetes mode.
     pub kube_stats: Option<Arc<WriterStats>>,
@@ -62,7 +69,7 @@ impl RunningServer {
         self.shutdown.send_replace(true);
     }
 
-    /// Waits until the server has shut down.
+    /// Waits until the server has shut down; an error says which task failed, if one did.
     pub async fn wait(self) -> anyhow::Result<()> {
         self.task.await.context("server task failed")?
     }
@@ -73,121 +80,53 @@ impl RunningServer {
     }
 }
 
-/// Starts the control plane; returns once both ports accept connections.
+/// The source of truth of the mode, and the handles the rest of the wiring needs of it.
+struct Source {
+    durable: Durable,
+    writer: StoreWriter,
+    mappings: MappingSource,
+    kube: Option<(Arc<KubeWriter>, Outbox)>,
+}
+
+/// Starts the control plane; returns once every port accepts connections.
 pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     check_bind_policy(&config)?;
-
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let (changes_tx, changes_rx) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
-    // In Kubernetes mode, the watched cluster state: what is there needs no write.
-    let cluster = (config.mode == Mode::Kubernetes).then(|| Arc::new(SharedMappings::new()));
-    let store_options = StoreOptions {
-        present_elsewhere: cluster.clone(),
-        queue_capacity: config.ingest.queue_capacity,
-        max_batch: config.ingest.max_batch,
-    };
-    let replay = changes_tx.clone();
-    let data_dir = config.data_dir.clone();
-    let (store, writer) = tokio::task::spawn_blocking(move || {
-        EmbeddedStore::open(&data_dir, store_options, changes_tx)
-    })
-    .await
-    .context("store open task failed")?
-    .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
-    let index = Arc::new(Index::new(store.opened_revision()));
+    let readiness = Readiness::default();
+    let mut tasks = Supervisor::new(shutdown.clone(), readiness.clone());
     let metrics = Arc::new(Metrics::default());
+    let mut registry = Registry::with_prefix("dubbo_cp");
+    metrics.register_metrics(&mut registry);
 
+    let listeners = Listeners::bind(&config).await?;
     let kube_client = match config.mode {
         Mode::Kubernetes => Some(k8s::client(config.kubernetes.api_server.as_deref()).await?),
         Mode::Standalone => None,
     };
-    let (debouncer, cluster_watch, kube_stats) = match cluster.clone() {
-        None => {
-            let objects = store
-                .snapshot()
-                .iter()
-                .map(|(key, apps)| mapping_object(key, apps))
-                .collect();
-            index.reset(Kind::ServiceNameMapping, objects, store.opened_revision());
-            index.mark_loaded();
-            tracing::info!(
-                mappings = index.current(Kind::ServiceNameMapping).objects.len(),
-                revision = store.opened_revision(),
-                data_dir = %config.data_dir.display(),
-                "store opened"
-            );
-            let debouncer = tokio::spawn({
-                let (index, store, metrics) = (index.clone(), store.clone(), metrics.clone());
-                async move {
-                    publish_changes(config.debounce, changes_rx, store, index, metrics).await;
-                    Ok(())
-                }
-            });
-            (debouncer, None, None)
-        }
-        Some(cluster) => {
-            let client = kube_client
-                .clone()
-                .context("Kubernetes mode without a Kubernetes client")?;
-            let cluster_watch = tokio::spawn({
-                let (client, index, shutdown) =
-                    (client.clone(), index.clone(), shutdown_rx.clone());
-                async move {
-                    k8s::watch::run(client, index, cluster, shutdown).await;
-                    Ok(())
-                }
-            });
-            let kube_writer = Arc::new(KubeWriter::new(client, config.kubernetes.writer));
-            let kube_stats = kube_writer.stats();
-            // What was acknowledged but not yet written before the last stop goes out first.
-            let pending = store.snapshot();
-            tracing::info!(pending = pending.len(), data_dir = %config.data_dir.display(), "outbox opened");
-            if !pending.is_empty() {
-                let mut delta = MappingDelta::default();
-                for (key, apps) in pending {
-                    for app in apps {
-                        delta.add(key.clone(), app);
-                    }
-                }
-                let change = StoredChange {
-                    delta,
-                    revision: store.opened_revision(),
-                };
-                replay
-                    .send(change)
-                    .await
-                    .context("change feed closed at start")?;
-            }
-            let debouncer = tokio::spawn({
-                let (store, metrics) = (store.clone(), metrics.clone());
-                async move {
-                    write_to_kubernetes(config.debounce, changes_rx, kube_writer, store, metrics)
-                        .await;
-                    Ok(())
-                }
-            });
-            (debouncer, Some(cluster_watch), Some(kube_stats))
+    let index = Arc::new(Index::new(0));
+    index.register_metrics(&mut registry);
+    let mut source = match &kube_client {
+        None => open_store(&config, &index, &metrics, &mut tasks).await?,
+        Some(client) => {
+            open_kubernetes(&config, client, &index, &metrics, &mut registry, &mut tasks).await?
         }
     };
-    // Only the store writer may keep the feed open, so its exit ends the debouncer.
-    drop(replay);
+    source.durable.stats().register_metrics(&mut registry);
+    if let Some(exited) = source.writer.take_exit_signal() {
+        tasks.spawn("store writer", async move {
+            let _ = exited.await;
+            Ok(())
+        });
+    }
 
-    let grpc_listener = TcpListener::bind(config.grpc_addr)
-        .await
-        .with_context(|| format!("cannot bind the gRPC port {}", config.grpc_addr))?;
-    let admin_listener = TcpListener::bind(config.admin_addr)
-        .await
-        .with_context(|| format!("cannot bind the admin port {}", config.admin_addr))?;
-    let grpc_addr = grpc_listener.local_addr()?;
-    let admin_addr = admin_listener.local_addr()?;
-
-    let readiness = Readiness::default();
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<RegistrationServer>().await;
-
-    let policy = auth_policy(&config, kube_client.as_ref(), shutdown_rx.clone())?;
+    let policy = auth_policy(
+        &config,
+        kube_client.as_ref(),
+        &mut tasks,
+        shutdown_rx.clone(),
+    )?;
     let ingest = Ingest::new(
-        store.clone(),
+        source.durable.clone(),
         &config.ingest,
         policy.clone(),
         metrics.clone(),
@@ -200,96 +139,78 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         shutdown_rx.clone(),
     );
     let dds_stats = rules.stats();
-    // The TLS port serves the same services; its clients may present SPIFFE certificates.
-    let (tls_addr, grpc_tls) = match tls_settings(&config)? {
-        None => (None, None),
-        Some(tls) => {
-            let listener = TcpListener::bind(config.tls.addr)
-                .await
-                .with_context(|| format!("cannot bind the TLS gRPC port {}", config.tls.addr))?;
-            let addr = listener.local_addr()?;
-            let serve = grpc_serve(
-                &config,
-                metrics.clone(),
-                Some(tls),
-                (ingest.clone(), rules.clone(), health_service.clone()),
-                listener,
-                shutdown_rx.clone(),
-            )?;
-            let task = tokio::spawn(async move { serve.await.context("TLS gRPC server failed") });
-            (Some(addr), Some(task))
-        }
-    };
-    let grpc_serve = grpc_serve(
+    dds_stats.register_metrics(&mut registry);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<RegistrationServer>().await;
+    let services = (ingest, rules, health_service);
+
+    let Listeners {
+        grpc,
+        tls,
+        admin: admin_listener,
+        grpc_addr,
+        tls_addr,
+        admin_addr,
+    } = listeners;
+    if let Some((listener, tls_config)) = tls {
+        let serve = grpc_serve(
+            &config,
+            metrics.clone(),
+            Some(tls_config),
+            services.clone(),
+            listener,
+            shutdown_rx.clone(),
+        )?;
+        tasks.spawn("TLS gRPC server", async move {
+            serve.await.context("TLS gRPC server failed")
+        });
+    }
+    let serve = grpc_serve(
         &config,
         metrics.clone(),
         None,
-        (ingest, rules, health_service),
-        grpc_listener,
+        services,
+        grpc,
         shutdown_rx.clone(),
     )?;
-    let grpc = tokio::spawn(async move { grpc_serve.await.context("gRPC server failed") });
-    let mappings = match &cluster {
-        Some(cluster) => MappingSource::Cluster(cluster.clone()),
-        None => MappingSource::Store(store.clone()),
+    tasks.spawn("gRPC server", async move {
+        serve.await.context("gRPC server failed")
+    });
+
+    let admin_state = admin::AdminState {
+        readiness: readiness.clone(),
+        index: index.clone(),
+        mappings: source.mappings.clone(),
+        outbox: source.kube.clone(),
+        registry: Arc::new(registry),
     };
-    let registry = Arc::new(metrics::registry(metrics::Sources {
-        metrics: metrics.clone(),
-        store: store.clone(),
-        dds: dds_stats.clone(),
-        kube: kube_stats.clone(),
-    }));
-    let admin_serve = axum::serve(
-        admin_listener,
-        admin::router(admin::AdminState {
-            readiness: readiness.clone(),
-            index: index.clone(),
-            mappings,
-            outbox: store.clone(),
-            registry,
-        }),
-    )
-    .with_graceful_shutdown(wait_for_shutdown(shutdown_rx.clone()));
-    let admin = tokio::spawn(async move { admin_serve.await.context("admin server failed") });
+    let admin_serve = axum::serve(admin_listener, admin::router(admin_state))
+        .with_graceful_shutdown(wait_for_shutdown(shutdown_rx.clone()));
+    tasks.spawn("admin server", async move {
+        admin_serve.await.context("admin server failed")
+    });
+
     readiness.set(true);
     match tls_addr {
         Some(tls_addr) => tracing::info!(%grpc_addr, %tls_addr, %admin_addr, "dubbo-cp serving"),
         None => tracing::info!(%grpc_addr, %admin_addr, "dubbo-cp serving"),
     }
-
-    let task = tokio::spawn({
-        let readiness = readiness.clone();
-        let grace = config.shutdown_grace;
-        async move {
-            wait_for_shutdown(shutdown_rx).await;
-            tracing::info!("shutting down: finishing in-flight registrations");
-            readiness.set(false);
-            health.set_not_serving::<RegistrationServer>().await;
-            finish_within(grace, "gRPC server", grpc).await;
-            if let Some(grpc_tls) = grpc_tls {
-                finish_within(grace, "TLS gRPC server", grpc_tls).await;
-            }
-            if let Some(cluster_watch) = cluster_watch {
-                finish_within(grace, "ServiceNameMapping watch", cluster_watch).await;
-            }
-            // Every acknowledged registration is committed; the writer commits what is queued.
-            tokio::task::spawn_blocking(move || writer.shutdown())
-                .await
-                .context("store writer shutdown failed")?;
-            // The writer's exit closed the change feed: the debouncer publishes what is pending.
-            finish_within(grace, "debouncer", debouncer).await;
-            finish_within(grace, "admin server", admin).await;
-            tracing::info!("shutdown complete");
-            Ok(())
-        }
-    });
-
+    let store_stats = source.durable.stats().clone();
+    let kube_stats = source.kube.as_ref().map(|(writer, _)| writer.stats());
+    let task = tokio::spawn(shutdown_in_order(
+        tasks,
+        source.writer,
+        readiness.clone(),
+        health,
+        config.shutdown_grace,
+        shutdown_rx,
+    ));
     Ok(RunningServer {
         grpc_addr,
         tls_addr,
         admin_addr,
-        store,
         index,
+        store_stats,
         dds_stats,
         kube_stats,
         readiness,
@@ -298,11 +219,221 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     })
 }
 
+/// Every port, bound before anything else starts, so a port in use fails the start at once.
+struct Listeners {
+    grpc: TcpListener,
+    tls: Option<(TcpListener, ServerTlsConfig)>,
+    admin: TcpListener,
+    grpc_addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
+    admin_addr: SocketAddr,
+}
+
+impl Listeners {
+    async fn bind(config: &Config) -> anyhow::Result<Listeners> {
+        let bind = |addr: SocketAddr, what: &'static str| async move {
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot bind the {what} {addr}"))
+        };
+        let grpc = bind(config.grpc_addr, "gRPC port").await?;
+        let admin = bind(config.admin_addr, "admin port").await?;
+        let tls = match tls_settings(config)? {
+            Some(tls) => Some((bind(config.tls.addr, "TLS gRPC port").await?, tls)),
+            None => None,
+        };
+        Ok(Listeners {
+            grpc_addr: grpc.local_addr()?,
+            admin_addr: admin.local_addr()?,
+            tls_addr: tls.as_ref().map(|(l, _)| l.local_addr()).transpose()?,
+            grpc,
+            tls,
+            admin,
+        })
+    }
+}
+
+/// Standalone: the embedded store is the truth; its change feed is debounced into the index.
+async fn open_store(
+    config: &Config,
+    index: &Arc<Index>,
+    metrics: &Arc<Metrics>,
+    tasks: &mut Supervisor,
+) -> anyhow::Result<Source> {
+    let (changes_tx, changes) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
+    let data_dir = config.data_dir.clone();
+    let limits = store_limits(config);
+    let (store, writer) =
+        tokio::task::spawn_blocking(move || Store::open(&data_dir, limits, changes_tx))
+            .await
+            .context("store open task failed")?
+            .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
+    store::load_index(&store, index);
+    tracing::info!(
+        mappings = index.current(Kind::ServiceNameMapping).objects.len(),
+        revision = store.opened_revision(),
+        data_dir = %config.data_dir.display(),
+        "store opened"
+    );
+    let publish = store::publish(
+        config.debounce,
+        changes,
+        store.clone(),
+        index.clone(),
+        metrics.clone(),
+    );
+    tasks.spawn("store publisher", async move {
+        publish.await;
+        Ok(())
+    });
+    Ok(Source {
+        durable: Durable::Store(store.clone()),
+        writer,
+        mappings: MappingSource::Store(store),
+        kube: None,
+    })
+}
+
+/// Kubernetes mode: registrations wait in the outbox until the per-key writer has put them in
+/// the cluster; the watch of the objects is the only way into the index.
+async fn open_kubernetes(
+    config: &Config,
+    client: &kube::Client,
+    index: &Arc<Index>,
+    metrics: &Arc<Metrics>,
+    registry: &mut Registry,
+    tasks: &mut Supervisor,
+) -> anyhow::Result<Source> {
+    let cluster = Arc::new(ClusterView::default());
+    let (changes_tx, changes) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
+    let data_dir = config.data_dir.clone();
+    let limits = store_limits(config);
+    let applications = cluster.applications();
+    let (outbox, writer) = tokio::task::spawn_blocking(move || {
+        Outbox::open(&data_dir, applications, limits, changes_tx)
+    })
+    .await
+    .context("outbox open task failed")?
+    .with_context(|| format!("cannot open the outbox in {}", config.data_dir.display()))?;
+    outbox.register_metrics(registry);
+
+    let kube_writer = Arc::new(KubeWriter::new(
+        client.clone(),
+        config.kubernetes.writer,
+        cluster.clone(),
+    ));
+    kube_writer.register_metrics(registry);
+    // What was acknowledged but not yet written before the last stop goes out first.
+    let pending = outbox.pending();
+    tracing::info!(pending = pending.len(), data_dir = %config.data_dir.display(), "outbox opened");
+    let mut delta = crate::mapping::MappingDelta::default();
+    for (key, apps) in pending {
+        for app in apps {
+            delta.add(key.clone(), app);
+        }
+    }
+    kube_writer.enqueue(delta);
+
+    let shutdown = tasks.shutdown_receiver();
+    let run = kube_writer.clone().run(outbox.clone(), shutdown.clone());
+    tasks.spawn("Kubernetes writer", async move {
+        run.await;
+        Ok(())
+    });
+    let feed = k8s::writer::feed(
+        config.debounce,
+        changes,
+        kube_writer.clone(),
+        metrics.clone(),
+    );
+    tasks.spawn("outbox feed", async move {
+        feed.await;
+        Ok(())
+    });
+
+    let watch_stats = Arc::new(WatchStats::default());
+    watch_stats.register_metrics(registry);
+    let mappings = Arc::new(MappingKind {
+        cluster: cluster.clone(),
+    });
+    let watch = k8s::watch::run(
+        mappings,
+        client.clone(),
+        index.clone(),
+        config.debounce,
+        metrics.clone(),
+        watch_stats,
+        shutdown,
+    );
+    tasks.spawn("ServiceNameMapping watch", async move {
+        watch.await;
+        Ok(())
+    });
+    // The rule kinds have no source yet: they are empty, not pending.
+    for kind in Kind::ALL
+        .into_iter()
+        .filter(|k| *k != Kind::ServiceNameMapping)
+    {
+        index.mark_loaded(kind);
+    }
+    Ok(Source {
+        durable: Durable::Outbox(outbox.clone()),
+        writer,
+        mappings: MappingSource::Cluster(cluster),
+        kube: Some((kube_writer, outbox)),
+    })
+}
+
+fn store_limits(config: &Config) -> StoreLimits {
+    StoreLimits {
+        queue_capacity: config.ingest.queue_capacity,
+        queue_bytes: config.ingest.queue_bytes,
+        max_batch: config.ingest.max_batch,
+        max_applications_per_key: config.ingest.max_applications_per_key,
+    }
+}
+
+/// The shutdown, once asked for (SIGTERM, [`RunningServer::shutdown`], or a failed task):
+/// stop taking traffic, let in-flight RPCs finish, commit what is queued, publish what is
+/// pending, then stop the rest. Returns the failure, if a task failed.
+async fn shutdown_in_order(
+    mut tasks: Supervisor,
+    writer: StoreWriter,
+    readiness: Readiness,
+    health: tonic_health::server::HealthReporter,
+    grace: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    signalled(&mut shutdown).await;
+    tracing::info!("shutting down: finishing in-flight registrations");
+    readiness.set(false);
+    health.set_not_serving::<RegistrationServer>().await;
+    tasks.finish("gRPC server", grace).await;
+    tasks.finish("TLS gRPC server", grace).await;
+    tasks.finish("ServiceNameMapping watch", grace).await;
+    // Every acknowledged registration is committed; the writer commits what is queued, and its
+    // exit closes the change feed, so the debouncer behind it publishes what is pending.
+    tokio::task::spawn_blocking(move || writer.shutdown())
+        .await
+        .context("store writer shutdown failed")?;
+    tasks.finish("store publisher", grace).await;
+    tasks.finish("outbox feed", grace).await;
+    tasks.finish_all(grace).await;
+    match tasks.failure() {
+        None => {
+            tracing::info!("shutdown complete");
+            Ok(())
+        }
+        Some(failure) => Err(anyhow::anyhow!(failure)),
+    }
+}
+
 /// The authentication and authorization of the configuration: a token file (watched for
 /// changes), TokenReview in Kubernetes mode, or none.
 fn auth_policy(
     config: &Config,
     kube_client: Option<&kube::Client>,
+    tasks: &mut Supervisor,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<Policy> {
     let policy = |authenticator: Option<Arc<dyn Authenticator>>| {
@@ -311,6 +442,7 @@ fn auth_policy(
             config.auth.admins.clone(),
             config.auth.legacy_answers,
         )
+        .with_trust_domain(config.tls.trust_domain.clone())
     };
     if config.uses_token_review() {
         let client = kube_client.context("TokenReview needs a Kubernetes client")?;
@@ -323,11 +455,12 @@ fn auth_policy(
     let (tokens, modified) = StaticTokens::open(path)?;
     let reload = config.auth.reload_interval;
     let watched = tokens.clone();
-    tokio::spawn(async move {
+    tasks.spawn("token file watch", async move {
         tokio::select! {
             () = watched.watch(reload, modified) => {}
             () = signalled(&mut shutdown) => {}
         }
+        Ok(())
     });
     Ok(policy(Some(tokens)))
 }
@@ -411,7 +544,6 @@ fn grpc_serve<H: tonic_health::pb::health_server::Health>(
         // Detect dead peers: long-lived streams would otherwise pin memory forever.
         .http2_keepalive_interval(Some(grpc.keepalive_interval))
         .http2_keepalive_timeout(Some(grpc.keepalive_timeout))
-        .tcp_keepalive(Some(Duration::from_secs(60)))
         // Old connections are closed (after a grace period) so clients rebalance across replicas.
         .max_connection_age(grpc.max_connection_age)
         .max_connection_age_grace(grpc.max_connection_age_grace)
@@ -423,98 +555,14 @@ fn grpc_serve<H: tonic_health::pb::health_server::Health>(
         .add_service(networking_service)
         .add_service(rules)
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
+            // Our own listener, so NODELAY and keepalive must be set on the incoming stream.
+            TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(Some(TCP_KEEPALIVE)),
             wait_for_shutdown(shutdown),
         ))
 }
 
-/// The debounce loop of standalone mode: merged committed changes go to the index, each changed
-/// key with all its committed applications.
-async fn publish_changes(
-    config: debounce::DebounceConfig,
-    changes: mpsc::Receiver<StoredChange>,
-    store: EmbeddedStore,
-    index: Arc<Index>,
-    metrics: Arc<Metrics>,
-) {
-    debounce::run(config, changes, |batch: Batch<StoredChange>| {
-        observe_flush(&metrics, &batch);
-        let published_keys = batch.value.delta.len();
-        let revision = batch.value.revision;
-        let objects: Vec<_> = batch
-            .value
-            .delta
-            .iter()
-            .filter_map(|(key, _)| {
-                store
-                    .applications(key)
-                    .map(|apps| mapping_object(key, &apps))
-            })
-            .collect();
-        let changed = index.apply(Kind::ServiceNameMapping, objects, [], revision);
-        tracing::debug!(
-            events = batch.events,
-            keys = published_keys,
-            revision,
-            changed,
-            waited_ms = batch.first_event.elapsed().as_millis() as u64,
-            "published stored changes"
-        );
-        std::future::ready(())
-    })
-    .await;
-}
-
-/// The debounce loop of Kubernetes mode: merged registrations become upserts, one per key.
-async fn write_to_kubernetes(
-    config: debounce::DebounceConfig,
-    changes: mpsc::Receiver<StoredChange>,
-    writer: Arc<KubeWriter>,
-    outbox: EmbeddedStore,
-    metrics: Arc<Metrics>,
-) {
-    debounce::run(config, changes, |batch: Batch<StoredChange>| {
-        observe_flush(&metrics, &batch);
-        let writer = writer.clone();
-        let outbox = outbox.clone();
-        async move {
-            let keys = batch.value.delta.len();
-            writer.write_all(batch.value.delta, &outbox).await;
-            tracing::debug!(
-                events = batch.events,
-                keys,
-                waited_ms = batch.first_event.elapsed().as_millis() as u64,
-                "upserts written"
-            );
-        }
-    })
-    .await;
-}
-
-fn observe_flush<T>(metrics: &Metrics, batch: &Batch<T>) {
-    metrics.flush_size.observe(batch.events as f64);
-    metrics
-        .flush_delay
-        .observe(batch.first_event.elapsed().as_secs_f64());
-}
-
 async fn wait_for_shutdown(mut rx: watch::Receiver<bool>) {
     signalled(&mut rx).await;
-}
-
-/// Waits for a component to finish; after `grace` it is abandoned with a warning.
-async fn finish_within(grace: Duration, what: &str, task: JoinHandle<anyhow::Result<()>>) {
-    let abort = task.abort_handle();
-    match tokio::time::timeout(grace, task).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(err))) => tracing::error!(error = format!("{err:#}"), "{what} failed"),
-        Ok(Err(err)) => tracing::error!(error = %err, "{what} task failed"),
-        Err(_) => {
-            tracing::warn!(
-                ?grace,
-                "{what} did not finish within the shutdown grace period"
-            );
-            abort.abort();
-        }
-    }
 }

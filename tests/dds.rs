@@ -280,7 +280,7 @@ async fn observe_is_unavailable_until_the_initial_state_is_loaded() {
     let refused = Observer::connect(channel(addr).await).await.err();
     assert_eq!(refused.map(|s| s.code()), Some(Code::Unavailable));
 
-    index.mark_loaded();
+    index.mark_all_loaded();
     let mut observer = Observer::open(addr).await;
     observer.subscribe(SNP_TYPE).await;
     assert_eq!(observer.next().await.revision, 1);

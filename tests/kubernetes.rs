@@ -57,10 +57,13 @@ async fn wait_ready(server: &RunningServer) {
 async fn wait_outbox_empty(server: &RunningServer) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let (_, outbox) = http_get(server.admin_addr, "/debug/outbox").await;
-        if outbox == "[]" {
+        let (_, body) = http_get(server.admin_addr, "/debug/outbox").await;
+        let outbox: dubbo_cp::admin::OutboxView =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        if outbox.pending.is_empty() {
             return;
         }
+        let outbox = body;
         assert!(
             tokio::time::Instant::now() < deadline,
             "written pairs left in the outbox: {outbox}"
@@ -117,7 +120,7 @@ async fn create_then_union_then_no_write_for_what_is_there() {
 
     // Once the watch shows it, registering it again writes nothing, locally or remotely.
     common::wait_published_apps(&server, &format!("{name}/demo"), 2).await;
-    let commits = server.store.stats().commits.load(Ordering::Relaxed);
+    let commits = server.store_stats.commits.load(Ordering::Relaxed);
     register(
         &server,
         "demo",
@@ -131,10 +134,7 @@ async fn create_then_union_then_no_write_for_what_is_there() {
         2,
         "an already present registration was written"
     );
-    assert_eq!(
-        server.store.stats().commits.load(Ordering::Relaxed),
-        commits
-    );
+    assert_eq!(server.store_stats.commits.load(Ordering::Relaxed), commits);
     wait_outbox_empty(&server).await;
     let (_, metrics) = http_get(server.admin_addr, "/metrics").await;
     assert!(
@@ -407,4 +407,157 @@ async fn two_replicas_registering_the_same_keys_converge_to_the_union() {
     for replica in replicas {
         assert!(replica.stop().await.is_ok());
     }
+}
+
+/// Waits until the index's mapping state satisfies `check`.
+async fn wait_index(
+    server: &RunningServer,
+    what: &str,
+    check: impl Fn(&dubbo_cp::index::KindSnapshot) -> bool,
+) {
+    let mut rx = server
+        .index
+        .subscribe(dubbo_cp::index::Kind::ServiceNameMapping);
+    let done = tokio::time::timeout(Duration::from_secs(20), rx.wait_for(|s| check(s))).await;
+    assert!(matches!(done, Ok(Ok(_))), "timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interfaces_differing_in_case_are_distinct_objects() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(k8s_config(dir.path(), &api)).await;
+    wait_ready(&server).await;
+    // Before: x.Y and x.y shared the object `x-y`, the writer retried the collision forever and
+    // z.Z, acknowledged after them, was never written.
+    register(&server, "ns", "upper", &["x.Y"]).await;
+    // Written before the next one arrives; within one flush, whichever lands first wins.
+    wait_outbox_empty(&server).await;
+    register(&server, "ns", "lower", &["x.y"]).await;
+    register(&server, "ns", "other", &["z.Z"]).await;
+    wait_outbox_empty(&server).await;
+    assert_eq!(api.object_count(), 3);
+    assert_eq!(
+        api.applications("ns", "x-y"),
+        vec!["upper"],
+        "first come keeps the name"
+    );
+    assert_eq!(api.applications("ns", "z-z"), vec!["other"]);
+    wait_index(&server, "three objects", |s| s.objects.len() == 3).await;
+
+    let mut observer = Observer::open(server.grpc_addr).await;
+    observer.subscribe(SNP_TYPE).await;
+    let state = mappings_of(&observer.next().await);
+    let interfaces: BTreeSet<&str> = state.values().map(|(i, _)| i.as_str()).collect();
+    assert_eq!(interfaces, BTreeSet::from(["x.Y", "x.y", "z.Z"]));
+    let lower = state
+        .iter()
+        .find(|(_, (interface, _))| interface == "x.y")
+        .map(|(key, (_, apps))| (key.clone(), apps.clone()));
+    let (lower_key, lower_apps) = lower.unwrap();
+    assert_ne!(lower_key, "x-y/ns");
+    assert_eq!(lower_apps, BTreeSet::from(["lower".to_string()]));
+
+    // A second registration of x.y finds its own object, not the reference-named one.
+    register(&server, "ns", "lower-2", &["x.y"]).await;
+    wait_outbox_empty(&server).await;
+    assert_eq!(api.object_count(), 3);
+    let name = lower_key.trim_end_matches("/ns");
+    assert_eq!(api.applications("ns", name), vec!["lower", "lower-2"]);
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_the_api_server_refuses_is_parked_and_the_rest_keeps_flowing() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = k8s_config(dir.path(), &api);
+    config.kubernetes.writer.parked_retry = Duration::from_millis(300);
+    let server = start(config).await;
+    wait_ready(&server).await;
+    api.refuse_writes_to("ns", "a-refused", 422);
+    register(&server, "ns", "app", &["a.Refused"]).await;
+    register(&server, "ns", "app", &["b.Fine"]).await;
+    register(&server, "ns", "app", &["c.Fine"]).await;
+    eventually(Duration::from_secs(10), "the fine keys written", || {
+        api.applications("ns", "b-fine") == vec!["app"]
+            && api.applications("ns", "c-fine") == vec!["app"]
+    })
+    .await;
+    // The refused key is parked with its reason, and still pending in the outbox.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let outbox = loop {
+        let (_, body) = http_get(server.admin_addr, "/debug/outbox").await;
+        let outbox: dubbo_cp::admin::OutboxView = serde_json::from_str(&body).unwrap();
+        if !outbox.parked.is_empty() {
+            break outbox;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing parked: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(outbox.parked[0].interface_name, "a.Refused");
+    assert!(
+        outbox.parked[0].reason.contains("422"),
+        "{:?}",
+        outbox.parked[0]
+    );
+    assert_eq!(outbox.pending.len(), 1);
+    let (_, metrics) = http_get(server.admin_addr, "/metrics").await;
+    assert!(
+        metrics.contains("dubbo_cp_outbox_parked_keys 1"),
+        "{metrics}"
+    );
+
+    // Once the API server accepts it, the slow retry writes it.
+    api.allow_writes_to("ns", "a-refused");
+    wait_outbox_empty(&server).await;
+    assert_eq!(api.applications("ns", "a-refused"), vec!["app"]);
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_watch_events_costs_one_encode_per_changed_object_per_window() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = k8s_config(dir.path(), &api);
+    // A window long enough that the whole burst lands in one or two of them.
+    config.debounce.after = Duration::from_millis(500);
+    let server = start(config).await;
+    wait_ready(&server).await;
+    let kind = dubbo_cp::index::Kind::ServiceNameMapping;
+    let stats = server.index.stats();
+    let (encodes, assemblies) = (stats.encodes_of(kind), stats.assemblies_of(kind));
+    // 10 objects, 100 edits each: 1,000 watch events.
+    for round in 0..100 {
+        for object in 0..10 {
+            let apps: Vec<String> = (0..=round).map(|a| format!("app-{a}")).collect();
+            api.kubectl_apply(
+                "ns",
+                &format!("obj-{object}"),
+                json!({"interfaceName": format!("x.I{object}"), "applicationNames": apps}),
+            );
+        }
+    }
+    wait_index(&server, "the last edit", |s| {
+        s.objects.len() == 10
+            && s.objects.values().all(|o| {
+                dubbo_cp::resources::decode_mapping(&o.any).is_ok_and(|m| {
+                    m.spec
+                        .is_some_and(|spec| spec.application_names.len() == 100)
+                })
+            })
+    })
+    .await;
+    let windows = stats.assemblies_of(kind) - assemblies;
+    let encoded = stats.encodes_of(kind) - encodes;
+    println!("1,000 watch events: {windows} assemblies, {encoded} object encodes");
+    assert!(windows <= 5, "{windows} assemblies for one burst");
+    assert!(
+        encoded <= 10 * windows,
+        "{encoded} encodes over {windows} windows of 10 objects"
+    );
+    assert!(server.stop().await.is_ok());
 }

@@ -28,7 +28,7 @@ async fn register_then_reregister_without_a_write() {
         .map(|r| r.into_inner());
     let reply = reply.unwrap_or_else(|status| panic!("{status}"));
     assert!(reply.success, "{reply:?}");
-    let stats = server.store.stats();
+    let stats = server.store_stats.clone();
     assert_eq!(stats.commits.load(Ordering::Relaxed), 1);
     assert_eq!(stats.pairs_written.load(Ordering::Relaxed), 2);
 
@@ -140,7 +140,7 @@ async fn invalid_requests_are_refused_naming_the_field_and_store_nothing() {
             status.message()
         );
     }
-    assert_eq!(server.store.stats().commits.load(Ordering::Relaxed), 0);
+    assert_eq!(server.store_stats.commits.load(Ordering::Relaxed), 0);
     assert!(admin_mappings(server.admin_addr).await.is_empty());
     assert!(server.stop().await.is_ok());
 }
@@ -225,7 +225,7 @@ async fn two_hundred_clients_fifty_registrations_each_store_exactly_the_union() 
     let stored = admin_mappings(server.admin_addr).await;
     assert_eq!(stored, expected);
     let pairs: usize = expected.values().map(BTreeSet::len).sum();
-    let stats = server.store.stats();
+    let stats = server.store_stats.clone();
     assert_eq!(
         stats.pairs_written.load(Ordering::Relaxed) as usize,
         pairs,
@@ -359,4 +359,62 @@ async fn health_readiness_and_reflection() {
         tokio::net::TcpStream::connect(admin).await.is_err(),
         "admin port still open after shutdown"
     );
+}
+
+#[tokio::test]
+async fn interfaces_differing_in_case_are_distinct_on_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(test_config(dir.path())).await;
+    let mut client = client(server.grpc_addr).await;
+    // Before: all three were the object `x-y/ns`, and each overwrote the other on the stream.
+    for (app, interface) in [("a", "x.Y"), ("b", "x.y"), ("c", "x-y")] {
+        let reply = client
+            .register_service_app_mapping(request("ns", app, &[interface]))
+            .await;
+        assert!(reply.is_ok_and(|r| r.into_inner().success));
+    }
+    common::wait_published(&server, 3).await;
+    let mut observer = common::Observer::open(server.grpc_addr).await;
+    observer.subscribe(common::SNP_TYPE).await;
+    let state = common::mappings_of(&observer.next().await);
+    let by_interface: std::collections::BTreeMap<String, (String, BTreeSet<String>)> = state
+        .into_iter()
+        .map(|(key, (interface, apps))| (interface, (key, apps)))
+        .collect();
+    assert_eq!(by_interface.len(), 3, "{by_interface:?}");
+    assert_eq!(
+        by_interface["x.Y"].0, "x-y/ns",
+        "the first keeps the reference name"
+    );
+    assert_eq!(by_interface["x.y"].1, BTreeSet::from(["b".to_string()]));
+    assert_eq!(by_interface["x-y"].1, BTreeSet::from(["c".to_string()]));
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn applications_per_key_are_capped_with_a_clear_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    config.ingest.max_applications_per_key = 3;
+    let server = start(config).await;
+    let mut client = client(server.grpc_addr).await;
+    for app in ["a", "b", "c"] {
+        let reply = client
+            .register_service_app_mapping(request("ns", app, &["x.I"]))
+            .await;
+        assert!(reply.is_ok_and(|r| r.into_inner().success));
+    }
+    let refused = client
+        .register_service_app_mapping(request("ns", "d", &["x.I"]))
+        .await;
+    let status = refused.err().unwrap();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(status.message().contains("ns/x.I"), "{}", status.message());
+    assert!(
+        status.message().contains("maxApplicationsPerKey"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(admin_mappings(server.admin_addr).await.len(), 1);
+    assert!(server.stop().await.is_ok());
 }

@@ -73,6 +73,48 @@ pub struct DdsStats {
     pub push_delay: prometheus_client::metrics::histogram::Histogram,
 }
 
+impl DdsStats {
+    pub fn register_metrics(
+        self: &Arc<Self>,
+        registry: &mut prometheus_client::registry::Registry,
+    ) {
+        use crate::metrics::{scraped_counter, scraped_gauge};
+        registry.register(
+            "dds_push_delay_seconds",
+            "Seconds from a state's publication to its hand-over to a stream's transport",
+            self.push_delay.clone(),
+        );
+        scraped_gauge(
+            registry,
+            "dds_streams_open",
+            "Open discovery streams",
+            self,
+            |s| s.streams_open.load(Ordering::Relaxed),
+        );
+        scraped_counter(
+            registry,
+            "dds_pushes",
+            "Responses sent on discovery streams",
+            self,
+            |s| s.pushes.load(Ordering::Relaxed),
+        );
+        scraped_counter(
+            registry,
+            "dds_stale_nonces",
+            "Requests with a wrong or stale nonce",
+            self,
+            |s| s.stale_nonces.load(Ordering::Relaxed),
+        );
+        scraped_counter(
+            registry,
+            "dds_streams_refused",
+            "New streams refused by the admission rate",
+            self,
+            |s| s.streams_refused.load(Ordering::Relaxed),
+        );
+    }
+}
+
 impl Default for DdsStats {
     fn default() -> Self {
         Self {

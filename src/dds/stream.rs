@@ -19,6 +19,8 @@ use tonic::Status;
 
 use super::DdsStats;
 use super::wire::ObserveResponse;
+#[cfg(test)]
+use crate::index::Change;
 use crate::index::{Index, Kind, KindSnapshot};
 use crate::pb::dds::ObserveRequest;
 
@@ -167,7 +169,7 @@ mod tests {
 
     fn start(capacity: usize) -> Harness {
         let index = Arc::new(Index::new(1));
-        index.mark_loaded();
+        index.mark_all_loaded();
         let (requests, requests_rx) = mpsc::channel(16);
         let (responses_tx, responses) = mpsc::channel(capacity);
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -230,9 +232,10 @@ mod tests {
         }
 
         fn change(&self, key: &str, value: &[u8]) {
+            let (key, any) = object(key, value);
             assert!(
                 self.index
-                    .apply(Kind::ServiceNameMapping, [object(key, value)], [], 0)
+                    .apply(Kind::ServiceNameMapping, [Change::Upsert(key, any)], 0)
             );
         }
     }

@@ -27,6 +27,32 @@ impl EncodedData {
         EncodedData(Bytes::from(buf))
     }
 
+    /// One object's `data` record (key, length, encoded `Any`), to be assembled later.
+    pub fn record(any: &Any) -> Bytes {
+        let mut buf = Vec::with_capacity(any.encoded_len() + 8);
+        encoding::message::encode(DATA_FIELD, any, &mut buf);
+        Bytes::from(buf)
+    }
+
+    /// A state from records made by [`EncodedData::record`]: one copy, no encoding.
+    pub fn assemble<'a>(records: impl IntoIterator<Item = &'a Bytes> + Clone) -> Self {
+        let len = records.clone().into_iter().map(Bytes::len).sum();
+        let mut buf = Vec::with_capacity(len);
+        for record in records {
+            buf.extend_from_slice(record);
+        }
+        EncodedData(Bytes::from(buf))
+    }
+
+    /// Encoded size of the records, i.e. the bytes every response of this state carries.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The `Any` messages, in order.
     pub fn decode(&self) -> Result<Vec<Any>, DecodeError> {
         /// Just the `data` field of `ObserveResponse`.

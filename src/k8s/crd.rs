@@ -8,7 +8,7 @@ use kube::api::ObjectMeta;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::mapping::{MappingKey, label_value, object_name};
+use crate::mapping::{MappingKey, label_value};
 
 /// Label every mapping object carries: the raw interface name (or its fallback, see
 /// [`label_value`]), so `kubectl get snp -l interface=...` finds it.
@@ -38,10 +38,10 @@ pub struct ServiceNameMappingSpec {
 }
 
 impl ServiceNameMapping {
-    /// A new object for `key` holding `applications`, named and labelled per wire.md §3.
-    pub fn for_key(key: &MappingKey, applications: &BTreeSet<String>) -> Self {
+    /// A new object named `name` for `key` holding `applications`, labelled per wire.md §3.
+    pub fn for_key(name: &str, key: &MappingKey, applications: &BTreeSet<String>) -> Self {
         let metadata = ObjectMeta {
-            name: Some(object_name(&key.interface)),
+            name: Some(name.to_owned()),
             namespace: Some(key.namespace.clone()),
             labels: Some(BTreeMap::from([(
                 INTERFACE_LABEL.to_owned(),
@@ -108,6 +108,7 @@ mod tests {
     fn objects_carry_name_namespace_label_and_spec() {
         let apps: BTreeSet<String> = ["b".to_string(), "a".to_string()].into();
         let object = ServiceNameMapping::for_key(
+            "org-apache-dubbo-demo-demoservice",
             &MappingKey::new("ns", "org.apache.dubbo.demo.DemoService"),
             &apps,
         );

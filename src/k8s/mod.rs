@@ -1,6 +1,7 @@
-//! Kubernetes mode: the ServiceNameMapping custom resource, the upserts that write it, and the
-//! watch that feeds what is in the cluster to the index.
+//! Kubernetes mode: the custom resources, the per-key queue that writes mappings, and the
+//! watches that feed what is in the cluster to the index (and to the [`cluster::ClusterView`]).
 
+pub mod cluster;
 pub mod crd;
 pub mod watch;
 pub mod writer;

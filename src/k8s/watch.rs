@@ -1,99 +1,112 @@
-//! The watch of ServiceNameMapping objects: list, then watch from the list's resourceVersion,
-//! resume after disconnects and re-list after 410 Gone (kube-runtime's watcher does these). Each
-//! change reaches the index exactly as the control plane's own writes do, so kubectl edits flow
-//! out to every discovery stream. After each (re-)list the whole state is reconciled, so objects
-//! deleted while the watch was down disappear, and only real changes are pushed.
+//! Watches of custom resources, one per kind, feeding the index through the same debouncer as
+//! every other source: list, then watch from the list's resourceVersion, resume after
+//! disconnects and re-list after 410 Gone (kube-runtime's watcher does these).
 //!
-//! Objects are read as dynamic objects and converted one by one: one that does not deserialize
-//! is logged and skipped instead of failing the whole list.
+//! Events become a [`WatchBatch`] per event; batches merge (the newest version of each object
+//! wins, a list replaces everything before it), so a burst of N events for M objects costs one
+//! conversion per object and one index update per debounce window, not N. After each list the
+//! whole state is reconciled, so objects deleted while the watch was down disappear.
+//!
+//! A kind is a type implementing [`WatchedKind`]: its resource, how an object is parsed and
+//! validated, and how it becomes a discovery-stream object. Objects are read as dynamic objects
+//! and parsed one by one: one that does not deserialize or validate is logged, counted and
+//! skipped (it leaves the state), and the rest of its kind keeps flowing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
-use tokio::sync::watch;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prost_types::Any;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 
+use super::cluster::{ClusterView, WatchedMapping};
 use super::crd::{ServiceNameMapping, ServiceNameMappingSpec};
-use crate::index::{Index, Kind};
-use crate::mapping::{MappingKey, SharedMappings, client_key};
+use crate::debounce::{self, Batch, DebounceConfig, Merge};
+use crate::index::{Change, Index, Kind, KindLabel};
+use crate::mapping::{MappingKey, client_key};
+use crate::metrics::Metrics;
 use crate::resources::mapping_any;
 use crate::shutdown::signalled;
 
-/// One object as the control plane understands it.
-#[derive(Debug, Clone, PartialEq)]
-struct WatchedMapping {
-    key: MappingKey,
-    applications: BTreeSet<String>,
+/// Watch batches that may wait for the debouncer before the watch waits.
+const BATCH_QUEUE: usize = 1024;
+
+/// A custom-resource kind served on the discovery stream.
+pub trait WatchedKind: Send + Sync + 'static {
+    /// The parsed, validated object.
+    type Object: Clone + Send + Sync + 'static;
+
+    fn kind(&self) -> Kind;
+    fn api_resource(&self) -> ApiResource;
+    /// Parses and validates one object; the error says why it is skipped.
+    fn parse(&self, object: &DynamicObject) -> Result<Self::Object, String>;
+    /// The discovery-stream object (`<Kind>ToClient` packed in `Any`).
+    fn to_any(&self, client_key: &str, object: &Self::Object) -> Any;
+    /// Called for every event before it is debounced, for kinds that keep a view of their own.
+    fn observe(&self, _event: &Observed<'_, Self::Object>) {}
 }
 
-/// The watched objects, by client key; mirrored into the index and the shared cluster state.
-struct ClusterState {
-    objects: BTreeMap<String, WatchedMapping>,
-    index: Arc<Index>,
-    cluster: Arc<SharedMappings>,
+/// What [`WatchedKind::observe`] is told.
+pub enum Observed<'a, T> {
+    Listed(&'a BTreeMap<String, (String, T)>),
+    Applied {
+        client_key: &'a str,
+        name: &'a str,
+        object: &'a T,
+    },
+    Deleted {
+        client_key: &'a str,
+    },
 }
 
-impl ClusterState {
-    fn apply(&mut self, client_key: String, mapping: WatchedMapping) {
-        let any = mapping_any(
-            &client_key,
-            &mapping.key.interface,
-            mapping.applications.iter().cloned(),
+/// Changes of one kind waiting for the debouncer: the newest version of each object.
+pub struct WatchBatch<T> {
+    /// A list replaces everything before it.
+    listed: Option<BTreeMap<String, T>>,
+    /// Upserts (`Some`) and deletions (`None`) since the list, if any.
+    changes: BTreeMap<String, Option<T>>,
+}
+
+impl<T> Merge for WatchBatch<T> {
+    fn merge(&mut self, other: Self) {
+        if other.listed.is_some() {
+            *self = other;
+            return;
+        }
+        match &mut self.listed {
+            Some(listed) => {
+                for (key, change) in other.changes {
+                    match change {
+                        Some(object) => listed.insert(key, object),
+                        None => listed.remove(&key),
+                    };
+                }
+            }
+            None => self.changes.extend(other.changes),
+        }
+    }
+}
+
+/// Counts of a watch, by kind.
+#[derive(Debug, Default)]
+pub struct WatchStats {
+    /// Objects skipped because they do not deserialize or validate.
+    pub skipped: Family<KindLabel, Counter>,
+}
+
+impl WatchStats {
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "watch_skipped_objects",
+            "Watched objects skipped because they do not deserialize or validate, by kind",
+            self.skipped.clone(),
         );
-        let previous = self.objects.insert(client_key.clone(), mapping.clone());
-        self.refresh_cluster(&mapping.key);
-        if let Some(previous) = previous.filter(|p| p.key != mapping.key) {
-            self.refresh_cluster(&previous.key);
-        }
-        self.index
-            .apply(Kind::ServiceNameMapping, [(client_key, any)], [], 0);
-    }
-
-    fn delete(&mut self, client_key: String) {
-        if let Some(removed) = self.objects.remove(&client_key) {
-            self.refresh_cluster(&removed.key);
-        }
-        self.index
-            .apply(Kind::ServiceNameMapping, [], [client_key], 0);
-    }
-
-    /// Replaces everything with a fresh list; the index publishes only if the state differs.
-    fn reset(&mut self, objects: BTreeMap<String, WatchedMapping>) {
-        let anys = objects
-            .iter()
-            .map(|(client_key, m)| {
-                let any = mapping_any(client_key, &m.key.interface, m.applications.iter().cloned());
-                (client_key.clone(), any)
-            })
-            .collect();
-        self.objects = objects;
-        self.cluster.clear();
-        for mapping in self.objects.values() {
-            self.cluster
-                .entry(mapping.key.clone())
-                .or_default()
-                .extend(mapping.applications.iter().cloned());
-        }
-        self.index.reset(Kind::ServiceNameMapping, anys, 0);
-    }
-
-    /// Recomputes the shared applications of `key` from every object that holds it.
-    fn refresh_cluster(&self, key: &MappingKey) {
-        let applications: BTreeSet<String> = self
-            .objects
-            .values()
-            .filter(|m| &m.key == key)
-            .flat_map(|m| m.applications.iter().cloned())
-            .collect();
-        if applications.is_empty() {
-            self.cluster.remove(key);
-        } else {
-            self.cluster.insert(key.clone(), applications);
-        }
     }
 }
 
@@ -105,76 +118,256 @@ fn client_key_of(object: &DynamicObject) -> Option<String> {
     ))
 }
 
-/// Converts one object; `None` (with a log line) when it is not a usable mapping.
-fn parse(object: &DynamicObject) -> Option<(String, WatchedMapping)> {
-    let client_key = client_key_of(object)?;
-    let spec = object.data.get("spec").cloned().unwrap_or_default();
-    let spec: ServiceNameMappingSpec = match serde_json::from_value(spec) {
-        Ok(spec) => spec,
-        Err(err) => {
-            tracing::warn!(object = %client_key, error = %err, "skipping a ServiceNameMapping that does not deserialize");
-            return None;
-        }
-    };
-    let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let mapping = WatchedMapping {
-        key: MappingKey::new(namespace, spec.interface_name),
-        applications: spec.application_names.into_iter().collect(),
-    };
-    Some((client_key, mapping))
-}
-
-/// Runs the watch until shutdown. Marks the index loaded after the first complete list.
-pub async fn run(
+/// Runs the watch of `kind` and the debounce stage behind it until shutdown. The kind is marked
+/// loaded in the index once its first list is in the index.
+pub async fn run<K: WatchedKind>(
+    kind: Arc<K>,
     client: Client,
     index: Arc<Index>,
-    cluster: Arc<SharedMappings>,
+    debounce: DebounceConfig,
+    metrics: Arc<Metrics>,
+    stats: Arc<WatchStats>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let (batches, rx) = mpsc::channel(BATCH_QUEUE);
+    let publish = tokio::spawn(publish(kind.clone(), rx, index, debounce, metrics));
+    watch_events(kind, client, batches, stats, shutdown).await;
+    // The watch dropped its sender: the debouncer publishes what is pending, then ends.
+    if let Err(err) = publish.await {
+        tracing::error!(error = %err, "watch publisher failed");
+    }
+}
+
+/// The debounce stage of a watched kind: each flush is one index update.
+async fn publish<K: WatchedKind>(
+    kind: Arc<K>,
+    batches: mpsc::Receiver<WatchBatch<K::Object>>,
+    index: Arc<Index>,
+    config: DebounceConfig,
+    metrics: Arc<Metrics>,
+) {
+    debounce::run(config, batches, |batch: Batch<WatchBatch<K::Object>>| {
+        metrics.flushed(&batch);
+        let k = kind.kind();
+        let WatchBatch { listed, changes } = batch.value;
+        match listed {
+            Some(listed) => {
+                let objects: BTreeMap<String, Any> = listed
+                    .iter()
+                    .map(|(key, object)| (key.clone(), kind.to_any(key, object)))
+                    .collect();
+                index.reset(k, objects, 0);
+                if !index.is_loaded() {
+                    tracing::info!(
+                        kind = k.name(),
+                        objects = listed.len(),
+                        "first list applied"
+                    );
+                }
+                index.mark_loaded(k);
+            }
+            None => {
+                let changes = changes.into_iter().map(|(key, object)| match object {
+                    Some(object) => {
+                        let any = kind.to_any(&key, &object);
+                        Change::Upsert(key, any)
+                    }
+                    None => Change::Delete(key),
+                });
+                index.apply(k, changes, 0);
+            }
+        }
+        std::future::ready(())
+    })
+    .await;
+}
+
+async fn watch_events<K: WatchedKind>(
+    kind: Arc<K>,
+    client: Client,
+    batches: mpsc::Sender<WatchBatch<K::Object>>,
+    stats: Arc<WatchStats>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let resource = ApiResource::erase::<ServiceNameMapping>(&());
+    let k = kind.kind();
+    let resource = kind.api_resource();
     let api: Api<DynamicObject> = Api::all_with(client, &resource);
     let events = watcher(api, watcher::Config::default()).default_backoff();
     tokio::pin!(events);
-    let mut state = ClusterState {
-        objects: BTreeMap::new(),
-        index: index.clone(),
-        cluster,
+    let mut listing: Option<BTreeMap<String, (String, K::Object)>> = None;
+    let parse = |object: &DynamicObject| -> Option<(String, String, Result<K::Object, String>)> {
+        let client_key = client_key_of(object)?;
+        let name = object.metadata.name.clone().unwrap_or_default();
+        Some((client_key, name, kind.parse(object)))
     };
-    let mut listing: Option<BTreeMap<String, WatchedMapping>> = None;
+    let skipped = |client_key: &str, reason: &str| {
+        stats.skipped.get_or_create(&k.label()).inc();
+        tracing::warn!(kind = k.name(), object = %client_key, %reason, "skipping an object that does not deserialize or validate");
+    };
     loop {
         let event = tokio::select! {
             () = signalled(&mut shutdown) => return,
             event = events.next() => event,
         };
-        match event {
+        let batch = match event {
             None => return,
             Some(Err(err)) => {
-                tracing::warn!(error = %err, "ServiceNameMapping watch failed; retrying")
+                tracing::warn!(kind = k.name(), error = %err, "watch failed; retrying");
+                continue;
             }
-            Some(Ok(Event::Init)) => listing = Some(BTreeMap::new()),
+            Some(Ok(Event::Init)) => {
+                listing = Some(BTreeMap::new());
+                continue;
+            }
             Some(Ok(Event::InitApply(object))) => {
-                if let (Some(listing), Some((client_key, mapping))) =
+                if let (Some(listing), Some((client_key, name, parsed))) =
                     (listing.as_mut(), parse(&object))
                 {
-                    listing.insert(client_key, mapping);
+                    match parsed {
+                        Ok(parsed) => {
+                            listing.insert(client_key, (name, parsed));
+                        }
+                        Err(reason) => skipped(&client_key, &reason),
+                    }
                 }
+                continue;
             }
             Some(Ok(Event::InitDone)) => {
                 let listed = listing.take().unwrap_or_default();
-                tracing::info!(objects = listed.len(), "ServiceNameMapping list applied");
-                state.reset(listed);
-                index.mark_loaded();
+                kind.observe(&Observed::Listed(&listed));
+                WatchBatch {
+                    listed: Some(
+                        listed
+                            .into_iter()
+                            .map(|(key, (_, object))| (key, object))
+                            .collect(),
+                    ),
+                    changes: BTreeMap::new(),
+                }
             }
             Some(Ok(Event::Apply(object))) => {
-                if let Some((client_key, mapping)) = parse(&object) {
-                    state.apply(client_key, mapping);
+                let Some((client_key, name, parsed)) = parse(&object) else {
+                    continue;
+                };
+                let change = match parsed {
+                    Ok(parsed) => {
+                        kind.observe(&Observed::Applied {
+                            client_key: &client_key,
+                            name: &name,
+                            object: &parsed,
+                        });
+                        Some(parsed)
+                    }
+                    Err(reason) => {
+                        // An edit that broke the object takes it out of the state.
+                        skipped(&client_key, &reason);
+                        kind.observe(&Observed::Deleted {
+                            client_key: &client_key,
+                        });
+                        None
+                    }
+                };
+                WatchBatch {
+                    listed: None,
+                    changes: BTreeMap::from([(client_key, change)]),
                 }
             }
             Some(Ok(Event::Delete(object))) => {
-                if let Some(client_key) = client_key_of(&object) {
-                    state.delete(client_key);
+                let Some(client_key) = client_key_of(&object) else {
+                    continue;
+                };
+                kind.observe(&Observed::Deleted {
+                    client_key: &client_key,
+                });
+                WatchBatch {
+                    listed: None,
+                    changes: BTreeMap::from([(client_key, None)]),
                 }
             }
+        };
+        if batches.send(batch).await.is_err() {
+            return;
         }
+    }
+}
+
+/// ServiceNameMapping as a watched kind; it also keeps the [`ClusterView`] the outbox and the
+/// writer read.
+pub struct MappingKind {
+    pub cluster: Arc<ClusterView>,
+}
+
+impl WatchedKind for MappingKind {
+    type Object = WatchedMapping;
+
+    fn kind(&self) -> Kind {
+        Kind::ServiceNameMapping
+    }
+
+    fn api_resource(&self) -> ApiResource {
+        ApiResource::erase::<ServiceNameMapping>(&())
+    }
+
+    fn parse(&self, object: &DynamicObject) -> Result<WatchedMapping, String> {
+        let spec = object.data.get("spec").cloned().unwrap_or_default();
+        let spec: ServiceNameMappingSpec =
+            serde_json::from_value(spec).map_err(|err| format!("spec: {err}"))?;
+        let namespace = object.metadata.namespace.clone().unwrap_or_default();
+        Ok(WatchedMapping {
+            key: MappingKey::new(namespace, spec.interface_name),
+            applications: spec.application_names.into_iter().collect(),
+        })
+    }
+
+    fn to_any(&self, client_key: &str, object: &WatchedMapping) -> Any {
+        mapping_any(
+            client_key,
+            &object.key.interface,
+            object.applications.iter().cloned(),
+        )
+    }
+
+    fn observe(&self, event: &Observed<'_, WatchedMapping>) {
+        match event {
+            Observed::Listed(listed) => self.cluster.reset((*listed).clone()),
+            Observed::Applied {
+                client_key,
+                name,
+                object,
+            } => self.cluster.apply(client_key, name, (*object).clone()),
+            Observed::Deleted { client_key } => self.cluster.delete(client_key),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changes(items: &[(&str, Option<u32>)]) -> WatchBatch<u32> {
+        WatchBatch {
+            listed: None,
+            changes: items
+                .iter()
+                .map(|(key, value)| (key.to_string(), *value))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn batches_keep_the_newest_version_and_a_list_replaces_what_came_before() {
+        let mut batch = changes(&[("a", Some(1)), ("b", Some(1))]);
+        batch.merge(changes(&[("a", Some(2)), ("b", None)]));
+        assert_eq!(batch.changes.get("a"), Some(&Some(2)));
+        assert_eq!(batch.changes.get("b"), Some(&None));
+
+        batch.merge(WatchBatch {
+            listed: Some(BTreeMap::from([("c".to_string(), 1)])),
+            changes: BTreeMap::new(),
+        });
+        assert!(batch.changes.is_empty());
+        batch.merge(changes(&[("c", None), ("d", Some(4))]));
+        let listed = batch.listed.unwrap_or_default();
+        assert_eq!(listed, BTreeMap::from([("d".to_string(), 4)]));
     }
 }

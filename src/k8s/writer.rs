@@ -1,29 +1,44 @@
-//! Upserts of ServiceNameMapping objects: read, union, write with the resourceVersion
-//! precondition. A 409 is re-read and retried with jittered backoff; API errors and an
-//! unreachable API server are retried with capped backoff until the write lands, while the
-//! registration stays in the local outbox. Requests are paced by a client-side token bucket and
-//! keys are written in parallel up to a bound.
+//! Upserts of ServiceNameMapping objects through a per-key work queue, controller style.
+//!
+//! The debounce flush hands merged pairs to [`KubeWriter::enqueue`] and returns at once. The
+//! queue keeps, per key, the applications still to write; a key is written by at most one worker
+//! at a time, and at most `maxParallelWrites` keys are written at once. Each upsert reads the
+//! object, adds the applications and writes with the resourceVersion precondition (create when
+//! missing). The outcome decides what happens to that key alone:
+//! - written: the pairs leave the outbox; applications that arrived meanwhile go again;
+//! - transient (409, 429, 5xx, no answer): retried after a per-key jittered backoff (409 short,
+//!   429 as the server says, others growing to 10 s);
+//! - permanent (403, 404 when the CRD is missing, 400/422 from validation or an admission
+//!   webhook, 413 or an etcd "too large", no free object name): the key is *parked* with its
+//!   reason (log line with the key, `/debug/outbox`, a gauge) and retried slowly
+//!   (`kubernetes.parkedRetryInterval`), while every other key keeps flowing.
+//!
+//! Every request is paced by a client-side token bucket. Pairs stay in the outbox until written,
+//! so nothing acknowledged is lost whatever the API server answers.
 
-use std::collections::BTreeSet;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use kube::Client;
 use kube::api::{Api, PostParams};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
-
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 
+use super::cluster::ClusterView;
 use super::crd::{INTERFACE_LABEL, ServiceNameMapping};
-use crate::mapping::{MappingDelta, MappingKey, label_value, object_name};
+use crate::mapping::{MappingDelta, MappingKey, candidate_names, label_value};
 use crate::metrics::{CodeLabel, latency_histogram};
 use crate::ratelimit::RateLimiter;
-use crate::store::EmbeddedStore;
+use crate::store::Outbox;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WriterConfig {
@@ -33,6 +48,8 @@ pub struct WriterConfig {
     pub burst: u32,
     /// Keys written at the same time.
     pub max_parallel: usize,
+    /// How often a parked key (permanent error) is tried again.
+    pub parked_retry: Duration,
 }
 
 impl Default for WriterConfig {
@@ -41,15 +58,16 @@ impl Default for WriterConfig {
             qps: 50.0,
             burst: 100,
             max_parallel: 16,
+            parked_retry: Duration::from_secs(60),
         }
     }
 }
 
 /// Counters for logs, tests, benchmarks and `/metrics`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct WriterStats {
     /// Seconds per API request.
-    pub request_seconds: RequestHistogram,
+    pub request_seconds: Histogram,
     /// Failed API requests by HTTP code (0: no answer).
     pub errors_by_code: Family<CodeLabel, Counter>,
     /// Requests sent to the API server (reads and writes).
@@ -60,26 +78,36 @@ pub struct WriterStats {
     pub unchanged: AtomicU64,
     /// 409 answers (stale resourceVersion, or created meanwhile).
     pub conflicts: AtomicU64,
-    /// Other failures (API errors, unreachable server), each retried.
+    /// Other failures (API errors, unreachable server).
     pub errors: AtomicU64,
+    /// Times a key was parked.
+    pub parked: AtomicU64,
 }
 
-/// The request-latency histogram, with the shared buckets by default.
-#[derive(Debug, Clone)]
-pub struct RequestHistogram(pub Histogram);
-
-impl Default for RequestHistogram {
+impl Default for WriterStats {
     fn default() -> Self {
-        Self(latency_histogram())
+        Self {
+            request_seconds: latency_histogram(),
+            errors_by_code: Family::default(),
+            requests: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            unchanged: AtomicU64::new(0),
+            conflicts: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            parked: AtomicU64::new(0),
+        }
     }
 }
 
-impl std::ops::Deref for RequestHistogram {
-    type Target = Histogram;
-
-    fn deref(&self) -> &Histogram {
-        &self.0
-    }
+/// A key that failed for a reason retrying soon cannot fix.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParkedKey {
+    pub namespace: String,
+    pub interface_name: String,
+    pub reason: String,
+    /// Unix seconds of the failure.
+    pub since: u64,
 }
 
 /// Why one upsert attempt did not land.
@@ -87,14 +115,19 @@ impl std::ops::Deref for RequestHistogram {
 enum AttemptError {
     #[error("conflict: the object changed meanwhile")]
     Conflict,
-    #[error("object {name} holds interface {found:?}, not {wanted:?}")]
-    NameCollision {
-        name: String,
-        found: String,
-        wanted: String,
-    },
+    #[error("every name {0:?} is held by another interface")]
+    NoFreeName(Vec<String>),
     #[error(transparent)]
     Kube(#[from] kube::Error),
+}
+
+/// What to do with a key after a failed attempt.
+#[derive(Debug, PartialEq)]
+enum Failure {
+    /// Retry after this long.
+    Transient(Duration),
+    /// Park with this reason.
+    Permanent(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,20 +136,70 @@ enum Upserted {
     AlreadyPresent,
 }
 
+/// Per-key bookkeeping of the queue.
+#[derive(Default)]
+struct Queue {
+    /// Applications still to write, per key.
+    wanted: BTreeMap<MappingKey, BTreeSet<String>>,
+    /// Keys due now, each at most once (see `scheduled`).
+    ready: VecDeque<MappingKey>,
+    /// Keys waiting for their retry time.
+    delayed: BinaryHeap<Reverse<(Instant, MappingKey)>>,
+    /// Keys in `ready` or `delayed`.
+    scheduled: HashSet<MappingKey>,
+    in_flight: HashSet<MappingKey>,
+    /// Consecutive failures per key, for its backoff.
+    attempts: HashMap<MappingKey, u32>,
+    parked: BTreeMap<MappingKey, ParkedKey>,
+}
+
+impl Queue {
+    fn schedule_now(&mut self, key: MappingKey) {
+        if !self.in_flight.contains(&key) && self.scheduled.insert(key.clone()) {
+            self.ready.push_back(key);
+        }
+    }
+
+    fn schedule_at(&mut self, key: MappingKey, at: Instant) {
+        if self.scheduled.insert(key.clone()) {
+            self.delayed.push(Reverse((at, key)));
+        }
+    }
+
+    /// Moves delayed keys whose time has come to `ready`; returns the next deadline.
+    fn promote_due(&mut self, now: Instant) -> Option<Instant> {
+        while let Some(Reverse((at, _))) = self.delayed.peek() {
+            if *at > now {
+                return Some(*at);
+            }
+            if let Some(Reverse((_, key))) = self.delayed.pop() {
+                self.ready.push_back(key);
+            }
+        }
+        None
+    }
+}
+
 pub struct KubeWriter {
     client: Client,
     limiter: RateLimiter,
     config: WriterConfig,
+    cluster: Arc<ClusterView>,
     stats: Arc<WriterStats>,
+    queue: Mutex<Queue>,
+    wake: Notify,
 }
 
 impl KubeWriter {
-    pub fn new(client: Client, config: WriterConfig) -> Self {
+    pub fn new(client: Client, config: WriterConfig, cluster: Arc<ClusterView>) -> Self {
         Self {
             client,
             limiter: RateLimiter::new(config.qps, config.burst),
             config,
+            cluster,
             stats: Arc::new(WriterStats::default()),
+            queue: Mutex::new(Queue::default()),
+            wake: Notify::new(),
         }
     }
 
@@ -124,124 +207,241 @@ impl KubeWriter {
         self.stats.clone()
     }
 
-    /// Writes every key of `pairs` (in parallel up to the bound) and removes each from the
-    /// outbox once it is in the cluster. Returns when all are written.
-    pub async fn write_all(self: &Arc<Self>, pairs: MappingDelta, outbox: &EmbeddedStore) {
-        let permits = Arc::new(Semaphore::new(self.config.max_parallel.max(1)));
-        let mut writes = JoinSet::new();
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds pairs to write; returns at once.
+    pub fn enqueue(&self, pairs: MappingDelta) {
+        let mut queue = self.queue();
         for (key, applications) in pairs.into_inner() {
-            let Ok(permit) = permits.clone().acquire_owned().await else {
+            queue
+                .wanted
+                .entry(key.clone())
+                .or_default()
+                .extend(applications);
+            queue.schedule_now(key);
+        }
+        drop(queue);
+        self.wake.notify_one();
+    }
+
+    /// Keys parked by a permanent error, with their reasons.
+    pub fn parked(&self) -> Vec<ParkedKey> {
+        self.queue().parked.values().cloned().collect()
+    }
+
+    /// Keys with applications still to write.
+    pub fn pending_keys(&self) -> usize {
+        self.queue().wanted.len()
+    }
+
+    /// Runs the queue until shutdown. What is not written stays in the outbox for the next start.
+    pub async fn run(self: Arc<Self>, outbox: Outbox, mut shutdown: watch::Receiver<bool>) {
+        let mut workers: JoinSet<(MappingKey, BTreeSet<String>, Result<(), Failure>)> =
+            JoinSet::new();
+        loop {
+            let next_deadline = self.start_due(&mut workers);
+            tokio::select! {
+                () = crate::shutdown::signalled(&mut shutdown) => break,
+                () = self.wake.notified() => {}
+                Some(done) = workers.join_next(), if !workers.is_empty() => match done {
+                    Ok((key, applications, result)) => {
+                        self.finish(&outbox, key, applications, result).await;
+                    }
+                    Err(err) => tracing::error!(error = %err, "an upsert task failed"),
+                },
+                () = sleep_until(next_deadline) => {}
+            }
+        }
+        workers.shutdown().await;
+    }
+
+    /// Starts upserts of due keys while there are free workers; returns the next retry time.
+    fn start_due(
+        self: &Arc<Self>,
+        workers: &mut JoinSet<(MappingKey, BTreeSet<String>, Result<(), Failure>)>,
+    ) -> Option<Instant> {
+        let mut queue = self.queue();
+        let next = queue.promote_due(Instant::now());
+        while workers.len() < self.config.max_parallel.max(1) {
+            let Some(key) = queue.ready.pop_front() else {
                 break;
             };
+            queue.scheduled.remove(&key);
+            let Some(applications) = queue.wanted.get(&key).cloned() else {
+                continue;
+            };
+            queue.in_flight.insert(key.clone());
             let writer = self.clone();
-            let outbox = outbox.clone();
-            writes.spawn(async move {
-                writer.upsert_until_written(&key, &applications).await;
-                let mut done = MappingDelta::default();
-                for application in applications {
-                    done.add(key.clone(), application);
-                }
-                if let Err(err) = outbox.complete(done).await {
-                    tracing::warn!(error = %err, %key, "written pairs stay in the outbox");
-                }
-                drop(permit);
+            workers.spawn(async move {
+                let result = writer.upsert(&key, &applications).await;
+                (key, applications, result)
             });
         }
-        while writes.join_next().await.is_some() {}
+        next
     }
 
-    async fn upsert_until_written(&self, key: &MappingKey, applications: &BTreeSet<String>) {
-        let api: Api<ServiceNameMapping> = Api::namespaced(self.client.clone(), &key.namespace);
-        let name = object_name(&key.interface);
-        let mut attempt = 0u32;
-        loop {
-            let (base, cap) = match self.upsert_once(&api, &name, key, applications).await {
-                Ok(Upserted::Written) => {
-                    self.stats.writes.fetch_add(1, Ordering::Relaxed);
-                    return;
+    async fn finish(
+        &self,
+        outbox: &Outbox,
+        key: MappingKey,
+        written: BTreeSet<String>,
+        result: Result<(), Failure>,
+    ) {
+        let now = Instant::now();
+        let done = {
+            let mut queue = self.queue();
+            queue.in_flight.remove(&key);
+            match result {
+                Ok(()) => {
+                    queue.attempts.remove(&key);
+                    if queue.parked.remove(&key).is_some() {
+                        tracing::info!(%key, "parked key written");
+                    }
+                    let left = queue.wanted.get_mut(&key).map(|apps| {
+                        apps.retain(|app| !written.contains(app));
+                        apps.len()
+                    });
+                    match left {
+                        Some(0) | None => {
+                            queue.wanted.remove(&key);
+                        }
+                        Some(_) => queue.schedule_now(key.clone()),
+                    }
+                    true
                 }
-                Ok(Upserted::AlreadyPresent) => {
-                    self.stats.unchanged.fetch_add(1, Ordering::Relaxed);
-                    return;
+                Err(Failure::Transient(delay)) => {
+                    *queue.attempts.entry(key.clone()).or_default() += 1;
+                    queue.schedule_at(key.clone(), now + delay);
+                    false
                 }
-                Err(AttemptError::Conflict) => {
-                    self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(%key, attempt, "conflict; re-reading");
-                    (Duration::from_millis(10), Duration::from_secs(1))
+                Err(Failure::Permanent(reason)) => {
+                    *queue.attempts.entry(key.clone()).or_default() += 1;
+                    self.stats.parked.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%key, %reason, retry_in = ?self.config.parked_retry,
+                        "cannot write this mapping; parked (its pairs stay in the outbox)");
+                    let since = SystemTime::now()
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs());
+                    queue.parked.insert(
+                        key.clone(),
+                        ParkedKey {
+                            namespace: key.namespace.clone(),
+                            interface_name: key.interface.clone(),
+                            reason,
+                            since,
+                        },
+                    );
+                    queue.schedule_at(key.clone(), now + self.config.parked_retry);
+                    false
                 }
-                Err(AttemptError::Kube(kube::Error::Api(status))) if status.code == 429 => {
-                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    // Wait as the server says (Status.details.retryAfterSeconds, which the API
-                    // server sets beside the Retry-After header).
-                    let retry_after = status
-                        .details
-                        .as_ref()
-                        .map(|details| Duration::from_secs(details.retry_after_seconds.into()))
-                        .filter(|wait| !wait.is_zero())
-                        .unwrap_or(Duration::from_secs(1));
-                    tracing::warn!(%key, attempt, ?retry_after, "API server asks to slow down (429)");
-                    tokio::time::sleep(retry_after).await;
-                    attempt = attempt.saturating_add(1);
-                    continue;
-                }
-                Err(err) => {
-                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%key, attempt, error = %err, "upsert failed; retrying");
-                    (Duration::from_millis(200), Duration::from_secs(10))
-                }
-            };
-            tokio::time::sleep(jittered_backoff(attempt, base, cap)).await;
-            attempt = attempt.saturating_add(1);
+            }
+        };
+        if done {
+            let mut pairs = MappingDelta::default();
+            for application in written {
+                pairs.add(key.clone(), application);
+            }
+            if let Err(err) = outbox.complete(pairs).await {
+                tracing::warn!(error = %err, %key, "written pairs stay in the outbox");
+            }
         }
     }
 
+    /// One attempt at a key, classified.
+    async fn upsert(
+        &self,
+        key: &MappingKey,
+        applications: &BTreeSet<String>,
+    ) -> Result<(), Failure> {
+        let attempt = self.queue().attempts.get(key).copied().unwrap_or(0);
+        match self.upsert_once(key, applications).await {
+            Ok(Upserted::Written) => {
+                self.stats.writes.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Ok(Upserted::AlreadyPresent) => {
+                self.stats.unchanged.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(err) => {
+                let failure = classify(&err, attempt);
+                match &failure {
+                    Failure::Transient(delay) => {
+                        if matches!(err, AttemptError::Conflict) {
+                            self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(%key, attempt, "conflict; re-reading");
+                        } else {
+                            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(%key, attempt, error = %err, retry_in = ?delay, "upsert failed; retrying");
+                        }
+                    }
+                    Failure::Permanent(_) => {
+                        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Err(failure)
+            }
+        }
+    }
+
+    /// Finds the object for `key` (one that already holds the interface, else the first free
+    /// candidate name) and writes the union.
     async fn upsert_once(
         &self,
-        api: &Api<ServiceNameMapping>,
-        name: &str,
         key: &MappingKey,
         applications: &BTreeSet<String>,
     ) -> Result<Upserted, AttemptError> {
-        let Some(mut existing) = self.request(api.get_opt(name)).await? else {
-            let object = ServiceNameMapping::for_key(key, applications);
+        let api: Api<ServiceNameMapping> = Api::namespaced(self.client.clone(), &key.namespace);
+        let mut names = self.cluster.names_of(key);
+        for candidate in candidate_names(&key.interface) {
+            if !names.contains(&candidate) {
+                names.push(candidate);
+            }
+        }
+        for name in &names {
+            let Some(mut existing) = self.request(api.get_opt(name)).await? else {
+                let object = ServiceNameMapping::for_key(name, key, applications);
+                return match self
+                    .request(api.create(&PostParams::default(), &object))
+                    .await
+                {
+                    Ok(_) => Ok(Upserted::Written),
+                    Err(kube::Error::Api(status)) if status.code == 409 => {
+                        Err(AttemptError::Conflict)
+                    }
+                    Err(err) => Err(err.into()),
+                };
+            };
+            if existing.spec.interface_name != key.interface {
+                continue;
+            }
+            let mut union: BTreeSet<String> =
+                existing.spec.application_names.iter().cloned().collect();
+            let before = union.len();
+            union.extend(applications.iter().cloned());
+            if union.len() == before {
+                return Ok(Upserted::AlreadyPresent);
+            }
+            existing.spec.application_names = union.into_iter().collect();
+            existing
+                .metadata
+                .labels
+                .get_or_insert_default()
+                .entry(INTERFACE_LABEL.to_owned())
+                .or_insert_with(|| label_value(&key.interface));
+            // `existing` still carries the resourceVersion it was read at: the precondition.
             return match self
-                .request(api.create(&PostParams::default(), &object))
+                .request(api.replace(name, &PostParams::default(), &existing))
                 .await
             {
                 Ok(_) => Ok(Upserted::Written),
                 Err(kube::Error::Api(status)) if status.code == 409 => Err(AttemptError::Conflict),
                 Err(err) => Err(err.into()),
             };
-        };
-        if existing.spec.interface_name != key.interface {
-            return Err(AttemptError::NameCollision {
-                name: name.to_owned(),
-                found: existing.spec.interface_name,
-                wanted: key.interface.clone(),
-            });
         }
-        let mut union: BTreeSet<String> = existing.spec.application_names.iter().cloned().collect();
-        let before = union.len();
-        union.extend(applications.iter().cloned());
-        if union.len() == before {
-            return Ok(Upserted::AlreadyPresent);
-        }
-        existing.spec.application_names = union.into_iter().collect();
-        existing
-            .metadata
-            .labels
-            .get_or_insert_default()
-            .entry(INTERFACE_LABEL.to_owned())
-            .or_insert_with(|| label_value(&key.interface));
-        // `existing` still carries the resourceVersion it was read at: the precondition.
-        match self
-            .request(api.replace(name, &PostParams::default(), &existing))
-            .await
-        {
-            Ok(_) => Ok(Upserted::Written),
-            Err(kube::Error::Api(status)) if status.code == 409 => Err(AttemptError::Conflict),
-            Err(err) => Err(err.into()),
-        }
+        Err(AttemptError::NoFreeName(names))
     }
 
     /// Waits for the rate limiter, then runs and times one API request.
@@ -267,6 +467,123 @@ impl KubeWriter {
                 .inc();
         }
         result
+    }
+
+    pub fn register_metrics(self: &Arc<Self>, registry: &mut Registry) {
+        use crate::metrics::{scraped_counter, scraped_gauge};
+        let stats = &self.stats;
+        registry.register(
+            "kube_request_duration_seconds",
+            "Seconds per request to the Kubernetes API server",
+            stats.request_seconds.clone(),
+        );
+        registry.register(
+            "kube_errors",
+            "Failed Kubernetes API requests by HTTP code (0: no answer)",
+            stats.errors_by_code.clone(),
+        );
+        scraped_counter(
+            registry,
+            "kube_requests",
+            "Requests sent to the Kubernetes API server",
+            stats,
+            |s| s.requests.load(Ordering::Relaxed),
+        );
+        scraped_counter(
+            registry,
+            "kube_writes",
+            "Creates and updates that succeeded",
+            stats,
+            |s| s.writes.load(Ordering::Relaxed),
+        );
+        scraped_counter(
+            registry,
+            "kube_conflicts",
+            "409 answers to creates and updates",
+            stats,
+            |s| s.conflicts.load(Ordering::Relaxed),
+        );
+        scraped_gauge(
+            registry,
+            "outbox_parked_keys",
+            "Keys whose write failed for a reason retrying soon cannot fix (see /debug/outbox)",
+            self,
+            |w| w.queue().parked.len() as i64,
+        );
+        scraped_gauge(
+            registry,
+            "kube_write_queue_keys",
+            "Keys with applications waiting to be written",
+            self,
+            |w| w.queue().wanted.len() as i64,
+        );
+    }
+}
+
+/// The Kubernetes-mode write stage: acknowledged pairs, merged by the debouncer, are handed to
+/// the queue (one upsert per key per flush at most); a flush never waits for the API server.
+/// Runs until the outbox's change feed closes.
+pub async fn feed(
+    config: crate::debounce::DebounceConfig,
+    changes: tokio::sync::mpsc::Receiver<crate::store::StoredChange>,
+    writer: Arc<KubeWriter>,
+    metrics: Arc<crate::metrics::Metrics>,
+) {
+    crate::debounce::run(
+        config,
+        changes,
+        |batch: crate::debounce::Batch<crate::store::StoredChange>| {
+            metrics.flushed(&batch);
+            tracing::debug!(
+                events = batch.events,
+                keys = batch.value.delta.len(),
+                waited_ms = batch.first_event.elapsed().as_millis() as u64,
+                "upserts queued"
+            );
+            writer.enqueue(batch.value.delta);
+            std::future::ready(())
+        },
+    )
+    .await;
+}
+
+/// Transient or permanent, and how long to wait.
+fn classify(err: &AttemptError, attempt: u32) -> Failure {
+    let backoff = |base, cap| Failure::Transient(jittered_backoff(attempt, base, cap));
+    match err {
+        AttemptError::Conflict => backoff(Duration::from_millis(10), Duration::from_secs(1)),
+        AttemptError::NoFreeName(names) => Failure::Permanent(format!(
+            "name collision: every name {names:?} is held by another interface"
+        )),
+        AttemptError::Kube(kube::Error::Api(status)) => match status.code {
+            // Wait as the server says (Status.details.retryAfterSeconds, which the API server
+            // sets beside the Retry-After header).
+            429 => Failure::Transient(
+                status
+                    .details
+                    .as_ref()
+                    .map(|details| Duration::from_secs(details.retry_after_seconds.into()))
+                    .filter(|wait| !wait.is_zero())
+                    .unwrap_or(Duration::from_secs(1)),
+            ),
+            400 | 403 | 404 | 405 | 413 | 415 | 422 => Failure::Permanent(format!(
+                "{} {}: {}",
+                status.code, status.reason, status.message
+            )),
+            // etcd refuses objects over its request size limit with a 500.
+            500 if status.message.contains("too large") => {
+                Failure::Permanent(format!("{} {}", status.code, status.message))
+            }
+            _ => backoff(Duration::from_millis(200), Duration::from_secs(10)),
+        },
+        AttemptError::Kube(_) => backoff(Duration::from_millis(200), Duration::from_secs(10)),
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -305,5 +622,64 @@ mod tests {
         let samples: BTreeSet<Duration> =
             (0..20).map(|_| jittered_backoff(10, base, cap)).collect();
         assert!(samples.len() > 10, "no jitter: {samples:?}");
+    }
+
+    fn api_error(code: u16, message: &str) -> AttemptError {
+        AttemptError::Kube(kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            message: message.into(),
+            reason: "Test".into(),
+            ..Default::default()
+        })))
+    }
+
+    #[test]
+    fn errors_are_classified() {
+        for code in [400, 403, 404, 413, 422] {
+            assert!(
+                matches!(classify(&api_error(code, "x"), 0), Failure::Permanent(_)),
+                "{code}"
+            );
+        }
+        for code in [409, 500, 502, 503, 504] {
+            assert!(
+                matches!(classify(&api_error(code, "x"), 0), Failure::Transient(_)),
+                "{code}"
+            );
+        }
+        assert!(matches!(
+            classify(&api_error(500, "etcdserver: request is too large"), 0),
+            Failure::Permanent(_)
+        ));
+        assert!(matches!(
+            classify(&AttemptError::NoFreeName(vec!["a".into()]), 0),
+            Failure::Permanent(_)
+        ));
+        assert!(matches!(
+            classify(&AttemptError::Conflict, 0),
+            Failure::Transient(d) if d <= Duration::from_millis(10)
+        ));
+    }
+
+    #[test]
+    fn a_key_is_scheduled_once_and_not_while_in_flight() {
+        let mut queue = Queue::default();
+        let key = MappingKey::new("ns", "I");
+        queue.schedule_now(key.clone());
+        queue.schedule_now(key.clone());
+        assert_eq!(queue.ready.len(), 1);
+        let taken = queue.ready.pop_front();
+        queue.scheduled.remove(&key);
+        queue.in_flight.insert(key.clone());
+        queue.schedule_now(key.clone());
+        assert!(queue.ready.is_empty(), "scheduled while in flight");
+        assert_eq!(taken, Some(key.clone()));
+        queue.in_flight.remove(&key);
+        let now = Instant::now();
+        queue.schedule_at(key.clone(), now + Duration::from_secs(1));
+        assert_eq!(queue.promote_due(now), Some(now + Duration::from_secs(1)));
+        assert!(queue.ready.is_empty());
+        assert_eq!(queue.promote_due(now + Duration::from_secs(1)), None);
+        assert_eq!(queue.ready.len(), 1);
     }
 }

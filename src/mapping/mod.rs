@@ -4,7 +4,7 @@
 mod name;
 mod validate;
 
-pub use name::{client_key, label_value, object_name};
+pub use name::{candidate_names, client_key, label_value, object_name};
 pub use validate::{
     MAX_APPLICATION_BYTES, MAX_INTERFACE_BYTES, MAX_INTERFACES_PER_REQUEST, ValidationError,
     validate_registration,
@@ -54,6 +54,19 @@ pub struct Registration {
 }
 
 impl Registration {
+    /// Roughly what the registration occupies in memory while it waits for a commit.
+    pub fn size_bytes(&self) -> usize {
+        const OVERHEAD: usize = 64;
+        OVERHEAD
+            + self.namespace.len()
+            + self.application.len()
+            + self
+                .interfaces
+                .iter()
+                .map(|interface| interface.len() + OVERHEAD)
+                .sum::<usize>()
+    }
+
     /// The (key, application) pairs this registration asks to be stored.
     pub fn keys(&self) -> impl Iterator<Item = MappingKey> + '_ {
         self.interfaces
@@ -72,6 +85,10 @@ pub struct MappingDelta {
 impl MappingDelta {
     pub fn add(&mut self, key: MappingKey, application: String) {
         self.added.entry(key).or_default().insert(application);
+    }
+
+    pub fn applications(&self, key: &MappingKey) -> Option<&BTreeSet<String>> {
+        self.added.get(key)
     }
 
     pub fn contains(&self, key: &MappingKey, application: &str) -> bool {

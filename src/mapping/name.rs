@@ -12,13 +12,29 @@ const MAX_NAME: usize = 253;
 /// Hex digits of the hash in a fallback name.
 const HASH_DIGITS: usize = 10;
 
-/// The object name of the mapping for `interface`.
+/// The object name of the mapping for `interface` when no other interface holds it: the
+/// reference name where valid, else the fallback.
 pub fn object_name(interface: &str) -> String {
     let reference = interface.replace('.', "-").to_lowercase();
     if is_valid_name(&reference) {
         return reference;
     }
-    fallback_name(interface)
+    fallback_name(interface, HASH_DIGITS)
+}
+
+/// The names `interface` may take, in order of preference: the reference name (where valid),
+/// the fallback with 10 hex digits, the fallback with all 16. Two interfaces can share the
+/// reference name (`x.Y` and `x.y`, or `a.b` and `a-b`); the first to take it keeps it and the
+/// other takes its fallback, which differs because the hash is of the raw interface.
+pub fn candidate_names(interface: &str) -> Vec<String> {
+    let mut names = vec![object_name(interface)];
+    for digits in [HASH_DIGITS, 16] {
+        let name = fallback_name(interface, digits);
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
 }
 
 fn is_valid_name(name: &str) -> bool {
@@ -32,21 +48,22 @@ fn is_valid_name(name: &str) -> bool {
         && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
-fn fallback_name(interface: &str) -> String {
+fn fallback_name(interface: &str, digits: usize) -> String {
     let lowered: String = interface.chars().flat_map(char::to_lowercase).collect();
-    hashed_fallback(interface, &lowered, MAX_NAME, |c| {
+    hashed_fallback(interface, &lowered, MAX_NAME, digits, |c| {
         c.is_ascii_lowercase() || c.is_ascii_digit()
     })
 }
 
 /// `<prefix>-<hash>` of at most `max_len` characters: the characters of `text` that `keep`
 /// accepts, every run of others replaced by one `-`, trimmed so it starts and ends with a letter
-/// or digit; then the first 10 hex digits of the FNV-1a-64 hash of `interface`
+/// or digit; then the first `digits` hex digits of the FNV-1a-64 hash of `interface`
 /// (`snp-<hash>` when no prefix is left).
 fn hashed_fallback(
     interface: &str,
     text: &str,
     max_len: usize,
+    digits: usize,
     keep: impl Fn(char) -> bool,
 ) -> String {
     let mut prefix = String::with_capacity(text.len().min(max_len));
@@ -57,10 +74,10 @@ fn hashed_fallback(
             prefix.push('-');
         }
     }
-    prefix.truncate(max_len - HASH_DIGITS - 1);
+    prefix.truncate(max_len - digits - 1);
     let prefix = prefix.trim_matches(|c: char| !c.is_ascii_alphanumeric());
     let hash = format!("{:016x}", fnv1a64(interface.as_bytes()));
-    let hash = &hash[..HASH_DIGITS];
+    let hash = &hash[..digits.min(hash.len())];
     if prefix.is_empty() {
         format!("snp-{hash}")
     } else {
@@ -95,7 +112,7 @@ pub fn label_value(interface: &str) -> String {
     if valid {
         return interface.to_owned();
     }
-    hashed_fallback(interface, interface, MAX_LABEL, |c| {
+    hashed_fallback(interface, interface, MAX_LABEL, HASH_DIGITS, |c| {
         c.is_ascii_alphanumeric() || c == '_' || c == '.'
     })
 }
@@ -171,6 +188,21 @@ mod tests {
             leading.starts_with("x-"),
             "a label must start with a letter or digit: {leading}"
         );
+    }
+
+    #[test]
+    fn case_variants_have_distinct_candidates() {
+        let upper = candidate_names("x.Y");
+        let lower = candidate_names("x.y");
+        assert_eq!(upper[0], "x-y");
+        assert_eq!(lower[0], "x-y");
+        assert_ne!(upper[1], lower[1], "the fallback must tell them apart");
+        assert!(upper.iter().all(|n| is_valid_name(n)), "{upper:?}");
+        assert_eq!(upper.len(), 3);
+        // Where the reference name is not valid, it is not a candidate.
+        let inner = candidate_names("a.Outer$Inner");
+        assert_eq!(inner.len(), 2, "{inner:?}");
+        assert!(inner[1].ends_with(&format!("{:016x}", fnv1a64(b"a.Outer$Inner"))));
     }
 
     #[test]

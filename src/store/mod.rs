@@ -1,12 +1,48 @@
-//! Where registrations become durable. `embedded` is the standalone default: a SQLite file that
-//! is the source of truth.
+//! Where registrations become durable before they are acknowledged.
+//!
+//! Both modes commit registrations the same way (one SQLite file under the data directory, one
+//! writer thread that group-commits, see [`db`]), but what the table means differs:
+//! - [`Store`] (standalone): the truth. Pairs stay forever; each key has a persisted object name.
+//! - [`Outbox`] (Kubernetes mode): pending writes. Pairs leave once they are in the cluster, and
+//!   pairs the cluster already holds are not written at all.
 
-pub mod embedded;
+mod db;
+mod embedded;
+mod outbox;
 
 use crate::debounce::Merge;
-use crate::mapping::MappingDelta;
+use crate::mapping::{MappingDelta, MappingKey};
 
-pub use embedded::{EmbeddedStore, StoreOptions, StoreStats, StoreWriter};
+pub use db::StoreWriter;
+pub use db::{DB_FILE, StoreStats};
+pub use embedded::{Store, StoredObject, load_index, publish};
+pub use outbox::Outbox;
+
+/// Where the registration service makes registrations durable, by mode.
+#[derive(Clone)]
+pub enum Durable {
+    Store(Store),
+    Outbox(Outbox),
+}
+
+impl Durable {
+    pub async fn register(
+        &self,
+        registration: crate::mapping::Registration,
+    ) -> Result<RegisterOutcome, StoreError> {
+        match self {
+            Durable::Store(store) => store.register(registration).await,
+            Durable::Outbox(outbox) => outbox.register(registration).await,
+        }
+    }
+
+    pub fn stats(&self) -> &std::sync::Arc<StoreStats> {
+        match self {
+            Durable::Store(store) => store.stats(),
+            Durable::Outbox(outbox) => outbox.stats(),
+        }
+    }
+}
 
 /// What became of one registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,12 +55,20 @@ pub enum RegisterOutcome {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("ingest queue is full ({0} registrations waiting); retry later")]
-    Busy(usize),
+    #[error("ingest queue is full ({0}); retry later")]
+    Busy(String),
+    #[error(
+        "{key} already has {limit} applications (mapping.maxApplicationsPerKey); \
+         remove stale ones or raise the limit"
+    )]
+    TooManyApplications { key: MappingKey, limit: usize },
     #[error("the control plane is shutting down; retry against another replica or later")]
     ShuttingDown,
     #[error("storage failed: {0}")]
-    Storage(String),
+    Storage(#[from] rusqlite::Error),
+    /// A commit failed; every caller in it gets this (the source was logged once).
+    #[error("storage failed: {0}")]
+    CommitFailed(String),
     #[error("cannot use data directory {path}: {source}")]
     DataDir {
         path: std::path::PathBuf,
@@ -34,13 +78,31 @@ pub enum StoreError {
     Locked(std::path::PathBuf),
 }
 
-impl From<rusqlite::Error> for StoreError {
-    fn from(err: rusqlite::Error) -> Self {
-        StoreError::Storage(err.to_string())
+/// Limits on what the durable queue and the stored state may hold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StoreLimits {
+    /// Registrations that may wait for the writer; beyond this callers are refused at once.
+    pub queue_capacity: usize,
+    /// Bytes those waiting registrations may occupy; beyond this callers are refused at once.
+    pub queue_bytes: usize,
+    /// Most registrations one transaction takes.
+    pub max_batch: usize,
+    /// Most applications one (namespace, interface) may hold.
+    pub max_applications_per_key: usize,
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        Self {
+            queue_capacity: 8192,
+            queue_bytes: 64 * 1024 * 1024,
+            max_batch: 4096,
+            max_applications_per_key: 1000,
+        }
     }
 }
 
-/// Committed changes on their way to the index: what was added, and the store revision that
+/// Committed changes on their way to the next stage: what was added, and the store revision that
 /// includes it. Merging keeps the union and the newest revision.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoredChange {

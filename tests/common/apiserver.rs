@@ -28,6 +28,9 @@ struct Inner {
     /// Watches from a resourceVersion below this get 410 Gone.
     oldest_watchable: u64,
     fail_writes: u32,
+    /// Objects whose creates and updates are refused with this code, as a validating admission
+    /// webhook or a missing RBAC rule would, until cleared.
+    refused: BTreeMap<(String, String), u16>,
     /// Updates answered 409 whatever their resourceVersion, as if another writer won the race.
     conflict_updates: u32,
     /// Requests answered 429 with this Retry-After (seconds).
@@ -145,6 +148,19 @@ impl ApiServer {
     }
 
     /// Answers the next `n` requests with 429 Too Many Requests and `retry_after_seconds`.
+    /// Refuses every create and update of one object with `code` (e.g. 422, 403).
+    pub fn refuse_writes_to(&self, namespace: &str, name: &str, code: u16) {
+        self.lock()
+            .refused
+            .insert((namespace.to_owned(), name.to_owned()), code);
+    }
+
+    pub fn allow_writes_to(&self, namespace: &str, name: &str) {
+        self.lock()
+            .refused
+            .remove(&(namespace.to_owned(), name.to_owned()));
+    }
+
     pub fn throttle_next_requests(&self, n: u32, retry_after_seconds: u32) {
         self.lock().throttle = (n, retry_after_seconds);
     }
@@ -411,7 +427,14 @@ fn token_review(server: &ApiServer, body: &Bytes) -> Response {
     )
 }
 
-fn write_allowed(inner: &mut Inner) -> Option<Response> {
+fn write_allowed(inner: &mut Inner, namespace: &str, name: &str) -> Option<Response> {
+    if let Some(code) = inner.refused.get(&(namespace.to_owned(), name.to_owned())) {
+        return Some(status(
+            *code,
+            "Invalid",
+            "refused by the test (admission webhook)",
+        ));
+    }
     if inner.fail_writes > 0 {
         inner.fail_writes -= 1;
         return Some(status(500, "InternalError", "injected failure"));
@@ -427,7 +450,7 @@ fn create(server: &ApiServer, namespace: &str, body: &Bytes) -> Response {
         return status(422, "Invalid", "metadata.name is required");
     };
     let mut inner = server.lock();
-    if let Some(failure) = write_allowed(&mut inner) {
+    if let Some(failure) = write_allowed(&mut inner, namespace, &name) {
         return failure;
     }
     let key = (namespace.to_owned(), name.clone());
@@ -450,7 +473,7 @@ fn replace(server: &ApiServer, namespace: &str, name: &str, body: &Bytes) -> Res
         return status(400, "BadRequest", "invalid JSON");
     };
     let mut inner = server.lock();
-    if let Some(failure) = write_allowed(&mut inner) {
+    if let Some(failure) = write_allowed(&mut inner, namespace, name) {
         return failure;
     }
     let key = (namespace.to_owned(), name.to_owned());

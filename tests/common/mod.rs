@@ -294,8 +294,8 @@ pub async fn wait_published_apps(server: &RunningServer, key: &str, applications
     let published = tokio::time::timeout(
         Duration::from_secs(10),
         rx.wait_for(|s| {
-            s.objects.get(key).is_some_and(|any| {
-                dubbo_cp::resources::decode_mapping(any).is_ok_and(|m| {
+            s.objects.get(key).is_some_and(|object| {
+                dubbo_cp::resources::decode_mapping(&object.any).is_ok_and(|m| {
                     m.spec
                         .is_some_and(|spec| spec.application_names.len() >= applications)
                 })

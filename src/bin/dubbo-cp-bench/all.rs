@@ -185,8 +185,7 @@ async fn coalescing(samples: &mut Samples) -> anyhow::Result<()> {
     // The initial state is not a push of the burst.
     let _initial = pushes.recv().await;
     let commits_before = server
-        .store
-        .stats()
+        .store_stats
         .commits
         .load(std::sync::atomic::Ordering::Relaxed);
     let client = ServiceNameMappingServiceClient::new(channel);
@@ -209,7 +208,7 @@ async fn coalescing(samples: &mut Samples) -> anyhow::Result<()> {
         pushed += 1;
     }
     let settled = started.elapsed();
-    let stats = server.store.stats();
+    let stats = server.store_stats.clone();
     samples.add("coalesce/registrations", registrations as f64);
     samples.add("coalesce/errors", result.errors as f64);
     samples.add(

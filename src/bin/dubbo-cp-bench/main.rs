@@ -19,6 +19,7 @@ mod all;
 mod ceiling;
 mod fanout;
 mod load;
+mod separate;
 mod zk;
 
 #[derive(Parser)]
@@ -37,6 +38,14 @@ enum Command {
     /// Everything side by side in one run: ceiling, dubbo-cp, ZooKeeper, coalescing, fan-out,
     /// cold start; medians of several runs as Markdown.
     All(all::AllArgs),
+    /// Registration throughput with the real binary, the ceiling and this load generator each
+    /// in its own process: durable new pairs and present pairs against the ceiling.
+    Separate(separate::SeparateArgs),
+    /// Serve the bare-tonic ceiling on `--addr` until killed (used by `separate`).
+    Ceiling {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        addr: std::net::SocketAddr,
+    },
 }
 
 #[derive(clap::Args, Clone)]
@@ -77,6 +86,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Register(args) => register(args).await,
         Command::Fanout(args) => fanout::run(args).await,
         Command::All(args) => all::run(args).await,
+        Command::Separate(args) => separate::run(args).await,
+        Command::Ceiling { addr } => separate::serve_ceiling(addr).await,
     }
 }
 

@@ -1,0 +1,705 @@
+//! The durable queue both modes share: SQLite in WAL mode, written by one thread that
+//! group-commits everything queued since its last commit, so many concurrent registrations share
+//! one fsync. A registration is acknowledged only after the transaction holding it committed.
+//!
+//! The committed pairs are mirrored in memory, so re-registering what is stored costs a lookup
+//! and no write. Memory is bounded: the queue in registrations and in bytes, the applications per
+//! key by [`StoreLimits::max_applications_per_key`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use dashmap::DashMap;
+use rusqlite::{Connection, params};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{RegisterOutcome, StoreError, StoreLimits, StoredChange};
+use crate::mapping::{
+    MappingDelta, MappingKey, Registration, SharedMappings, candidate_names, contains_pair,
+};
+
+/// File name of the database inside the data directory.
+pub const DB_FILE: &str = "dubbo-cp.db";
+/// Held with an exclusive lock while a process uses the data directory.
+const LOCK_FILE: &str = "dubbo-cp.lock";
+const SCHEMA_VERSION: i64 = 2;
+
+/// What the table means, and so what the writer does besides committing.
+#[derive(Clone)]
+pub(super) enum Role {
+    /// The truth: every new key gets a persisted object name.
+    Store,
+    /// Pending writes: pairs stored elsewhere (the watched cluster) need no write.
+    Outbox { elsewhere: Arc<SharedMappings> },
+}
+
+/// Counters that tests, benchmarks, logs and `/metrics` read.
+#[derive(Debug)]
+pub struct StoreStats {
+    /// Seconds per transaction, fsync included.
+    pub commit_seconds: prometheus_client::metrics::histogram::Histogram,
+    /// Transactions that failed.
+    pub errors: AtomicU64,
+    /// Transactions committed.
+    pub commits: AtomicU64,
+    /// (key, application) pairs inserted.
+    pub pairs_written: AtomicU64,
+    /// Registrations answered from memory without a write.
+    pub already_stored: AtomicU64,
+    /// Registrations waiting for the writer, and their bytes.
+    pub queued: AtomicUsize,
+    pub queued_bytes: AtomicUsize,
+}
+
+impl Default for StoreStats {
+    fn default() -> Self {
+        Self {
+            commit_seconds: crate::metrics::latency_histogram(),
+            errors: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            pairs_written: AtomicU64::new(0),
+            already_stored: AtomicU64::new(0),
+            queued: AtomicUsize::new(0),
+            queued_bytes: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl StoreStats {
+    pub fn register_metrics(
+        self: &Arc<Self>,
+        registry: &mut prometheus_client::registry::Registry,
+    ) {
+        use crate::metrics::{scraped_counter, scraped_gauge};
+        registry.register(
+            "store_commit_duration_seconds",
+            "Seconds per store transaction (including fsync)",
+            self.commit_seconds.clone(),
+        );
+        scraped_counter(
+            registry,
+            "store_commits",
+            "Store transactions committed",
+            self,
+            |s| s.commits.load(Ordering::Relaxed),
+        );
+        scraped_counter(
+            registry,
+            "store_pairs_written",
+            "(interface, application) pairs written to the store",
+            self,
+            |s| s.pairs_written.load(Ordering::Relaxed),
+        );
+        scraped_counter(
+            registry,
+            "store_errors",
+            "Store transactions that failed",
+            self,
+            |s| s.errors.load(Ordering::Relaxed),
+        );
+        scraped_gauge(
+            registry,
+            "ingest_queue_depth",
+            "Registrations waiting for a commit",
+            self,
+            |s| s.queued.load(Ordering::Relaxed) as i64,
+        );
+        scraped_gauge(
+            registry,
+            "ingest_queue_bytes",
+            "Bytes of the registrations waiting for a commit",
+            self,
+            |s| s.queued_bytes.load(Ordering::Relaxed) as i64,
+        );
+    }
+}
+
+enum Command {
+    Register {
+        registration: Registration,
+        bytes: usize,
+        reply: oneshot::Sender<Result<RegisterOutcome, StoreError>>,
+    },
+    /// Removes pairs that reached their final store (Kubernetes mode).
+    Complete(MappingDelta),
+    Shutdown,
+}
+
+/// What is committed here, and what is known to be stored elsewhere.
+#[derive(Clone)]
+pub(super) struct Known {
+    pub committed: Arc<SharedMappings>,
+    /// Object name per key (standalone).
+    pub names: Arc<DashMap<MappingKey, String>>,
+    pub role: Role,
+}
+
+impl Known {
+    fn contains(&self, key: &MappingKey, application: &str) -> bool {
+        contains_pair(&self.committed, key, application)
+            || match &self.role {
+                Role::Outbox { elsewhere } => contains_pair(elsewhere, key, application),
+                Role::Store => false,
+            }
+    }
+
+    /// Applications `key` holds here and elsewhere.
+    fn applications_of(&self, key: &MappingKey) -> usize {
+        let here = self.committed.get(key);
+        let elsewhere = match &self.role {
+            Role::Outbox { elsewhere } => elsewhere.get(key),
+            Role::Store => None,
+        };
+        match (here, elsewhere) {
+            (Some(here), Some(elsewhere)) => {
+                elsewhere.len() + here.iter().filter(|app| !elsewhere.contains(*app)).count()
+            }
+            (Some(one), None) | (None, Some(one)) => one.len(),
+            (None, None) => 0,
+        }
+    }
+}
+
+/// Handle for registering and reading; cheap to clone.
+#[derive(Clone)]
+pub(super) struct Db {
+    pub known: Known,
+    pub stats: Arc<StoreStats>,
+    queue: mpsc::Sender<Command>,
+    limits: StoreLimits,
+    /// The revision in effect when the store was opened (already bumped past every earlier one).
+    pub opened_revision: i64,
+}
+
+/// Owns the writer thread; [`StoreWriter::shutdown`] commits what is queued and stops it.
+pub struct StoreWriter {
+    queue: mpsc::Sender<Command>,
+    thread: std::thread::JoinHandle<()>,
+    exited: Option<oneshot::Receiver<()>>,
+}
+
+impl Db {
+    /// Opens (or creates) the database in `data_dir` and starts its writer thread. Every commit
+    /// that adds something is sent on `changes` with its revision.
+    pub fn open(
+        data_dir: &Path,
+        role: Role,
+        limits: StoreLimits,
+        changes: mpsc::Sender<StoredChange>,
+    ) -> Result<(Db, StoreWriter), StoreError> {
+        let dir_error = |source| StoreError::DataDir {
+            path: data_dir.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(data_dir).map_err(dir_error)?;
+        let lock = File::create(data_dir.join(LOCK_FILE)).map_err(dir_error)?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Locked(data_dir.to_path_buf()));
+            }
+            Err(std::fs::TryLockError::Error(err)) => return Err(dir_error(err)),
+        }
+        let mut conn = Connection::open(data_dir.join(DB_FILE))?;
+        prepare_schema(&conn)?;
+        let opened_revision = bump_revision(&mut conn)?;
+        let committed = load_all(&conn)?;
+        let mut taken: HashMap<String, HashSet<String>> = HashMap::new();
+        let names = DashMap::new();
+        if matches!(role, Role::Store) {
+            for (key, name) in load_names(&mut conn, &committed)? {
+                taken
+                    .entry(key.namespace.clone())
+                    .or_default()
+                    .insert(name.clone());
+                names.insert(key, name);
+            }
+        }
+        let known = Known {
+            committed: Arc::new(committed),
+            names: Arc::new(names),
+            role,
+        };
+
+        let (queue, rx) = mpsc::channel(limits.queue_capacity.max(1));
+        let stats = Arc::new(StoreStats::default());
+        let (exit_tx, exited) = oneshot::channel();
+        let writer = Writer {
+            conn,
+            known: known.clone(),
+            stats: stats.clone(),
+            changes,
+            limits,
+            taken,
+            _lock: lock,
+            revision: opened_revision,
+            _exit: exit_tx,
+        };
+        let thread = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(dir_error)?;
+        let db = Db {
+            known,
+            stats,
+            queue: queue.clone(),
+            limits,
+            opened_revision,
+        };
+        Ok((
+            db,
+            StoreWriter {
+                queue,
+                thread,
+                exited: Some(exited),
+            },
+        ))
+    }
+
+    /// Makes `registration` durable. Returns once it is committed, or at once when everything in
+    /// it is stored already or the queue is full (in registrations or bytes).
+    pub async fn register(
+        &self,
+        registration: Registration,
+    ) -> Result<RegisterOutcome, StoreError> {
+        if self.is_stored(&registration) {
+            self.stats.already_stored.fetch_add(1, Ordering::Relaxed);
+            return Ok(RegisterOutcome::AlreadyStored);
+        }
+        let bytes = registration.size_bytes();
+        let queued = self.stats.queued_bytes.fetch_add(bytes, Ordering::SeqCst);
+        if queued + bytes > self.limits.queue_bytes {
+            self.stats.queued_bytes.fetch_sub(bytes, Ordering::SeqCst);
+            return Err(StoreError::Busy(format!(
+                "{queued} bytes of registrations waiting, ingest.queueBytes is {}",
+                self.limits.queue_bytes
+            )));
+        }
+        let (reply, answer) = oneshot::channel();
+        let command = Command::Register {
+            registration,
+            bytes,
+            reply,
+        };
+        // Counted before the send: the writer may take it (and count it down) at once.
+        self.stats.queued.fetch_add(1, Ordering::SeqCst);
+        match self.queue.try_send(command) {
+            Ok(()) => {}
+            Err(err) => {
+                self.stats.queued.fetch_sub(1, Ordering::SeqCst);
+                self.stats.queued_bytes.fetch_sub(bytes, Ordering::SeqCst);
+                return Err(match err {
+                    mpsc::error::TrySendError::Full(_) => StoreError::Busy(format!(
+                        "{} registrations waiting",
+                        self.queue.max_capacity()
+                    )),
+                    mpsc::error::TrySendError::Closed(_) => StoreError::ShuttingDown,
+                });
+            }
+        }
+        answer.await.unwrap_or(Err(StoreError::ShuttingDown))
+    }
+
+    fn is_stored(&self, registration: &Registration) -> bool {
+        registration
+            .keys()
+            .all(|key| self.known.contains(&key, &registration.application))
+    }
+
+    /// Everything committed, sorted.
+    pub fn snapshot(&self) -> BTreeMap<MappingKey, BTreeSet<String>> {
+        self.known
+            .committed
+            .iter()
+            .map(|entry| (entry.key().clone(), entry.value().clone()))
+            .collect()
+    }
+
+    /// Removes pairs that have reached their final store. Returns once the removal is queued
+    /// behind every registration queued before it.
+    pub async fn complete(&self, pairs: MappingDelta) -> Result<(), StoreError> {
+        self.queue
+            .send(Command::Complete(pairs))
+            .await
+            .map_err(|_| StoreError::ShuttingDown)
+    }
+}
+
+impl StoreWriter {
+    /// Resolves when the writer thread has ended, for whatever reason.
+    pub fn take_exit_signal(&mut self) -> Option<oneshot::Receiver<()>> {
+        self.exited.take()
+    }
+
+    /// Commits everything queued before this call, then stops the writer. Blocks.
+    pub fn shutdown(self) {
+        // The writer may already be gone (its receiver dropped); then there is nothing to wait for.
+        let _ = self.queue.blocking_send(Command::Shutdown);
+        if self.thread.join().is_err() {
+            tracing::error!("store writer thread panicked");
+        }
+    }
+}
+
+struct Writer {
+    conn: Connection,
+    known: Known,
+    stats: Arc<StoreStats>,
+    changes: mpsc::Sender<StoredChange>,
+    limits: StoreLimits,
+    /// Object names in use per namespace (standalone), so a new key never takes a used one.
+    taken: HashMap<String, HashSet<String>>,
+    /// Keeps the data directory locked for as long as the writer runs.
+    _lock: File,
+    revision: i64,
+    /// Dropped when the thread ends, which tells the supervisor.
+    _exit: oneshot::Sender<()>,
+}
+
+type Reply = oneshot::Sender<Result<RegisterOutcome, StoreError>>;
+
+impl Writer {
+    fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        let mut batch: Vec<(Registration, Reply)> = Vec::with_capacity(self.limits.max_batch);
+        let mut stopping = false;
+        while !stopping {
+            let Some(first) = rx.blocking_recv() else {
+                break;
+            };
+            let mut next = Some(first);
+            while let Some(command) = next.take() {
+                match command {
+                    Command::Register {
+                        registration,
+                        bytes,
+                        reply,
+                    } => {
+                        self.stats.queued.fetch_sub(1, Ordering::SeqCst);
+                        self.stats.queued_bytes.fetch_sub(bytes, Ordering::SeqCst);
+                        batch.push((registration, reply));
+                    }
+                    Command::Complete(pairs) => {
+                        // Registrations queued before it are committed first, so a pair
+                        // registered again meanwhile is not lost by the removal.
+                        self.commit(&mut batch);
+                        self.remove(&pairs);
+                    }
+                    Command::Shutdown => stopping = true,
+                }
+                if !stopping && batch.len() < self.limits.max_batch {
+                    next = rx.try_recv().ok();
+                }
+            }
+            self.commit(&mut batch);
+        }
+    }
+
+    fn remove(&mut self, pairs: &MappingDelta) {
+        if let Err(err) = delete_pairs(&mut self.conn, pairs) {
+            // They stay in the outbox and are written again (a no-op upsert) after a restart.
+            tracing::warn!(error = %err, "cannot remove written pairs from the outbox");
+            return;
+        }
+        for (key, apps) in pairs.iter() {
+            if let Some(mut stored) = self.known.committed.get_mut(key) {
+                stored.retain(|app| !apps.contains(app));
+            }
+            self.known
+                .committed
+                .remove_if(key, |_, stored| stored.is_empty());
+        }
+    }
+
+    /// A name for a new key (standalone): its first candidate no other key of the namespace
+    /// holds. Deterministic given the order keys arrive in, and persisted, so it never changes.
+    fn assign_name(&mut self, key: &MappingKey) -> String {
+        let taken = self.taken.entry(key.namespace.clone()).or_default();
+        let candidates = candidate_names(&key.interface);
+        let name = candidates
+            .iter()
+            .find(|name| !taken.contains(*name))
+            .cloned()
+            .unwrap_or_else(|| {
+                // All three taken: only possible for a crafted 64-bit hash collision.
+                let last = candidates.last().cloned().unwrap_or_default();
+                (2..)
+                    .map(|n| format!("{last}-{n}"))
+                    .find(|name| !taken.contains(name))
+                    .unwrap_or(last)
+            });
+        taken.insert(name.clone());
+        name
+    }
+
+    /// Writes the new pairs of a batch in one transaction and answers every caller in it.
+    fn commit(&mut self, batch: &mut Vec<(Registration, Reply)>) {
+        if batch.is_empty() {
+            return;
+        }
+        let mut new_pairs = MappingDelta::default();
+        let mut outcomes: Vec<Result<usize, StoreError>> = Vec::with_capacity(batch.len());
+        let limit = self.limits.max_applications_per_key;
+        for (registration, _) in batch.iter() {
+            let application = &registration.application;
+            let fresh: Vec<MappingKey> = registration
+                .keys()
+                .filter(|key| {
+                    !self.known.contains(key, application) && !new_pairs.contains(key, application)
+                })
+                .collect();
+            let full = fresh.iter().find(|key| {
+                let pending = new_pairs.applications(key).map_or(0, BTreeSet::len);
+                self.known.applications_of(key) + pending >= limit
+            });
+            if let Some(key) = full {
+                outcomes.push(Err(StoreError::TooManyApplications {
+                    key: key.clone(),
+                    limit,
+                }));
+                continue;
+            }
+            outcomes.push(Ok(fresh.len()));
+            for key in fresh {
+                new_pairs.add(key, application.clone());
+            }
+        }
+
+        if new_pairs.is_empty() {
+            self.answer(batch, outcomes);
+            return;
+        }
+
+        let new_names: Vec<(MappingKey, String)> = match self.known.role {
+            Role::Store => new_pairs
+                .iter()
+                .map(|(key, _)| key.clone())
+                .filter(|key| !self.known.names.contains_key(key))
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|key| {
+                    let name = self.assign_name(&key);
+                    (key, name)
+                })
+                .collect(),
+            Role::Outbox { .. } => Vec::new(),
+        };
+        let started = std::time::Instant::now();
+        let written = write_pairs(&mut self.conn, &new_pairs, &new_names, self.revision + 1);
+        self.stats
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        match written {
+            Ok(()) => {
+                self.revision += 1;
+                self.stats.commits.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .pairs_written
+                    .fetch_add(new_pairs.pairs() as u64, Ordering::Relaxed);
+                for (key, name) in new_names {
+                    self.known.names.insert(key, name);
+                }
+                for (key, apps) in new_pairs.iter() {
+                    self.known
+                        .committed
+                        .entry(key.clone())
+                        .or_default()
+                        .extend(apps.iter().cloned());
+                }
+                self.answer(batch, outcomes);
+                let change = StoredChange {
+                    delta: new_pairs,
+                    revision: self.revision,
+                };
+                if self.changes.blocking_send(change).is_err() {
+                    tracing::warn!("change feed closed; stored changes are no longer published");
+                }
+            }
+            Err(err) => {
+                // Names chosen for this batch were not persisted: give them back.
+                for (key, name) in &new_names {
+                    if let Some(taken) = self.taken.get_mut(&key.namespace) {
+                        taken.remove(name);
+                    }
+                }
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %err, registrations = batch.len(), "commit failed");
+                let message = err.to_string();
+                for (_, reply) in batch.drain(..) {
+                    let _ = reply.send(Err(StoreError::CommitFailed(message.clone())));
+                }
+            }
+        }
+    }
+
+    fn answer(
+        &self,
+        batch: &mut Vec<(Registration, Reply)>,
+        outcomes: Vec<Result<usize, StoreError>>,
+    ) {
+        for ((_, reply), outcome) in batch.drain(..).zip(outcomes) {
+            let outcome = outcome.map(|added| {
+                if added == 0 {
+                    self.stats.already_stored.fetch_add(1, Ordering::Relaxed);
+                    RegisterOutcome::AlreadyStored
+                } else {
+                    RegisterOutcome::Stored { added }
+                }
+            });
+            // A caller that gave up waiting is still stored; nothing to tell it.
+            let _ = reply.send(outcome);
+        }
+    }
+}
+
+fn delete_pairs(conn: &mut Connection, pairs: &MappingDelta) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    {
+        let mut delete = tx.prepare_cached(
+            "DELETE FROM mapping WHERE namespace = ?1 AND interface = ?2 AND application = ?3",
+        )?;
+        for (key, apps) in pairs.iter() {
+            for app in apps {
+                delete.execute(params![key.namespace, key.interface, app])?;
+            }
+        }
+    }
+    tx.commit()
+}
+
+fn prepare_schema(conn: &Connection) -> rusqlite::Result<()> {
+    // WAL lets readers (an operator's sqlite3 shell) work beside the writer; FULL makes every
+    // commit survive a power cut, not only a process crash.
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS mapping (
+             namespace   TEXT NOT NULL,
+             interface   TEXT NOT NULL,
+             application TEXT NOT NULL,
+             PRIMARY KEY (namespace, interface, application)
+         ) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS object_name (
+             namespace TEXT NOT NULL,
+             interface TEXT NOT NULL,
+             name      TEXT NOT NULL,
+             PRIMARY KEY (namespace, interface),
+             UNIQUE (namespace, name)
+         ) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS meta (
+             name  TEXT PRIMARY KEY,
+             value INTEGER NOT NULL
+         ) WITHOUT ROWID;
+         INSERT OR IGNORE INTO meta (name, value) VALUES ('revision', 0);",
+    )?;
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    Ok(())
+}
+
+/// Moves the revision past every earlier one, so clients never see it go backwards across a
+/// restart, even when the state itself did not change.
+fn bump_revision(conn: &mut Connection) -> rusqlite::Result<i64> {
+    conn.query_row(
+        "UPDATE meta SET value = value + 1 WHERE name = 'revision' RETURNING value",
+        [],
+        |row| row.get(0),
+    )
+}
+
+fn load_all(conn: &Connection) -> rusqlite::Result<SharedMappings> {
+    let committed = SharedMappings::new();
+    let mut stmt = conn.prepare("SELECT namespace, interface, application FROM mapping")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let key = MappingKey::new(row.get::<_, String>(0)?, row.get::<_, String>(1)?);
+        committed.entry(key).or_default().insert(row.get(2)?);
+    }
+    Ok(committed)
+}
+
+/// The persisted object names; keys stored before names were persisted (schema 1) get theirs
+/// now, in key order, and keep them from then on.
+fn load_names(
+    conn: &mut Connection,
+    committed: &SharedMappings,
+) -> rusqlite::Result<Vec<(MappingKey, String)>> {
+    let mut names: Vec<(MappingKey, String)> = Vec::new();
+    {
+        let mut stmt = conn.prepare("SELECT namespace, interface, name FROM object_name")?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            let key = MappingKey::new(row.get::<_, String>(0)?, row.get::<_, String>(1)?);
+            names.push((key, row.get(2)?));
+        }
+    }
+    let named: HashSet<&MappingKey> = names.iter().map(|(key, _)| key).collect();
+    let mut unnamed: Vec<MappingKey> = committed
+        .iter()
+        .map(|entry| entry.key().clone())
+        .filter(|key| !named.contains(key))
+        .collect();
+    if unnamed.is_empty() {
+        return Ok(names);
+    }
+    unnamed.sort();
+    let mut taken: HashMap<String, HashSet<String>> = HashMap::new();
+    for (key, name) in &names {
+        taken
+            .entry(key.namespace.clone())
+            .or_default()
+            .insert(name.clone());
+    }
+    let tx = conn.transaction()?;
+    {
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO object_name (namespace, interface, name) VALUES (?1, ?2, ?3)",
+        )?;
+        for key in unnamed {
+            let taken = taken.entry(key.namespace.clone()).or_default();
+            let Some(name) = candidate_names(&key.interface)
+                .into_iter()
+                .find(|name| !taken.contains(name))
+            else {
+                tracing::error!(%key, "no free object name; the mapping is not served");
+                continue;
+            };
+            insert.execute(params![key.namespace, key.interface, name])?;
+            taken.insert(name.clone());
+            names.push((key, name));
+        }
+    }
+    tx.commit()?;
+    Ok(names)
+}
+
+fn write_pairs(
+    conn: &mut Connection,
+    pairs: &MappingDelta,
+    names: &[(MappingKey, String)],
+    revision: i64,
+) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    {
+        let mut insert = tx.prepare_cached(
+            "INSERT OR IGNORE INTO mapping (namespace, interface, application) VALUES (?1, ?2, ?3)",
+        )?;
+        for (key, apps) in pairs.iter() {
+            for app in apps {
+                insert.execute(params![key.namespace, key.interface, app])?;
+            }
+        }
+        let mut name = tx.prepare_cached(
+            "INSERT INTO object_name (namespace, interface, name) VALUES (?1, ?2, ?3)",
+        )?;
+        for (key, object_name) in names {
+            name.execute(params![key.namespace, key.interface, object_name])?;
+        }
+        tx.execute(
+            "UPDATE meta SET value = ?1 WHERE name = 'revision'",
+            params![revision],
+        )?;
+    }
+    tx.commit()
+}
