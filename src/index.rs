@@ -106,6 +106,12 @@ impl Kind {
     }
 }
 
+/// gRPC clients (grpc-java, grpc-go) refuse messages over 4 MiB unless configured otherwise; a
+/// full-state response above it would never arrive.
+pub const CLIENT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Room left for a response's nonce, type and revision.
+const RESPONSE_HEAD_BYTES: usize = 1024;
+
 /// One object of a kind: its `Any` and that `Any` encoded as an `ObserveResponse.data` record.
 #[derive(Debug, PartialEq)]
 pub struct Object {
@@ -260,6 +266,15 @@ impl Index {
         let revision = revision.max(slot.published.borrow().revision + 1);
         let data = EncodedData::assemble(objects.values().map(|object| &object.record));
         let label = kind.label();
+        if data.len() + RESPONSE_HEAD_BYTES > CLIENT_MAX_MESSAGE_BYTES {
+            tracing::warn!(
+                kind = kind.name(),
+                bytes = data.len(),
+                objects = objects.len(),
+                "the full state is over the 4 MiB clients accept by default; raise the clients' \
+                 max inbound message size or keep fewer or smaller objects"
+            );
+        }
         self.stats.assemblies.get_or_create(&label).inc();
         self.stats
             .state_bytes

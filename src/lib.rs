@@ -1,17 +1,40 @@
 //! dubbo-cp: a control plane for Apache Dubbo services.
 //!
 //! # Layout
-//! Data flows one way (see `shared/design.md`):
-//! `ingest` (gRPC registration, validation) -> `store` (durable, group commit, then ack) ->
-//! `debounce` (merges bursts) -> `index` (revisioned state per kind) -> discovery streams.
-//! - [`mapping`]: domain types and validation; no I/O.
-//! - [`debounce`]: the generic debouncer.
-//! - [`store`]: the embedded SQLite store.
-//! - [`index`]: the state the discovery stream reads; [`resources`] turns mappings into its objects.
-//! - [`dds`]: the discovery stream, `RuleService/Observe`.
+//! Data flows one way (see `shared/design.md`); every stage talks only to its neighbours:
+//!
+//! ```text
+//! SDK -> ingest (authenticate, validate, authorize)
+//!          |
+//!          v
+//!   standalone: store::Store (SQLite, the truth)   Kubernetes: store::Outbox (SQLite, pending)
+//!          |  change feed                                  |  change feed
+//!          v                                               v
+//!   debounce -> store::publish                      debounce -> k8s::writer (per-key queue)
+//!          |                                               |  upserts
+//!          |                                               v
+//!          |                                      API server <- kubectl edits too
+//!          |                                               |  k8s::watch (one per kind)
+//!          |                                               v
+//!          |                                      debounce -> index
+//!          v
+//!   index (per kind: objects encoded once, state assembled per revision)
+//!          |
+//!          v
+//!   dds (RuleService/Observe streams: subscribe, nonce, ACK, coalesce)
+//! ```
+//! - [`mapping`]: domain types, validation, object names; no I/O.
 //! - [`ingest`]: the registration gRPC service.
-//! - [`server`]: all wiring, in one function.
-//! - [`config`], [`telemetry`], [`admin`]: configuration, logs, the HTTP admin port.
+//! - [`store`]: the durable group-commit writer, as the standalone store or the outbox.
+//! - [`debounce`]: the generic debouncer every source goes through.
+//! - [`k8s`]: custom resources, the write queue, the watches and the cluster view.
+//! - [`index`]: the state the discovery stream reads; [`resources`] turns mappings into objects.
+//! - [`dds`]: the discovery stream, `RuleService/Observe`.
+//! - [`auth`]: who is calling and what they may do.
+//! - [`supervisor`]: every long-lived task; a fault stops the process.
+//! - [`server`]: all wiring, as named steps.
+//! - [`config`], [`telemetry`], [`metrics`], [`admin`], [`cli`]: settings, logs, metrics,
+//!   the HTTP admin port, the sub-commands.
 #![forbid(unsafe_code)]
 
 pub mod admin;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -184,6 +185,10 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         outbox: source.kube.clone(),
         registry: Arc::new(registry),
     };
+    let admin_listener = admin_listener.tap_io(|tcp| {
+        // Small responses (probes, /metrics) should not wait for Nagle.
+        let _ = tcp.set_nodelay(true);
+    });
     let admin_serve = axum::serve(admin_listener, admin::router(admin_state))
         .with_graceful_shutdown(wait_for_shutdown(shutdown_rx.clone()));
     tasks.spawn("admin server", async move {
