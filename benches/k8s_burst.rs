@@ -152,7 +152,10 @@ async fn main() -> anyhow::Result<()> {
 
 /// 10,000 watch events for 100 objects, as fast as the fixture takes them; counts what the index
 /// of one control plane did with them.
-async fn watch_burst(api: &ApiServer, plane: &dubbo_cp::server::RunningServer) -> anyhow::Result<()> {
+async fn watch_burst(
+    api: &ApiServer,
+    plane: &dubbo_cp::server::RunningServer,
+) -> anyhow::Result<()> {
     const OBJECTS: usize = 100;
     const EDITS: usize = 100;
     let kind = dubbo_cp::index::Kind::ServiceNameMapping;

@@ -83,6 +83,8 @@ impl RunningServer {
 
 /// The source of truth of the mode, and the handles the rest of the wiring needs of it.
 struct Source {
+    /// Starts at the store's revision, which every start moves past the last one.
+    index: Arc<Index>,
     durable: Durable,
     writer: StoreWriter,
     mappings: MappingSource,
@@ -104,14 +106,14 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         Mode::Kubernetes => Some(k8s::client(config.kubernetes.api_server.as_deref()).await?),
         Mode::Standalone => None,
     };
-    let index = Arc::new(Index::new(0));
-    index.register_metrics(&mut registry);
     let mut source = match &kube_client {
-        None => open_store(&config, &index, &metrics, &mut tasks).await?,
+        None => open_store(&config, &metrics, &mut tasks).await?,
         Some(client) => {
-            open_kubernetes(&config, client, &index, &metrics, &mut registry, &mut tasks).await?
+            open_kubernetes(&config, client, &metrics, &mut registry, &mut tasks).await?
         }
     };
+    let index = source.index.clone();
+    index.register_metrics(&mut registry);
     source.durable.stats().register_metrics(&mut registry);
     if let Some(exited) = source.writer.take_exit_signal() {
         tasks.spawn("store writer", async move {
@@ -261,7 +263,6 @@ impl Listeners {
 /// Standalone: the embedded store is the truth; its change feed is debounced into the index.
 async fn open_store(
     config: &Config,
-    index: &Arc<Index>,
     metrics: &Arc<Metrics>,
     tasks: &mut Supervisor,
 ) -> anyhow::Result<Source> {
@@ -273,7 +274,8 @@ async fn open_store(
             .await
             .context("store open task failed")?
             .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
-    store::load_index(&store, index);
+    let index = Arc::new(Index::new(store.opened_revision()));
+    store::load_index(&store, &index);
     tracing::info!(
         mappings = index.current(Kind::ServiceNameMapping).objects.len(),
         revision = store.opened_revision(),
@@ -292,6 +294,7 @@ async fn open_store(
         Ok(())
     });
     Ok(Source {
+        index,
         durable: Durable::Store(store.clone()),
         writer,
         mappings: MappingSource::Store(store),
@@ -304,7 +307,6 @@ async fn open_store(
 async fn open_kubernetes(
     config: &Config,
     client: &kube::Client,
-    index: &Arc<Index>,
     metrics: &Arc<Metrics>,
     registry: &mut Registry,
     tasks: &mut Supervisor,
@@ -321,6 +323,7 @@ async fn open_kubernetes(
     .context("outbox open task failed")?
     .with_context(|| format!("cannot open the outbox in {}", config.data_dir.display()))?;
     outbox.register_metrics(registry);
+    let index = Arc::new(Index::new(outbox.opened_revision()));
 
     let kube_writer = Arc::new(KubeWriter::new(
         client.clone(),
@@ -382,6 +385,7 @@ async fn open_kubernetes(
         index.mark_loaded(kind);
     }
     Ok(Source {
+        index,
         durable: Durable::Outbox(outbox.clone()),
         writer,
         mappings: MappingSource::Cluster(cluster),

@@ -60,6 +60,11 @@ impl Outbox {
         self.db.complete(pairs).await
     }
 
+    /// Bumped at every start, so an index that starts from it does not go backwards as far.
+    pub fn opened_revision(&self) -> i64 {
+        self.db.opened_revision
+    }
+
     pub fn stats(&self) -> &Arc<StoreStats> {
         &self.db.stats
     }
