@@ -54,7 +54,8 @@ pub struct TlsConfig {
     pub key_file: Option<PathBuf>,
     /// CA that signs client certificates; with it, clients may present one (SPIFFE identity).
     pub client_ca_file: Option<PathBuf>,
-    /// Expected SPIFFE trust domain of client certificates (any when unset).
+    /// Trust domain client certificates' SPIFFE IDs must have (default `cluster.local`, as
+    /// Istio's); an empty string accepts any.
     pub trust_domain: Option<String>,
 }
 
@@ -65,7 +66,7 @@ impl Default for TlsConfig {
             cert_file: None,
             key_file: None,
             client_ca_file: None,
-            trust_domain: None,
+            trust_domain: Some("cluster.local".to_owned()),
         }
     }
 }
@@ -82,8 +83,21 @@ pub struct AuthConfig {
     pub legacy_answers: bool,
     /// Kubernetes mode: check bearer tokens with TokenReview (default: on in Kubernetes mode).
     pub token_review: Option<bool>,
-    /// How long a positive TokenReview answer is reused.
+    /// How long a positive answer on a token is reused (never past the token's `exp`).
     pub cache_ttl: Duration,
+    /// How long a negative answer on a token is reused.
+    pub negative_cache_ttl: Duration,
+    /// Bytes of tokens the authentication cache may hold.
+    pub cache_bytes: u64,
+    /// TokenReviews (and pod GETs) per second, for tokens that cannot be verified locally.
+    pub token_reviews_per_second: f64,
+    /// TokenReviews at once after a quiet period.
+    pub token_reviews_burst: u32,
+    /// How often the cluster's service-account keys are fetched again.
+    pub keys_refresh_interval: Duration,
+    /// Audiences of the API server, besides its issuer, that `kubernetes` tokens verified
+    /// locally may carry (others go to a TokenReview).
+    pub api_audiences: Vec<String>,
 }
 
 impl Config {
@@ -108,6 +122,12 @@ impl Default for AuthConfig {
             legacy_answers: false,
             token_review: None,
             cache_ttl: Duration::from_secs(30),
+            negative_cache_ttl: Duration::from_secs(10),
+            cache_bytes: 32 * 1024 * 1024,
+            token_reviews_per_second: 20.0,
+            token_reviews_burst: 40,
+            keys_refresh_interval: Duration::from_secs(300),
+            api_audiences: Vec::new(),
         }
     }
 }
@@ -612,7 +632,7 @@ impl Config {
                 cert_file: args.tls_cert.clone().or(tls.cert_file),
                 key_file: args.tls_key.clone().or(tls.key_file),
                 client_ca_file: args.tls_client_ca.clone().or(tls.client_ca_file),
-                trust_domain: tls.trust_domain,
+                trust_domain: tls.trust_domain.or(defaults.tls.trust_domain),
             },
             auth: AuthConfig {
                 token_file: args.token_file.clone().or(auth.token_file),
@@ -626,6 +646,7 @@ impl Config {
                     .unwrap_or(defaults.auth.legacy_answers),
                 token_review: auth.token_review,
                 cache_ttl: auth.cache_ttl.unwrap_or(defaults.auth.cache_ttl),
+                ..defaults.auth.clone()
             },
             kubernetes: KubernetesConfig {
                 api_server: args.kube_api_server.clone().or(kubernetes.api_server),

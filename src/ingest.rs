@@ -137,7 +137,7 @@ impl Ingest {
             .unwrap_or_default();
         let pod = identity
             .as_ref()
-            .and_then(|i| i.pod.clone())
+            .and_then(|i| i.pod.as_ref().map(|pod| pod.name.clone()))
             .unwrap_or_default();
         let request = request.into_inner();
         let registration = match validate_registration(

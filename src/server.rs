@@ -17,6 +17,9 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::admin::{self, MappingSource, Readiness};
+use crate::auth::keys::ServiceAccountKeys;
+use crate::auth::pods::PodView;
+use crate::auth::serviceaccount::{CacheSettings, ServiceAccountAuthenticator};
 use crate::auth::tokenreview::TokenReviewer;
 use crate::auth::tokens::StaticTokens;
 use crate::auth::{Authenticator, Policy};
@@ -30,6 +33,7 @@ use crate::k8s::watch::{MappingKind, WatchStats};
 use crate::k8s::writer::{KubeWriter, WriterStats};
 use crate::metrics::{self, Metrics};
 use crate::pb;
+use crate::ratelimit::RateLimiter;
 use crate::shutdown::signalled;
 use crate::store::{
     self, Durable, Outbox, Store, StoreLimits, StoreStats, StoreWriter, StoredChange,
@@ -125,6 +129,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     let policy = auth_policy(
         &config,
         kube_client.as_ref(),
+        &mut registry,
         &mut tasks,
         shutdown_rx.clone(),
     )?;
@@ -438,10 +443,11 @@ async fn shutdown_in_order(
 }
 
 /// The authentication and authorization of the configuration: a token file (watched for
-/// changes), TokenReview in Kubernetes mode, or none.
+/// changes), service-account tokens in Kubernetes mode, or none.
 fn auth_policy(
     config: &Config,
     kube_client: Option<&kube::Client>,
+    registry: &mut Registry,
     tasks: &mut Supervisor,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<Policy> {
@@ -454,9 +460,10 @@ fn auth_policy(
         .with_trust_domain(config.tls.trust_domain.clone())
     };
     if config.uses_token_review() {
-        let client = kube_client.context("TokenReview needs a Kubernetes client")?;
-        let reviewer = TokenReviewer::new(client.clone(), config.auth.cache_ttl);
-        return Ok(policy(Some(Arc::new(reviewer))));
+        let client =
+            kube_client.context("service-account authentication needs a Kubernetes client")?;
+        let authenticator = service_accounts(config, client, registry, tasks);
+        return Ok(policy(Some(authenticator)));
     }
     let Some(path) = &config.auth.token_file else {
         return Ok(policy(None));
@@ -472,6 +479,52 @@ fn auth_policy(
         Ok(())
     });
     Ok(policy(Some(tokens)))
+}
+
+/// Kubernetes authentication: the cluster's token keys and its pods, both kept by background
+/// tasks, in front of a paced TokenReview.
+fn service_accounts(
+    config: &Config,
+    client: &kube::Client,
+    registry: &mut Registry,
+    tasks: &mut Supervisor,
+) -> Arc<dyn Authenticator> {
+    let auth = &config.auth;
+    let requests = Arc::new(RateLimiter::new(
+        auth.token_reviews_per_second,
+        auth.token_reviews_burst,
+    ));
+    let keys = Arc::new(ServiceAccountKeys::new(
+        client.clone(),
+        auth.keys_refresh_interval,
+    ));
+    let refresh = keys
+        .clone()
+        .run(auth.keys_refresh_interval, tasks.shutdown_receiver());
+    tasks.spawn("service-account keys", async move {
+        refresh.await;
+        Ok(())
+    });
+    let pods = Arc::new(PodView::new(client.clone(), requests.clone()));
+    let watch = pods.clone().run(tasks.shutdown_receiver());
+    tasks.spawn("pod watch", async move {
+        watch.await;
+        Ok(())
+    });
+    let authenticator = ServiceAccountAuthenticator::new(
+        keys,
+        pods,
+        TokenReviewer::new(client.clone()),
+        requests,
+        auth.api_audiences.clone(),
+        CacheSettings {
+            ttl: auth.cache_ttl,
+            negative_ttl: auth.negative_cache_ttl,
+            max_bytes: auth.cache_bytes,
+        },
+    );
+    authenticator.stats().register_metrics(registry);
+    Arc::new(authenticator)
 }
 
 /// Refuses to serve an unauthenticated control plane beyond loopback unless told to.

@@ -17,6 +17,8 @@ struct Pki {
     ca_pem: String,
     server: (String, String),
     spiffe_client: (String, String),
+    /// Signed by the same CA, for another trust domain.
+    foreign_client: (String, String),
     plain_client: (String, String),
 }
 
@@ -44,6 +46,11 @@ fn pki() -> Pki {
             SanType::IpAddress([127, 0, 0, 1].into()),
         ]),
         spiffe_client: leaf(vec![SanType::URI(uri)]),
+        foreign_client: leaf(vec![SanType::URI(
+            "spiffe://evil.example/ns/demo/sa/provider"
+                .try_into()
+                .unwrap_or_else(|e| fail(e)),
+        )]),
         plain_client: leaf(vec![SanType::DnsName(
             "client.example".try_into().unwrap_or_else(|e| fail(e)),
         )]),
@@ -61,7 +68,6 @@ fn tls_config(dir: &Path, pki: &Pki) -> Config {
     config.tls.cert_file = Some(write("server.pem", &pki.server.0));
     config.tls.key_file = Some(write("server.key", &pki.server.1));
     config.tls.client_ca_file = Some(write("ca.pem", &pki.ca_pem));
-    config.tls.trust_domain = Some("cluster.local".into());
     // Tokens too, so a caller without a SPIFFE certificate is asked for one.
     config.auth.token_file = Some(write(
         "tokens.yaml",
@@ -105,6 +111,21 @@ async fn spiffe_certificates_are_identities_on_the_tls_port() {
         .register_service_app_mapping(request("other", "app", &["I"]))
         .await;
     assert_eq!(denied.err().map(|s| s.code()), Some(Code::PermissionDenied));
+
+    // The same CA, a foreign trust domain: refused, although the namespace matches.
+    let mut foreign = tls_client(tls_addr, &pki, Some(&pki.foreign_client)).await;
+    let refused = foreign
+        .register_service_app_mapping(request("demo", "app", &["I"]))
+        .await
+        .err();
+    assert_eq!(
+        refused.as_ref().map(|s| s.code()),
+        Some(Code::Unauthenticated)
+    );
+    assert!(
+        refused.is_some_and(|s| s.message().contains("evil.example")),
+        "the refusal names the trust domain"
+    );
 
     // A certificate without a SPIFFE ID, and no certificate: not an identity; no token either.
     for identity in [Some(&pki.plain_client), None] {

@@ -5,11 +5,14 @@
 //! and how refusals are answered: as gRPC status codes, or the legacy way (OK with
 //! `success: false`) for old SDKs that only read `success`.
 
+pub mod keys;
+pub mod pods;
+pub mod serviceaccount;
 pub mod spiffe;
 pub mod tokenreview;
 pub mod tokens;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use tonic::Status;
@@ -22,11 +25,22 @@ pub struct Identity {
     pub namespace: String,
     /// A stable name for logs, rate limits and the admin list (e.g. `ns/service-account`).
     pub name: String,
-    /// The pod a Kubernetes token is bound to, when it is.
-    pub pod: Option<String>,
+    /// The pod a Kubernetes token is bound to, when it is (policies select by its labels and
+    /// IPs).
+    pub pod: Option<Arc<PodInfo>>,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// The pod behind a caller, as the pod watch saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct PodInfo {
+    pub name: String,
+    pub uid: String,
+    pub ips: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum AuthError {
     #[error("missing authorization: send `authorization: Bearer <token>`")]
     Missing,
@@ -129,8 +143,9 @@ impl Policy {
         }
     }
 
+    /// Client certificates must name `trust_domain` (any when `None` or empty).
     pub fn with_trust_domain(mut self, trust_domain: Option<String>) -> Self {
-        self.trust_domain = trust_domain.map(Into::into);
+        self.trust_domain = trust_domain.filter(|d| !d.is_empty()).map(Into::into);
         self
     }
 

@@ -170,7 +170,8 @@ impl RuleService {
         self.stats.clone()
     }
 
-    /// Admits a new stream and starts its task, or says why not.
+    /// Admits a new stream and starts its task, or says why not. Cheap refusals (not loaded,
+    /// stream cap, admission rate) come before any authentication work.
     async fn observe(&self, request: http::Request<Body>) -> Result<ObserveBody, Status> {
         if !self.index.is_loaded() {
             return Err(Status::unavailable(
@@ -181,20 +182,6 @@ impl RuleService {
             return Err(Status::unavailable(
                 "control plane shutting down; reconnect",
             ));
-        }
-        let metadata = tonic::metadata::MetadataMap::from_headers(request.headers().clone());
-        let certificates: Option<Vec<Vec<u8>>> = request
-            .extensions()
-            .get::<TlsConnectInfo<TcpConnectInfo>>()
-            .and_then(|info| info.peer_certs())
-            .map(|certs| certs.iter().map(|cert| cert.as_ref().to_vec()).collect());
-        if let Err(refusal) = self
-            .policy
-            .authenticate(&metadata, certificates.as_deref())
-            .await
-        {
-            self.metrics.rejected("unauthenticated_stream");
-            return Err(refusal.into_status());
         }
         let open = usize::try_from(self.stats.streams_open.load(Ordering::Relaxed)).unwrap_or(0);
         if open >= self.config.max_streams {
@@ -217,6 +204,22 @@ impl RuleService {
             return Err(Status::unavailable(
                 "too many new discovery streams per second; retry with backoff",
             ));
+        }
+        // Authentication last: the checks above are free, and they bound how much
+        // authentication work (token checks, TokenReviews) streams can cause.
+        let metadata = tonic::metadata::MetadataMap::from_headers(request.headers().clone());
+        let certificates: Option<Vec<Vec<u8>>> = request
+            .extensions()
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .and_then(|info| info.peer_certs())
+            .map(|certs| certs.iter().map(|cert| cert.as_ref().to_vec()).collect());
+        if let Err(refusal) = self
+            .policy
+            .authenticate(&metadata, certificates.as_deref())
+            .await
+        {
+            self.metrics.rejected("unauthenticated_stream");
+            return Err(refusal.into_status());
         }
         let peer = request
             .extensions()

@@ -18,13 +18,25 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
 const GROUP_PATH: &str = "/apis/dubbo.apache.org/v1alpha1";
+const CORE_PATH: &str = "/api/v1";
+const SNP: &str = "servicenamemappings";
+/// The issuer of the service-account tokens the fixture's keys sign.
+pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+type Key = (String, String, String);
+
+fn key(resource: &str, namespace: &str, name: &str) -> Key {
+    (resource.to_owned(), namespace.to_owned(), name.to_owned())
+}
 
 #[derive(Default)]
 struct Inner {
     rv: u64,
-    objects: BTreeMap<(String, String), Value>,
-    /// Every change, for watches to replay: (resourceVersion, type, object).
-    events: Vec<(u64, &'static str, Value)>,
+    /// Objects by (resource, namespace, name); resources are plurals (`servicenamemappings`,
+    /// `pods`).
+    objects: BTreeMap<Key, Value>,
+    /// Every change, for watches to replay: (resourceVersion, type, resource, object).
+    events: Vec<(u64, &'static str, String, Value)>,
     /// Watches from a resourceVersion below this get 410 Gone.
     oldest_watchable: u64,
     fail_writes: u32,
@@ -47,6 +59,10 @@ struct Inner {
     /// TokenReview: token -> (username, audiences it is valid for).
     tokens: BTreeMap<String, (String, Vec<String>)>,
     token_reviews: u64,
+    /// The service-account signing keys served at /openid/v1/jwks.
+    jwks: Value,
+    /// GETs of single pods.
+    pod_gets: u64,
 }
 
 struct Shared {
@@ -237,10 +253,7 @@ impl ApiServer {
     }
 
     pub fn get(&self, namespace: &str, name: &str) -> Option<Value> {
-        self.lock()
-            .objects
-            .get(&(namespace.to_owned(), name.to_owned()))
-            .cloned()
+        self.lock().objects.get(&key(SNP, namespace, name)).cloned()
     }
 
     /// The applications of an object, as stored.
@@ -250,8 +263,44 @@ impl ApiServer {
             .unwrap_or_default()
     }
 
+    /// ServiceNameMapping objects stored.
     pub fn object_count(&self) -> usize {
-        self.lock().objects.len()
+        self.lock().objects.keys().filter(|k| k.0 == SNP).count()
+    }
+
+    // ---- service-account tokens and pods ----
+
+    /// Serves `jwks` as the cluster's service-account keys (OIDC discovery names [`ISSUER`]).
+    pub fn set_jwks(&self, jwks: Value) {
+        self.lock().jwks = jwks;
+    }
+
+    /// Creates or replaces a pod (the kubelet's view: name, UID, labels, IPs).
+    pub fn put_pod(&self, namespace: &str, name: &str, uid: &str, labels: Value, ips: &[&str]) {
+        let pod_ips: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
+        let object = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid, "labels": labels},
+            "status": {"podIP": ips.first(), "podIPs": pod_ips},
+        });
+        let mut inner = self.lock();
+        let key = key("pods", namespace, name);
+        let kind = if inner.objects.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.store(&mut inner, key, object, kind);
+    }
+
+    pub fn delete_pod(&self, namespace: &str, name: &str) {
+        let mut inner = self.lock();
+        self.remove(&mut inner, &key("pods", namespace, name));
+    }
+
+    /// GETs of single pods (lookups of pods the watch had not seen).
+    pub fn pod_gets(&self) -> u64 {
+        self.lock().pod_gets
     }
 
     // ---- kubectl ----
@@ -259,7 +308,7 @@ impl ApiServer {
     /// `kubectl apply` of an object with this spec (any JSON, valid or not).
     pub fn kubectl_apply(&self, namespace: &str, name: &str, spec: Value) {
         let mut inner = self.lock();
-        let key = (namespace.to_owned(), name.to_owned());
+        let key = key(SNP, namespace, name);
         let object = match inner.objects.get(&key) {
             Some(existing) => {
                 let mut object = existing.clone();
@@ -281,37 +330,32 @@ impl ApiServer {
 
     pub fn kubectl_delete(&self, namespace: &str, name: &str) {
         let mut inner = self.lock();
-        self.remove(&mut inner, namespace, name);
+        self.remove(&mut inner, &key(SNP, namespace, name));
     }
 
-    fn store(
-        &self,
-        inner: &mut Inner,
-        key: (String, String),
-        mut object: Value,
-        kind: &'static str,
-    ) {
+    fn store(&self, inner: &mut Inner, key: Key, mut object: Value, kind: &'static str) {
         inner.rv += 1;
         let rv = inner.rv;
         object["metadata"]["resourceVersion"] = json!(rv.to_string());
-        object["metadata"]["namespace"] = json!(key.0.clone());
+        object["metadata"]["namespace"] = json!(key.1.clone());
         if object["metadata"]["uid"].is_null() {
             object["metadata"]["uid"] = json!(format!("uid-{rv}"));
             object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
         }
+        let resource = key.0.clone();
         inner.objects.insert(key, object.clone());
-        inner.events.push((rv, kind, object));
+        inner.events.push((rv, kind, resource, object));
         self.shared.latest.send_replace(rv);
     }
 
-    fn remove(&self, inner: &mut Inner, namespace: &str, name: &str) -> Option<Value> {
-        let mut object = inner
-            .objects
-            .remove(&(namespace.to_owned(), name.to_owned()))?;
+    fn remove(&self, inner: &mut Inner, key: &Key) -> Option<Value> {
+        let mut object = inner.objects.remove(key)?;
         inner.rv += 1;
         let rv = inner.rv;
         object["metadata"]["resourceVersion"] = json!(rv.to_string());
-        inner.events.push((rv, "DELETED", object.clone()));
+        inner
+            .events
+            .push((rv, "DELETED", key.0.clone(), object.clone()));
         self.shared.latest.send_replace(rv);
         Some(object)
     }
@@ -355,33 +399,55 @@ async fn handle(
     if method == Method::POST && uri.path() == "/apis/authentication.k8s.io/v1/tokenreviews" {
         return token_review(&server, &body);
     }
-    let Some(rest) = uri.path().strip_prefix(GROUP_PATH) else {
-        return status(404, "NotFound", "unknown path");
+    match (&method, uri.path()) {
+        (&Method::GET, "/.well-known/openid-configuration") => {
+            return json_response(
+                StatusCode::OK,
+                &json!({"issuer": ISSUER, "jwks_uri": format!("{ISSUER}/openid/v1/jwks")}),
+            );
+        }
+        (&Method::GET, "/openid/v1/jwks") => {
+            let jwks = server.lock().jwks.clone();
+            let jwks = if jwks.is_null() {
+                json!({"keys": []})
+            } else {
+                jwks
+            };
+            return json_response(StatusCode::OK, &jwks);
+        }
+        _ => {}
+    }
+    let rest = match uri.path().strip_prefix(GROUP_PATH) {
+        Some(rest) => rest,
+        None => match uri.path().strip_prefix(CORE_PATH) {
+            Some(rest) if rest.contains("/pods") || rest == "/pods" => rest,
+            _ => return status(404, "NotFound", "unknown path"),
+        },
     };
     let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     let params = query(&uri);
     match (method, segments.as_slice()) {
-        (Method::GET, ["servicenamemappings"]) => list_or_watch(&server, None, &params),
-        (Method::GET, ["namespaces", ns, "servicenamemappings"]) => {
-            list_or_watch(&server, Some(ns), &params)
+        (Method::GET, [resource]) => list_or_watch(&server, resource, None, &params),
+        (Method::GET, ["namespaces", ns, resource]) => {
+            list_or_watch(&server, resource, Some(ns), &params)
         }
-        (Method::POST, ["namespaces", ns, "servicenamemappings"]) => create(&server, ns, &body),
-        (Method::GET, ["namespaces", ns, "servicenamemappings", name]) => {
-            match server.get(ns, name) {
-                Some(object) => json_response(StatusCode::OK, &object),
-                None => status(
-                    404,
-                    "NotFound",
-                    &format!("servicenamemappings \"{name}\" not found"),
-                ),
+        (Method::POST, ["namespaces", ns, resource]) => create(&server, resource, ns, &body),
+        (Method::GET, ["namespaces", ns, resource, name]) => {
+            let mut inner = server.lock();
+            if *resource == "pods" {
+                inner.pod_gets += 1;
+            }
+            match inner.objects.get(&key(resource, ns, name)) {
+                Some(object) => json_response(StatusCode::OK, object),
+                None => status(404, "NotFound", &format!("{resource} \"{name}\" not found")),
             }
         }
-        (Method::PUT, ["namespaces", ns, "servicenamemappings", name]) => {
-            replace(&server, ns, name, &body)
+        (Method::PUT, ["namespaces", ns, resource, name]) => {
+            replace(&server, resource, ns, name, &body)
         }
-        (Method::DELETE, ["namespaces", ns, "servicenamemappings", name]) => {
+        (Method::DELETE, ["namespaces", ns, resource, name]) => {
             let mut inner = server.lock();
-            match server.remove(&mut inner, ns, name) {
+            match server.remove(&mut inner, &key(resource, ns, name)) {
                 Some(object) => json_response(StatusCode::OK, &object),
                 None => status(404, "NotFound", "not found"),
             }
@@ -442,7 +508,7 @@ fn write_allowed(inner: &mut Inner, namespace: &str, name: &str) -> Option<Respo
     None
 }
 
-fn create(server: &ApiServer, namespace: &str, body: &Bytes) -> Response {
+fn create(server: &ApiServer, resource: &str, namespace: &str, body: &Bytes) -> Response {
     let Ok(object) = serde_json::from_slice::<Value>(body) else {
         return status(400, "BadRequest", "invalid JSON");
     };
@@ -453,22 +519,31 @@ fn create(server: &ApiServer, namespace: &str, body: &Bytes) -> Response {
     if let Some(failure) = write_allowed(&mut inner, namespace, &name) {
         return failure;
     }
-    let key = (namespace.to_owned(), name.clone());
+    let key = key(resource, namespace, &name);
     if inner.objects.contains_key(&key) {
         return status(
             409,
             "AlreadyExists",
-            &format!("servicenamemappings \"{name}\" already exists"),
+            &format!("{resource} \"{name}\" already exists"),
         );
     }
     server.store(&mut inner, key.clone(), object, "ADDED");
     inner.write_times.push(Instant::now());
-    *inner.writes_per_object.entry(key.clone()).or_default() += 1;
+    *inner
+        .writes_per_object
+        .entry((key.1.clone(), key.2.clone()))
+        .or_default() += 1;
     let stored = inner.objects.get(&key).cloned().unwrap_or_default();
     json_response(StatusCode::CREATED, &stored)
 }
 
-fn replace(server: &ApiServer, namespace: &str, name: &str, body: &Bytes) -> Response {
+fn replace(
+    server: &ApiServer,
+    resource: &str,
+    namespace: &str,
+    name: &str,
+    body: &Bytes,
+) -> Response {
     let Ok(mut object) = serde_json::from_slice::<Value>(body) else {
         return status(400, "BadRequest", "invalid JSON");
     };
@@ -476,7 +551,7 @@ fn replace(server: &ApiServer, namespace: &str, name: &str, body: &Bytes) -> Res
     if let Some(failure) = write_allowed(&mut inner, namespace, name) {
         return failure;
     }
-    let key = (namespace.to_owned(), name.to_owned());
+    let key = key(resource, namespace, name);
     if !inner.objects.contains_key(&key) {
         return status(404, "NotFound", "not found");
     }
@@ -500,7 +575,10 @@ fn replace(server: &ApiServer, namespace: &str, name: &str, body: &Bytes) -> Res
     object["metadata"]["creationTimestamp"] = existing["metadata"]["creationTimestamp"].clone();
     server.store(&mut inner, key.clone(), object, "MODIFIED");
     inner.write_times.push(Instant::now());
-    *inner.writes_per_object.entry(key.clone()).or_default() += 1;
+    *inner
+        .writes_per_object
+        .entry((key.1.clone(), key.2.clone()))
+        .or_default() += 1;
     let stored = inner.objects.get(&key).cloned().unwrap_or_default();
     json_response(StatusCode::OK, &stored)
 }
@@ -511,20 +589,25 @@ fn in_namespace(object: &Value, namespace: Option<&str>) -> bool {
 
 fn list_or_watch(
     server: &ApiServer,
+    resource: &str,
     namespace: Option<&str>,
     params: &BTreeMap<String, String>,
 ) -> Response {
+    let (api_version, kind) = match resource {
+        "pods" => ("v1", "Pod"),
+        _ => ("dubbo.apache.org/v1alpha1", "ServiceNameMapping"),
+    };
     let watching = params.get("watch").is_some_and(|v| v == "true" || v == "1");
     if !watching {
         let inner = server.lock();
         let items: Vec<Value> = inner
             .objects
-            .values()
-            .filter(|o| in_namespace(o, namespace))
-            .cloned()
+            .iter()
+            .filter(|(k, o)| k.0 == resource && in_namespace(o, namespace))
+            .map(|(_, o)| o.clone())
             .collect();
         let body = json!({
-            "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "ServiceNameMappingList",
+            "apiVersion": api_version, "kind": format!("{kind}List"),
             "metadata": {"resourceVersion": inner.rv.to_string()}, "items": items,
         });
         return json_response(StatusCode::OK, &body);
@@ -545,6 +628,7 @@ fn list_or_watch(
         .get("allowWatchBookmarks")
         .is_some_and(|v| v == "true");
     let namespace = namespace.map(str::to_owned);
+    let resource = resource.to_owned();
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::convert::Infallible>>(64);
     let server = server.clone();
     let active = ActiveWatch::new(&server.shared);
@@ -577,10 +661,10 @@ fn list_or_watch(
                 let pending: Vec<(u64, &'static str, Value)> = inner
                     .events
                     .iter()
-                    .filter(|(rv, _, object)| {
-                        *rv > sent && in_namespace(object, namespace.as_deref())
+                    .filter(|(rv, _, of, object)| {
+                        *rv > sent && *of == resource && in_namespace(object, namespace.as_deref())
                     })
-                    .cloned()
+                    .map(|(rv, kind, _, object)| (*rv, *kind, object.clone()))
                     .collect();
                 (pending, inner.rv)
             };
@@ -595,7 +679,7 @@ fn list_or_watch(
             }
             if bookmarks && rv > sent {
                 let bookmark = json!({"type": "BOOKMARK", "object": {
-                    "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "ServiceNameMapping",
+                    "apiVersion": api_version, "kind": kind,
                     "metadata": {"resourceVersion": rv.to_string()}}});
                 if tx.send(line(bookmark)).await.is_err() {
                     return;
