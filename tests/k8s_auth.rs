@@ -304,3 +304,39 @@ async fn garbage_tokens_cost_a_bounded_number_of_reviews() {
         "{reviews} reviews exceed the bound {bound}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_admitted_before_any_authentication_work() {
+    let api = ApiServer::start().await;
+    api.set_jwks(Issuer::new("key-1").jwks);
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), &api);
+    // One new stream, then none for a long while.
+    config.dds.new_streams_burst = 1;
+    config.dds.new_streams_per_second = 0.001;
+    let server = start(config).await;
+    let admin = server.admin_addr;
+    wait_until("ready", async || http_get(admin, "/readyz").await.0 == 200).await;
+
+    let first =
+        common::Observer::connect_as(common::channel(server.grpc_addr).await, Some("opaque-1"))
+            .await
+            .err();
+    assert_eq!(first.map(|s| s.code()), Some(Code::Unauthenticated));
+    assert_eq!(api.token_reviews(), 1, "an opaque token is reviewed");
+    // Beyond the admission rate: refused before its token is looked at.
+    for i in 0..20 {
+        let token = format!("opaque-more-{i}");
+        let refused =
+            common::Observer::connect_as(common::channel(server.grpc_addr).await, Some(&token))
+                .await
+                .err();
+        assert_eq!(refused.map(|s| s.code()), Some(Code::Unavailable));
+    }
+    assert_eq!(
+        api.token_reviews(),
+        1,
+        "refused streams cost no TokenReview"
+    );
+    assert!(server.stop().await.is_ok());
+}
