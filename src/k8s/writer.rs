@@ -324,7 +324,9 @@ impl KubeWriter {
                 pairs.add(key.clone(), application);
             }
             if let Err(err) = outbox.complete(pairs).await {
-                tracing::warn!(error = %err, %key, "written pairs stay in the outbox");
+                // As a `dyn Error`, so the log line carries the sources too.
+                let error: &dyn std::error::Error = &err;
+                tracing::warn!(error, %key, "written pairs stay in the outbox");
             }
         }
     }
