@@ -900,10 +900,7 @@ mod tests {
 
     #[test]
     fn unknown_or_malformed_fields_are_errors() {
-        let error = |yaml: &str| match Config::parse(yaml) {
-            Err(err) => err.to_string(),
-            Ok(config) => panic!("{yaml:?} was accepted: {config:?}"),
-        };
+        let error = |yaml: &str| Config::parse(yaml).expect_err("accepted").to_string();
         assert!(error("grpcAdr: 127.0.0.1:1\n").contains("grpcAdr"));
         assert!(error("debounce:\n  aftr: 1s\n").contains("aftr"));
         // The writer's keys are flattened into the section: unknown keys there are still caught.
