@@ -7,7 +7,7 @@
 //!   variables; clap keeps that order) over the file: flags > environment > file > defaults.
 //!   No default value is given to clap, so an absent flag leaves the file's value alone.
 //! - The field's doc comment is its `--help` and its row in the README's settings table; a test
-//!   keeps that table equal to what [`settings_table`] generates from these declarations.
+//!   keeps that table equal to what it generates from these declarations.
 //!
 //! A new setting is one field: serde attributes (durations: `with = "duration"`) and
 //! `#[arg(id = "<section>.<key>", long = "<section>-<key>", env = "DUBBO_CP_<SECTION>_<KEY>")]`.
@@ -693,38 +693,6 @@ fn walk_keys(prefix: &str, value: &serde_yaml::Value, out: &mut BTreeMap<String,
     }
 }
 
-/// The README's settings table, generated from the declarations above: key, flag, environment
-/// variable, default and meaning (the field's doc comment) of every setting.
-pub fn settings_table() -> String {
-    let defaults = flatten_keys(&Config::default());
-    let cmd = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
-    let mut table =
-        String::from("| key | flag | environment | default | meaning |\n|---|---|---|---|---|\n");
-    for arg in cmd.get_arguments() {
-        let key = arg.get_id().as_str();
-        let Some(default) = defaults.get(key) else {
-            continue;
-        };
-        let code = |text: &str| format!("`{text}`");
-        let flag = arg.get_long().map(|l| code(&format!("--{l}")));
-        let env = arg.get_env().map(|e| code(&e.to_string_lossy()));
-        let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
-        // The help carries the default for --help; the table has a column for it.
-        let meaning = help
-            .strip_suffix(&format!(" [default: {default}]"))
-            .unwrap_or(&help);
-        table.push_str(&format!(
-            "| {} | {} | {} | {} | {} |\n",
-            code(key),
-            flag.unwrap_or_default(),
-            env.unwrap_or_default(),
-            code(default),
-            meaning
-        ));
-    }
-    table
-}
-
 /// `100ms`, `1m30s`, or a bare integer of nanoseconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -811,6 +779,39 @@ mod tests {
             Err(ConfigError::Invalid(problems)) => problems.join("; "),
             other => panic!("expected a refusal of {yaml:?}, got {other:?}"),
         }
+    }
+
+    /// The README's settings table, generated from the declarations above: key, flag, environment
+    /// variable, default and meaning (the field's doc comment) of every setting.
+    fn settings_table() -> String {
+        let defaults = flatten_keys(&Config::default());
+        let cmd = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
+        let mut table = String::from(
+            "| key | flag | environment | default | meaning |\n|---|---|---|---|---|\n",
+        );
+        for arg in cmd.get_arguments() {
+            let key = arg.get_id().as_str();
+            let Some(default) = defaults.get(key) else {
+                continue;
+            };
+            let code = |text: &str| format!("`{text}`");
+            let flag = arg.get_long().map(|l| code(&format!("--{l}")));
+            let env = arg.get_env().map(|e| code(&e.to_string_lossy()));
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            // The help carries the default for --help; the table has a column for it.
+            let meaning = help
+                .strip_suffix(&format!(" [default: {default}]"))
+                .unwrap_or(&help);
+            table.push_str(&format!(
+                "| {} | {} | {} | {} | {} |\n",
+                code(key),
+                flag.unwrap_or_default(),
+                env.unwrap_or_default(),
+                code(default),
+                meaning
+            ));
+        }
+        table
     }
 
     #[test]
