@@ -9,8 +9,11 @@
 //! - The field's doc comment is its `--help` and its row in the README's settings table; a test
 //!   keeps that table equal to what it generates from these declarations.
 //!
-//! A new setting is one field: serde attributes (durations: `with = "duration"`) and
-//! `#[arg(id = "<section>.<key>", long = "<section>-<key>", env = "DUBBO_CP_<SECTION>_<KEY>")]`.
+//! A new setting is one field with its doc comment, its default in the section's `Default`, and
+//! `#[arg(id = "<section>.<key>", long = "<section>-<key>", env = "DUBBO_CP_<SECTION>_<KEY>")]`
+//! (durations add `value_parser = parse_duration` and `#[serde(with = "duration")]`). A field
+//! without `#[arg]` would be a positional argument: the tests refuse that, and a README table
+//! that does not list the new key.
 //! Durations are accepted as human strings (`100ms`, `10s`) or integer nanoseconds, the way the
 //! reference control plane writes them.
 
