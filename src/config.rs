@@ -1,15 +1,30 @@
-//! Configuration: flags beat environment variables beat the YAML file beat defaults.
-//! Durations are accepted as human strings (`100ms`, `10s`) or as integer nanoseconds, the way
-//! the reference control plane writes them.
+//! Configuration, declared once: every setting is one field of a section struct below.
+//!
+//! - The YAML file is deserialised straight into [`Config`]; a missing key takes the section's
+//!   `Default`, an unknown key is an error.
+//! - Every field is also a clap argument whose `id` is its YAML key (`debounce.after`), with a
+//!   flag and a `DUBBO_CP_*` variable. [`Config::load`] lays what clap matched (flags, then
+//!   variables; clap keeps that order) over the file: flags > environment > file > defaults.
+//!   No default value is given to clap, so an absent flag leaves the file's value alone.
+//! - The field's doc comment is its `--help` and its row in the README's settings table; a test
+//!   keeps that table equal to what it generates from these declarations.
+//!
+//! A new setting is one field with its doc comment, its default in the section's `Default`, and
+//! `#[arg(id = "<section>.<key>", long = "<section>-<key>", env = "DUBBO_CP_<SECTION>_<KEY>")]`
+//! (durations add `value_parser = parse_duration` and `#[serde(with = "duration")]`). A field
+//! without `#[arg]` would be a positional argument: the tests refuse that, and a README table
+//! that does not list the new key.
+//! Durations are accepted as human strings (`100ms`, `10s`) or integer nanoseconds, the way the
+//! reference control plane writes them.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use clap::{ArgAction, FromArgMatches};
 use serde::{Deserialize, Serialize};
 
-use crate::dds::DdsConfig;
-use crate::debounce::DebounceConfig;
 use crate::telemetry::LogFormat;
 
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:30060";
@@ -17,25 +32,70 @@ pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:30070";
 pub const DEFAULT_DATA_DIR: &str = "./data";
 
 /// The effective configuration of `serve`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct Config {
+    /// Address of the plain gRPC port.
+    #[arg(id = "grpcAddr", long = "grpc-addr", env = "DUBBO_CP_GRPC_ADDR")]
     pub grpc_addr: SocketAddr,
+    /// Address of the HTTP admin port (`/healthz`, `/readyz`, `/metrics`, `/debug/...`).
+    #[arg(id = "adminAddr", long = "admin-addr", env = "DUBBO_CP_ADMIN_ADDR")]
     pub admin_addr: SocketAddr,
+    /// Directory of the embedded database (`dubbo-cp.db`: the store, or the Kubernetes outbox);
+    /// one process at a time.
+    #[arg(id = "dataDir", long = "data-dir", env = "DUBBO_CP_DATA_DIR")]
     pub data_dir: PathBuf,
-    pub log_format: LogFormat,
-    pub debounce: DebounceConfig,
-    pub ingest: IngestConfig,
-    pub dds: DdsConfig,
-    pub grpc: GrpcConfig,
-    /// How long shutdown waits for in-flight work before it gives up on it.
-    pub shutdown_grace: Duration,
-    /// Serve without authentication on a non-loopback address.
-    pub insecure_allow_unauthenticated: bool,
-    /// Where mappings live: the embedded store, or ServiceNameMapping objects in Kubernetes.
+    /// `standalone` (the embedded store is the truth) or `kubernetes` (ServiceNameMapping
+    /// objects, the store is an outbox of pending writes).
+    #[arg(id = "mode", long = "mode", env = "DUBBO_CP_MODE", value_enum)]
     pub mode: Mode,
-    pub auth: AuthConfig,
+    /// How long shutdown waits for in-flight work before it gives up on it.
+    #[arg(id = "shutdownGrace", long = "shutdown-grace", env = "DUBBO_CP_SHUTDOWN_GRACE",
+          value_parser = parse_duration)]
+    #[serde(with = "duration")]
+    pub shutdown_grace: Duration,
+    /// Serve on a non-loopback address without authentication (logged loudly).
+    #[arg(id = "insecureAllowUnauthenticated", long = "insecure-allow-unauthenticated",
+          env = "DUBBO_CP_INSECURE_ALLOW_UNAUTHENTICATED", action = ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub insecure_allow_unauthenticated: bool,
+    #[command(flatten)]
+    pub log: LogConfig,
+    #[command(flatten)]
+    pub debounce: DebounceConfig,
+    #[command(flatten)]
+    pub ingest: IngestConfig,
+    #[command(flatten)]
+    pub dds: DdsConfig,
+    #[command(flatten)]
+    pub grpc: GrpcConfig,
+    #[command(flatten)]
     pub tls: TlsConfig,
+    #[command(flatten)]
+    pub auth: AuthConfig,
+    #[command(flatten)]
     pub kubernetes: KubernetesConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 30060)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 30070)),
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            mode: Mode::Standalone,
+            shutdown_grace: Duration::from_secs(15),
+            insecure_allow_unauthenticated: false,
+            log: LogConfig::default(),
+            debounce: DebounceConfig::default(),
+            ingest: IngestConfig::default(),
+            dds: DdsConfig::default(),
+            grpc: GrpcConfig::default(),
+            tls: TlsConfig::default(),
+            auth: AuthConfig::default(),
+            kubernetes: KubernetesConfig::default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
@@ -46,17 +106,236 @@ pub enum Mode {
     Kubernetes,
 }
 
-/// The TLS gRPC port; on when a certificate and key are given.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` or `json`; the level comes from `RUST_LOG` (default `info`).
+    #[arg(
+        id = "log.format",
+        long = "log-format",
+        env = "DUBBO_CP_LOG_FORMAT",
+        value_enum
+    )]
+    pub format: LogFormat,
+}
+
+/// The debounce loop of every source (see [`crate::debounce`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct DebounceConfig {
+    /// Debounce on; `false` flushes every change on its own (still one flush at a time).
+    #[arg(id = "debounce.enable", long = "debounce-enable", env = "DUBBO_CP_DEBOUNCE_ENABLE",
+          action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub enable: bool,
+    /// Quiet time after the last change before a flush.
+    #[arg(id = "debounce.after", long = "debounce-after", env = "DUBBO_CP_DEBOUNCE_AFTER",
+          value_parser = parse_duration)]
+    #[serde(with = "duration")]
+    pub after: Duration,
+    /// Longest delay of a flush after the first change of a batch.
+    #[arg(id = "debounce.max", long = "debounce-max", env = "DUBBO_CP_DEBOUNCE_MAX",
+          value_parser = parse_duration)]
+    #[serde(with = "duration")]
+    pub max: Duration,
+}
+
+impl Default for DebounceConfig {
+    fn default() -> Self {
+        Self {
+            enable: true,
+            after: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The registration service and the queue in front of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct IngestConfig {
+    /// Registrations that may wait for a commit; beyond it callers get `RESOURCE_EXHAUSTED`.
+    #[arg(
+        id = "ingest.queueCapacity",
+        long = "ingest-queue-capacity",
+        env = "DUBBO_CP_INGEST_QUEUE_CAPACITY"
+    )]
+    pub queue_capacity: usize,
+    /// Bytes (64 MiB by default) the registrations waiting for a commit may occupy; beyond it
+    /// `RESOURCE_EXHAUSTED`.
+    #[arg(
+        id = "ingest.queueBytes",
+        long = "ingest-queue-bytes",
+        env = "DUBBO_CP_INGEST_QUEUE_BYTES"
+    )]
+    pub queue_bytes: usize,
+    /// Most registrations committed in one transaction.
+    #[arg(
+        id = "ingest.maxBatch",
+        long = "ingest-max-batch",
+        env = "DUBBO_CP_INGEST_MAX_BATCH"
+    )]
+    pub max_batch: usize,
+    /// How long a caller waits for its commit before it gets `UNAVAILABLE`.
+    #[arg(id = "ingest.commitTimeout", long = "commit-timeout", env = "DUBBO_CP_COMMIT_TIMEOUT",
+          value_parser = parse_duration)]
+    #[serde(with = "duration")]
+    pub commit_timeout: Duration,
+    /// Registrations per second one authenticated identity may send on average; beyond it
+    /// `RESOURCE_EXHAUSTED` (without authentication the bounded queue is the limit).
+    #[arg(
+        id = "ingest.ratePerCaller",
+        long = "ingest-rate-per-caller",
+        env = "DUBBO_CP_INGEST_RATE_PER_CALLER"
+    )]
+    pub rate_per_caller: f64,
+    /// Registrations one identity may send at once after a quiet period.
+    #[arg(
+        id = "ingest.burstPerCaller",
+        long = "ingest-burst-per-caller",
+        env = "DUBBO_CP_INGEST_BURST_PER_CALLER"
+    )]
+    pub burst_per_caller: u32,
+    /// Most applications one (namespace, interface) may hold; a registration that would add one
+    /// more gets `RESOURCE_EXHAUSTED` naming the key.
+    #[arg(
+        id = "ingest.maxApplicationsPerKey",
+        long = "ingest-max-applications-per-key",
+        env = "DUBBO_CP_INGEST_MAX_APPLICATIONS_PER_KEY"
+    )]
+    pub max_applications_per_key: usize,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            queue_capacity: 8192,
+            queue_bytes: 64 * 1024 * 1024,
+            max_batch: 4096,
+            commit_timeout: Duration::from_secs(10),
+            rate_per_caller: 200.0,
+            burst_per_caller: 2000,
+            max_applications_per_key: 1000,
+        }
+    }
+}
+
+/// The discovery stream, `RuleService/Observe`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct DdsConfig {
+    /// A response the transport has not taken within this time ends the stream.
+    #[arg(id = "dds.sendTimeout", long = "dds-send-timeout", env = "DUBBO_CP_DDS_SEND_TIMEOUT",
+          value_parser = parse_duration)]
+    #[serde(with = "duration")]
+    pub send_timeout: Duration,
+    /// New streams admitted per second on average; beyond it `UNAVAILABLE`.
+    #[arg(
+        id = "dds.newStreamsPerSecond",
+        long = "new-streams-per-second",
+        env = "DUBBO_CP_NEW_STREAMS_PER_SECOND"
+    )]
+    pub new_streams_per_second: f64,
+    /// New streams admitted at once after a quiet period.
+    #[arg(
+        id = "dds.newStreamsBurst",
+        long = "new-streams-burst",
+        env = "DUBBO_CP_NEW_STREAMS_BURST"
+    )]
+    pub new_streams_burst: u32,
+    /// Streams open at once over all connections; beyond it `RESOURCE_EXHAUSTED`.
+    #[arg(
+        id = "dds.maxStreams",
+        long = "dds-max-streams",
+        env = "DUBBO_CP_DDS_MAX_STREAMS"
+    )]
+    pub max_streams: usize,
+}
+
+impl Default for DdsConfig {
+    fn default() -> Self {
+        Self {
+            send_timeout: Duration::from_secs(5),
+            new_streams_per_second: 1000.0,
+            new_streams_burst: 2000,
+            max_streams: 100_000,
+        }
+    }
+}
+
+/// Connection-level settings of the gRPC ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct GrpcConfig {
+    /// HTTP/2 PING interval that detects dead peers.
+    #[arg(id = "grpc.keepaliveInterval", long = "grpc-keepalive-interval",
+          env = "DUBBO_CP_GRPC_KEEPALIVE_INTERVAL", value_parser = parse_duration)]
+    #[serde(with = "duration")]
+    pub keepalive_interval: Duration,
+    /// How long a PING may go unanswered before the connection is closed.
+    #[arg(id = "grpc.keepaliveTimeout", long = "grpc-keepalive-timeout",
+          env = "DUBBO_CP_GRPC_KEEPALIVE_TIMEOUT", value_parser = parse_duration)]
+    #[serde(with = "duration")]
+    pub keepalive_timeout: Duration,
+    /// Connections older than this are closed so clients rebalance across replicas.
+    #[arg(id = "grpc.maxConnectionAge", long = "max-connection-age",
+          env = "DUBBO_CP_MAX_CONNECTION_AGE", value_parser = parse_duration)]
+    #[serde(with = "duration")]
+    pub max_connection_age: Duration,
+    /// How long the streams of an aged connection may go on before it is cut.
+    #[arg(id = "grpc.maxConnectionAgeGrace", long = "grpc-max-connection-age-grace",
+          env = "DUBBO_CP_GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = parse_duration)]
+    #[serde(with = "duration")]
+    pub max_connection_age_grace: Duration,
+    /// Concurrent streams per connection (HTTP/2 makes the next one wait for a free slot).
+    #[arg(
+        id = "grpc.maxConcurrentStreams",
+        long = "grpc-max-concurrent-streams",
+        env = "DUBBO_CP_GRPC_MAX_CONCURRENT_STREAMS"
+    )]
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self {
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_connection_age: Duration::from_secs(30 * 60),
+            max_connection_age_grace: Duration::from_secs(60),
+            max_concurrent_streams: 1024,
+        }
+    }
+}
+
+/// The TLS gRPC port; served when a certificate and a key are given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct TlsConfig {
+    /// Address of the TLS gRPC port.
+    #[arg(id = "tls.addr", long = "tls-addr", env = "DUBBO_CP_TLS_ADDR")]
     pub addr: SocketAddr,
+    /// PEM certificate (chain) of the TLS port.
+    #[arg(id = "tls.certFile", long = "tls-cert", env = "DUBBO_CP_TLS_CERT")]
     pub cert_file: Option<PathBuf>,
+    /// PEM private key of the TLS port.
+    #[arg(id = "tls.keyFile", long = "tls-key", env = "DUBBO_CP_TLS_KEY")]
     pub key_file: Option<PathBuf>,
-    /// CA that signs client certificates; with it, clients may present one (SPIFFE identity).
+    /// PEM CA of client certificates; with it clients may present one, whose SPIFFE URI SAN is
+    /// the caller's identity.
+    #[arg(
+        id = "tls.clientCaFile",
+        long = "tls-client-ca",
+        env = "DUBBO_CP_TLS_CLIENT_CA"
+    )]
     pub client_ca_file: Option<PathBuf>,
-    /// Trust domain client certificates' SPIFFE IDs must have (default `cluster.local`, as
-    /// Istio's); an empty string accepts any.
-    pub trust_domain: Option<String>,
+    /// SPIFFE trust domain client certificates must belong to (`cluster.local` as Istio's; an
+    /// empty string accepts any).
+    #[arg(
+        id = "tls.trustDomain",
+        long = "tls-trust-domain",
+        env = "DUBBO_CP_TLS_TRUST_DOMAIN"
+    )]
+    pub trust_domain: String,
 }
 
 impl Default for TlsConfig {
@@ -66,51 +345,88 @@ impl Default for TlsConfig {
             cert_file: None,
             key_file: None,
             client_ca_file: None,
-            trust_domain: Some("cluster.local".to_owned()),
+            trust_domain: "cluster.local".to_owned(),
         }
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// Who is calling and what they may do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct AuthConfig {
-    /// Static token file (standalone authentication); `None`: no authentication.
+    /// Static token file: authenticates callers (standalone) and allows non-loopback addresses.
+    #[arg(
+        id = "auth.tokenFile",
+        long = "token-file",
+        env = "DUBBO_CP_TOKEN_FILE"
+    )]
     pub token_file: Option<PathBuf>,
     /// How often the token file is checked for changes.
+    #[arg(id = "auth.reloadInterval", long = "auth-reload-interval",
+          env = "DUBBO_CP_AUTH_RELOAD_INTERVAL", value_parser = parse_duration)]
+    #[serde(with = "duration")]
     pub reload_interval: Duration,
-    /// Identities that may register in any namespace.
+    /// Identities that may register in any namespace (comma-separated in the variable).
+    #[arg(
+        id = "auth.admins",
+        long = "auth-admins",
+        env = "DUBBO_CP_AUTH_ADMINS",
+        value_delimiter = ','
+    )]
     pub admins: Vec<String>,
-    /// Answer refusals with gRPC OK and `success: false` (old SDKs read only `success`).
+    /// Answer refusals with gRPC OK and `success: false`, for SDKs that only read `success`.
+    #[arg(id = "auth.legacyAnswers", long = "legacy-answers", env = "DUBBO_CP_LEGACY_ANSWERS",
+          action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub legacy_answers: bool,
-    /// Kubernetes mode: check bearer tokens with TokenReview (default: on in Kubernetes mode).
+    /// Kubernetes mode: check bearer tokens with TokenReview (unset: on in Kubernetes mode).
+    #[arg(id = "auth.tokenReview", long = "auth-token-review", env = "DUBBO_CP_AUTH_TOKEN_REVIEW",
+          action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub token_review: Option<bool>,
     /// How long a positive answer on a token is reused (never past the token's `exp`).
+    #[arg(id = "auth.cacheTtl", long = "auth-cache-ttl", env = "DUBBO_CP_AUTH_CACHE_TTL",
+          value_parser = parse_duration)]
+    #[serde(with = "duration")]
     pub cache_ttl: Duration,
     /// How long a negative answer on a token is reused.
+    #[arg(id = "auth.negativeCacheTtl", long = "auth-negative-cache-ttl",
+          env = "DUBBO_CP_AUTH_NEGATIVE_CACHE_TTL", value_parser = parse_duration)]
+    #[serde(with = "duration")]
     pub negative_cache_ttl: Duration,
-    /// Bytes of tokens the authentication cache may hold.
+    /// Bytes of tokens the authentication cache may hold (32 MiB by default).
+    #[arg(
+        id = "auth.cacheBytes",
+        long = "auth-cache-bytes",
+        env = "DUBBO_CP_AUTH_CACHE_BYTES"
+    )]
     pub cache_bytes: u64,
     /// TokenReviews (and pod GETs) per second, for tokens that cannot be verified locally.
+    #[arg(
+        id = "auth.tokenReviewsPerSecond",
+        long = "auth-token-reviews-per-second",
+        env = "DUBBO_CP_AUTH_TOKEN_REVIEWS_PER_SECOND"
+    )]
     pub token_reviews_per_second: f64,
     /// TokenReviews at once after a quiet period.
+    #[arg(
+        id = "auth.tokenReviewsBurst",
+        long = "auth-token-reviews-burst",
+        env = "DUBBO_CP_AUTH_TOKEN_REVIEWS_BURST"
+    )]
     pub token_reviews_burst: u32,
-    /// How often the cluster's service-account keys are fetched again.
+    /// How often the cluster's service-account signing keys are fetched again.
+    #[arg(id = "auth.keysRefreshInterval", long = "auth-keys-refresh-interval",
+          env = "DUBBO_CP_AUTH_KEYS_REFRESH_INTERVAL", value_parser = parse_duration)]
+    #[serde(with = "duration")]
     pub keys_refresh_interval: Duration,
     /// Audiences of the API server, besides its issuer, that `kubernetes` tokens verified
-    /// locally may carry (others go to a TokenReview).
+    /// locally may carry (tokens for others go to a TokenReview; comma-separated).
+    #[arg(
+        id = "auth.apiAudiences",
+        long = "auth-api-audiences",
+        env = "DUBBO_CP_AUTH_API_AUDIENCES",
+        value_delimiter = ','
+    )]
     pub api_audiences: Vec<String>,
-}
-
-impl Config {
-    /// Whether callers are authenticated: a token file, or TokenReview in Kubernetes mode.
-    pub fn authenticates(&self) -> bool {
-        self.auth.token_file.is_some() || self.uses_token_review()
-    }
-
-    pub fn uses_token_review(&self) -> bool {
-        self.auth.token_file.is_none()
-            && self.mode == Mode::Kubernetes
-            && self.auth.token_review != Some(false)
-    }
 }
 
 impl Default for AuthConfig {
@@ -132,647 +448,308 @@ impl Default for AuthConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// Kubernetes mode: where the API server is and how it is written to.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct KubernetesConfig {
-    /// API server URL; `None` uses KUBECONFIG, ~/.kube/config or the in-cluster account.
+    /// API server URL (unset: from KUBECONFIG, `~/.kube/config` or the in-cluster account).
+    #[arg(
+        id = "kubernetes.apiServer",
+        long = "kube-api-server",
+        env = "DUBBO_CP_KUBE_API_SERVER"
+    )]
     pub api_server: Option<String>,
-    pub writer: crate::k8s::writer::WriterConfig,
+    /// The writer's settings, flat in the section (serde checks unknown keys of the section).
+    #[serde(flatten)]
+    #[command(flatten)]
+    pub writer: WriterConfig,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct IngestConfig {
-    /// Registrations that may wait for a commit; beyond this, callers get `RESOURCE_EXHAUSTED`.
-    pub queue_capacity: usize,
-    /// Most registrations committed in one transaction.
-    pub max_batch: usize,
-    /// How long a caller waits for its commit before it gets `UNAVAILABLE`.
-    pub commit_timeout: Duration,
-    /// Registrations per second one authenticated identity may send, on average; beyond it,
-    /// `RESOURCE_EXHAUSTED`. (Without authentication the bounded queue is the limit.)
-    pub rate_per_caller: f64,
-    /// Registrations one caller may send at once after a quiet period.
-    pub burst_per_caller: u32,
-    /// Bytes the registrations waiting for a commit may occupy.
-    pub queue_bytes: usize,
-    /// Most applications one (namespace, interface) may hold.
-    pub max_applications_per_key: usize,
+/// The per-key write queue ([`crate::k8s::writer`]); keys of the `kubernetes` section.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args)]
+// No deny_unknown_fields: flattened into `KubernetesConfig`, which denies them.
+#[serde(default, rename_all = "camelCase")]
+pub struct WriterConfig {
+    /// API requests per second to the Kubernetes API server, on average.
+    #[arg(id = "kubernetes.qps", long = "kube-qps", env = "DUBBO_CP_KUBE_QPS")]
+    pub qps: f64,
+    /// API requests at once after a quiet period.
+    #[arg(
+        id = "kubernetes.burst",
+        long = "kube-burst",
+        env = "DUBBO_CP_KUBE_BURST"
+    )]
+    pub burst: u32,
+    /// Keys upserted at the same time.
+    #[arg(
+        id = "kubernetes.maxParallelWrites",
+        long = "kube-max-parallel-writes",
+        env = "DUBBO_CP_KUBE_MAX_PARALLEL_WRITES"
+    )]
+    #[serde(rename = "maxParallelWrites")]
+    pub max_parallel: usize,
+    /// How often a key parked by a permanent error (403, 422, too large...) is tried again.
+    #[arg(id = "kubernetes.parkedRetryInterval", long = "kube-parked-retry-interval",
+          env = "DUBBO_CP_KUBE_PARKED_RETRY_INTERVAL", value_parser = parse_duration)]
+    #[serde(rename = "parkedRetryInterval", with = "duration")]
+    pub parked_retry: Duration,
 }
 
-/// Connection-level settings of the gRPC port.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GrpcConfig {
-    /// HTTP/2 PING interval that detects dead peers.
-    pub keepalive_interval: Duration,
-    /// How long a PING may go unanswered before the connection is closed.
-    pub keepalive_timeout: Duration,
-    /// Connections older than this are closed so clients rebalance across replicas.
-    pub max_connection_age: Duration,
-    /// How long streams of an aged connection may go on before it is cut.
-    pub max_connection_age_grace: Duration,
-    /// Concurrent streams per connection.
-    pub max_concurrent_streams: u32,
-}
-
-impl Default for GrpcConfig {
+impl Default for WriterConfig {
     fn default() -> Self {
         Self {
-            keepalive_interval: Duration::from_secs(30),
-            keepalive_timeout: Duration::from_secs(10),
-            max_connection_age: Duration::from_secs(30 * 60),
-            max_connection_age_grace: Duration::from_secs(60),
-            max_concurrent_streams: 1024,
+            qps: 50.0,
+            burst: 100,
+            max_parallel: 16,
+            parked_retry: Duration::from_secs(60),
         }
     }
 }
 
-impl Default for IngestConfig {
-    fn default() -> Self {
-        Self {
-            queue_capacity: 8192,
-            max_batch: 4096,
-            commit_timeout: Duration::from_secs(10),
-            rate_per_caller: 200.0,
-            burst_per_caller: 2000,
-            queue_bytes: 64 * 1024 * 1024,
-            max_applications_per_key: 1000,
-        }
+impl Config {
+    /// Whether callers are authenticated: a token file, or TokenReview in Kubernetes mode.
+    pub fn authenticates(&self) -> bool {
+        self.auth.token_file.is_some() || self.uses_token_review()
     }
-}
 
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 30060)),
-            admin_addr: SocketAddr::from(([127, 0, 0, 1], 30070)),
-            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
-            log_format: LogFormat::Text,
-            debounce: DebounceConfig::default(),
-            ingest: IngestConfig::default(),
-            dds: DdsConfig::default(),
-            grpc: GrpcConfig::default(),
-            shutdown_grace: Duration::from_secs(15),
-            insecure_allow_unauthenticated: false,
-            mode: Mode::Standalone,
-            auth: AuthConfig::default(),
-            tls: TlsConfig::default(),
-            kubernetes: KubernetesConfig {
-                api_server: None,
-                writer: crate::k8s::writer::WriterConfig::default(),
-            },
-        }
+    pub fn uses_token_review(&self) -> bool {
+        self.auth.token_file.is_none()
+            && self.mode == Mode::Kubernetes
+            && self.auth.token_review != Some(false)
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}")]
     Read {
         path: PathBuf,
+        #[source]
         source: std::io::Error,
     },
-    #[error("invalid config file {path}: {source}")]
+    #[error("invalid config file {path}")]
     Parse {
         path: PathBuf,
+        #[source]
         source: serde_yaml::Error,
     },
-    #[error("{0}")]
-    Invalid(String),
+    #[error("invalid flag or environment variable")]
+    Args(#[source] clap::Error),
+    /// Settings that parse but make no sense, each naming its key and value.
+    #[error("invalid configuration: {}", .0.join("; "))]
+    Invalid(Vec<String>),
 }
 
-/// The YAML file. Every field is optional; unknown fields are an error so typos do not pass
-/// silently.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FileConfig {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grpc_addr: Option<SocketAddr>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub admin_addr: Option<SocketAddr>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub data_dir: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub log: Option<LogSection>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub debounce: Option<DebounceSection>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ingest: Option<IngestSection>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dds: Option<DdsSection>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub grpc: Option<GrpcSection>,
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub shutdown_grace: Option<Duration>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub insecure_allow_unauthenticated: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mode: Option<Mode>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth: Option<AuthSection>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<TlsSection>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kubernetes: Option<KubernetesSection>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct KubernetesSection {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub api_server: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub qps: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub burst: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_parallel_writes: Option<usize>,
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub parked_retry_interval: Option<Duration>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct LogSection {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub format: Option<LogFormat>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct DebounceSection {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub enable: Option<bool>,
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub after: Option<Duration>,
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub max: Option<Duration>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct IngestSection {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub queue_capacity: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_batch: Option<usize>,
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub commit_timeout: Option<Duration>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rate_per_caller: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub burst_per_caller: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub queue_bytes: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_applications_per_key: Option<usize>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct TlsSection {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub addr: Option<SocketAddr>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cert_file: Option<PathBuf>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key_file: Option<PathBuf>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub client_ca_file: Option<PathBuf>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub trust_domain: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct AuthSection {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token_file: Option<PathBuf>,
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub reload_interval: Option<Duration>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub admins: Option<Vec<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub legacy_answers: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token_review: Option<bool>,
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cache_ttl: Option<Duration>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct DdsSection {
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub send_timeout: Option<Duration>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub new_streams_per_second: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub new_streams_burst: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_streams: Option<usize>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct GrpcSection {
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub keepalive_interval: Option<Duration>,
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub keepalive_timeout: Option<Duration>,
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub max_connection_age: Option<Duration>,
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub max_connection_age_grace: Option<Duration>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_concurrent_streams: Option<u32>,
-}
-
-/// What flags and environment variables set (clap fills both); `None` falls through to the file.
-#[derive(Debug, Clone, Default, clap::Args)]
+/// `serve`'s command line: `--config` and the flag (with its `DUBBO_CP_*` variable) of every
+/// setting, kept as clap matched them so [`Config::load`] can lay them over the file.
+#[derive(Debug, Clone, Default)]
 pub struct ServeArgs {
-    /// YAML config file.
-    #[arg(long, env = "DUBBO_CP_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Address of the plain gRPC port [default: 127.0.0.1:30060].
-    #[arg(long, env = "DUBBO_CP_GRPC_ADDR")]
-    pub grpc_addr: Option<SocketAddr>,
-    /// Address of the HTTP admin port (/healthz, /readyz) [default: 127.0.0.1:30070].
-    #[arg(long, env = "DUBBO_CP_ADMIN_ADDR")]
-    pub admin_addr: Option<SocketAddr>,
-    /// Directory of the embedded database [default: ./data].
-    #[arg(long, env = "DUBBO_CP_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// Log format [default: text].
-    #[arg(long, env = "DUBBO_CP_LOG_FORMAT", value_enum)]
-    pub log_format: Option<LogFormat>,
-    /// Debounce on or off [default: true].
-    #[arg(long, env = "DUBBO_CP_DEBOUNCE_ENABLE", action = clap::ArgAction::Set)]
-    pub debounce_enable: Option<bool>,
-    /// Quiet time before a flush, e.g. 100ms or 100000000 (ns) [default: 100ms].
-    #[arg(long, env = "DUBBO_CP_DEBOUNCE_AFTER", value_parser = parse_duration)]
-    pub debounce_after: Option<Duration>,
-    /// Longest delay of a flush [default: 10s].
-    #[arg(long, env = "DUBBO_CP_DEBOUNCE_MAX", value_parser = parse_duration)]
-    pub debounce_max: Option<Duration>,
-    /// Registrations that may wait for a commit [default: 8192].
-    #[arg(long, env = "DUBBO_CP_INGEST_QUEUE_CAPACITY")]
-    pub ingest_queue_capacity: Option<usize>,
-    /// How long a registration waits for its commit [default: 10s].
-    #[arg(long, env = "DUBBO_CP_COMMIT_TIMEOUT", value_parser = parse_duration)]
-    pub commit_timeout: Option<Duration>,
-    /// How long a discovery response may wait for the transport [default: 5s].
-    #[arg(long, env = "DUBBO_CP_DDS_SEND_TIMEOUT", value_parser = parse_duration)]
-    pub dds_send_timeout: Option<Duration>,
-    /// New discovery streams admitted per second [default: 1000].
-    #[arg(long, env = "DUBBO_CP_NEW_STREAMS_PER_SECOND")]
-    pub new_streams_per_second: Option<f64>,
-    /// New discovery streams admitted at once [default: 2000].
-    #[arg(long, env = "DUBBO_CP_NEW_STREAMS_BURST")]
-    pub new_streams_burst: Option<u32>,
-    /// Connections older than this are closed so clients rebalance [default: 30m].
-    #[arg(long, env = "DUBBO_CP_MAX_CONNECTION_AGE", value_parser = parse_duration)]
-    pub max_connection_age: Option<Duration>,
-    /// Serve on a non-loopback address without authentication (logged loudly).
-    #[arg(long, env = "DUBBO_CP_INSECURE_ALLOW_UNAUTHENTICATED", action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub insecure_allow_unauthenticated: Option<bool>,
-    /// Address of the TLS gRPC port [default: 127.0.0.1:30062]; served when a certificate is set.
-    #[arg(long, env = "DUBBO_CP_TLS_ADDR")]
-    pub tls_addr: Option<SocketAddr>,
-    /// PEM certificate (chain) of the TLS port.
-    #[arg(long, env = "DUBBO_CP_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of the TLS port.
-    #[arg(long, env = "DUBBO_CP_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
-    /// PEM CA of client certificates (their SPIFFE URI SAN is the caller's identity).
-    #[arg(long, env = "DUBBO_CP_TLS_CLIENT_CA")]
-    pub tls_client_ca: Option<PathBuf>,
-    /// Static token file: authenticates callers (standalone) and allows non-loopback addresses.
-    #[arg(long, env = "DUBBO_CP_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
-    /// Answer refusals with OK and `success: false`, for SDKs that only read `success`.
-    #[arg(long, env = "DUBBO_CP_LEGACY_ANSWERS", action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub legacy_answers: Option<bool>,
-    /// standalone (embedded store) or kubernetes (ServiceNameMapping objects) [default: standalone].
-    #[arg(long, env = "DUBBO_CP_MODE", value_enum)]
-    pub mode: Option<Mode>,
-    /// Kubernetes API server URL [default: from KUBECONFIG, ~/.kube/config or in-cluster].
-    #[arg(long, env = "DUBBO_CP_KUBE_API_SERVER")]
-    pub kube_api_server: Option<String>,
-    /// API requests per second to the Kubernetes API server [default: 50].
-    #[arg(long, env = "DUBBO_CP_KUBE_QPS")]
-    pub kube_qps: Option<f64>,
-    /// API requests at once after a quiet period [default: 100].
-    #[arg(long, env = "DUBBO_CP_KUBE_BURST")]
-    pub kube_burst: Option<u32>,
+    /// The YAML file named by `--config` or `DUBBO_CP_CONFIG`.
+    pub config_file: Option<PathBuf>,
+    matches: Option<clap::ArgMatches>,
+}
+
+const CONFIG_FILE_ARG: &str = "config";
+
+impl clap::FromArgMatches for ServeArgs {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Self {
+            config_file: matches.get_one::<PathBuf>(CONFIG_FILE_ARG).cloned(),
+            matches: Some(matches.clone()),
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for ServeArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        let cmd = cmd.arg(
+            clap::Arg::new(CONFIG_FILE_ARG)
+                .long("config")
+                .env("DUBBO_CP_CONFIG")
+                .value_name("FILE")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("YAML config file (keys as printed by --print-config)"),
+        );
+        let defaults = flatten_keys(&Config::default());
+        <Config as clap::Args>::augment_args(cmd).mut_args(|arg| {
+            let Some(default) = defaults.get(arg.get_id().as_str()) else {
+                return arg;
+            };
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            // Optional whatever the field's type: an absent flag keeps the file's value.
+            arg.required(false)
+                .help(format!("{help} [default: {default}]"))
+        })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 impl Config {
-    /// Reads the file named by the arguments (if any) and layers flags and environment over it.
+    /// Reads the file named by the arguments (if any) and lays flags and environment over it.
     pub fn load(args: &ServeArgs) -> Result<Config, ConfigError> {
-        let file = match &args.config {
-            Some(path) => FileConfig::read(path)?,
-            None => FileConfig::default(),
+        let mut config = match &args.config_file {
+            Some(path) => Config::read(path)?,
+            None => Config::default(),
         };
-        Config::resolve(args, file)
-    }
-
-    /// Flags and environment (already merged by clap) over the file over defaults.
-    pub fn resolve(args: &ServeArgs, file: FileConfig) -> Result<Config, ConfigError> {
-        let defaults = Config::default();
-        let log = file.log.unwrap_or_default();
-        let debounce = file.debounce.unwrap_or_default();
-        let ingest = file.ingest.unwrap_or_default();
-        let dds = file.dds.unwrap_or_default();
-        let grpc = file.grpc.unwrap_or_default();
-        let kubernetes = file.kubernetes.unwrap_or_default();
-        let auth = file.auth.unwrap_or_default();
-        let tls = file.tls.unwrap_or_default();
-        let config = Config {
-            grpc_addr: args
-                .grpc_addr
-                .or(file.grpc_addr)
-                .unwrap_or(defaults.grpc_addr),
-            admin_addr: args
-                .admin_addr
-                .or(file.admin_addr)
-                .unwrap_or(defaults.admin_addr),
-            data_dir: args
-                .data_dir
-                .clone()
-                .or(file.data_dir)
-                .unwrap_or(defaults.data_dir),
-            log_format: args
-                .log_format
-                .or(log.format)
-                .unwrap_or(defaults.log_format),
-            debounce: DebounceConfig {
-                enable: args
-                    .debounce_enable
-                    .or(debounce.enable)
-                    .unwrap_or(defaults.debounce.enable),
-                after: args
-                    .debounce_after
-                    .or(debounce.after)
-                    .unwrap_or(defaults.debounce.after),
-                max: args
-                    .debounce_max
-                    .or(debounce.max)
-                    .unwrap_or(defaults.debounce.max),
-            },
-            ingest: IngestConfig {
-                queue_capacity: args
-                    .ingest_queue_capacity
-                    .or(ingest.queue_capacity)
-                    .unwrap_or(defaults.ingest.queue_capacity),
-                max_batch: ingest.max_batch.unwrap_or(defaults.ingest.max_batch),
-                commit_timeout: args
-                    .commit_timeout
-                    .or(ingest.commit_timeout)
-                    .unwrap_or(defaults.ingest.commit_timeout),
-                rate_per_caller: ingest
-                    .rate_per_caller
-                    .unwrap_or(defaults.ingest.rate_per_caller),
-                burst_per_caller: ingest
-                    .burst_per_caller
-                    .unwrap_or(defaults.ingest.burst_per_caller),
-                queue_bytes: ingest.queue_bytes.unwrap_or(defaults.ingest.queue_bytes),
-                max_applications_per_key: ingest
-                    .max_applications_per_key
-                    .unwrap_or(defaults.ingest.max_applications_per_key),
-            },
-            dds: DdsConfig {
-                send_timeout: args
-                    .dds_send_timeout
-                    .or(dds.send_timeout)
-                    .unwrap_or(defaults.dds.send_timeout),
-                new_streams_per_second: args
-                    .new_streams_per_second
-                    .or(dds.new_streams_per_second)
-                    .unwrap_or(defaults.dds.new_streams_per_second),
-                new_streams_burst: args
-                    .new_streams_burst
-                    .or(dds.new_streams_burst)
-                    .unwrap_or(defaults.dds.new_streams_burst),
-                max_streams: dds.max_streams.unwrap_or(defaults.dds.max_streams),
-            },
-            grpc: GrpcConfig {
-                keepalive_interval: grpc
-                    .keepalive_interval
-                    .unwrap_or(defaults.grpc.keepalive_interval),
-                keepalive_timeout: grpc
-                    .keepalive_timeout
-                    .unwrap_or(defaults.grpc.keepalive_timeout),
-                max_connection_age: args
-                    .max_connection_age
-                    .or(grpc.max_connection_age)
-                    .unwrap_or(defaults.grpc.max_connection_age),
-                max_connection_age_grace: grpc
-                    .max_connection_age_grace
-                    .unwrap_or(defaults.grpc.max_connection_age_grace),
-                max_concurrent_streams: grpc
-                    .max_concurrent_streams
-                    .unwrap_or(defaults.grpc.max_concurrent_streams),
-            },
-            shutdown_grace: file.shutdown_grace.unwrap_or(defaults.shutdown_grace),
-            insecure_allow_unauthenticated: args
-                .insecure_allow_unauthenticated
-                .or(file.insecure_allow_unauthenticated)
-                .unwrap_or(defaults.insecure_allow_unauthenticated),
-            mode: args.mode.or(file.mode).unwrap_or(defaults.mode),
-            tls: TlsConfig {
-                addr: args.tls_addr.or(tls.addr).unwrap_or(defaults.tls.addr),
-                cert_file: args.tls_cert.clone().or(tls.cert_file),
-                key_file: args.tls_key.clone().or(tls.key_file),
-                client_ca_file: args.tls_client_ca.clone().or(tls.client_ca_file),
-                trust_domain: tls.trust_domain.or(defaults.tls.trust_domain),
-            },
-            auth: AuthConfig {
-                token_file: args.token_file.clone().or(auth.token_file),
-                reload_interval: auth
-                    .reload_interval
-                    .unwrap_or(defaults.auth.reload_interval),
-                admins: auth.admins.unwrap_or_default(),
-                legacy_answers: args
-                    .legacy_answers
-                    .or(auth.legacy_answers)
-                    .unwrap_or(defaults.auth.legacy_answers),
-                token_review: auth.token_review,
-                cache_ttl: auth.cache_ttl.unwrap_or(defaults.auth.cache_ttl),
-                ..defaults.auth.clone()
-            },
-            kubernetes: KubernetesConfig {
-                api_server: args.kube_api_server.clone().or(kubernetes.api_server),
-                writer: crate::k8s::writer::WriterConfig {
-                    qps: args
-                        .kube_qps
-                        .or(kubernetes.qps)
-                        .unwrap_or(defaults.kubernetes.writer.qps),
-                    burst: args
-                        .kube_burst
-                        .or(kubernetes.burst)
-                        .unwrap_or(defaults.kubernetes.writer.burst),
-                    max_parallel: kubernetes
-                        .max_parallel_writes
-                        .unwrap_or(defaults.kubernetes.writer.max_parallel),
-                    parked_retry: kubernetes
-                        .parked_retry_interval
-                        .unwrap_or(defaults.kubernetes.writer.parked_retry),
-                },
-            },
-        };
+        if let Some(matches) = &args.matches {
+            config
+                .update_from_arg_matches(matches)
+                .map_err(ConfigError::Args)?;
+        }
         config.validate()?;
         Ok(config)
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
-        if self.ingest.queue_capacity == 0 {
-            return Err(ConfigError::Invalid(
-                "ingest.queueCapacity must be at least 1".into(),
-            ));
-        }
-        if self.ingest.max_batch == 0 {
-            return Err(ConfigError::Invalid(
-                "ingest.maxBatch must be at least 1".into(),
-            ));
-        }
-        if self.ingest.commit_timeout.is_zero() {
-            return Err(ConfigError::Invalid(
-                "ingest.commitTimeout must be above zero".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The effective configuration in the file's format, for `serve --print-config`.
-    pub fn to_file_config(&self) -> FileConfig {
-        FileConfig {
-            grpc_addr: Some(self.grpc_addr),
-            admin_addr: Some(self.admin_addr),
-            data_dir: Some(self.data_dir.clone()),
-            log: Some(LogSection {
-                format: Some(self.log_format),
-            }),
-            debounce: Some(DebounceSection {
-                enable: Some(self.debounce.enable),
-                after: Some(self.debounce.after),
-                max: Some(self.debounce.max),
-            }),
-            ingest: Some(IngestSection {
-                queue_capacity: Some(self.ingest.queue_capacity),
-                max_batch: Some(self.ingest.max_batch),
-                commit_timeout: Some(self.ingest.commit_timeout),
-                rate_per_caller: Some(self.ingest.rate_per_caller),
-                burst_per_caller: Some(self.ingest.burst_per_caller),
-                queue_bytes: Some(self.ingest.queue_bytes),
-                max_applications_per_key: Some(self.ingest.max_applications_per_key),
-            }),
-            dds: Some(DdsSection {
-                send_timeout: Some(self.dds.send_timeout),
-                new_streams_per_second: Some(self.dds.new_streams_per_second),
-                new_streams_burst: Some(self.dds.new_streams_burst),
-                max_streams: Some(self.dds.max_streams),
-            }),
-            grpc: Some(GrpcSection {
-                keepalive_interval: Some(self.grpc.keepalive_interval),
-                keepalive_timeout: Some(self.grpc.keepalive_timeout),
-                max_connection_age: Some(self.grpc.max_connection_age),
-                max_connection_age_grace: Some(self.grpc.max_connection_age_grace),
-                max_concurrent_streams: Some(self.grpc.max_concurrent_streams),
-            }),
-            shutdown_grace: Some(self.shutdown_grace),
-            insecure_allow_unauthenticated: Some(self.insecure_allow_unauthenticated),
-            mode: Some(self.mode),
-            tls: Some(TlsSection {
-                addr: Some(self.tls.addr),
-                cert_file: self.tls.cert_file.clone(),
-                key_file: self.tls.key_file.clone(),
-                client_ca_file: self.tls.client_ca_file.clone(),
-                trust_domain: self.tls.trust_domain.clone(),
-            }),
-            auth: Some(AuthSection {
-                token_file: self.auth.token_file.clone(),
-                reload_interval: Some(self.auth.reload_interval),
-                admins: Some(self.auth.admins.clone()),
-                legacy_answers: Some(self.auth.legacy_answers),
-                token_review: self.auth.token_review,
-                cache_ttl: Some(self.auth.cache_ttl),
-            }),
-            kubernetes: Some(KubernetesSection {
-                api_server: self.kubernetes.api_server.clone(),
-                qps: Some(self.kubernetes.writer.qps),
-                burst: Some(self.kubernetes.writer.burst),
-                max_parallel_writes: Some(self.kubernetes.writer.max_parallel),
-                parked_retry_interval: Some(self.kubernetes.writer.parked_retry),
-            }),
-        }
-    }
-}
-
-impl FileConfig {
-    pub fn read(path: &Path) -> Result<FileConfig, ConfigError> {
+    /// The YAML file; what it leaves out keeps its default.
+    pub fn read(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        FileConfig::parse(&text).map_err(|source| ConfigError::Parse {
+        Config::parse(&text).map_err(|source| ConfigError::Parse {
             path: path.to_path_buf(),
             source,
         })
     }
 
-    pub fn parse(text: &str) -> Result<FileConfig, serde_yaml::Error> {
-        if text.trim().is_empty() {
-            return Ok(FileConfig::default());
+    pub fn parse(text: &str) -> Result<Config, serde_yaml::Error> {
+        // A file of comments only is an empty document, which serde_yaml refuses as a struct.
+        if serde_yaml::from_str::<serde_yaml::Value>(text)?.is_null() {
+            return Ok(Config::default());
         }
         serde_yaml::from_str(text)
+    }
+
+    /// The configuration in the file's format, every key included (`serve --print-config`).
+    pub fn to_yaml(&self) -> Result<String, serde_yaml::Error> {
+        serde_yaml::to_string(self)
+    }
+
+    /// Refuses settings that parse but make no sense; every problem names its key and value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        let mut at_least_one = |key: &str, value: u64| {
+            if value < 1 {
+                problems.push(format!("{key} must be at least 1, not {value}"));
+            }
+        };
+        at_least_one("ingest.queueCapacity", self.ingest.queue_capacity as u64);
+        at_least_one("ingest.maxBatch", self.ingest.max_batch as u64);
+        at_least_one(
+            "ingest.burstPerCaller",
+            u64::from(self.ingest.burst_per_caller),
+        );
+        at_least_one(
+            "ingest.maxApplicationsPerKey",
+            self.ingest.max_applications_per_key as u64,
+        );
+        at_least_one("dds.newStreamsBurst", u64::from(self.dds.new_streams_burst));
+        at_least_one("dds.maxStreams", self.dds.max_streams as u64);
+        at_least_one(
+            "grpc.maxConcurrentStreams",
+            u64::from(self.grpc.max_concurrent_streams),
+        );
+        at_least_one("kubernetes.burst", u64::from(self.kubernetes.writer.burst));
+        at_least_one(
+            "auth.tokenReviewsBurst",
+            u64::from(self.auth.token_reviews_burst),
+        );
+        at_least_one("auth.cacheBytes", self.auth.cache_bytes);
+        at_least_one(
+            "kubernetes.maxParallelWrites",
+            self.kubernetes.writer.max_parallel as u64,
+        );
+        for (key, rate) in [
+            ("ingest.ratePerCaller", self.ingest.rate_per_caller),
+            ("dds.newStreamsPerSecond", self.dds.new_streams_per_second),
+            ("kubernetes.qps", self.kubernetes.writer.qps),
+            (
+                "auth.tokenReviewsPerSecond",
+                self.auth.token_reviews_per_second,
+            ),
+        ] {
+            if !(rate.is_finite() && rate > 0.0) {
+                problems.push(format!("{key} must be a finite number above 0, not {rate}"));
+            }
+        }
+        // Zero would fire at once, forever (a busy loop, or `interval` panicking) or time
+        // everything out; settings where zero means "do not wait" are not listed.
+        for (key, value) in [
+            ("ingest.commitTimeout", self.ingest.commit_timeout),
+            ("dds.sendTimeout", self.dds.send_timeout),
+            ("grpc.keepaliveInterval", self.grpc.keepalive_interval),
+            ("grpc.keepaliveTimeout", self.grpc.keepalive_timeout),
+            ("grpc.maxConnectionAge", self.grpc.max_connection_age),
+            ("auth.reloadInterval", self.auth.reload_interval),
+            ("auth.keysRefreshInterval", self.auth.keys_refresh_interval),
+            (
+                "kubernetes.parkedRetryInterval",
+                self.kubernetes.writer.parked_retry,
+            ),
+        ] {
+            if value.is_zero() {
+                problems.push(format!("{key} must be above zero, not {value:?}"));
+            }
+        }
+        if self.debounce.after > self.debounce.max {
+            problems.push(format!(
+                "debounce.after ({:?}) must not exceed debounce.max ({:?})",
+                self.debounce.after, self.debounce.max
+            ));
+        }
+        // Below the largest request the server accepts, such requests could never be queued.
+        let largest = crate::server::MAX_DECODING_MESSAGE_BYTES;
+        if self.ingest.queue_bytes < largest {
+            problems.push(format!(
+                "ingest.queueBytes must be at least {largest} (the largest request), not {}",
+                self.ingest.queue_bytes
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+}
+
+/// Every key of `config` with its value as YAML prints it: `debounce.after` -> `100ms`.
+fn flatten_keys(config: &Config) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if let Ok(value) = serde_yaml::to_value(config) {
+        walk_keys("", &value, &mut out);
+    }
+    out
+}
+
+fn walk_keys(prefix: &str, value: &serde_yaml::Value, out: &mut BTreeMap<String, String>) {
+    match value {
+        serde_yaml::Value::Mapping(map) => {
+            for (key, value) in map {
+                let key = key.as_str().unwrap_or_default();
+                let path = if prefix.is_empty() {
+                    key.to_owned()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                walk_keys(&path, value, out);
+            }
+        }
+        serde_yaml::Value::Null => {
+            out.insert(prefix.to_owned(), "unset".to_owned());
+        }
+        other => {
+            let text = serde_yaml::to_string(other).unwrap_or_default();
+            out.insert(prefix.to_owned(), text.trim().to_owned());
+        }
     }
 }
 
@@ -790,32 +767,43 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     })
 }
 
-mod opt_duration {
+/// Durations in the file: human strings or integer nanoseconds in, human strings out.
+mod duration {
+    use std::fmt;
     use std::time::Duration;
 
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::de::{self, Visitor};
+    use serde::{Deserializer, Serializer};
 
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Nanos(u64),
-        Text(String),
+    pub fn serialize<S: Serializer>(value: &Duration, ser: S) -> Result<S::Ok, S::Error> {
+        ser.serialize_str(&humantime::format_duration(*value).to_string())
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Option<Duration>, D::Error> {
-        match Option::<Raw>::deserialize(de)? {
-            None => Ok(None),
-            Some(Raw::Nanos(nanos)) => Ok(Some(Duration::from_nanos(nanos))),
-            Some(Raw::Text(text)) => super::parse_duration(&text)
-                .map(Some)
-                .map_err(serde::de::Error::custom),
+    pub fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
+        de.deserialize_any(DurationVisitor)
+    }
+
+    struct DurationVisitor;
+
+    impl Visitor<'_> for DurationVisitor {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a duration like 100ms or 10s, or integer nanoseconds")
         }
-    }
 
-    pub fn serialize<S: Serializer>(value: &Option<Duration>, ser: S) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(duration) => ser.serialize_str(&humantime::format_duration(*duration).to_string()),
-            None => ser.serialize_none(),
+        fn visit_u64<E: de::Error>(self, nanos: u64) -> Result<Duration, E> {
+            Ok(Duration::from_nanos(nanos))
+        }
+
+        fn visit_i64<E: de::Error>(self, nanos: i64) -> Result<Duration, E> {
+            u64::try_from(nanos)
+                .map(Duration::from_nanos)
+                .map_err(|_| E::custom(format!("negative duration {nanos}")))
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Duration, E> {
+            super::parse_duration(text).map_err(E::custom)
         }
     }
 }
@@ -833,18 +821,57 @@ mod tests {
 
     fn args(argv: &[&str]) -> ServeArgs {
         let argv = std::iter::once("dubbo-cp").chain(argv.iter().copied());
-        match Cli::try_parse_from(argv) {
-            Ok(cli) => cli.serve,
-            Err(err) => panic!("{err}"),
+        Cli::try_parse_from(argv).unwrap().serve
+    }
+
+    /// The configuration from a file's text and flags, validated.
+    fn load(yaml: &str, argv: &[&str]) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dubbo-cp.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let mut args = args(argv);
+        args.config_file = Some(path);
+        Config::load(&args)
+    }
+
+    fn refusal(yaml: &str) -> String {
+        match load(yaml, &[]) {
+            Err(ConfigError::Invalid(problems)) => problems.join("; "),
+            other => panic!("expected a refusal of {yaml:?}, got {other:?}"),
         }
     }
 
-    fn file(yaml: &str) -> FileConfig {
-        FileConfig::parse(yaml).unwrap_or_else(|err| panic!("{err}"))
-    }
-
-    fn resolve(args: &ServeArgs, file: FileConfig) -> Config {
-        Config::resolve(args, file).unwrap_or_else(|err| panic!("{err}"))
+    /// The README's settings table, generated from the declarations above: key, flag, environment
+    /// variable, default and meaning (the field's doc comment) of every setting.
+    fn settings_table() -> String {
+        let defaults = flatten_keys(&Config::default());
+        let cmd = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
+        let mut table = String::from(
+            "| key | flag | environment | default | meaning |\n|---|---|---|---|---|\n",
+        );
+        for arg in cmd.get_arguments() {
+            let key = arg.get_id().as_str();
+            let Some(default) = defaults.get(key) else {
+                continue;
+            };
+            let code = |text: &str| format!("`{text}`");
+            let flag = arg.get_long().map(|l| code(&format!("--{l}")));
+            let env = arg.get_env().map(|e| code(&e.to_string_lossy()));
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            // The help carries the default for --help; the table has a column for it.
+            let meaning = help
+                .strip_suffix(&format!(" [default: {default}]"))
+                .unwrap_or(&help);
+            table.push_str(&format!(
+                "| {} | {} | {} | {} | {} |\n",
+                code(key),
+                flag.unwrap_or_default(),
+                env.unwrap_or_default(),
+                code(default),
+                meaning
+            ));
+        }
+        table
     }
 
     #[test]
@@ -857,16 +884,26 @@ mod tests {
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("-5s").is_err());
 
-        let parsed = file("debounce:\n  after: 100000000\n  max: 10s\n  enable: false\n");
-        let debounce = parsed.debounce.unwrap_or_default();
-        assert_eq!(debounce.after, Some(Duration::from_millis(100)));
-        assert_eq!(debounce.max, Some(Duration::from_secs(10)));
-        assert_eq!(debounce.enable, Some(false));
+        let parsed =
+            Config::parse("debounce:\n  after: 100000000\n  max: 10s\n  enable: false\n").unwrap();
+        assert_eq!(parsed.debounce.after, Duration::from_millis(100));
+        assert_eq!(parsed.debounce.max, Duration::from_secs(10));
+        assert!(!parsed.debounce.enable);
+        // Also inside the flattened writer settings, and as flags.
+        let parsed = Config::parse("kubernetes:\n  parkedRetryInterval: 2000000000\n").unwrap();
+        assert_eq!(
+            parsed.kubernetes.writer.parked_retry,
+            Duration::from_secs(2)
+        );
+        let flagged = load("", &["--debounce-after", "5000000", "--debounce-max", "1m"]).unwrap();
+        assert_eq!(flagged.debounce.after, Duration::from_millis(5));
+        assert_eq!(flagged.debounce.max, Duration::from_secs(60));
     }
 
     #[test]
     fn defaults_match_the_reference() {
-        let config = resolve(&ServeArgs::default(), FileConfig::default());
+        let config = load("", &[]).unwrap();
+        assert_eq!(config, Config::default());
         assert_eq!(config.grpc_addr.to_string(), DEFAULT_GRPC_ADDR);
         assert_eq!(config.admin_addr.to_string(), DEFAULT_ADMIN_ADDR);
         assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
@@ -878,17 +915,18 @@ mod tests {
                 enable: true,
             }
         );
+        // A file of comments only is no file at all.
+        assert_eq!(Config::parse("# nothing\n").unwrap(), Config::default());
     }
 
     #[test]
     fn flags_beat_file_beats_defaults() {
-        let from_file = file(
-            "grpcAddr: 127.0.0.1:1000\nadminAddr: 127.0.0.1:2000\ndebounce:\n  after: 1s\n  max: 20s\n",
-        );
-        let config = resolve(
-            &args(&["--grpc-addr", "127.0.0.1:3000", "--debounce-after", "5ms"]),
-            from_file,
-        );
+        let config = load(
+            "grpcAddr: 127.0.0.1:1000\nadminAddr: 127.0.0.1:2000\ndebounce:\n  after: 1s\n  max: 20s\n\
+             kubernetes:\n  qps: 7\n  burst: 9\n",
+            &["--grpc-addr", "127.0.0.1:3000", "--debounce-after", "5ms", "--kube-qps", "3.5"],
+        )
+        .unwrap();
         assert_eq!(config.grpc_addr.port(), 3000, "flag beats file");
         assert_eq!(config.admin_addr.port(), 2000, "file beats default");
         assert_eq!(
@@ -901,42 +939,218 @@ mod tests {
             Duration::from_secs(20),
             "file beats default"
         );
+        assert_eq!(config.kubernetes.writer.qps, 3.5, "flag beats file");
+        assert_eq!(config.kubernetes.writer.burst, 9, "file beats default");
         assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        // Boolean flags given bare mean true; optional settings can be set by a flag.
+        let config = load(
+            "auth:\n  legacyAnswers: false\n",
+            &[
+                "--legacy-answers",
+                "--auth-token-review",
+                "false",
+                "--auth-admins",
+                "a/b,c/d",
+            ],
+        )
+        .unwrap();
+        assert!(config.auth.legacy_answers);
+        assert_eq!(config.auth.token_review, Some(false));
+        assert_eq!(config.auth.admins, ["a/b", "c/d"]);
     }
 
     #[test]
     fn unknown_or_malformed_fields_are_errors() {
-        assert!(FileConfig::parse("grpcAdr: 127.0.0.1:1\n").is_err());
-        assert!(FileConfig::parse("debounce:\n  after: soon\n").is_err());
-        assert!(FileConfig::parse("grpcAddr: not-an-address\n").is_err());
-        assert!(FileConfig::parse("").is_ok());
-        let zero = file("ingest:\n  queueCapacity: 0\n");
-        assert!(Config::resolve(&ServeArgs::default(), zero).is_err());
+        let error = |yaml: &str| Config::parse(yaml).expect_err("accepted").to_string();
+        assert!(error("grpcAdr: 127.0.0.1:1\n").contains("grpcAdr"));
+        assert!(error("debounce:\n  aftr: 1s\n").contains("aftr"));
+        // The writer's keys are flattened into the section: unknown keys there are still caught.
+        assert!(error("kubernetes:\n  qpss: 1\n").contains("qpss"));
+        assert!(error("debounce:\n  after: soon\n").contains("soon"));
+        assert!(error("debounce:\n  after: -5\n").contains("negative"));
+        assert!(error("grpcAddr: not-an-address\n").contains("grpcAddr"));
+        assert!(error("ingest:\n  queueCapacity: many\n").contains("queueCapacity"));
+        assert!(Config::parse("").is_ok());
     }
 
     #[test]
-    fn effective_config_round_trips_through_yaml() {
-        let config = resolve(
-            &args(&["--debounce-max", "3s", "--log-format", "json"]),
-            FileConfig::default(),
+    fn bad_flags_are_errors() {
+        let argv = ["dubbo-cp", "--debounce-max", "soon"];
+        let err = Cli::try_parse_from(argv).err().unwrap().to_string();
+        assert!(
+            err.contains("--debounce-max") && err.contains("soon"),
+            "{err}"
         );
-        let yaml = serde_yaml::to_string(&config.to_file_config()).unwrap_or_default();
-        assert!(yaml.contains("max: 3s"), "{yaml}");
-        let again = resolve(&ServeArgs::default(), file(&yaml));
-        assert_eq!(again, config);
     }
-}
-
-#[cfg(test)]
-mod example_file_tests {
-    use super::*;
 
     #[test]
-    fn the_example_in_deploy_parses_to_the_defaults() {
+    fn debounce_after_must_not_exceed_max() {
+        let message = refusal("debounce:\n  after: 20s\n  max: 10s\n");
+        assert_eq!(
+            message,
+            "debounce.after (20s) must not exceed debounce.max (10s)"
+        );
+        assert!(load("debounce:\n  after: 10s\n  max: 10s\n", &[]).is_ok());
+        // Relations hold across sources: a flag against the file.
+        assert!(matches!(
+            load("debounce:\n  max: 1s\n", &["--debounce-after", "2s"]),
+            Err(ConfigError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn rates_must_be_finite_and_above_zero() {
+        for (yaml, key) in [
+            ("ingest:\n  ratePerCaller: 0\n", "ingest.ratePerCaller"),
+            ("ingest:\n  ratePerCaller: -1\n", "ingest.ratePerCaller"),
+            (
+                "dds:\n  newStreamsPerSecond: .nan\n",
+                "dds.newStreamsPerSecond",
+            ),
+            ("kubernetes:\n  qps: .inf\n", "kubernetes.qps"),
+        ] {
+            let message = refusal(yaml);
+            assert!(
+                message.starts_with(&format!("{key} must be a finite number above 0, not ")),
+                "{message}"
+            );
+        }
+        assert_eq!(
+            refusal("ingest:\n  ratePerCaller: 0\n"),
+            "ingest.ratePerCaller must be a finite number above 0, not 0"
+        );
+        assert!(load("ingest:\n  ratePerCaller: 0.001\n", &[]).is_ok());
+    }
+
+    #[test]
+    fn bursts_and_capacities_must_be_at_least_one() {
+        for (yaml, key) in [
+            ("ingest:\n  queueCapacity: 0\n", "ingest.queueCapacity"),
+            ("ingest:\n  maxBatch: 0\n", "ingest.maxBatch"),
+            ("ingest:\n  burstPerCaller: 0\n", "ingest.burstPerCaller"),
+            (
+                "ingest:\n  maxApplicationsPerKey: 0\n",
+                "ingest.maxApplicationsPerKey",
+            ),
+            ("dds:\n  newStreamsBurst: 0\n", "dds.newStreamsBurst"),
+            ("dds:\n  maxStreams: 0\n", "dds.maxStreams"),
+            (
+                "grpc:\n  maxConcurrentStreams: 0\n",
+                "grpc.maxConcurrentStreams",
+            ),
+            ("kubernetes:\n  burst: 0\n", "kubernetes.burst"),
+            (
+                "kubernetes:\n  maxParallelWrites: 0\n",
+                "kubernetes.maxParallelWrites",
+            ),
+        ] {
+            assert_eq!(refusal(yaml), format!("{key} must be at least 1, not 0"));
+        }
+        assert_eq!(
+            refusal("ingest:\n  queueBytes: 1000\n"),
+            "ingest.queueBytes must be at least 1048576 (the largest request), not 1000"
+        );
+    }
+
+    #[test]
+    fn timeouts_and_intervals_must_be_above_zero() {
+        for (yaml, key) in [
+            ("ingest:\n  commitTimeout: 0\n", "ingest.commitTimeout"),
+            ("dds:\n  sendTimeout: 0s\n", "dds.sendTimeout"),
+            ("grpc:\n  keepaliveInterval: 0\n", "grpc.keepaliveInterval"),
+            ("grpc:\n  keepaliveTimeout: 0\n", "grpc.keepaliveTimeout"),
+            ("grpc:\n  maxConnectionAge: 0\n", "grpc.maxConnectionAge"),
+            ("auth:\n  reloadInterval: 0\n", "auth.reloadInterval"),
+            (
+                "kubernetes:\n  parkedRetryInterval: 0\n",
+                "kubernetes.parkedRetryInterval",
+            ),
+        ] {
+            assert_eq!(refusal(yaml), format!("{key} must be above zero, not 0ns"));
+        }
+        // Zero is a meaningful "do not wait" here.
+        assert!(load("shutdownGrace: 0\ngrpc:\n  maxConnectionAgeGrace: 0\n", &[]).is_ok());
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let message = refusal("ingest:\n  maxBatch: 0\ndds:\n  maxStreams: 0\n");
+        assert_eq!(
+            message,
+            "ingest.maxBatch must be at least 1, not 0; dds.maxStreams must be at least 1, not 0"
+        );
+    }
+
+    #[test]
+    fn printed_config_read_back_is_the_same_config() {
+        let config = load(
+            "tls:\n  certFile: /c.pem\n  trustDomain: cluster.local\nauth:\n  admins: [ops/admin]\n",
+            &[
+                "--debounce-max", "3s", "--log-format", "json", "--mode", "kubernetes",
+                "--kube-qps", "0.25", "--auth-token-review", "false",
+                "--grpc-max-connection-age-grace", "1500ms", "--commit-timeout", "1",
+            ],
+        )
+        .unwrap();
+        let yaml = config.to_yaml().unwrap();
+        assert!(yaml.contains("max: 3s"), "{yaml}");
+        let again = load(&yaml, &[]).unwrap();
+        assert_eq!(again, config);
+        // And the defaults, every key printed.
+        let defaults = Config::default().to_yaml().unwrap();
+        assert_eq!(Config::parse(&defaults).unwrap(), Config::default());
+        assert!(defaults.contains("tokenFile: null"), "{defaults}");
+    }
+
+    #[test]
+    fn every_setting_is_a_flag_and_a_variable() {
+        let keys: Vec<String> = flatten_keys(&Config::default()).into_keys().collect();
+        let cmd = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
+        let mut ids: Vec<String> = cmd
+            .get_arguments()
+            .map(|arg| arg.get_id().to_string())
+            .filter(|id| id != CONFIG_FILE_ARG)
+            .collect();
+        ids.sort();
+        assert_eq!(ids, keys, "every key is an argument whose id is the key");
+        for arg in cmd.get_arguments() {
+            assert!(arg.get_long().is_some(), "{} has no flag", arg.get_id());
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert!(
+                env.is_some_and(|e| e.starts_with("DUBBO_CP_")),
+                "{} has no DUBBO_CP_ variable",
+                arg.get_id()
+            );
+            assert!(!arg.is_required_set(), "{} is required", arg.get_id());
+        }
+    }
+
+    #[test]
+    fn the_readme_table_is_the_generated_one() {
+        let readme =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+                .unwrap();
+        let table = settings_table();
+        assert!(
+            readme.contains(&table),
+            "README.md's settings table is out of date; replace it with:\n\n{table}"
+        );
+        for key in flatten_keys(&Config::default()).keys() {
+            assert!(table.contains(&format!("| `{key}` |")), "{key} missing");
+        }
+    }
+
+    #[test]
+    fn the_example_in_deploy_holds_every_default() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dubbo-cp.yaml");
-        let file = FileConfig::read(&path).unwrap_or_else(|err| panic!("{err}"));
-        let config =
-            Config::resolve(&ServeArgs::default(), file).unwrap_or_else(|err| panic!("{err}"));
-        assert_eq!(config, Config::default());
+        assert_eq!(Config::read(&path).unwrap(), Config::default());
+        // Every key is spelled out (empty where the default is unset).
+        let text = std::fs::read_to_string(&path).unwrap();
+        let value: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        let mut in_file = BTreeMap::new();
+        walk_keys("", &value, &mut in_file);
+        let in_file: Vec<&String> = in_file.keys().collect();
+        let keys = flatten_keys(&Config::default());
+        assert_eq!(in_file, keys.keys().collect::<Vec<_>>());
     }
 }

@@ -27,25 +27,8 @@ pub trait Merge {
     fn merge(&mut self, other: Self);
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DebounceConfig {
-    /// Flush once no event arrived for this long.
-    pub after: Duration,
-    /// Flush at the latest this long after the first event of a batch.
-    pub max: Duration,
-    /// `false` flushes every event on its own.
-    pub enable: bool,
-}
-
-impl Default for DebounceConfig {
-    fn default() -> Self {
-        Self {
-            after: Duration::from_millis(100),
-            max: Duration::from_secs(10),
-            enable: true,
-        }
-    }
-}
+/// `after`, `max` and `enable`, declared with the other settings.
+pub use crate::config::DebounceConfig;
 
 /// What a flush receives: the merged value and how it came about.
 #[derive(Debug)]

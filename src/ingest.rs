@@ -205,8 +205,11 @@ fn store_refusal(err: StoreError) -> Counted {
         ),
         StoreError::ShuttingDown => (Err(Status::unavailable(err.to_string())), "unavailable"),
         other => {
-            tracing::error!(error = %other, "registration not stored");
-            let status = Status::unavailable(format!("registration not stored: {other}"));
+            // The message stands alone, so it carries the sources (`commit failed: disk I/O
+            // error`).
+            let error = format!("{:#}", anyhow::Error::new(other));
+            tracing::error!(%error, "registration not stored");
+            let status = Status::unavailable(format!("registration not stored: {error}"));
             (Err(status), "unavailable")
         }
     }
@@ -229,5 +232,35 @@ impl networking::ServiceNameMappingService for Ingest {
         request: Request<ServiceMappingRequest>,
     ) -> Result<Response<ServiceMappingResponse>, Status> {
         self.handle(request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn a_failed_commit_keeps_its_source_and_the_caller_sees_it() {
+        let sqlite = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+            Some("disk I/O error".into()),
+        );
+        let err = StoreError::CommitFailed(Arc::new(sqlite));
+        let source = err.source().expect("a source");
+        assert!(source.downcast_ref::<Arc<rusqlite::Error>>().is_some());
+        let (answer, label) = store_refusal(err);
+        let status = answer.expect_err("a refusal");
+        assert_eq!(label, "unavailable");
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(
+            status
+                .message()
+                .starts_with("registration not stored: commit failed: disk I/O error"),
+            "{}",
+            status.message()
+        );
     }
 }

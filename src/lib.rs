@@ -43,6 +43,7 @@ pub mod cli;
 pub mod config;
 pub mod dds;
 pub mod debounce;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod index;

@@ -80,7 +80,7 @@ mod tests {
             &apps,
         );
         assert_eq!(key, "org-apache-dubbo-demo-demoservice/dubbo-demo");
-        let decoded = decode_mapping(&any).unwrap_or_else(|e| panic!("{e}"));
+        let decoded = decode_mapping(&any).unwrap();
         assert_eq!(decoded.key, key);
         let spec = decoded.spec.unwrap_or_default();
         assert_eq!(spec.interface_name, "org.apache.dubbo.demo.DemoService");

@@ -457,7 +457,7 @@ fn auth_policy(
             config.auth.admins.clone(),
             config.auth.legacy_answers,
         )
-        .with_trust_domain(config.tls.trust_domain.clone())
+        .with_trust_domain(Some(config.tls.trust_domain.clone()))
     };
     if config.uses_token_review() {
         let client =

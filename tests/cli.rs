@@ -1,4 +1,6 @@
 //! The binary's command line: configuration precedence and the `register` client.
+// Helpers are test code too; clippy.toml's allowance reaches only `#[test]` functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -13,7 +15,7 @@ fn print_config(file: &std::path::Path, env: &[(&str, &str)], flags: &[&str]) ->
         .args(flags)
         .envs(env.iter().copied())
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(
         output.status.success(),
         "{}",
@@ -28,12 +30,12 @@ async fn run_client(args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 #[test]
 fn flags_beat_environment_beats_file_beats_defaults() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("dubbo-cp.yaml");
     let yaml = "grpcAddr: 127.0.0.1:1001\nadminAddr: 127.0.0.1:1002\ndataDir: /from/file\n\
                 debounce:\n  after: 100000000\n  max: 20s\n  enable: true\n";
@@ -79,14 +81,14 @@ fn flags_beat_environment_beats_file_beats_defaults() {
 
 #[test]
 fn bad_config_is_a_clear_error() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.yaml");
     assert!(std::fs::write(&file, "debounce:\n  aftr: 1s\n").is_ok());
     let output = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
         .args(["serve", "--config"])
         .arg(&file)
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("aftr"), "{stderr}");
@@ -94,7 +96,7 @@ fn bad_config_is_a_clear_error() {
 
 #[test]
 fn refuses_a_non_loopback_address_without_authentication() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
         .args([
             "serve",
@@ -106,7 +108,7 @@ fn refuses_a_non_loopback_address_without_authentication() {
         ])
         .arg(dir.path())
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -117,7 +119,7 @@ fn refuses_a_non_loopback_address_without_authentication() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_subcommand_talks_to_a_real_server() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(test_config(dir.path())).await;
     let addr = format!("http://{}", server.grpc_addr);
     let output = run_client(&[
@@ -159,7 +161,7 @@ async fn register_subcommand_talks_to_a_real_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_mappings_prints_the_state_from_the_discovery_stream() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut config = test_config(dir.path());
     config.debounce.enable = false;
     let server = start(config).await;
@@ -185,8 +187,7 @@ async fn get_mappings_prints_the_state_from_the_discovery_stream() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let state: serde_json::Value =
-        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let state: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let objects = state["objects"].as_array().cloned().unwrap_or_default();
     assert_eq!(objects.len(), 1, "{state}");
     assert_eq!(

@@ -29,7 +29,7 @@ async fn register(addr: std::net::SocketAddr, namespace: &str, app: &str, interf
 
 #[tokio::test]
 async fn existing_state_on_subscribe_then_changes_after_ack() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(fast_config(dir.path())).await;
     register(
         server.grpc_addr,
@@ -81,7 +81,7 @@ async fn existing_state_on_subscribe_then_changes_after_ack() {
 
 #[tokio::test]
 async fn another_kind_receives_nothing_for_mapping_changes() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(fast_config(dir.path())).await;
     let mut observer = Observer::open(server.grpc_addr).await;
     observer.subscribe(TAG_TYPE).await;
@@ -105,7 +105,7 @@ async fn another_kind_receives_nothing_for_mapping_changes() {
 
 #[tokio::test]
 async fn changes_before_an_ack_coalesce_into_one_response_with_the_newest_state() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(fast_config(dir.path())).await;
     let mut observer = Observer::open(server.grpc_addr).await;
     observer.subscribe(SNP_TYPE).await;
@@ -158,7 +158,7 @@ async fn changes_before_an_ack_coalesce_into_one_response_with_the_newest_state(
 
 #[tokio::test]
 async fn a_first_message_with_a_nonce_does_not_subscribe() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(fast_config(dir.path())).await;
     let mut observer = Observer::open(server.grpc_addr).await;
     observer.send("1", SNP_TYPE).await;
@@ -176,7 +176,7 @@ async fn a_first_message_with_a_nonce_does_not_subscribe() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registration_reaches_a_hundred_concurrent_streams() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(test_config(dir.path())).await;
     let mut connections = Vec::new();
     for _ in 0..10 {
@@ -186,9 +186,7 @@ async fn a_registration_reaches_a_hundred_concurrent_streams() {
     for i in 0..100 {
         // Ten connections, ten streams each.
         let connection = connections[i % connections.len()].clone();
-        let mut observer = Observer::connect(connection)
-            .await
-            .unwrap_or_else(|s| panic!("{s}"));
+        let mut observer = Observer::connect(connection).await.unwrap();
         observer.subscribe(SNP_TYPE).await;
         let first = observer.next().await;
         observer.ack(&first).await;
@@ -212,7 +210,7 @@ async fn a_registration_reaches_a_hundred_concurrent_streams() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_client_does_not_delay_the_others() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(fast_config(dir.path())).await;
     // A state of about 1 MiB, far above any HTTP/2 window, so the stuck client's response cannot
     // be delivered.
@@ -268,10 +266,8 @@ async fn observe_is_unavailable_until_the_initial_state_is_loaded() {
         Default::default(),
         shutdown_rx,
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(service)
@@ -288,7 +284,7 @@ async fn observe_is_unavailable_until_the_initial_state_is_loaded() {
 
 #[tokio::test]
 async fn new_streams_beyond_the_admission_rate_are_refused() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut config = fast_config(dir.path());
     config.dds.new_streams_burst = 3;
     config.dds.new_streams_per_second = 0.001;
@@ -296,11 +292,7 @@ async fn new_streams_beyond_the_admission_rate_are_refused() {
     let channel = channel(server.grpc_addr).await;
     let mut admitted = Vec::new();
     for _ in 0..3 {
-        admitted.push(
-            Observer::connect(channel.clone())
-                .await
-                .unwrap_or_else(|s| panic!("{s}")),
-        );
+        admitted.push(Observer::connect(channel.clone()).await.unwrap());
     }
     let refused = Observer::connect(channel).await.err();
     assert_eq!(refused.map(|s| s.code()), Some(Code::Unavailable));
@@ -309,7 +301,7 @@ async fn new_streams_beyond_the_admission_rate_are_refused() {
 
 #[tokio::test]
 async fn shutdown_ends_open_streams() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(fast_config(dir.path())).await;
     let mut observer = Observer::open(server.grpc_addr).await;
     observer.subscribe(SNP_TYPE).await;
@@ -324,7 +316,7 @@ async fn shutdown_ends_open_streams() {
 
 #[tokio::test]
 async fn an_oversized_request_ends_that_stream_with_an_error_and_others_go_on() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(fast_config(dir.path())).await;
     let mut bad = Observer::open(server.grpc_addr).await;
     bad.send("", &"x".repeat(100 * 1024)).await;
@@ -348,7 +340,7 @@ async fn an_oversized_request_ends_that_stream_with_an_error_and_others_go_on() 
 
 #[tokio::test]
 async fn other_methods_of_the_rule_service_are_unimplemented() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(fast_config(dir.path())).await;
     let mut grpc = tonic::client::Grpc::new(channel(server.grpc_addr).await);
     assert!(grpc.ready().await.is_ok());
@@ -371,16 +363,14 @@ async fn other_methods_of_the_rule_service_are_unimplemented() {
 
 #[tokio::test]
 async fn streams_per_connection_are_bounded_and_the_next_waits_for_a_slot() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut config = fast_config(dir.path());
     config.grpc.max_concurrent_streams = 2;
     let server = start(config).await;
     let connection = channel(server.grpc_addr).await;
     let mut open = Vec::new();
     for _ in 0..2 {
-        let mut observer = Observer::connect(connection.clone())
-            .await
-            .unwrap_or_else(|s| panic!("{s}"));
+        let mut observer = Observer::connect(connection.clone()).await.unwrap();
         observer.subscribe(SNP_TYPE).await;
         let _ = observer.next().await;
         open.push(observer);

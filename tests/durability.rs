@@ -11,7 +11,7 @@ use common::{admin_mappings, client, request, spawn_binary};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_registrations_survive_sigkill() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut process = spawn_binary(dir.path(), &[]);
     let addr = process.grpc_addr;
 
@@ -96,7 +96,7 @@ async fn acknowledged_registrations_survive_sigkill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_registrations_and_exits_zero() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut process = spawn_binary(dir.path(), &[]);
     let addr = process.grpc_addr;
     let acked = Arc::new(Mutex::new(Vec::new()));
@@ -129,7 +129,7 @@ async fn sigterm_finishes_in_flight_registrations_and_exits_zero() {
         sent.map(|s| s.success()).unwrap_or(false),
         "could not send SIGTERM"
     );
-    let status = process.child.wait().unwrap_or_else(|e| panic!("{e}"));
+    let status = process.child.wait().unwrap();
     assert_eq!(
         status.code(),
         Some(0),
@@ -172,7 +172,7 @@ async fn sigterm_finishes_in_flight_registrations_and_exits_zero() {
 async fn after_sigkill_and_restart_the_first_state_has_everything_at_a_higher_revision() {
     use common::{Observer, SNP_TYPE, mappings_of};
 
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut process = spawn_binary(dir.path(), &["--debounce-enable", "false"]);
     let mut observer = Observer::open(process.grpc_addr).await;
     observer.subscribe(SNP_TYPE).await;

@@ -18,7 +18,7 @@ fn value(text: &str, name: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn documented_series_exist_and_move_with_traffic() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut config = test_config(dir.path());
     config.debounce.enable = false;
     let server = start(config).await;

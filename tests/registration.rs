@@ -11,7 +11,7 @@ use tonic::Code;
 
 #[tokio::test]
 async fn register_then_reregister_without_a_write() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(test_config(dir.path())).await;
     let mut client = client(server.grpc_addr).await;
 
@@ -26,7 +26,7 @@ async fn register_then_reregister_without_a_write() {
         ))
         .await
         .map(|r| r.into_inner());
-    let reply = reply.unwrap_or_else(|status| panic!("{status}"));
+    let reply = reply.unwrap();
     assert!(reply.success, "{reply:?}");
     let stats = server.store_stats.clone();
     assert_eq!(stats.commits.load(Ordering::Relaxed), 1);
@@ -45,7 +45,7 @@ async fn register_then_reregister_without_a_write() {
         ))
         .await
         .map(|r| r.into_inner())
-        .unwrap_or_else(|status| panic!("{status}"));
+        .unwrap();
     assert!(again.success);
     assert_eq!(again.message, "already registered");
     assert_eq!(
@@ -64,7 +64,7 @@ async fn register_then_reregister_without_a_write() {
 
 #[tokio::test]
 async fn both_service_paths_register() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(test_config(dir.path())).await;
     let mut legacy = client(server.grpc_addr).await;
     let mut networking = NetworkingClient::new(channel(server.grpc_addr).await);
@@ -97,7 +97,7 @@ async fn both_service_paths_register() {
 
 #[tokio::test]
 async fn invalid_requests_are_refused_naming_the_field_and_store_nothing() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(test_config(dir.path())).await;
     let mut client = client(server.grpc_addr).await;
     let long_app = "a".repeat(254);
@@ -147,7 +147,7 @@ async fn invalid_requests_are_refused_naming_the_field_and_store_nothing() {
 
 #[tokio::test]
 async fn oversized_request_is_refused_and_the_server_stays_up() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(test_config(dir.path())).await;
     let mut client = client(server.grpc_addr).await;
     let huge = "x".repeat(2 * 1024 * 1024);
@@ -174,7 +174,7 @@ async fn oversized_request_is_refused_and_the_server_stays_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_clients_fifty_registrations_each_store_exactly_the_union() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(test_config(dir.path())).await;
     let addr = server.grpc_addr;
     let clients: Vec<_> = (0..200)
@@ -246,7 +246,7 @@ async fn two_hundred_clients_fifty_registrations_each_store_exactly_the_union() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_gets_resource_exhausted_quickly_and_refused_requests_store_nothing() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut config = test_config(dir.path());
     config.ingest.queue_capacity = 1;
     config.ingest.max_batch = 1;
@@ -297,7 +297,7 @@ async fn a_flood_gets_resource_exhausted_quickly_and_refused_requests_store_noth
 
 #[tokio::test]
 async fn health_readiness_and_reflection() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(test_config(dir.path())).await;
     assert_eq!(http_get(server.admin_addr, "/healthz").await.0, 200);
     assert_eq!(http_get(server.admin_addr, "/readyz").await.0, 200);
@@ -327,7 +327,7 @@ async fn health_readiness_and_reflection() {
     let mut responses = reflection
         .server_reflection_info(tokio_stream::iter(vec![request]))
         .await
-        .unwrap_or_else(|s| panic!("{s}"))
+        .unwrap()
         .into_inner();
     let first = responses
         .message()

@@ -1,5 +1,7 @@
 //! The TLS port: server certificate from files, optional client certificates whose SPIFFE URI
 //! SAN is the caller's identity.
+// Helpers are test code too; clippy.toml's allowance reaches only `#[test]` functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -23,37 +25,32 @@ struct Pki {
 }
 
 fn pki() -> Pki {
-    let fail = |e: rcgen::Error| -> ! { panic!("{e}") };
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap_or_else(|e| fail(e));
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca =
-        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap_or_else(|e| fail(e)))
-            .unwrap_or_else(|e| fail(e));
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
     let leaf = |sans: Vec<SanType>| {
-        let key = KeyPair::generate().unwrap_or_else(|e| fail(e));
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap_or_else(|e| fail(e));
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.subject_alt_names = sans;
-        let cert = params.signed_by(&key, &ca).unwrap_or_else(|e| fail(e));
+        let cert = params.signed_by(&key, &ca).unwrap();
         (cert.pem(), key.serialize_pem())
     };
     let uri = "spiffe://cluster.local/ns/demo/sa/provider"
         .try_into()
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     Pki {
         ca_pem: ca.pem(),
         server: leaf(vec![
-            SanType::DnsName("localhost".try_into().unwrap_or_else(|e| fail(e))),
+            SanType::DnsName("localhost".try_into().unwrap()),
             SanType::IpAddress([127, 0, 0, 1].into()),
         ]),
         spiffe_client: leaf(vec![SanType::URI(uri)]),
         foreign_client: leaf(vec![SanType::URI(
             "spiffe://evil.example/ns/demo/sa/provider"
                 .try_into()
-                .unwrap_or_else(|e| fail(e)),
+                .unwrap(),
         )]),
-        plain_client: leaf(vec![SanType::DnsName(
-            "client.example".try_into().unwrap_or_else(|e| fail(e)),
-        )]),
+        plain_client: leaf(vec![SanType::DnsName("client.example".try_into().unwrap())]),
     }
 }
 
@@ -88,18 +85,18 @@ async fn tls_client(
         tls = tls.identity(Identity::from_pem(cert, key));
     }
     let endpoint = Channel::from_shared(format!("https://{addr}"))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .tls_config(tls)
-        .unwrap_or_else(|e| panic!("{e}"));
-    ServiceNameMappingServiceClient::new(endpoint.connect().await.unwrap_or_else(|e| panic!("{e}")))
+        .unwrap();
+    ServiceNameMappingServiceClient::new(endpoint.connect().await.unwrap())
 }
 
 #[tokio::test]
 async fn spiffe_certificates_are_identities_on_the_tls_port() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let pki = pki();
     let server = start(tls_config(dir.path(), &pki)).await;
-    let tls_addr = server.tls_addr.unwrap_or_else(|| panic!("no TLS port"));
+    let tls_addr = server.tls_addr.expect("no TLS port");
 
     // A SPIFFE certificate for ns demo: may register in demo, not elsewhere.
     let mut spiffe = tls_client(tls_addr, &pki, Some(&pki.spiffe_client)).await;

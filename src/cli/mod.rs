@@ -101,10 +101,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve { args, print_config } => {
             let config = Config::load(&args)?;
             if print_config {
-                print!("{}", serde_yaml::to_string(&config.to_file_config())?);
+                print!("{}", config.to_yaml()?);
                 return Ok(());
             }
-            telemetry::init(config.log_format);
+            telemetry::init(config.log.format);
             serve(config).await
         }
         Command::Register {

@@ -14,7 +14,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
@@ -38,28 +37,8 @@ const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Initial decode buffer of a stream: requests are tiny, and every open stream keeps one.
 const REQUEST_BUFFER_BYTES: usize = 256;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DdsConfig {
-    /// A response not taken by the transport within this time ends the stream.
-    pub send_timeout: Duration,
-    /// New streams admitted per second, on average.
-    pub new_streams_per_second: f64,
-    /// New streams admitted at once after a quiet period.
-    pub new_streams_burst: u32,
-    /// Streams open at once, over all connections.
-    pub max_streams: usize,
-}
-
-impl Default for DdsConfig {
-    fn default() -> Self {
-        Self {
-            send_timeout: Duration::from_secs(5),
-            new_streams_per_second: 1000.0,
-            new_streams_burst: 2000,
-            max_streams: 100_000,
-        }
-    }
-}
+/// Declared with the other settings (the `dds` section).
+pub use crate::config::DdsConfig;
 
 /// Counters for logs, tests, benchmarks and `/metrics`.
 #[derive(Debug)]

@@ -40,28 +40,8 @@ use crate::metrics::{CodeLabel, latency_histogram};
 use crate::ratelimit::RateLimiter;
 use crate::store::Outbox;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct WriterConfig {
-    /// API requests per second, on average.
-    pub qps: f64,
-    /// API requests at once after a quiet period.
-    pub burst: u32,
-    /// Keys written at the same time.
-    pub max_parallel: usize,
-    /// How often a parked key (permanent error) is tried again.
-    pub parked_retry: Duration,
-}
-
-impl Default for WriterConfig {
-    fn default() -> Self {
-        Self {
-            qps: 50.0,
-            burst: 100,
-            max_parallel: 16,
-            parked_retry: Duration::from_secs(60),
-        }
-    }
-}
+/// Declared with the other settings (keys of the `kubernetes` section).
+pub use crate::config::WriterConfig;
 
 /// Counters for logs, tests, benchmarks and `/metrics`.
 #[derive(Debug)]
@@ -344,7 +324,9 @@ impl KubeWriter {
                 pairs.add(key.clone(), application);
             }
             if let Err(err) = outbox.complete(pairs).await {
-                tracing::warn!(error = %err, %key, "written pairs stay in the outbox");
+                // As a `dyn Error`, so the log line carries the sources too.
+                let error: &dyn std::error::Error = &err;
+                tracing::warn!(error, %key, "written pairs stay in the outbox");
             }
         }
     }

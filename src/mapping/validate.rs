@@ -152,10 +152,9 @@ mod tests {
     }
 
     fn field_of(ns: &str, app: &str, ifaces: &[&str]) -> String {
-        match validate_registration(ns, app, &strings(ifaces)) {
-            Ok(reg) => panic!("expected an error, got {reg:?}"),
-            Err(err) => err.field,
-        }
+        validate_registration(ns, app, &strings(ifaces))
+            .expect_err("expected an error")
+            .field
     }
 
     #[test]

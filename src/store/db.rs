@@ -526,9 +526,9 @@ impl Writer {
                 }
                 self.stats.errors.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %err, registrations = batch.len(), "commit failed");
-                let message = err.to_string();
+                let source = Arc::new(err);
                 for (_, reply) in batch.drain(..) {
-                    let _ = reply.send(Err(StoreError::CommitFailed(message.clone())));
+                    let _ = reply.send(Err(StoreError::CommitFailed(source.clone())));
                 }
             }
         }

@@ -58,20 +58,21 @@ pub enum StoreError {
     #[error("ingest queue is full ({0}); retry later")]
     Busy(String),
     #[error(
-        "{key} already has {limit} applications (mapping.maxApplicationsPerKey); \
+        "{key} already has {limit} applications (ingest.maxApplicationsPerKey); \
          remove stale ones or raise the limit"
     )]
     TooManyApplications { key: MappingKey, limit: usize },
     #[error("the control plane is shutting down; retry against another replica or later")]
     ShuttingDown,
-    #[error("storage failed: {0}")]
+    #[error("storage failed")]
     Storage(#[from] rusqlite::Error),
-    /// A commit failed; every caller in it gets this (the source was logged once).
-    #[error("storage failed: {0}")]
-    CommitFailed(String),
-    #[error("cannot use data directory {path}: {source}")]
+    /// A commit failed; every caller in it gets this, sharing the one source (logged once).
+    #[error("commit failed")]
+    CommitFailed(#[source] std::sync::Arc<rusqlite::Error>),
+    #[error("cannot use data directory {path}")]
     DataDir {
         path: std::path::PathBuf,
+        #[source]
         source: std::io::Error,
     },
     #[error("data directory {0} is in use by another dubbo-cp process")]

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: a real server on 127.0.0.1:0, real gRPC clients,
 //! a tiny HTTP client for the admin port, and the real binary as a child process.
 #![allow(dead_code)]
+// Helpers are test code too; clippy.toml's allowance reaches only `#[test]` functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod apiserver;
 pub mod sa_tokens;
@@ -32,20 +34,15 @@ pub fn test_config(data_dir: &Path) -> Config {
 }
 
 pub async fn start(config: Config) -> RunningServer {
-    match server::start(config).await {
-        Ok(server) => server,
-        Err(err) => panic!("server did not start: {err:#}"),
-    }
+    server::start(config).await.expect("server did not start")
 }
 
 pub async fn channel(addr: SocketAddr) -> Channel {
-    match Channel::from_shared(format!("http://{addr}")) {
-        Ok(endpoint) => match endpoint.connect().await {
-            Ok(channel) => channel,
-            Err(err) => panic!("cannot connect to {addr}: {err}"),
-        },
-        Err(err) => panic!("{err}"),
-    }
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("cannot connect to the gRPC port")
 }
 
 pub async fn client(addr: SocketAddr) -> ServiceNameMappingServiceClient<Channel> {
@@ -62,10 +59,9 @@ pub fn request(namespace: &str, application: &str, interfaces: &[&str]) -> Servi
 
 /// A plain HTTP/1.1 GET; returns the status code and body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = match tokio::net::TcpStream::connect(addr).await {
-        Ok(stream) => stream,
-        Err(err) => panic!("cannot connect to {addr}: {err}"),
-    };
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("cannot connect to the admin port");
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     assert!(stream.write_all(request.as_bytes()).await.is_ok());
     let mut response = Vec::new();
@@ -87,10 +83,7 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 pub async fn admin_mappings(admin: SocketAddr) -> Mappings {
     let (status, body) = http_get(admin, "/debug/mappings").await;
     assert_eq!(status, 200, "{body}");
-    let views: Vec<MappingView> = match serde_json::from_str(&body) {
-        Ok(views) => views,
-        Err(err) => panic!("bad /debug/mappings body {body:?}: {err}"),
-    };
+    let views: Vec<MappingView> = serde_json::from_str(&body).expect("bad /debug/mappings body");
     views
         .into_iter()
         .map(|v| {
@@ -112,7 +105,7 @@ pub struct Process {
 }
 
 pub fn spawn_binary(data_dir: &Path, extra: &[&str]) -> Process {
-    let mut child = match Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
         .args([
             "serve",
             "--grpc-addr",
@@ -127,13 +120,8 @@ pub fn spawn_binary(data_dir: &Path, extra: &[&str]) -> Process {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-    {
-        Ok(child) => child,
-        Err(err) => panic!("cannot spawn dubbo-cp: {err}"),
-    };
-    let Some(stdout) = child.stdout.take() else {
-        panic!("no stdout")
-    };
+        .expect("cannot spawn dubbo-cp");
+    let stdout = child.stdout.take().expect("no stdout");
     let (tx, logs) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -143,10 +131,11 @@ pub fn spawn_binary(data_dir: &Path, extra: &[&str]) -> Process {
         }
     });
     let line = loop {
-        match logs.recv_timeout(Duration::from_secs(30)) {
-            Ok(line) if line.contains("dubbo-cp serving") => break line,
-            Ok(_) => continue,
-            Err(err) => panic!("dubbo-cp did not report serving: {err}"),
+        let line = logs
+            .recv_timeout(Duration::from_secs(30))
+            .expect("dubbo-cp did not report serving");
+        if line.contains("dubbo-cp serving") {
+            break line;
         }
     };
     let field = |name: &str| -> SocketAddr {
@@ -185,9 +174,7 @@ impl Observer {
         let (requests, rx) = tokio::sync::mpsc::channel(16);
         let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
         if let Some(token) = token {
-            let value = format!("Bearer {token}")
-                .parse()
-                .unwrap_or_else(|e| panic!("{e}"));
+            let value = format!("Bearer {token}").parse().unwrap();
             request.metadata_mut().insert("authorization", value);
         }
         let responses = dubbo_cp::pb::dds::rule_service_client::RuleServiceClient::new(channel)
@@ -202,9 +189,7 @@ impl Observer {
 
     /// A new connection to `addr` with one stream on it; panics if the stream is refused.
     pub async fn open(addr: SocketAddr) -> Observer {
-        Observer::connect(channel(addr).await)
-            .await
-            .unwrap_or_else(|s| panic!("{s}"))
+        Observer::connect(channel(addr).await).await.unwrap()
     }
 
     pub async fn send(&self, nonce: &str, r#type: &str) {
@@ -242,7 +227,7 @@ impl Observer {
     pub async fn next(&mut self) -> dubbo_cp::dds::ObserveResponse {
         self.next_within(Duration::from_secs(10))
             .await
-            .unwrap_or_else(|| panic!("no response within 10 s"))
+            .expect("no response within 10 s")
     }
 }
 
@@ -250,15 +235,11 @@ impl Observer {
 pub fn mappings_of(
     response: &dubbo_cp::dds::ObserveResponse,
 ) -> BTreeMap<String, (String, BTreeSet<String>)> {
-    let objects = response
-        .data
-        .decode()
-        .unwrap_or_else(|e| panic!("bad data: {e}"));
+    let objects = response.data.decode().expect("bad data");
     objects
         .iter()
         .map(|any| {
-            let mapping =
-                dubbo_cp::resources::decode_mapping(any).unwrap_or_else(|e| panic!("{e}"));
+            let mapping = dubbo_cp::resources::decode_mapping(any).unwrap();
             let spec = mapping.spec.unwrap_or_default();
             (
                 mapping.key,
