@@ -618,3 +618,56 @@ fn list_or_watch(
     );
     response
 }
+
+// ---- waiting on the stored objects ----
+
+impl ApiServer {
+    /// Every stored object's (namespace, spec.interfaceName, application), as a control plane's
+    /// upserts leave them.
+    pub fn stored_pairs(&self) -> std::collections::BTreeSet<(String, String, String)> {
+        pairs_of(&self.lock().objects)
+    }
+
+    /// Waits until `check` holds for the stored (namespace, interface, application) triples,
+    /// checking again at every change of the objects; false if it does not within `limit`.
+    pub async fn wait_for_pairs(
+        &self,
+        limit: Duration,
+        check: impl Fn(&std::collections::BTreeSet<(String, String, String)>) -> bool,
+    ) -> bool {
+        let mut latest = self.shared.latest.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            latest.borrow_and_update();
+            if check(&self.stored_pairs()) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, latest.changed())
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+    }
+}
+
+fn pairs_of(
+    objects: &BTreeMap<(String, String), Value>,
+) -> std::collections::BTreeSet<(String, String, String)> {
+    objects
+        .iter()
+        .flat_map(|((namespace, _), object)| {
+            let interface = object["spec"]["interfaceName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let apps: Vec<String> =
+                serde_json::from_value(object["spec"]["applicationNames"].clone())
+                    .unwrap_or_default();
+            let namespace = namespace.clone();
+            apps.into_iter()
+                .map(move |app| (namespace.clone(), interface.clone(), app))
+        })
+        .collect()
+}

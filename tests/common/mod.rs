@@ -110,6 +110,14 @@ pub struct Process {
     pub logs: std::sync::mpsc::Receiver<String>,
 }
 
+/// A test that fails half-way leaves no process behind.
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub fn spawn_binary(data_dir: &Path, extra: &[&str]) -> Process {
     let mut child = match Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
         .args([
