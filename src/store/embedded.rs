@@ -277,7 +277,10 @@ mod tests {
         }
         // The writer really is held: at most its first two commits are in, the rest wait.
         let held_commits = store.stats().commits.load(Ordering::SeqCst);
-        assert!(held_commits <= 2, "{held_commits} commits before the release");
+        assert!(
+            held_commits <= 2,
+            "{held_commits} commits before the release"
+        );
         let reader = tokio::spawn(async move { while changes.recv().await.is_some() {} });
         for task in tasks {
             let outcome = task.await.unwrap();
