@@ -72,6 +72,16 @@ async fn wait_outbox_empty(server: &RunningServer) {
     }
 }
 
+/// Debounce flushes so far (watch and outbox feed), from `/metrics`.
+async fn flush_count(server: &RunningServer) -> u64 {
+    let (_, metrics) = http_get(server.admin_addr, "/metrics").await;
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("dubbo_cp_debounce_flush_size_count "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no flush count in {metrics}"))
+}
+
 fn set(items: &[&str]) -> Vec<String> {
     let set: BTreeSet<String> = items.iter().map(|s| s.to_string()).collect();
     set.into_iter().collect()
@@ -118,9 +128,10 @@ async fn create_then_union_then_no_write_for_what_is_there() {
     .await;
     assert_eq!(api.writes(), 2);
 
-    // Once the watch shows it, registering it again writes nothing, locally or remotely.
+    // Once the watch shows it, registering it again writes nothing, locally or remotely: a
+    // later registration of another key is the next commit and the next write.
     common::wait_published_apps(&server, &format!("{name}/demo"), 2).await;
-    let commits = server.store_stats.commits.load(Ordering::Relaxed);
+    let commits = server.store_stats.commits.load(Ordering::SeqCst);
     register(
         &server,
         "demo",
@@ -128,17 +139,30 @@ async fn create_then_union_then_no_write_for_what_is_there() {
         &["org.apache.dubbo.demo.DemoService"],
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    register(&server, "demo", "app-c", &["org.apache.dubbo.demo.Later"]).await;
+    eventually(Duration::from_secs(10), "the later object", || {
+        api.applications("demo", "org-apache-dubbo-demo-later") == set(&["app-c"])
+    })
+    .await;
+    wait_outbox_empty(&server).await;
+    assert_eq!(
+        server.store_stats.commits.load(Ordering::SeqCst),
+        commits + 1,
+        "an already present registration was committed to the outbox"
+    );
     assert_eq!(
         api.writes(),
-        2,
+        3,
         "an already present registration was written"
     );
-    assert_eq!(server.store_stats.commits.load(Ordering::Relaxed), commits);
-    wait_outbox_empty(&server).await;
+    assert_eq!(
+        api.writes_per_object()
+            .get(&("demo".to_string(), name.to_string())),
+        Some(&2)
+    );
     let (_, metrics) = http_get(server.admin_addr, "/metrics").await;
     assert!(
-        metrics.contains("dubbo_cp_kube_writes_total 2\n"),
+        metrics.contains("dubbo_cp_kube_writes_total 3\n"),
         "{metrics}"
     );
     assert!(
@@ -217,8 +241,15 @@ async fn a_thirty_second_outage_and_a_restart_lose_nothing() {
     for i in 0..10 {
         register(&server, "demo", &format!("app-{i}"), &["I"]).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    // A restart in the middle of the outage: the outbox is on disk.
+    // A restart in the middle of the outage, once the writer has failed against it: the outbox
+    // is on disk.
+    let stats = server.kube_stats.clone().unwrap_or_default();
+    eventually(
+        Duration::from_secs(10),
+        "a failed write in the outage",
+        || stats.errors.load(Ordering::SeqCst) > 0,
+    )
+    .await;
     assert!(server.stop().await.is_ok());
     let server = start(k8s_config(dir.path(), &api)).await;
     for i in 10..20 {
@@ -336,12 +367,39 @@ async fn gone_causes_a_relist_that_removes_what_was_deleted_meanwhile() {
     );
     observer.ack(&relisted).await;
 
-    // Another re-list with nothing changed pushes nothing.
+    // Another re-list with nothing changed pushes nothing: once it went through the debouncer
+    // into the index, no push was counted, and the next response is a later change.
+    let (gone, flushes) = (api.gone_served(), flush_count(&server).await);
+    let pushes = server.dds_stats.pushes.load(Ordering::SeqCst);
     api.expire_resource_versions();
-    assert!(
-        observer.next_within(Duration::from_secs(3)).await.is_none(),
+    eventually(
+        Duration::from_secs(20),
+        "a 410 for the resumed watch",
+        || api.gone_served() > gone,
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while flush_count(&server).await == flushes {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the re-list never reached the index"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        server.dds_stats.pushes.load(Ordering::SeqCst),
+        pushes,
         "an unchanged re-list was pushed"
     );
+    api.kubectl_apply(
+        "ns",
+        "c",
+        json!({"interfaceName": "C", "applicationNames": ["x"]}),
+    );
+    let next = observer.next().await;
+    let keys: Vec<String> = mappings_of(&next).into_keys().collect();
+    assert_eq!(keys, vec!["a/ns".to_string(), "c/ns".to_string()]);
+    assert!(next.revision > relisted.revision);
     assert!(server.stop().await.is_ok());
 }
 
