@@ -1,4 +1,6 @@
 //! Who may register and observe, and the bounds every caller meets.
+// Tests: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -38,9 +40,7 @@ async fn register_as(
     let mut call: tonic::Request<ServiceMappingRequest> =
         tonic::Request::new(request(namespace, app, &["I"]));
     if let Some(token) = token {
-        let value = format!("Bearer {token}")
-            .parse()
-            .unwrap_or_else(|e| panic!("{e}"));
+        let value = format!("Bearer {token}").parse().unwrap();
         call.metadata_mut().insert("authorization", value);
     }
     client(addr)
@@ -56,7 +56,7 @@ fn code<T>(result: Result<T, tonic::Status>) -> Option<Code> {
 
 #[tokio::test]
 async fn tokens_are_checked_and_callers_stay_in_their_namespace() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(auth_config(dir.path(), TOKENS)).await;
     let addr = server.grpc_addr;
 
@@ -71,9 +71,7 @@ async fn tokens_are_checked_and_callers_stay_in_their_namespace() {
         Some(Code::Unauthenticated)
     );
     let denied = register_as(addr, Some("demo-token"), "other", "app").await;
-    let denied = denied
-        .err()
-        .unwrap_or_else(|| panic!("cross-namespace registration accepted"));
+    let denied = denied.expect_err("cross-namespace registration accepted");
     assert_eq!(denied.code(), Code::PermissionDenied);
     assert!(
         denied.message().starts_with("namespace: "),
@@ -107,13 +105,13 @@ async fn tokens_are_checked_and_callers_stay_in_their_namespace() {
 
 #[tokio::test]
 async fn legacy_answers_are_ok_with_success_false() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut config = auth_config(dir.path(), TOKENS);
     config.auth.legacy_answers = true;
     let server = start(config).await;
     let missing = register_as(server.grpc_addr, None, "demo", "app")
         .await
-        .unwrap_or_else(|s| panic!("{s}"));
+        .unwrap();
     assert!(!missing.success);
     assert!(
         missing.message.contains("authorization"),
@@ -122,7 +120,7 @@ async fn legacy_answers_are_ok_with_success_false() {
     );
     let denied = register_as(server.grpc_addr, Some("demo-token"), "other", "app")
         .await
-        .unwrap_or_else(|s| panic!("{s}"));
+        .unwrap();
     assert!(!denied.success);
     // Bad input is still INVALID_ARGUMENT: that is not an authorization answer.
     assert_eq!(
@@ -134,7 +132,7 @@ async fn legacy_answers_are_ok_with_success_false() {
 
 #[tokio::test]
 async fn the_token_file_is_reloaded_and_a_broken_one_keeps_the_old_tokens() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(auth_config(dir.path(), TOKENS)).await;
     let file = dir.path().join("tokens.yaml");
     assert_eq!(
@@ -172,7 +170,7 @@ async fn the_token_file_is_reloaded_and_a_broken_one_keeps_the_old_tokens() {
 
 #[tokio::test]
 async fn observe_requires_a_token_when_authentication_is_on() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(auth_config(dir.path(), TOKENS)).await;
     let refused = Observer::connect_as(channel(server.grpc_addr).await, None)
         .await
@@ -184,7 +182,7 @@ async fn observe_requires_a_token_when_authentication_is_on() {
     assert_eq!(wrong.map(|s| s.code()), Some(Code::Unauthenticated));
     let mut observer = Observer::connect_as(channel(server.grpc_addr).await, Some("demo-token"))
         .await
-        .unwrap_or_else(|s| panic!("{s}"));
+        .unwrap();
     observer.subscribe(SNP_TYPE).await;
     assert_eq!(observer.next().await.nonce, "1");
     assert!(server.stop().await.is_ok());
@@ -192,7 +190,7 @@ async fn observe_requires_a_token_when_authentication_is_on() {
 
 #[tokio::test]
 async fn with_authentication_a_non_loopback_address_is_allowed() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut config = auth_config(dir.path(), TOKENS);
     config.grpc_addr = ([0, 0, 0, 0], 0).into();
     let server = start(config).await;
@@ -207,7 +205,7 @@ async fn with_authentication_a_non_loopback_address_is_allowed() {
 
 #[tokio::test]
 async fn each_bound_is_a_clear_status_and_a_metric() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut config = auth_config(dir.path(), TOKENS);
     config.ingest.rate_per_caller = 0.001;
     config.ingest.burst_per_caller = 2;
@@ -227,7 +225,7 @@ async fn each_bound_is_a_clear_status_and_a_metric() {
     let limited = register_as(addr, Some("demo-token"), "demo", "c")
         .await
         .err();
-    let limited = limited.unwrap_or_else(|| panic!("rate limit not applied"));
+    let limited = limited.expect("rate limit not applied");
     assert_eq!(limited.code(), Code::ResourceExhausted);
     assert!(
         limited.message().contains("demo/provider"),
@@ -243,7 +241,7 @@ async fn each_bound_is_a_clear_status_and_a_metric() {
     // Concurrent streams.
     let mut first = Observer::connect_as(channel(addr).await, Some("demo-token"))
         .await
-        .unwrap_or_else(|s| panic!("{s}"));
+        .unwrap();
     first.subscribe(SNP_TYPE).await;
     let _ = first.next().await;
     let second = Observer::connect_as(channel(addr).await, Some("demo-token"))
@@ -258,19 +256,15 @@ async fn each_bound_is_a_clear_status_and_a_metric() {
         application_name: "x".into(),
         interface_names: many,
     });
-    call.metadata_mut().insert(
-        "authorization",
-        "Bearer ops-token".parse().unwrap_or_else(|e| panic!("{e}")),
-    );
+    call.metadata_mut()
+        .insert("authorization", "Bearer ops-token".parse().unwrap());
     assert_eq!(
         code(client(addr).await.register_service_app_mapping(call).await),
         Some(Code::InvalidArgument)
     );
     let mut huge = tonic::Request::new(request("demo", "x", &[&"i".repeat(2 * 1024 * 1024)]));
-    huge.metadata_mut().insert(
-        "authorization",
-        "Bearer ops-token".parse().unwrap_or_else(|e| panic!("{e}")),
-    );
+    huge.metadata_mut()
+        .insert("authorization", "Bearer ops-token".parse().unwrap());
     let status = client(addr)
         .await
         .register_service_app_mapping(huge)

@@ -1,15 +1,22 @@
 //! The discovery stream over real gRPC against a real server on 127.0.0.1:0.
+// Tests: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use common::{
     Observer, SNP_TYPE, TAG_TYPE, channel, client, mappings_of, request, start, test_config,
 };
 use dubbo_cp::config::Config;
+use dubbo_cp::index::{Change, Kind};
 use tonic::Code;
 
 /// Debounce off, so each registration is published at once and tests need no waiting.
@@ -51,7 +58,7 @@ async fn existing_state_on_subscribe_then_changes_after_ack() {
     let (interface, apps) = state
         .get("org-apache-dubbo-demo-demoservice/dubbo-demo")
         .cloned()
-        .unwrap_or_else(|| panic!("missing mapping in {state:?}"));
+        .expect("missing mapping in {state:?}");
     assert_eq!(interface, "org.apache.dubbo.demo.DemoService");
     assert_eq!(apps, BTreeSet::from(["demo-provider".to_string()]));
     for any in first.data.decode().unwrap_or_default() {
@@ -94,19 +101,52 @@ async fn another_kind_receives_nothing_for_mapping_changes() {
     );
     observer.ack(&first).await;
     register(server.grpc_addr, "ns", "app", &["I"]).await;
-    assert!(
-        observer
-            .next_within(Duration::from_millis(500))
-            .await
-            .is_none()
+    common::wait_published(&server, 1).await;
+    // A later change of the subscribed kind: the next response must be it, so nothing was sent
+    // for the mapping change before it.
+    let tag = prost_types::Any {
+        type_url: Kind::TagRoute.type_url().to_owned(),
+        value: b"tag".to_vec(),
+    };
+    assert!(server.index.apply(
+        Kind::TagRoute,
+        [Change::Upsert("t/ns".into(), tag.clone())],
+        0
+    ));
+    let next = observer.next().await;
+    assert_eq!(next.r#type, TAG_TYPE);
+    assert_eq!(next.nonce, "2");
+    assert_eq!(next.data.decode().ok(), Some(vec![tag]));
+    assert_eq!(
+        server.dds_stats.pushes.load(Ordering::SeqCst),
+        2,
+        "a push besides the two TagRoute states"
     );
     assert!(server.stop().await.is_ok());
+}
+
+/// Waits until the server has counted `n` stale nonces: every request sent before the one that
+/// made it `n` has been handled (a stream handles its requests in order).
+async fn wait_stale_nonces(server: &dubbo_cp::server::RunningServer, n: u64) {
+    let stale = &server.dds_stats.stale_nonces;
+    let counted = tokio::time::timeout(Duration::from_secs(10), async {
+        while stale.load(Ordering::SeqCst) < n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        counted.is_ok(),
+        "{} stale nonces counted, waited for {n}",
+        stale.load(Ordering::SeqCst)
+    );
 }
 
 #[tokio::test]
 async fn changes_before_an_ack_coalesce_into_one_response_with_the_newest_state() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(fast_config(dir.path())).await;
+    let pushes = || server.dds_stats.pushes.load(Ordering::SeqCst);
     let mut observer = Observer::open(server.grpc_addr).await;
     observer.subscribe(SNP_TYPE).await;
     let first = observer.next().await;
@@ -114,19 +154,18 @@ async fn changes_before_an_ack_coalesce_into_one_response_with_the_newest_state(
         register(server.grpc_addr, "ns", app, &["I"]).await;
     }
     common::wait_published_apps(&server, "i/ns", 3).await;
-    // Wrong nonces: ignored, nothing sent, nothing wedged.
+    // Wrong nonces: ignored, nothing sent, nothing wedged. The last one is counted once the
+    // others were handled.
     observer.send("999", SNP_TYPE).await;
     observer.send("", "dubbo.apache.org/v1alpha1/Unknown").await;
     observer.send("", "").await;
-    assert!(
-        observer
-            .next_within(Duration::from_millis(300))
-            .await
-            .is_none()
-    );
+    observer.send("998", SNP_TYPE).await;
+    wait_stale_nonces(&server, 2).await;
+    assert_eq!(pushes(), 1, "a wrong nonce released a response");
 
     observer.ack(&first).await;
     let second = observer.next().await;
+    assert_eq!(second.nonce, "2");
     let apps = mappings_of(&second)
         .get("i/ns")
         .map(|(_, a)| a.clone())
@@ -139,19 +178,16 @@ async fn changes_before_an_ack_coalesce_into_one_response_with_the_newest_state(
     // The stale nonce again and a repeated subscribe: no duplicate.
     observer.ack(&first).await;
     observer.subscribe(SNP_TYPE).await;
-    assert!(
-        observer
-            .next_within(Duration::from_millis(300))
-            .await
-            .is_none(),
-        "same state sent twice"
-    );
-    assert!(
-        server
-            .dds_stats
-            .stale_nonces
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 2
+    observer.send("997", SNP_TYPE).await;
+    wait_stale_nonces(&server, 4).await;
+    assert_eq!(pushes(), 2, "the same state was sent twice");
+    // And the next response is the next change.
+    register(server.grpc_addr, "ns", "d", &["I"]).await;
+    let third = observer.next().await;
+    assert_eq!(third.nonce, "3");
+    assert_eq!(
+        mappings_of(&third).get("i/ns").map(|(_, a)| a.len()),
+        Some(4)
     );
     assert!(server.stop().await.is_ok());
 }
@@ -162,15 +198,15 @@ async fn a_first_message_with_a_nonce_does_not_subscribe() {
     let server = start(fast_config(dir.path())).await;
     let mut observer = Observer::open(server.grpc_addr).await;
     observer.send("1", SNP_TYPE).await;
+    // Handled as a stale nonce, not as a subscription.
+    wait_stale_nonces(&server, 1).await;
     register(server.grpc_addr, "ns", "app", &["I"]).await;
-    assert!(
-        observer
-            .next_within(Duration::from_millis(300))
-            .await
-            .is_none()
-    );
+    common::wait_published(&server, 1).await;
+    assert_eq!(server.dds_stats.pushes.load(Ordering::SeqCst), 0);
     observer.subscribe(SNP_TYPE).await;
-    assert_eq!(observer.next().await.nonce, "1");
+    let first = observer.next().await;
+    assert_eq!(first.nonce, "1");
+    assert!(mappings_of(&first).contains_key("i/ns"));
     assert!(server.stop().await.is_ok());
 }
 
@@ -208,50 +244,194 @@ async fn a_registration_reaches_a_hundred_concurrent_streams() {
     assert!(server.stop().await.is_ok());
 }
 
+/// A gRPC message as it goes on the wire: not compressed, big-endian length, message.
+fn grpc_frame(message: &impl prost::Message) -> Bytes {
+    let body = message.encode_to_vec();
+    let mut frame = Vec::with_capacity(5 + body.len());
+    frame.push(0);
+    frame.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame.into()
+}
+
+/// A raw HTTP/2 connection (no gRPC library) whose streams may receive `window` bytes before
+/// the client releases them.
+async fn raw_h2(addr: SocketAddr, window: u32) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .handshake(tcp)
+        .await
+        .unwrap();
+    // Drives the connection: reads frames into the streams' buffers, answers PINGs.
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    send
+}
+
+/// Opens `Observe` on a raw connection and subscribes to `type`. The response body is returned
+/// unread; the request stream is kept open.
+async fn raw_observe(
+    send: h2::client::SendRequest<Bytes>,
+    addr: SocketAddr,
+    r#type: &str,
+) -> (h2::RecvStream, h2::SendStream<Bytes>) {
+    let mut send = send.ready().await.unwrap();
+    let request = http::Request::post(format!(
+        "http://{addr}/org.apache.dubbo.auth.v1alpha1.RuleService/Observe"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (response, mut requests) = send.send_request(request, false).unwrap();
+    let subscribe = dubbo_cp::pb::dds::ObserveRequest {
+        nonce: String::new(),
+        r#type: r#type.into(),
+    };
+    requests.send_data(grpc_frame(&subscribe), false).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.headers().get("grpc-status").is_none(),
+        "stream refused: {:?}",
+        response.headers()
+    );
+    (response.into_body(), requests)
+}
+
+/// The stuck client's stream window: far below one full state.
+const STUCK_WINDOW: u32 = 1024;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_client_does_not_delay_the_others() {
+    const OTHERS: usize = 10;
+    const ROUNDS: usize = 20;
     let dir = tempfile::tempdir().unwrap();
     let server = start(fast_config(dir.path())).await;
-    // A state of about 1 MiB, far above any HTTP/2 window, so the stuck client's response cannot
-    // be delivered.
-    let long_interfaces: Vec<String> = (0..1000)
+    // A state of about 200 KB, far above the stuck client's window (and HTTP/2's default 64 KiB).
+    let long_interfaces: Vec<String> = (0..200)
         .map(|i| format!("org.example.{}.Service{i}", "x".repeat(900)))
         .collect();
     let interfaces: Vec<&str> = long_interfaces.iter().map(String::as_str).collect();
     register(server.grpc_addr, "ns", "app", &interfaces).await;
+    common::wait_published(&server, 200).await;
 
-    // The stuck client subscribes on its own connection and never reads.
-    let stuck = Observer::open(server.grpc_addr).await;
-    stuck.subscribe(SNP_TYPE).await;
+    // The stuck client: its own connection; it subscribes, then never reads and never releases
+    // flow-control window. Once the server has filled the window, that stream's transport is
+    // stalled with most of the response still to send.
+    let (mut stuck, _stuck_requests) = raw_observe(
+        raw_h2(server.grpc_addr, STUCK_WINDOW).await,
+        server.grpc_addr,
+        SNP_TYPE,
+    )
+    .await;
+    let filled = tokio::time::timeout(Duration::from_secs(10), async {
+        while stuck.flow_control().used_capacity() < STUCK_WINDOW as usize {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        filled.is_ok(),
+        "the server sent {} bytes to the stuck client, not its whole window",
+        stuck.flow_control().used_capacity()
+    );
+
     let mut others = Vec::new();
-    for _ in 0..10 {
+    for _ in 0..OTHERS {
         let mut observer = Observer::open(server.grpc_addr).await;
         observer.subscribe(SNP_TYPE).await;
-        // The publish may trail the ack of the big registration: read until the state has it.
-        let mut state = observer.next().await;
+        let state = observer.next().await;
+        assert_eq!(mappings_of(&state).len(), 200);
         observer.ack(&state).await;
-        while mappings_of(&state).len() < 1000 {
-            state = observer.next().await;
-            observer.ack(&state).await;
-        }
-        assert_eq!(mappings_of(&state).len(), 1000);
         others.push(observer);
     }
-    for round in 0..3 {
-        register(
-            server.grpc_addr,
-            "ns",
-            &format!("app-{round}"),
-            &["org.example.Small"],
-        )
-        .await;
-        for observer in &mut others {
-            let response = observer.next().await;
-            assert!(mappings_of(&response).contains_key("org-example-small/ns"));
-            observer.ack(&response).await;
+    // Each other client reads in its own task and reports every application it sees appear,
+    // with when, then acknowledges.
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let readers: Vec<_> = others
+        .into_iter()
+        .enumerate()
+        .map(|(id, mut observer)| {
+            let seen_tx = seen_tx.clone();
+            tokio::spawn(async move {
+                let mut known = BTreeSet::new();
+                loop {
+                    let response = observer.next().await;
+                    let at = Instant::now();
+                    let apps = mappings_of(&response)
+                        .remove("org-example-small/ns")
+                        .map(|(_, apps)| apps)
+                        .unwrap_or_default();
+                    for app in apps.difference(&known) {
+                        let _ = seen_tx.send((id, app.clone(), at));
+                    }
+                    known = apps;
+                    observer.ack(&response).await;
+                }
+            })
+        })
+        .collect();
+
+    // Every change reaches every other client, in order, while the stuck one stays stuck.
+    let mut latencies = Vec::new();
+    for round in 0..ROUNDS {
+        let app = format!("app-{round}");
+        let registered = Instant::now();
+        register(server.grpc_addr, "ns", &app, &["org.example.Small"]).await;
+        let mut reached = BTreeSet::new();
+        while reached.len() < OTHERS {
+            let report = tokio::time::timeout(Duration::from_secs(10), seen.recv()).await;
+            let Ok(Some((id, appeared, at))) = report else {
+                panic!("{app} reached only {reached:?} within 10 s");
+            };
+            assert_eq!(appeared, app, "client {id}");
+            assert!(reached.insert(id), "client {id} saw {app} twice");
+            latencies.push(at - registered);
         }
     }
-    drop(stuck);
+    for reader in readers {
+        reader.abort();
+    }
+    latencies.sort();
+    let percentile = |p: f64| latencies[((latencies.len() as f64 * p).ceil() as usize).max(1) - 1];
+    println!(
+        "{} deliveries to {OTHERS} clients beside a stuck one (registration sent to state received): \
+         p50 {:?}, p99 {:?}, max {:?}",
+        latencies.len(),
+        percentile(0.50),
+        percentile(0.99),
+        latencies[latencies.len() - 1]
+    );
+
+    // The stuck stream was stalled the whole time: still open, its window still full. Read now,
+    // it holds the whole first state, of which the window let through a fraction.
+    assert!(!stuck.is_end_stream());
+    assert_eq!(stuck.flow_control().used_capacity(), STUCK_WINDOW as usize);
+    let mut received: Vec<u8> = Vec::new();
+    let frame_len = |received: &[u8]| {
+        (received.len() >= 5).then(|| {
+            5 + u32::from_be_bytes([received[1], received[2], received[3], received[4]]) as usize
+        })
+    };
+    while frame_len(&received).is_none_or(|len| received.len() < len) {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), stuck.data()).await;
+        let Ok(Some(Ok(chunk))) = chunk else {
+            panic!("the stuck stream ended after {} bytes", received.len());
+        };
+        stuck.flow_control().release_capacity(chunk.len()).unwrap();
+        received.extend_from_slice(&chunk);
+    }
+    let len = frame_len(&received).unwrap_or_default();
+    let first =
+        <dubbo_cp::dds::ObserveResponse as prost::Message>::decode(&received[5..len]).unwrap();
+    assert_eq!(first.nonce, "1");
+    assert_eq!(mappings_of(&first).len(), 200);
+    println!(
+        "the stuck client's first response: {len} bytes, {STUCK_WINDOW} let through while stuck"
+    );
     assert!(server.stop().await.is_ok());
 }
 
@@ -375,13 +555,12 @@ async fn streams_per_connection_are_bounded_and_the_next_waits_for_a_slot() {
         let _ = observer.next().await;
         open.push(observer);
     }
-    // The server advertises two streams per connection: a third waits, it is not accepted.
+    // The server advertises two streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS), so a
+    // client does not open a third before one ends: it waits for a slot, it is not refused.
+    let raw = raw_h2(server.grpc_addr, 65_535).await;
+    let _raw_stream = raw_observe(raw.clone(), server.grpc_addr, SNP_TYPE).await;
+    assert_eq!(raw.current_max_send_streams(), 2);
     let third = tokio::spawn(Observer::connect(connection.clone()));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !third.is_finished(),
-        "a third stream was opened on a two-stream connection"
-    );
     drop(open.pop());
     let third = tokio::time::timeout(Duration::from_secs(5), third).await;
     assert!(

@@ -1,4 +1,6 @@
 //! Kubernetes mode against the stateful API-server fixture, with the real `kube::Client`.
+// Tests: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -72,6 +74,16 @@ async fn wait_outbox_empty(server: &RunningServer) {
     }
 }
 
+/// Debounce flushes so far (watch and outbox feed), from `/metrics`.
+async fn flush_count(server: &RunningServer) -> u64 {
+    let (_, metrics) = http_get(server.admin_addr, "/metrics").await;
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("dubbo_cp_debounce_flush_size_count "))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("no flush count in {metrics}")
+}
+
 fn set(items: &[&str]) -> Vec<String> {
     let set: BTreeSet<String> = items.iter().map(|s| s.to_string()).collect();
     set.into_iter().collect()
@@ -80,7 +92,7 @@ fn set(items: &[&str]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_then_union_then_no_write_for_what_is_there() {
     let api = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(k8s_config(dir.path(), &api)).await;
     let name = "org-apache-dubbo-demo-demoservice";
 
@@ -118,9 +130,10 @@ async fn create_then_union_then_no_write_for_what_is_there() {
     .await;
     assert_eq!(api.writes(), 2);
 
-    // Once the watch shows it, registering it again writes nothing, locally or remotely.
+    // Once the watch shows it, registering it again writes nothing, locally or remotely: a
+    // later registration of another key is the next commit and the next write.
     common::wait_published_apps(&server, &format!("{name}/demo"), 2).await;
-    let commits = server.store_stats.commits.load(Ordering::Relaxed);
+    let commits = server.store_stats.commits.load(Ordering::SeqCst);
     register(
         &server,
         "demo",
@@ -128,17 +141,30 @@ async fn create_then_union_then_no_write_for_what_is_there() {
         &["org.apache.dubbo.demo.DemoService"],
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    register(&server, "demo", "app-c", &["org.apache.dubbo.demo.Later"]).await;
+    eventually(Duration::from_secs(10), "the later object", || {
+        api.applications("demo", "org-apache-dubbo-demo-later") == set(&["app-c"])
+    })
+    .await;
+    wait_outbox_empty(&server).await;
+    assert_eq!(
+        server.store_stats.commits.load(Ordering::SeqCst),
+        commits + 1,
+        "an already present registration was committed to the outbox"
+    );
     assert_eq!(
         api.writes(),
-        2,
+        3,
         "an already present registration was written"
     );
-    assert_eq!(server.store_stats.commits.load(Ordering::Relaxed), commits);
-    wait_outbox_empty(&server).await;
+    assert_eq!(
+        api.writes_per_object()
+            .get(&("demo".to_string(), name.to_string())),
+        Some(&2)
+    );
     let (_, metrics) = http_get(server.admin_addr, "/metrics").await;
     assert!(
-        metrics.contains("dubbo_cp_kube_writes_total 2\n"),
+        metrics.contains("dubbo_cp_kube_writes_total 3\n"),
         "{metrics}"
     );
     assert!(
@@ -160,7 +186,7 @@ async fn conflicts_and_server_errors_are_retried_until_written() {
         "i",
         json!({"interfaceName": "I", "applicationNames": ["other"]}),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(k8s_config(dir.path(), &api)).await;
     api.conflict_next_updates(2);
     register(&server, "demo", "app", &["I"]).await;
@@ -210,15 +236,22 @@ async fn conflicts_and_server_errors_are_retried_until_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thirty_second_outage_and_a_restart_lose_nothing() {
     let api = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(k8s_config(dir.path(), &api)).await;
     api.set_down(true);
     let outage = std::time::Instant::now();
     for i in 0..10 {
         register(&server, "demo", &format!("app-{i}"), &["I"]).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    // A restart in the middle of the outage: the outbox is on disk.
+    // A restart in the middle of the outage, once the writer has failed against it: the outbox
+    // is on disk.
+    let stats = server.kube_stats.clone().unwrap_or_default();
+    eventually(
+        Duration::from_secs(10),
+        "a failed write in the outage",
+        || stats.errors.load(Ordering::SeqCst) > 0,
+    )
+    .await;
     assert!(server.stop().await.is_ok());
     let server = start(k8s_config(dir.path(), &api)).await;
     for i in 10..20 {
@@ -254,7 +287,7 @@ async fn a_thirty_second_outage_and_a_restart_lose_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_create_edit_delete_reach_a_discovery_client() {
     let api = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(k8s_config(dir.path(), &api)).await;
     wait_ready(&server).await;
     let mut observer = Observer::open(server.grpc_addr).await;
@@ -311,7 +344,7 @@ async fn gone_causes_a_relist_that_removes_what_was_deleted_meanwhile() {
         "b",
         json!({"interfaceName": "B", "applicationNames": ["x"]}),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(k8s_config(dir.path(), &api)).await;
     wait_ready(&server).await;
     let mut observer = Observer::open(server.grpc_addr).await;
@@ -327,7 +360,7 @@ async fn gone_causes_a_relist_that_removes_what_was_deleted_meanwhile() {
     let relisted = observer
         .next_within(Duration::from_secs(20))
         .await
-        .unwrap_or_else(|| panic!("no push after the re-list"));
+        .expect("no push after the re-list");
     let keys: Vec<String> = mappings_of(&relisted).into_keys().collect();
     assert_eq!(keys, vec!["a/ns".to_string()]);
     assert!(
@@ -336,12 +369,39 @@ async fn gone_causes_a_relist_that_removes_what_was_deleted_meanwhile() {
     );
     observer.ack(&relisted).await;
 
-    // Another re-list with nothing changed pushes nothing.
+    // Another re-list with nothing changed pushes nothing: once it went through the debouncer
+    // into the index, no push was counted, and the next response is a later change.
+    let (gone, flushes) = (api.gone_served(), flush_count(&server).await);
+    let pushes = server.dds_stats.pushes.load(Ordering::SeqCst);
     api.expire_resource_versions();
-    assert!(
-        observer.next_within(Duration::from_secs(3)).await.is_none(),
+    eventually(
+        Duration::from_secs(20),
+        "a 410 for the resumed watch",
+        || api.gone_served() > gone,
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while flush_count(&server).await == flushes {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the re-list never reached the index"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        server.dds_stats.pushes.load(Ordering::SeqCst),
+        pushes,
         "an unchanged re-list was pushed"
     );
+    api.kubectl_apply(
+        "ns",
+        "c",
+        json!({"interfaceName": "C", "applicationNames": ["x"]}),
+    );
+    let next = observer.next().await;
+    let keys: Vec<String> = mappings_of(&next).into_keys().collect();
+    assert_eq!(keys, vec!["a/ns".to_string(), "c/ns".to_string()]);
+    assert!(next.revision > relisted.revision);
     assert!(server.stop().await.is_ok());
 }
 
@@ -349,7 +409,7 @@ async fn gone_causes_a_relist_that_removes_what_was_deleted_meanwhile() {
 async fn not_ready_and_no_streams_until_the_first_list() {
     let api = ApiServer::start().await;
     api.set_down(true);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(k8s_config(dir.path(), &api)).await;
     assert_eq!(http_get(server.admin_addr, "/readyz").await.0, 503);
     let refused = Observer::connect(common::channel(server.grpc_addr).await)
@@ -367,8 +427,7 @@ async fn not_ready_and_no_streams_until_the_first_list() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_registering_the_same_keys_converge_to_the_union() {
     let api = ApiServer::start().await;
-    let dirs =
-        [tempfile::tempdir(), tempfile::tempdir()].map(|d| d.unwrap_or_else(|e| panic!("{e}")));
+    let dirs = [tempfile::tempdir(), tempfile::tempdir()].map(|d| d.unwrap());
     let mut replicas = Vec::new();
     for dir in &dirs {
         let mut config = k8s_config(dir.path(), &api);

@@ -1,4 +1,6 @@
 //! `/metrics` exposes the documented series, and they move when traffic flows.
+// Tests: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -57,7 +59,15 @@ async fn documented_series_exist_and_move_with_traffic() {
     observer.subscribe(SNP_TYPE).await;
     let _ = observer.next().await;
     observer.send("999", SNP_TYPE).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Counted once the stream has handled it.
+    let stale = &server.dds_stats.stale_nonces;
+    let counted = tokio::time::timeout(Duration::from_secs(10), async {
+        while stale.load(std::sync::atomic::Ordering::SeqCst) < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "the stale nonce was never counted");
 
     let (_, after) = http_get(server.admin_addr, "/metrics").await;
     let expect = |name: &str, wanted: f64| {

@@ -1,4 +1,6 @@
 //! Registration over real gRPC against a real server on 127.0.0.1:0.
+// Tests: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -1,4 +1,6 @@
 //! Kubernetes mode authenticates callers with TokenReview against the API-server fixture.
+// Tests: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -26,16 +28,12 @@ async fn register(
 ) -> Result<ServiceMappingResponse, tonic::Status> {
     let mut call = tonic::Request::new(request(namespace, "app", &["I"]));
     if let Some(token) = token {
-        let value = format!("Bearer {token}")
-            .parse()
-            .unwrap_or_else(|e| panic!("{e}"));
+        let value = format!("Bearer {token}").parse().unwrap();
         call.metadata_mut().insert("authorization", value);
     }
     if let Some(kind) = kind {
-        call.metadata_mut().insert(
-            "authorization-type",
-            kind.parse().unwrap_or_else(|e| panic!("{e}")),
-        );
+        call.metadata_mut()
+            .insert("authorization-type", kind.parse().unwrap());
     }
     client(addr)
         .await
@@ -58,7 +56,7 @@ async fn service_account_tokens_are_reviewed_and_cached() {
         &["dubbo-ca"],
     );
     api.add_token("user-token", "kubernetes-admin", &[]);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(config(dir.path(), &api)).await;
     let addr = server.grpc_addr;
 
@@ -128,7 +126,7 @@ async fn service_account_tokens_are_reviewed_and_cached() {
     assert_eq!(refused.map(|s| s.code()), Some(Code::Unauthenticated));
     let mut observer = Observer::connect_as(channel(addr).await, Some("sa-token"))
         .await
-        .unwrap_or_else(|s| panic!("{s}"));
+        .unwrap();
     observer.subscribe(SNP_TYPE).await;
     assert_eq!(observer.next().await.nonce, "1");
     assert!(server.stop().await.is_ok());
@@ -138,7 +136,7 @@ async fn service_account_tokens_are_reviewed_and_cached() {
 async fn an_unreachable_api_server_is_unavailable_not_unauthenticated() {
     let api = ApiServer::start().await;
     api.add_token("sa-token", "system:serviceaccount:demo:provider", &[]);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start(config(dir.path(), &api)).await;
     api.set_down(true);
     assert_eq!(

@@ -141,7 +141,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_files_with_the_field() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens.yaml");
         for (text, needle) in [
             (

@@ -137,7 +137,7 @@ mod tests {
         assert!(tx.send(response("2")).await.is_ok());
         drop(tx);
         drop(end_tx);
-        let collected = body.collect().await.unwrap_or_else(|s| panic!("{s}"));
+        let collected = body.collect().await.unwrap();
         let trailers = collected.trailers().cloned().unwrap_or_default();
         assert_eq!(
             trailers.get("grpc-status").map(|v| v.as_bytes()),
@@ -147,8 +147,7 @@ mod tests {
         for nonce in ["1", "2"] {
             assert_eq!(bytes[0], 0, "compression flag");
             let len = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
-            let message =
-                ObserveResponse::decode(&bytes[5..5 + len]).unwrap_or_else(|e| panic!("{e}"));
+            let message = ObserveResponse::decode(&bytes[5..5 + len]).unwrap();
             assert_eq!(message, response(nonce));
             bytes = bytes.slice(5 + len..);
         }
@@ -162,7 +161,7 @@ mod tests {
         let body = ObserveBody::new(rx, end_rx);
         assert!(tx.send(response("1")).await.is_ok());
         assert!(end_tx.send(Status::deadline_exceeded("too slow")).is_ok());
-        let collected = body.collect().await.unwrap_or_else(|s| panic!("{s}"));
+        let collected = body.collect().await.unwrap();
         let trailers = collected.trailers().cloned().unwrap_or_default();
         assert_eq!(
             trailers.get("grpc-status").map(|v| v.as_bytes()),

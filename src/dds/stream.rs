@@ -353,7 +353,7 @@ mod tests {
         h.send("", SNP).await;
         h.send("", TAG).await;
         tokio::time::sleep(Duration::from_secs(6)).await;
-        let result = h.task.await.unwrap_or_else(|e| panic!("{e}"));
+        let result = h.task.await.unwrap();
         assert_eq!(
             result.err().map(|s| s.code()),
             Some(tonic::Code::DeadlineExceeded)
@@ -366,7 +366,7 @@ mod tests {
         let h = start(4);
         h.send("", SNP).await;
         h.shutdown.send_replace(true);
-        let result = h.task.await.unwrap_or_else(|e| panic!("{e}"));
+        let result = h.task.await.unwrap();
         assert_eq!(
             result.err().map(|s| s.code()),
             Some(tonic::Code::Unavailable)
@@ -377,7 +377,7 @@ mod tests {
     async fn client_closing_ends_the_stream_cleanly() {
         let h = start(4);
         drop(h.requests);
-        let result = h.task.await.unwrap_or_else(|e| panic!("{e}"));
+        let result = h.task.await.unwrap();
         assert!(result.is_ok());
     }
 }

@@ -195,7 +195,7 @@ mod tests {
         assert_eq!(ours.encoded_len(), generated.encoded_len());
 
         let decoded = ObserveResponse::decode(generated.encode_to_vec().as_slice());
-        let decoded = decoded.unwrap_or_else(|e| panic!("{e}"));
+        let decoded = decoded.unwrap();
         assert_eq!(decoded, ours);
         assert_eq!(decoded.data.decode().ok(), Some(anys));
     }

@@ -275,11 +275,18 @@ mod tests {
         {
             tokio::task::yield_now().await;
         }
+        // The writer really is held: at most its first two commits are in, the rest wait.
+        let held_commits = store.stats().commits.load(Ordering::SeqCst);
+        assert!(
+            held_commits <= 2,
+            "{held_commits} commits before the release"
+        );
         let reader = tokio::spawn(async move { while changes.recv().await.is_some() {} });
         for task in tasks {
             let outcome = task.await.unwrap();
             assert_eq!(outcome.ok(), Some(RegisterOutcome::Stored { added: 1 }));
         }
+        // Without group commit (one registration per transaction) this is 500.
         let commits = store.stats().commits.load(Ordering::Relaxed);
         assert!(commits <= 50, "500 registrations took {commits} commits");
         assert_eq!(

@@ -4,6 +4,8 @@
 //! resourceVersion), delete. Failures can be injected: 500s on writes, latency, an outage (503 on
 //! every request, open watches cut), blocked watches.
 #![allow(dead_code)]
+// Tests: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -138,10 +140,8 @@ impl ApiServer {
             cut: watch::Sender::new(0),
             active_watches: watch::Sender::new(0),
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
         let app = axum::Router::new()
             .fallback(handle)
             .with_state(shared.clone());
@@ -701,4 +701,58 @@ fn list_or_watch(
         axum::http::HeaderValue::from_static("application/json"),
     );
     response
+}
+
+// ---- waiting on the stored objects ----
+
+impl ApiServer {
+    /// Every stored object's (namespace, spec.interfaceName, application), as a control plane's
+    /// upserts leave them.
+    pub fn stored_pairs(&self) -> std::collections::BTreeSet<(String, String, String)> {
+        pairs_of(&self.lock().objects)
+    }
+
+    /// Waits until `check` holds for the stored (namespace, interface, application) triples,
+    /// checking again at every change of the objects; false if it does not within `limit`.
+    pub async fn wait_for_pairs(
+        &self,
+        limit: Duration,
+        check: impl Fn(&std::collections::BTreeSet<(String, String, String)>) -> bool,
+    ) -> bool {
+        let mut latest = self.shared.latest.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            latest.borrow_and_update();
+            if check(&self.stored_pairs()) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, latest.changed())
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+    }
+}
+
+fn pairs_of(
+    objects: &BTreeMap<Key, Value>,
+) -> std::collections::BTreeSet<(String, String, String)> {
+    objects
+        .iter()
+        .filter(|((resource, _, _), _)| resource == SNP)
+        .flat_map(|((_, namespace, _), object)| {
+            let interface = object["spec"]["interfaceName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let apps: Vec<String> =
+                serde_json::from_value(object["spec"]["applicationNames"].clone())
+                    .unwrap_or_default();
+            let namespace = namespace.clone();
+            apps.into_iter()
+                .map(move |app| (namespace.clone(), interface.clone(), app))
+        })
+        .collect()
 }

@@ -104,6 +104,14 @@ pub struct Process {
     pub logs: std::sync::mpsc::Receiver<String>,
 }
 
+/// A test that fails half-way leaves no process behind.
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub fn spawn_binary(data_dir: &Path, extra: &[&str]) -> Process {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
         .args([
@@ -142,7 +150,7 @@ pub fn spawn_binary(data_dir: &Path, extra: &[&str]) -> Process {
         line.split_whitespace()
             .find_map(|word| word.strip_prefix(&format!("{name}=")))
             .and_then(|value| value.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .expect("no {name} in {line:?}")
     };
     Process {
         grpc_addr: field("grpc_addr"),
