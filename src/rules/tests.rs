@@ -2,6 +2,7 @@
 //! field; invalid manifests refused with the field named; the CRDs and what they enforce.
 
 use prost::Message;
+use serde::Deserialize;
 use serde_json::json;
 
 use super::*;
@@ -1178,6 +1179,30 @@ fn schemas_type_every_field_so_the_api_server_refuses_wrong_types() {
         rule["when"]["properties"]["values"]["items"]["properties"]["value"]["minLength"],
         1
     );
+}
+
+#[test]
+fn rbac_lets_the_control_plane_read_rules_and_nothing_more() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/rbac.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let role = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_json::Value::deserialize(doc).unwrap())
+        .find(|doc| doc["kind"] == "ClusterRole")
+        .unwrap();
+    for kind in RULE_KINDS {
+        let verbs: Vec<&serde_json::Value> = role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|rule| {
+                rule["resources"]
+                    .as_array()
+                    .is_some_and(|r| r.contains(&json!(kind.plural())))
+            })
+            .map(|rule| &rule["verbs"])
+            .collect();
+        assert_eq!(verbs, [&json!(["get", "list", "watch"])], "{}", kind.name());
+    }
 }
 
 #[test]
