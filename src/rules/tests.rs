@@ -1351,3 +1351,20 @@ mod cel {
         assert_eq!(cel_failures(&no_weight), Vec::<String>::new());
     }
 }
+
+#[test]
+fn the_examples_in_docs_rules_md_are_valid() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/rules.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut kinds = Vec::new();
+    for block in text.split("```yaml\n").skip(1) {
+        let body = block.split("```").next().unwrap();
+        // The envelope sketch, not an object.
+        if body.contains("  ...") {
+            continue;
+        }
+        let rules = parse_manifests(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+        kinds.extend(rules.iter().map(Rule::kind));
+    }
+    assert_eq!(kinds, RULE_KINDS, "one worked example per kind, in order");
+}
