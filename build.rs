@@ -21,6 +21,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prost::Message::encode_to_vec(&descriptors),
     )?;
     tonic_prost_build::configure()
+        // Maps (DynamicConfig parameters) encode in key order: the same rule always encodes to
+        // the same bytes, so an unchanged object is recognised and never re-sent.
+        .btree_map(".")
         // Responses carry a pre-encoded payload shared by every stream (see src/dds/wire.rs).
         .extern_path(
             ".org.apache.dubbo.auth.v1alpha1.ObserveResponse",

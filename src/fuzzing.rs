@@ -9,10 +9,10 @@ use prost::Message;
 
 use crate::dds::wire::ObserveResponse;
 use crate::debounce::{self, Batch, DebounceConfig, Merge};
-use crate::index::Kind;
 use crate::mapping::{MAX_INTERFACES_PER_REQUEST, validate_registration};
 use crate::pb::dds::ObserveRequest;
 use crate::pb::snp::ServiceMappingRequest;
+use crate::rules::{Kind, RuleSpec, parse_condition};
 
 /// Decoding and validating a registration: a valid one satisfies every rule it promises.
 pub fn registration(data: &[u8]) {
@@ -42,6 +42,60 @@ pub fn registration(data: &[u8]) {
             );
         }
         Err(err) => assert!(!err.field.is_empty(), "an error must name its field"),
+    }
+}
+
+/// The ConditionRoute grammar on arbitrary text: a parsed condition has keys and values free of
+/// separators and whitespace, every key has a value, and its canonical text parses back to the
+/// same condition. A refusal names a column within the text. The same text as a whole rule must
+/// be refused or accepted without a panic.
+pub fn condition_route(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    match parse_condition(text) {
+        Ok(condition) => {
+            let clauses = condition.when.iter().chain(condition.then.iter().flatten());
+            for clause in clauses {
+                assert!(!clause.matches.is_empty() || !clause.mismatches.is_empty());
+                for word in std::iter::once(&clause.key)
+                    .chain(&clause.matches)
+                    .chain(&clause.mismatches)
+                {
+                    assert!(!word.is_empty());
+                    assert!(
+                        !word
+                            .chars()
+                            .any(|c| c.is_whitespace() || "&!=,".contains(c)),
+                        "{word:?} holds a separator"
+                    );
+                }
+            }
+            let canonical = condition.to_string();
+            assert_eq!(
+                parse_condition(&canonical).as_ref(),
+                Ok(&condition),
+                "{canonical:?} does not parse back"
+            );
+        }
+        Err(err) => assert!(
+            err.column >= 1 && err.column <= text.chars().count() + 1,
+            "column {} outside {text:?}",
+            err.column
+        ),
+    }
+    let spec = serde_json::json!({
+        "key": "app",
+        "scope": "application",
+        "configVersion": "v3.0",
+        "conditions": [text],
+    });
+    match RuleSpec::parse(Kind::ConditionRoute, &spec) {
+        Ok(_) => assert!(parse_condition(text).is_ok()),
+        Err(err) => {
+            assert!(parse_condition(text).is_err());
+            assert_eq!(err.path, "spec.conditions[0]");
+        }
     }
 }
 

@@ -75,6 +75,23 @@ impl Kind {
             .find(|kind| kind.type_name() == type_name)
     }
 
+    /// The kind named `name` exactly as in a manifest's `kind:` (`TagRoute`).
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// The custom resource's plural (wire.md §3), as in `kubectl get tagroutes`.
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::ServiceNameMapping => "servicenamemappings",
+            Kind::TagRoute => "tagroutes",
+            Kind::ConditionRoute => "conditionroutes",
+            Kind::DynamicConfig => "dynamicconfigs",
+            Kind::AuthenticationPolicy => "authenticationpolicies",
+            Kind::AuthorizationPolicy => "authorizationpolicies",
+        }
+    }
+
     /// Type URL of the `<Kind>ToClient` messages in `ObserveResponse.data`.
     pub fn type_url(self) -> &'static str {
         match self {

@@ -24,6 +24,8 @@
 //!   dds (RuleService/Observe streams: subscribe, nonce, ACK, coalesce)
 //! ```
 //! - [`mapping`]: domain types, validation, object names; no I/O.
+//! - [`rules`]: the five traffic-rule kinds: custom resources, validation, manifests,
+//!   their discovery-stream messages; no I/O.
 //! - [`ingest`]: the registration gRPC service.
 //! - [`store`]: the durable group-commit writer, as the standalone store or the outbox.
 //! - [`debounce`]: the generic debouncer every source goes through.
@@ -54,6 +56,7 @@ pub mod metrics;
 pub mod pb;
 pub mod ratelimit;
 pub mod resources;
+pub mod rules;
 pub mod server;
 pub mod shutdown;
 pub mod store;

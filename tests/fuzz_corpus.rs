@@ -32,3 +32,8 @@ fn observe_seeds() {
 fn debounce_seeds() {
     replay("debounce", dubbo_cp::fuzzing::debounce);
 }
+
+#[test]
+fn condition_route_seeds() {
+    replay("condition_route", dubbo_cp::fuzzing::condition_route);
+}

@@ -45,7 +45,7 @@ pub enum Command {
         #[arg(required = true)]
         interfaces: Vec<String>,
     },
-    /// Print the ServiceNameMapping CustomResourceDefinition as YAML.
+    /// Print the CustomResourceDefinitions (ServiceNameMapping and the five rule kinds) as YAML.
     Crd,
     /// Subscribe to the discovery stream like a data-plane client and print every state.
     Watch {

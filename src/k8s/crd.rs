@@ -59,10 +59,15 @@ impl ServiceNameMapping {
     }
 }
 
-/// The CRD as YAML, as `dubbo-cp crd` prints it and `deploy/crd.yaml` holds it.
+/// Every CRD (ServiceNameMapping, then the five rule kinds) as multi-document YAML, as
+/// `dubbo-cp crd` prints it and `deploy/crd.yaml` holds it.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     use kube::CustomResourceExt;
-    serde_yaml::to_string(&ServiceNameMapping::crd())
+    let mut documents = vec![serde_yaml::to_string(&ServiceNameMapping::crd())?];
+    for crd in crate::rules::crds() {
+        documents.push(serde_yaml::to_string(&crd)?);
+    }
+    Ok(documents.join("---\n"))
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ mod name;
 mod validate;
 
 pub use name::{candidate_names, client_key, label_value, object_name};
+pub(crate) use validate::quote;
 pub use validate::{
     MAX_APPLICATION_BYTES, MAX_INTERFACE_BYTES, MAX_INTERFACES_PER_REQUEST, ValidationError,
     validate_registration,

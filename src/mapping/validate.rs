@@ -36,7 +36,7 @@ impl ValidationError {
 }
 
 /// Quotes a value for an error message, escaped and cut short so a huge input stays a short line.
-fn quote(value: &str) -> String {
+pub(crate) fn quote(value: &str) -> String {
     let mut chars = value.chars();
     let shown: String = chars.by_ref().take(QUOTED_VALUE_CHARS).collect();
     if chars.next().is_some() {

@@ -1,0 +1,111 @@
+//! AuthenticationPolicy: whether the selected workloads require mTLS from their callers
+//! (`STRICT`), accept both (`PERMISSIVE`) or neither (`DISABLED`), per port if need be.
+//!
+//! A stream receives only the policies whose every selector matches its endpoint, and the
+//! selectors are not sent ([`AuthenticationPolicySpec::to_client`]).
+
+use std::collections::BTreeSet;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{Checked, FieldError, PolicySelector, field, item, one_of};
+use crate::pb::rules as pb;
+
+/// What the Java SDK's `AuthenticationAction` takes.
+pub const AUTHENTICATION_ACTIONS: [&str; 4] = ["NONE", "DISABLED", "PERMISSIVE", "STRICT"];
+
+#[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[kube(
+    group = "dubbo.apache.org",
+    version = "v1alpha1",
+    kind = "AuthenticationPolicy",
+    doc = "An authentication policy: whether the selected workloads require mTLS from callers",
+    namespaced,
+    plural = "authenticationpolicies",
+    singular = "authenticationpolicy",
+    category = "dubbo",
+    printcolumn = r#"{"name":"Action","type":"string","jsonPath":".spec.action"}"#,
+    printcolumn = r#"{"name":"Selected Namespaces","type":"string","jsonPath":".spec.selector[*].namespaces"}"#,
+    printcolumn = r#"{"name":"Ports","type":"string","jsonPath":".spec.portLevel[*].port"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AuthenticationPolicySpec {
+    #[schemars(extend("enum" = ["NONE", "DISABLED", "PERMISSIVE", "STRICT"]))]
+    pub action: String,
+    /// Which endpoints the policy applies to: all of them must match; none means every endpoint
+    /// (of the policy's namespace, unless it is in the root namespace).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub selector: Vec<PolicySelector>,
+    /// Per-port exceptions to `action`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub port_level: Vec<PortLevel>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PortLevel {
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    #[schemars(extend("enum" = ["NONE", "DISABLED", "PERMISSIVE", "STRICT"]))]
+    pub action: String,
+}
+
+impl AuthenticationPolicySpec {
+    pub(crate) fn check(&self, path: &str) -> Checked {
+        one_of(
+            &field(path, "action"),
+            &self.action,
+            &AUTHENTICATION_ACTIONS,
+        )?;
+        for (i, selector) in self.selector.iter().enumerate() {
+            selector.check(&item(path, "selector", i))?;
+        }
+        let mut ports = BTreeSet::new();
+        for (i, level) in self.port_level.iter().enumerate() {
+            let level_path = item(path, "portLevel", i);
+            let port_path = field(&level_path, "port");
+            if !(1..=65535).contains(&level.port) {
+                return Err(FieldError::value(
+                    port_path,
+                    "must be a port from 1 to 65535",
+                    &level.port.to_string(),
+                ));
+            }
+            if !ports.insert(level.port) {
+                return Err(FieldError::value(
+                    port_path,
+                    "is already given by an earlier entry",
+                    &level.port.to_string(),
+                ));
+            }
+            one_of(
+                &field(&level_path, "action"),
+                &level.action,
+                &AUTHENTICATION_ACTIONS,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// What a client receives: the action and the ports, never the selectors (the control plane
+    /// has already applied them).
+    pub fn to_client(&self, key: &str) -> pb::AuthenticationPolicyToClient {
+        pb::AuthenticationPolicyToClient {
+            key: key.to_owned(),
+            spec: Some(pb::AuthenticationSpecToClient {
+                action: self.action.clone(),
+                port_level: self
+                    .port_level
+                    .iter()
+                    .map(|level| pb::AuthenticationPolicyPortLevel {
+                        port: level.port,
+                        action: level.action.clone(),
+                    })
+                    .collect(),
+            }),
+        }
+    }
+}

@@ -1,0 +1,501 @@
+//! What several kinds share: the error type, field checks, the match types of routes and dynamic
+//! configs, and the selector of auth policies.
+
+use std::fmt::Display;
+
+use kube::KubeSchema;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::cidr::Cidr;
+use crate::mapping::quote;
+use crate::pb::rules as pb;
+
+/// Why a rule is refused: the field (`spec.tags[0].name`) and what is wrong with it, quoting the
+/// value where there is one (`must not be empty (got "")`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct FieldError {
+    pub path: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    /// `what` is wrong with `value`: the message ends with `(got "<value>")`.
+    pub fn value(path: impl Into<String>, what: impl Display, value: &str) -> Self {
+        Self::new(path, format!("{what} (got {})", quote(value)))
+    }
+}
+
+pub(crate) type Checked = Result<(), FieldError>;
+
+/// `path.name`
+pub(crate) fn field(path: &str, name: &str) -> String {
+    format!("{path}.{name}")
+}
+
+/// `path.name[index]`
+pub(crate) fn item(path: &str, name: &str, index: usize) -> String {
+    format!("{path}.{name}[{index}]")
+}
+
+pub(crate) fn yes() -> bool {
+    true
+}
+
+pub(crate) fn non_empty(path: &str, value: &str) -> Checked {
+    if value.trim().is_empty() {
+        return Err(FieldError::value(path, "must not be empty", value));
+    }
+    Ok(())
+}
+
+/// A name Dubbo compares literally (application, service key, address): no whitespace.
+pub(crate) fn word(path: &str, value: &str) -> Checked {
+    non_empty(path, value)?;
+    if value.chars().any(char::is_whitespace) {
+        return Err(FieldError::value(
+            path,
+            "must not contain whitespace",
+            value,
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn words(path: &str, name: &str, values: &[String]) -> Checked {
+    for (i, value) in values.iter().enumerate() {
+        word(&item(path, name, i), value)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn one_of(path: &str, value: &str, allowed: &[&str]) -> Checked {
+    if !allowed.contains(&value) {
+        return Err(FieldError::value(
+            path,
+            format!("must be one of {}", allowed.join(", ")),
+            value,
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn at_least_one<T>(path: &str, values: &[T], what: &str) -> Checked {
+    if values.is_empty() {
+        return Err(FieldError::new(
+            path,
+            format!("at least one {what} is required"),
+        ));
+    }
+    Ok(())
+}
+
+/// A Kubernetes namespace name: a DNS-1123 label.
+pub(crate) fn namespace(path: &str, value: &str) -> Checked {
+    if !is_dns_label(value) {
+        return Err(FieldError::value(
+            path,
+            "must be a namespace name (lower-case letters, digits and '-', at most 63)",
+            value,
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn is_dns_label(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// The longest pattern accepted, so one rule cannot make every stream compile a huge regex.
+const MAX_REGEX_BYTES: usize = 4096;
+
+fn regex(path: &str, value: &str) -> Checked {
+    if value.len() > MAX_REGEX_BYTES {
+        return Err(FieldError::value(
+            path,
+            format!("must be at most {MAX_REGEX_BYTES} bytes"),
+            value,
+        ));
+    }
+    // RE2-style syntax (what the Go SDK's regexp takes too): no look-around or back-references.
+    regex::RegexBuilder::new(value)
+        .size_limit(1 << 20)
+        .build()
+        .map(|_| ())
+        .map_err(|e| {
+            let reason = match e {
+                regex::Error::Syntax(text) => text.lines().last().unwrap_or_default().to_owned(),
+                other => other.to_string(),
+            };
+            FieldError::value(
+                path,
+                format!("is not a valid regular expression: {reason}"),
+                value,
+            )
+        })
+}
+
+pub(crate) fn cidr(path: &str, value: &str) -> Checked {
+    Cidr::parse(value)
+        .map(|_| ())
+        .map_err(|why| FieldError::value(path, why, value))
+}
+
+/// How a string is matched; exactly one field is set. Proto3 drops empty strings, so an empty
+/// field is the same as an absent one: match an empty value with `empty: "true"`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new(
+    "[has(self.exact), has(self.prefix), has(self.regex), has(self.noempty), has(self.empty), has(self.wildcard)].filter(x, x).size() == 1"
+).message("exactly one of exact, prefix, regex, noempty, empty, wildcard must be set"))]
+pub struct StringMatch {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(min = 1))]
+    pub exact: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(min = 1))]
+    pub prefix: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(min = 1))]
+    pub regex: String,
+    /// Any non-empty text: matches a value that is present and not empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(min = 1))]
+    pub noempty: String,
+    /// Any non-empty text: matches an absent or empty value.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(min = 1))]
+    pub empty: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(min = 1))]
+    pub wildcard: String,
+}
+
+impl StringMatch {
+    pub(crate) fn check(&self, path: &str) -> Checked {
+        let set: Vec<&str> = [
+            ("exact", &self.exact),
+            ("prefix", &self.prefix),
+            ("regex", &self.regex),
+            ("noempty", &self.noempty),
+            ("empty", &self.empty),
+            ("wildcard", &self.wildcard),
+        ]
+        .into_iter()
+        .filter(|(_, value)| !value.is_empty())
+        .map(|(name, _)| name)
+        .collect();
+        if set.len() != 1 {
+            let got = if set.is_empty() {
+                "none".to_owned()
+            } else {
+                set.join(", ")
+            };
+            return Err(FieldError::new(
+                path,
+                format!(
+                    "exactly one of exact, prefix, regex, noempty, empty, wildcard must be set \
+                     to a non-empty value (got {got})"
+                ),
+            ));
+        }
+        if !self.regex.is_empty() {
+            regex(&field(path, "regex"), &self.regex)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn to_pb(&self) -> pb::StringMatch {
+        pb::StringMatch {
+            exact: self.exact.clone(),
+            prefix: self.prefix.clone(),
+            regex: self.regex.clone(),
+            noempty: self.noempty.clone(),
+            empty: self.empty.clone(),
+            wildcard: self.wildcard.clone(),
+        }
+    }
+}
+
+/// A URL parameter of the provider or consumer and how its value is matched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ParamMatch {
+    #[schemars(length(min = 1))]
+    pub key: String,
+    pub value: StringMatch,
+}
+
+impl ParamMatch {
+    pub(crate) fn check(&self, path: &str) -> Checked {
+        word(&field(path, "key"), &self.key)?;
+        self.value.check(&field(path, "value"))
+    }
+
+    pub(crate) fn to_pb(&self) -> pb::ParamMatch {
+        pb::ParamMatch {
+            key: self.key.clone(),
+            value: Some(self.value.to_pb()),
+        }
+    }
+}
+
+pub(crate) fn check_params(path: &str, name: &str, params: &[ParamMatch]) -> Checked {
+    for (i, param) in params.iter().enumerate() {
+        param.check(&item(path, name, i))?;
+    }
+    Ok(())
+}
+
+/// How an address is matched; exactly one field is set. (`cird` is spelled so on the wire.)
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new(
+    "[has(self.wildcard), has(self.cird), has(self.exact)].filter(x, x).size() == 1"
+).message("exactly one of wildcard, cird, exact must be set"))]
+pub struct AddressMatch {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(min = 1))]
+    pub wildcard: String,
+    /// A CIDR block, `10.0.0.0/8`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(min = 1))]
+    pub cird: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(min = 1))]
+    pub exact: String,
+}
+
+impl AddressMatch {
+    fn check(&self, path: &str) -> Checked {
+        let set = [&self.wildcard, &self.cird, &self.exact]
+            .into_iter()
+            .filter(|v| !v.is_empty())
+            .count();
+        if set != 1 {
+            return Err(FieldError::new(
+                path,
+                format!("exactly one of wildcard, cird, exact must be set (got {set})"),
+            ));
+        }
+        if !self.cird.is_empty() {
+            cidr(&field(path, "cird"), &self.cird)?;
+        }
+        if !self.exact.is_empty() {
+            word(&field(path, "exact"), &self.exact)?;
+        }
+        if !self.wildcard.is_empty() {
+            word(&field(path, "wildcard"), &self.wildcard)?;
+        }
+        Ok(())
+    }
+
+    fn to_pb(&self) -> pb::AddressMatch {
+        pb::AddressMatch {
+            wildcard: self.wildcard.clone(),
+            cird: self.cird.clone(),
+            exact: self.exact.clone(),
+        }
+    }
+}
+
+/// Matches if any of `oneof` does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListStringMatch {
+    #[schemars(length(min = 1))]
+    pub oneof: Vec<StringMatch>,
+}
+
+impl ListStringMatch {
+    fn check(&self, path: &str) -> Checked {
+        at_least_one(&field(path, "oneof"), &self.oneof, "match")?;
+        for (i, m) in self.oneof.iter().enumerate() {
+            m.check(&item(path, "oneof", i))?;
+        }
+        Ok(())
+    }
+
+    fn to_pb(&self) -> pb::ListStringMatch {
+        pb::ListStringMatch {
+            oneof: self.oneof.iter().map(StringMatch::to_pb).collect(),
+        }
+    }
+}
+
+/// Which instances a dynamic config applies to; every field given must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConditionMatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<AddressMatch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ListStringMatch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub application: Option<ListStringMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub param: Vec<ParamMatch>,
+}
+
+impl ConditionMatch {
+    pub(crate) fn check(&self, path: &str) -> Checked {
+        if let Some(address) = &self.address {
+            address.check(&field(path, "address"))?;
+        }
+        if let Some(service) = &self.service {
+            service.check(&field(path, "service"))?;
+        }
+        if let Some(application) = &self.application {
+            application.check(&field(path, "application"))?;
+        }
+        check_params(path, "param", &self.param)
+    }
+
+    pub(crate) fn to_pb(&self) -> pb::ConditionMatch {
+        pb::ConditionMatch {
+            address: self.address.as_ref().map(AddressMatch::to_pb),
+            service: self.service.as_ref().map(ListStringMatch::to_pb),
+            application: self.application.as_ref().map(ListStringMatch::to_pb),
+            param: self.param.iter().map(ParamMatch::to_pb).collect(),
+        }
+    }
+}
+
+/// Which endpoints a policy selects: an authentication policy's `selector` entries and an
+/// authorization rule's `from` / `to`. Every non-empty field must match; `extends` matches if
+/// any entry does, `notExtends` fails if any does.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicySelector {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_namespaces: Vec<String>,
+    /// CIDR blocks one of the endpoint's IPs must lie in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_blocks: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_ip_blocks: Vec<String>,
+    /// SPIFFE IDs, with or without `spiffe://`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub principals: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_principals: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extends: Vec<PolicyExtend>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_extends: Vec<PolicyExtend>,
+}
+
+/// `key` is a dotted path into the endpoint (`kubernetesEnv.podLabels.app`), equal to `value`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyExtend {
+    #[schemars(length(min = 1))]
+    pub key: String,
+    #[serde(default)]
+    pub value: String,
+}
+
+/// The roots of an endpoint an `extends` key can start with, and the fields under
+/// `kubernetesEnv`.
+pub const EXTEND_ROOTS: [&str; 4] = ["id", "ips", "spiffeID", "kubernetesEnv"];
+pub const KUBERNETES_ENV_FIELDS: [&str; 4] =
+    ["namespace", "podName", "podLabels", "podAnnotations"];
+
+impl PolicyExtend {
+    fn check(&self, path: &str) -> Checked {
+        let key_path = field(path, "key");
+        word(&key_path, &self.key)?;
+        let mut parts = self.key.splitn(3, '.');
+        let root = parts.next().unwrap_or_default();
+        let sub = parts.next();
+        let rest = parts.next();
+        let known = match root {
+            "kubernetesEnv" => match sub {
+                Some("namespace" | "podName") => rest.is_none(),
+                // A label or annotation name follows, and may itself hold dots.
+                Some("podLabels" | "podAnnotations") => rest.is_some_and(|r| !r.is_empty()),
+                _ => false,
+            },
+            "id" | "ips" | "spiffeID" => sub.is_none(),
+            _ => false,
+        };
+        if !known {
+            return Err(FieldError::value(
+                key_path,
+                "must be id, ips, spiffeID, kubernetesEnv.namespace, kubernetesEnv.podName, \
+                 kubernetesEnv.podLabels.<label> or kubernetesEnv.podAnnotations.<annotation>",
+                &self.key,
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl PolicySelector {
+    pub(crate) fn check(&self, path: &str) -> Checked {
+        for (name, values) in [
+            ("namespaces", &self.namespaces),
+            ("notNamespaces", &self.not_namespaces),
+        ] {
+            for (i, value) in values.iter().enumerate() {
+                namespace(&item(path, name, i), value)?;
+            }
+        }
+        for (name, values) in [
+            ("ipBlocks", &self.ip_blocks),
+            ("notIpBlocks", &self.not_ip_blocks),
+        ] {
+            for (i, value) in values.iter().enumerate() {
+                cidr(&item(path, name, i), value)?;
+            }
+        }
+        words(path, "principals", &self.principals)?;
+        words(path, "notPrincipals", &self.not_principals)?;
+        for (name, values) in [
+            ("extends", &self.extends),
+            ("notExtends", &self.not_extends),
+        ] {
+            for (i, extend) in values.iter().enumerate() {
+                extend.check(&item(path, name, i))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn to_authorization_source(&self) -> pb::AuthorizationPolicySource {
+        pb::AuthorizationPolicySource {
+            namespaces: self.namespaces.clone(),
+            not_namespaces: self.not_namespaces.clone(),
+            ip_blocks: self.ip_blocks.clone(),
+            not_ip_blocks: self.not_ip_blocks.clone(),
+            principals: self.principals.clone(),
+            not_principals: self.not_principals.clone(),
+            extends: self.extends.iter().map(authorization_extend).collect(),
+            not_extends: self.not_extends.iter().map(authorization_extend).collect(),
+        }
+    }
+}
+
+fn authorization_extend(e: &PolicyExtend) -> pb::AuthorizationPolicyExtend {
+    pb::AuthorizationPolicyExtend {
+        key: e.key.clone(),
+        value: e.value.clone(),
+    }
+}

@@ -1,0 +1,80 @@
+//! ConditionRoute: which providers requests may reach, by conditions in Dubbo's grammar
+//! ([`super::condition`]). `key` is a service (scope `service`) or an application (`application`).
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{Checked, FieldError, at_least_one, field, item, one_of, word, yes};
+use super::condition::parse_condition;
+use super::{SCOPES, config_version};
+use crate::pb::rules as pb;
+
+#[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[kube(
+    group = "dubbo.apache.org",
+    version = "v1alpha1",
+    kind = "ConditionRoute",
+    doc = "A condition route: which providers the requests a condition matches may reach",
+    namespaced,
+    plural = "conditionroutes",
+    singular = "conditionroute",
+    category = "dubbo",
+    printcolumn = r#"{"name":"Key","type":"string","jsonPath":".spec.key"}"#,
+    printcolumn = r#"{"name":"Scope","type":"string","jsonPath":".spec.scope"}"#,
+    printcolumn = r#"{"name":"Enabled","type":"boolean","jsonPath":".spec.enabled"}"#,
+    printcolumn = r#"{"name":"Conditions","type":"string","jsonPath":".spec.conditions"}"#,
+    printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConditionRouteSpec {
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default)]
+    pub force: bool,
+    #[serde(default = "yes")]
+    pub runtime: bool,
+    #[schemars(length(min = 1))]
+    pub key: String,
+    #[schemars(extend("enum" = ["service", "application"]))]
+    pub scope: String,
+    /// `when => then` conditions, e.g. `method=sayHello => region=hangzhou`.
+    #[schemars(length(min = 1, max = 1000), inner(length(min = 1)))]
+    pub conditions: Vec<String>,
+    #[schemars(extend("enum" = ["v3.0", "v2.7"]))]
+    pub config_version: String,
+}
+
+impl ConditionRouteSpec {
+    pub(crate) fn check(&self, path: &str) -> Checked {
+        word(&field(path, "key"), &self.key)?;
+        one_of(&field(path, "scope"), &self.scope, &SCOPES)?;
+        config_version(&field(path, "configVersion"), &self.config_version, true)?;
+        at_least_one(&field(path, "conditions"), &self.conditions, "condition")?;
+        for (i, condition) in self.conditions.iter().enumerate() {
+            parse_condition(condition)
+                .map_err(|e| FieldError::value(item(path, "conditions", i), e, condition))?;
+        }
+        Ok(())
+    }
+
+    /// The `ConditionRouteToClient` message a client receives, with object key `key`.
+    pub fn to_client(&self, key: &str) -> pb::ConditionRouteToClient {
+        pb::ConditionRouteToClient {
+            key: key.to_owned(),
+            spec: Some(pb::ConditionRoute {
+                priority: self.priority,
+                enabled: self.enabled,
+                force: self.force,
+                runtime: self.runtime,
+                key: self.key.clone(),
+                scope: self.scope.clone(),
+                conditions: self.conditions.clone(),
+                config_version: self.config_version.clone(),
+            }),
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! DynamicConfig: parameters (weight, timeout, retries, ...) overridden at run time for a service
+//! (scope `service`) or an application (`application`), on the provider or consumer side.
+
+use std::collections::BTreeMap;
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{
+    Checked, ConditionMatch, FieldError, at_least_one, field, item, one_of, word, words, yes,
+};
+use super::{SCOPES, config_version};
+use crate::pb::rules as pb;
+
+#[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[kube(
+    group = "dubbo.apache.org",
+    version = "v1alpha1",
+    kind = "DynamicConfig",
+    doc = "A dynamic config: parameters (weight, timeout, retries, ...) overridden at run time",
+    namespaced,
+    plural = "dynamicconfigs",
+    singular = "dynamicconfig",
+    category = "dubbo",
+    printcolumn = r#"{"name":"Key","type":"string","jsonPath":".spec.key"}"#,
+    printcolumn = r#"{"name":"Scope","type":"string","jsonPath":".spec.scope"}"#,
+    printcolumn = r#"{"name":"Enabled","type":"boolean","jsonPath":".spec.enabled"}"#,
+    printcolumn = r#"{"name":"Sides","type":"string","jsonPath":".spec.configs[*].side"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DynamicConfigSpec {
+    /// A service key (`group/interface:version`, scope `service`) or an application name.
+    #[schemars(length(min = 1))]
+    pub key: String,
+    #[schemars(extend("enum" = ["service", "application"]))]
+    pub scope: String,
+    #[schemars(extend("enum" = ["v3.0", "v2.7"]))]
+    pub config_version: String,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[schemars(length(min = 1, max = 1000))]
+    pub configs: Vec<OverrideConfig>,
+}
+
+/// One override: `parameters` for the instances the other fields select.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OverrideConfig {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(extend("enum" = ["provider", "consumer"]))]
+    pub side: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub provider_addresses: Vec<String>,
+    /// At least one; values are strings (quote numbers in YAML: `weight: "50"`).
+    #[schemars(extend("minProperties" = 1))]
+    #[x_kube(validation = Rule::new(
+        "!has(self.weight) || (int(self.weight) >= 0 && int(self.weight) <= 100)"
+    ).message("weight must be an integer from 0 to 100"))]
+    pub parameters: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub applications: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(extend("enum" = ["general", "weight", "balancing", "disabled"]))]
+    pub r#type: String,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r#match: Option<ConditionMatch>,
+}
+
+/// Parameters whose values clients parse as integers, and the range each must be in.
+const INTEGER_PARAMETERS: [(&str, i64, i64); 4] = [
+    ("weight", 0, 100),
+    ("timeout", 0, i32::MAX as i64),
+    ("retries", 0, i32::MAX as i64),
+    ("warmup", 0, i32::MAX as i64),
+];
+
+impl DynamicConfigSpec {
+    pub(crate) fn check(&self, path: &str) -> Checked {
+        word(&field(path, "key"), &self.key)?;
+        one_of(&field(path, "scope"), &self.scope, &SCOPES)?;
+        config_version(&field(path, "configVersion"), &self.config_version, false)?;
+        at_least_one(&field(path, "configs"), &self.configs, "config")?;
+        for (i, config) in self.configs.iter().enumerate() {
+            config.check(&item(path, "configs", i))?;
+        }
+        Ok(())
+    }
+
+    /// The `DynamicConfigToClient` message a client receives, with object key `key`.
+    pub fn to_client(&self, key: &str) -> pb::DynamicConfigToClient {
+        pb::DynamicConfigToClient {
+            key: key.to_owned(),
+            spec: Some(pb::DynamicConfig {
+                key: self.key.clone(),
+                scope: self.scope.clone(),
+                config_version: self.config_version.clone(),
+                enabled: self.enabled,
+                configs: self.configs.iter().map(OverrideConfig::to_pb).collect(),
+            }),
+        }
+    }
+}
+
+impl OverrideConfig {
+    fn check(&self, path: &str) -> Checked {
+        if !self.side.is_empty() {
+            one_of(&field(path, "side"), &self.side, &["provider", "consumer"])?;
+        }
+        words(path, "addresses", &self.addresses)?;
+        words(path, "providerAddresses", &self.provider_addresses)?;
+        words(path, "applications", &self.applications)?;
+        words(path, "services", &self.services)?;
+        if !self.r#type.is_empty() {
+            one_of(
+                &field(path, "type"),
+                &self.r#type,
+                &["general", "weight", "balancing", "disabled"],
+            )?;
+        }
+        let parameters = field(path, "parameters");
+        if self.parameters.is_empty() {
+            // Dubbo refuses such a config: it would change nothing.
+            return Err(FieldError::new(
+                parameters,
+                "at least one parameter is required",
+            ));
+        }
+        for (key, value) in &self.parameters {
+            word(&parameters, key)?;
+            let Some((_, min, max)) = INTEGER_PARAMETERS.iter().find(|(name, ..)| name == key)
+            else {
+                continue;
+            };
+            let in_range = value
+                .parse::<i64>()
+                .ok()
+                .filter(|v| (*min..=*max).contains(v));
+            // Digits only: Rust would take `+5`, Dubbo's clients may not.
+            if in_range.is_none() || !value.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(FieldError::value(
+                    field(&parameters, key),
+                    format!("must be an integer from {min} to {max}"),
+                    value,
+                ));
+            }
+        }
+        if let Some(matches) = &self.r#match {
+            matches.check(&field(path, "match"))?;
+        }
+        Ok(())
+    }
+
+    fn to_pb(&self) -> pb::OverrideConfig {
+        pb::OverrideConfig {
+            side: self.side.clone(),
+            addresses: self.addresses.clone(),
+            provider_addresses: self.provider_addresses.clone(),
+            parameters: self.parameters.clone(),
+            applications: self.applications.clone(),
+            services: self.services.clone(),
+            r#type: self.r#type.clone(),
+            enabled: self.enabled,
+            r#match: self.r#match.as_ref().map(ConditionMatch::to_pb),
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! Traffic rules as the control plane understands them: TagRoute, ConditionRoute, DynamicConfig,
+//! AuthenticationPolicy and AuthorizationPolicy (wire.md §2-3). Their spec types are the custom
+//! resources (derived here, so `deploy/` is generated from them), what `apply` reads and what the
+//! store keeps; [`RuleSpec::parse`] validates one, naming the field at fault, and
+//! [`RuleSpec::to_any`] makes its discovery-stream message. No I/O here.
+
+pub mod cidr;
+pub mod condition;
+
+mod authentication;
+mod authorization;
+mod common;
+mod condition_route;
+mod dynamic_config;
+mod manifest;
+mod tag_route;
+#[cfg(test)]
+mod tests;
+
+use std::sync::OnceLock;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use prost::Message;
+use prost_types::Any;
+use serde::de::DeserializeOwned;
+
+pub use crate::index::Kind;
+pub use authentication::{
+    AUTHENTICATION_ACTIONS, AuthenticationPolicy, AuthenticationPolicySpec, PortLevel,
+};
+pub use authorization::{
+    AUTHORIZATION_ACTIONS, AuthorizationPolicy, AuthorizationPolicySpec, AuthorizationRule,
+    Condition, MATCH_TYPES, Match,
+};
+pub use cidr::Cidr;
+pub use common::{
+    AddressMatch, ConditionMatch, EXTEND_ROOTS, FieldError, KUBERNETES_ENV_FIELDS, ListStringMatch,
+    ParamMatch, PolicyExtend, PolicySelector, StringMatch,
+};
+pub use condition::{ConditionError, MatchClause, RouteCondition, parse_condition};
+pub use condition_route::{ConditionRoute, ConditionRouteSpec};
+pub use dynamic_config::{DynamicConfig, DynamicConfigSpec, OverrideConfig};
+pub use manifest::{
+    API_VERSION, DEFAULT_NAMESPACE, ManifestError, parse_manifests, parse_manifests_in,
+};
+pub use tag_route::{Tag, TagRoute, TagRouteSpec};
+
+/// The kinds that are rules (every kind but ServiceNameMapping).
+pub const RULE_KINDS: [Kind; 5] = [
+    Kind::TagRoute,
+    Kind::ConditionRoute,
+    Kind::DynamicConfig,
+    Kind::AuthenticationPolicy,
+    Kind::AuthorizationPolicy,
+];
+
+/// `scope` of condition routes and dynamic configs.
+pub const SCOPES: [&str; 2] = ["service", "application"];
+
+/// `configVersion` values Dubbo reads for tag routes, condition routes and dynamic configs.
+pub const CONFIG_VERSIONS: [&str; 2] = ["v3.0", "v2.7"];
+
+fn config_version(path: &str, value: &str, condition_route: bool) -> Result<(), FieldError> {
+    if condition_route && value.starts_with("v3.1") {
+        // Dubbo reads v3.1 conditions as objects (several destinations); the wire carries strings.
+        return Err(FieldError::value(
+            path,
+            "v3.1 conditions are objects, which the discovery stream cannot carry; use v3.0",
+            value,
+        ));
+    }
+    common::one_of(path, value, &CONFIG_VERSIONS)
+}
+
+/// A parsed, validated rule object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub namespace: String,
+    pub name: String,
+    pub spec: RuleSpec,
+}
+
+impl Rule {
+    pub fn kind(&self) -> Kind {
+        self.spec.kind()
+    }
+
+    /// `<name>/<namespace>`, the object's `key` on the discovery stream (wire.md §2).
+    pub fn client_key(&self) -> String {
+        crate::mapping::client_key(&self.name, &self.namespace)
+    }
+
+    /// The object's `<Kind>ToClient` message, packed.
+    pub fn to_any(&self) -> Any {
+        self.spec.to_any(&self.client_key())
+    }
+
+    /// The whole object as a Kubernetes manifest (what `get -o yaml` prints and `apply` takes).
+    pub fn to_manifest(&self) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": API_VERSION,
+            "kind": self.kind().name(),
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": self.spec.to_json(),
+        })
+    }
+}
+
+/// The spec of one rule, by kind.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub enum RuleSpec {
+    TagRoute(TagRouteSpec),
+    ConditionRoute(ConditionRouteSpec),
+    DynamicConfig(DynamicConfigSpec),
+    AuthenticationPolicy(AuthenticationPolicySpec),
+    AuthorizationPolicy(AuthorizationPolicySpec),
+}
+
+impl RuleSpec {
+    pub fn kind(&self) -> Kind {
+        match self {
+            RuleSpec::TagRoute(_) => Kind::TagRoute,
+            RuleSpec::ConditionRoute(_) => Kind::ConditionRoute,
+            RuleSpec::DynamicConfig(_) => Kind::DynamicConfig,
+            RuleSpec::AuthenticationPolicy(_) => Kind::AuthenticationPolicy,
+            RuleSpec::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
+        }
+    }
+
+    /// Parses and validates the `spec` of an object of `kind`. Errors name the field path
+    /// (`spec.conditions[0]: ...`), what is wrong and the value (`(got "...")`).
+    pub fn parse(kind: Kind, spec: &serde_json::Value) -> Result<RuleSpec, FieldError> {
+        const PATH: &str = "spec";
+        if spec.is_null() {
+            return Err(FieldError::new(PATH, "is required"));
+        }
+        if let Some(schema) = spec_schema(kind) {
+            objects_where_objects_belong(schema, spec, PATH)?;
+        }
+        let parsed = match kind {
+            Kind::TagRoute => RuleSpec::TagRoute(deserialize(spec)?),
+            Kind::ConditionRoute => RuleSpec::ConditionRoute(deserialize(spec)?),
+            Kind::DynamicConfig => RuleSpec::DynamicConfig(deserialize(spec)?),
+            Kind::AuthenticationPolicy => RuleSpec::AuthenticationPolicy(deserialize(spec)?),
+            Kind::AuthorizationPolicy => RuleSpec::AuthorizationPolicy(deserialize(spec)?),
+            Kind::ServiceNameMapping => {
+                return Err(FieldError::new(
+                    "kind",
+                    "ServiceNameMapping is not a rule kind: applications register mappings",
+                ));
+            }
+        };
+        match &parsed {
+            RuleSpec::TagRoute(spec) => spec.check(PATH)?,
+            RuleSpec::ConditionRoute(spec) => spec.check(PATH)?,
+            RuleSpec::DynamicConfig(spec) => spec.check(PATH)?,
+            RuleSpec::AuthenticationPolicy(spec) => spec.check(PATH)?,
+            RuleSpec::AuthorizationPolicy(spec) => spec.check(PATH)?,
+        }
+        Ok(parsed)
+    }
+
+    /// The `<Kind>ToClient` message (crate::pb::rules) with `key`, packed as `Any` with
+    /// `kind.type_url()`. Auth policies go without their selectors / rules' `to`.
+    pub fn to_any(&self, client_key: &str) -> Any {
+        let value = match self {
+            RuleSpec::TagRoute(spec) => spec.to_client(client_key).encode_to_vec(),
+            RuleSpec::ConditionRoute(spec) => spec.to_client(client_key).encode_to_vec(),
+            RuleSpec::DynamicConfig(spec) => spec.to_client(client_key).encode_to_vec(),
+            RuleSpec::AuthenticationPolicy(spec) => spec.to_client(client_key).encode_to_vec(),
+            RuleSpec::AuthorizationPolicy(spec) => spec.to_client(client_key).encode_to_vec(),
+        };
+        Any {
+            type_url: self.kind().type_url().to_owned(),
+            value,
+        }
+    }
+
+    /// Back to the spec JSON (for `get -o yaml`, the store); [`RuleSpec::parse`] takes it back.
+    pub fn to_json(&self) -> serde_json::Value {
+        let json = match self {
+            RuleSpec::TagRoute(spec) => serde_json::to_value(spec),
+            RuleSpec::ConditionRoute(spec) => serde_json::to_value(spec),
+            RuleSpec::DynamicConfig(spec) => serde_json::to_value(spec),
+            RuleSpec::AuthenticationPolicy(spec) => serde_json::to_value(spec),
+            RuleSpec::AuthorizationPolicy(spec) => serde_json::to_value(spec),
+        };
+        // Plain structs with string keys: serialising them cannot fail.
+        json.unwrap_or_default()
+    }
+}
+
+/// Deserialises a spec, naming the field at fault (`spec.tags[0].name: invalid type: ...`).
+fn deserialize<T: DeserializeOwned>(spec: &serde_json::Value) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(spec).map_err(|err| {
+        let path = match err.path().to_string() {
+            root if root == "." => "spec".to_owned(),
+            index if index.starts_with('[') => format!("spec{index}"),
+            inner => format!("spec.{inner}"),
+        };
+        FieldError::new(path, err.into_inner().to_string())
+    })
+}
+
+/// The CRD schema of `kind`'s spec, generated once.
+fn spec_schema(kind: Kind) -> Option<&'static serde_json::Value> {
+    static SCHEMAS: OnceLock<Vec<serde_json::Value>> = OnceLock::new();
+    let schemas = SCHEMAS.get_or_init(|| {
+        crds()
+            .iter()
+            .map(|crd| {
+                let schema = crd.spec.versions.first().and_then(|v| v.schema.as_ref());
+                let root = schema.and_then(|s| s.open_api_v3_schema.as_ref());
+                let root = root.and_then(|r| serde_json::to_value(r).ok());
+                root.map(|r| r["properties"]["spec"].clone())
+                    .unwrap_or_default()
+            })
+            .collect()
+    });
+    let index = RULE_KINDS.iter().position(|k| *k == kind)?;
+    schemas.get(index)
+}
+
+/// Serde reads a struct from a list as well as from a map (`value: ["v2"]` would become
+/// `exact: v2`); the API server refuses that, so this does too, before deserialising.
+fn objects_where_objects_belong(
+    schema: &serde_json::Value,
+    value: &serde_json::Value,
+    path: &str,
+) -> Result<(), FieldError> {
+    use serde_json::Value;
+    match (schema.get("type").and_then(Value::as_str), value) {
+        (Some("object"), Value::Object(map)) => {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            for (key, value) in map {
+                let field_schema = properties.and_then(|p| p.get(key)).or(additional);
+                if let Some(field_schema) = field_schema {
+                    objects_where_objects_belong(field_schema, value, &format!("{path}.{key}"))?;
+                }
+            }
+            Ok(())
+        }
+        // Null is for serde to judge: absent where optional, an error where required.
+        (Some("object"), Value::Null) => Ok(()),
+        (Some("object"), other) => Err(FieldError::new(
+            path,
+            format!("must be an object (got {})", json_type(other)),
+        )),
+        (Some("array"), Value::Array(items)) => match schema.get("items") {
+            Some(item_schema) => items.iter().enumerate().try_for_each(|(i, item)| {
+                objects_where_objects_belong(item_schema, item, &format!("{path}[{i}]"))
+            }),
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
+fn json_type(value: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The five rule CRDs, in [`RULE_KINDS`] order.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![
+        TagRoute::crd(),
+        ConditionRoute::crd(),
+        DynamicConfig::crd(),
+        AuthenticationPolicy::crd(),
+        AuthorizationPolicy::crd(),
+    ]
+}

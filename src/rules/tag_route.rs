@@ -1,0 +1,137 @@
+//! TagRoute: route requests carrying a tag (`dubbo.tag`) to the instances of that tag, for grey
+//! releases. `key` is the provider application.
+
+use std::collections::BTreeSet;
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::common::{
+    Checked, FieldError, ParamMatch, at_least_one, check_params, field, item, word, words, yes,
+};
+use super::config_version;
+use crate::pb::rules as pb;
+
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[kube(
+    group = "dubbo.apache.org",
+    version = "v1alpha1",
+    kind = "TagRoute",
+    doc = "A tag route: requests carrying a tag go to the instances of that tag (grey releases)",
+    namespaced,
+    plural = "tagroutes",
+    singular = "tagroute",
+    category = "dubbo",
+    printcolumn = r#"{"name":"Key","type":"string","jsonPath":".spec.key"}"#,
+    printcolumn = r#"{"name":"Enabled","type":"boolean","jsonPath":".spec.enabled"}"#,
+    printcolumn = r#"{"name":"Tags","type":"string","jsonPath":".spec.tags[*].name"}"#,
+    printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new(
+    "self.configVersion == 'v3.0' || self.tags.all(t, !has(t.match))"
+).message("tags[].match needs configVersion v3.0 (older versions ignore it)"))]
+pub struct TagRouteSpec {
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "yes")]
+    pub runtime: bool,
+    /// The provider application the tags divide.
+    #[schemars(length(min = 1))]
+    pub key: String,
+    #[schemars(extend("enum" = ["v3.0", "v2.7"]))]
+    pub config_version: String,
+    #[serde(default)]
+    pub force: bool,
+    #[schemars(length(min = 1, max = 1000))]
+    pub tags: Vec<Tag>,
+}
+
+/// One tag: its instances by address (`addresses`) or by their parameters (`match`, v3.0).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("has(self.addresses) != has(self.match)")
+    .message("set either addresses or match"))]
+pub struct Tag {
+    #[schemars(length(min = 1))]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1))]
+    pub addresses: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1))]
+    pub r#match: Vec<ParamMatch>,
+}
+
+impl TagRouteSpec {
+    pub(crate) fn check(&self, path: &str) -> Checked {
+        word(&field(path, "key"), &self.key)?;
+        config_version(&field(path, "configVersion"), &self.config_version, false)?;
+        at_least_one(&field(path, "tags"), &self.tags, "tag")?;
+        let mut names = BTreeSet::new();
+        for (i, tag) in self.tags.iter().enumerate() {
+            let tag_path = item(path, "tags", i);
+            word(&field(&tag_path, "name"), &tag.name)?;
+            if !names.insert(tag.name.as_str()) {
+                return Err(FieldError::value(
+                    field(&tag_path, "name"),
+                    "is already the name of an earlier tag",
+                    &tag.name,
+                ));
+            }
+            // Dubbo uses `match` only for a tag without addresses, and only from v3.0 on.
+            match (tag.addresses.is_empty(), tag.r#match.is_empty()) {
+                (true, true) => {
+                    return Err(FieldError::new(
+                        tag_path,
+                        "set addresses or match: a tag with neither selects no instance",
+                    ));
+                }
+                (false, false) => {
+                    return Err(FieldError::new(
+                        tag_path,
+                        "set either addresses or match, not both (Dubbo ignores match then)",
+                    ));
+                }
+                _ => {}
+            }
+            words(&tag_path, "addresses", &tag.addresses)?;
+            if !tag.r#match.is_empty() && self.config_version != "v3.0" {
+                return Err(FieldError::value(
+                    field(&tag_path, "match"),
+                    "needs configVersion v3.0 (older versions ignore it)",
+                    &self.config_version,
+                ));
+            }
+            check_params(&tag_path, "match", &tag.r#match)?;
+        }
+        Ok(())
+    }
+
+    /// The `TagRouteToClient` message a client receives, with object key `key`.
+    pub fn to_client(&self, key: &str) -> pb::TagRouteToClient {
+        pb::TagRouteToClient {
+            key: key.to_owned(),
+            spec: Some(pb::TagRoute {
+                priority: self.priority,
+                enabled: self.enabled,
+                runtime: self.runtime,
+                key: self.key.clone(),
+                config_version: self.config_version.clone(),
+                force: self.force,
+                tags: self
+                    .tags
+                    .iter()
+                    .map(|tag| pb::Tag {
+                        name: tag.name.clone(),
+                        addresses: tag.addresses.clone(),
+                        r#match: tag.r#match.iter().map(ParamMatch::to_pb).collect(),
+                    })
+                    .collect(),
+            }),
+        }
+    }
+}
