@@ -1,4 +1,5 @@
-//! The HTTP admin port: liveness, readiness and a read-only view of the stored mappings.
+//! The HTTP admin port: liveness, readiness, metrics, read-only views of the state, and the
+//! rule API (`/api/v1/...`) that `dubbo-cp apply | get | delete` talk to.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,17 +8,20 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde::Serialize;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use prometheus_client::registry::Registry;
 
-use crate::index::Index;
+use crate::auth::Policy;
+use crate::index::{Index, Kind};
 use crate::k8s::cluster::ClusterView;
 use crate::k8s::writer::{KubeWriter, ParkedKey};
 use crate::mapping::MappingKey;
+use crate::rules::catalog::{Catalog, RuleKey};
+use crate::store::rules::{Report, RuleWriteError, Source, StandaloneRules};
 use crate::store::{Outbox, Store};
 
 /// Whether the control plane should receive traffic: set once its state is loaded and it
@@ -60,6 +64,17 @@ pub struct AdminState {
     /// Kubernetes mode: the writer's queue and the outbox behind it.
     pub outbox: Option<(Arc<KubeWriter>, Outbox)>,
     pub registry: Arc<Registry>,
+    pub rules: RuleAdmin,
+}
+
+/// What the rule API reads and writes.
+#[derive(Clone)]
+pub struct RuleAdmin {
+    pub catalog: Arc<Catalog>,
+    /// Standalone: the store rules are written to. Kubernetes mode: `None` (kubectl writes).
+    pub standalone: Option<Arc<StandaloneRules>>,
+    /// Who may use the API: an admin identity whenever authentication is configured.
+    pub policy: Policy,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -69,6 +84,14 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .route("/debug/mappings", get(list_mappings))
         .route("/debug/outbox", get(list_outbox))
+        .route("/debug/rules", get(debug_rules))
+        .route("/api/v1/apply", post(apply_rules))
+        .route("/api/v1/delete", post(delete_rules))
+        .route("/api/v1/rules/{kind}", get(get_rules))
+        .route(
+            "/api/v1/rules/{kind}/{namespace}/{name}",
+            axum::routing::delete(delete_rule),
+        )
         .with_state(state)
 }
 
@@ -142,4 +165,143 @@ async fn list_outbox(State(state): State<AdminState>) -> Json<OutboxView> {
         pending: views(outbox.pending()).0,
         parked: writer.parked(),
     })
+}
+
+type ApiError = (StatusCode, Json<serde_json::Value>);
+
+fn api_error(code: StatusCode, message: impl Into<String>) -> ApiError {
+    (code, Json(serde_json::json!({"error": message.into()})))
+}
+
+/// Refuses callers that are not admins when authentication is configured.
+async fn require_admin(policy: &Policy, headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    if !policy.is_enabled() {
+        return Ok(());
+    }
+    let metadata = tonic::metadata::MetadataMap::from_headers(headers.clone());
+    match policy.authenticate(&metadata, None).await {
+        Err(refusal) => Err(api_error(
+            StatusCode::UNAUTHORIZED,
+            refusal.into_status().message().to_owned(),
+        )),
+        Ok(Some(identity)) if policy.is_admin(&identity) => Ok(()),
+        Ok(Some(identity)) => Err(api_error(
+            StatusCode::FORBIDDEN,
+            format!("{} is not an admin identity (auth.admins)", identity.name),
+        )),
+        Ok(None) => Err(api_error(
+            StatusCode::UNAUTHORIZED,
+            "send `Authorization: Bearer <token>` of an admin identity",
+        )),
+    }
+}
+
+/// The kind named in a path: `TagRoute`, `tagroute` or `tagroutes`.
+fn rule_kind(name: &str) -> Result<Kind, ApiError> {
+    crate::rules::RULE_KINDS
+        .into_iter()
+        .find(|kind| {
+            kind.name().eq_ignore_ascii_case(name) || kind.plural().eq_ignore_ascii_case(name)
+        })
+        .ok_or_else(|| {
+            api_error(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "unknown rule kind {name:?}; one of TagRoute, ConditionRoute, DynamicConfig, \
+                     AuthenticationPolicy, AuthorizationPolicy"
+                ),
+            )
+        })
+}
+
+fn standalone(admin: &RuleAdmin) -> Result<Arc<StandaloneRules>, ApiError> {
+    admin.standalone.clone().ok_or_else(|| {
+        api_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "in Kubernetes mode rules are custom resources: use kubectl apply / kubectl delete",
+        )
+    })
+}
+
+/// Runs a rule write off the async threads (SQLite blocks) and turns its result into an answer.
+async fn write_rules(
+    rules: Arc<StandaloneRules>,
+    write: impl FnOnce(&StandaloneRules) -> Result<Report, RuleWriteError> + Send + 'static,
+) -> Result<Json<Report>, ApiError> {
+    match tokio::task::spawn_blocking(move || write(&rules)).await {
+        Ok(Ok(report)) => Ok(Json(report)),
+        Ok(Err(RuleWriteError::Invalid(err))) => {
+            Err(api_error(StatusCode::BAD_REQUEST, err.to_string()))
+        }
+        Ok(Err(err)) => Err(api_error(StatusCode::SERVICE_UNAVAILABLE, err.to_string())),
+        Err(_) => Err(api_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the rule write did not finish",
+        )),
+    }
+}
+
+async fn apply_rules(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> Result<Json<Report>, ApiError> {
+    require_admin(&state.rules.policy, &headers).await?;
+    let rules = standalone(&state.rules)?;
+    write_rules(rules, move |rules| rules.apply(&body, Source::Api)).await
+}
+
+async fn delete_rules(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> Result<Json<Report>, ApiError> {
+    require_admin(&state.rules.policy, &headers).await?;
+    let rules = standalone(&state.rules)?;
+    write_rules(rules, move |rules| rules.delete_manifests(&body)).await
+}
+
+async fn delete_rule(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+    axum::extract::Path((kind, namespace, name)): axum::extract::Path<(String, String, String)>,
+) -> Result<Json<Report>, ApiError> {
+    require_admin(&state.rules.policy, &headers).await?;
+    let kind = rule_kind(&kind)?;
+    let rules = standalone(&state.rules)?;
+    let key: RuleKey = (kind, namespace, name);
+    write_rules(rules, move |rules| rules.delete(&[key])).await
+}
+
+#[derive(serde::Deserialize)]
+struct NamespaceQuery {
+    namespace: Option<String>,
+}
+
+/// The rules of a kind as clients are served them (in Kubernetes mode: as the watch sees them).
+async fn get_rules(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+    axum::extract::Path(kind): axum::extract::Path<String>,
+    axum::extract::Query(query): axum::extract::Query<NamespaceQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_admin(&state.rules.policy, &headers).await?;
+    let kind = rule_kind(&kind)?;
+    let items: Vec<serde_json::Value> = state
+        .rules
+        .catalog
+        .list(kind, query.namespace.as_deref())
+        .iter()
+        .map(crate::rules::Rule::to_manifest)
+        .collect();
+    Ok(Json(serde_json::json!({
+        "apiVersion": "v1", "kind": "List",
+        "revision": state.index.current(kind).revision,
+        "items": items,
+    })))
+}
+
+/// Objects skipped by a watch (do not deserialize or validate), with why.
+async fn debug_rules(State(state): State<AdminState>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "invalid": state.rules.catalog.invalid() }))
 }

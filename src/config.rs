@@ -75,6 +75,29 @@ pub struct Config {
     pub auth: AuthConfig,
     #[command(flatten)]
     pub kubernetes: KubernetesConfig,
+    #[command(flatten)]
+    pub rules: RulesConfig,
+}
+
+/// The rule kinds (TagRoute, ConditionRoute, DynamicConfig, the auth policies).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct RulesConfig {
+    /// Auth policies in this namespace reach every client; elsewhere only their namespace's.
+    #[arg(
+        id = "rules.rootNamespace",
+        long = "rules-root-namespace",
+        env = "DUBBO_CP_RULES_ROOT_NAMESPACE"
+    )]
+    pub root_namespace: String,
+}
+
+impl Default for RulesConfig {
+    fn default() -> Self {
+        Self {
+            root_namespace: "dubbo-system".to_owned(),
+        }
+    }
 }
 
 impl Default for Config {
@@ -94,6 +117,7 @@ impl Default for Config {
             tls: TlsConfig::default(),
             auth: AuthConfig::default(),
             kubernetes: KubernetesConfig::default(),
+            rules: RulesConfig::default(),
         }
     }
 }

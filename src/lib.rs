@@ -51,6 +51,7 @@ pub mod fuzzing;
 pub mod index;
 pub mod ingest;
 pub mod k8s;
+pub mod kind;
 pub mod mapping;
 pub mod metrics;
 pub mod pb;

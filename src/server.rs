@@ -29,14 +29,16 @@ use crate::index::{Index, Kind};
 use crate::ingest::Ingest;
 use crate::k8s;
 use crate::k8s::cluster::ClusterView;
-use crate::k8s::watch::{MappingKind, WatchStats};
+use crate::k8s::watch::{MappingKind, RuleKind, WatchStats};
 use crate::k8s::writer::{KubeWriter, WriterStats};
 use crate::metrics::{self, Metrics};
 use crate::pb;
 use crate::ratelimit::RateLimiter;
+use crate::rules::catalog::Catalog;
 use crate::shutdown::signalled;
+use crate::store::rules::StandaloneRules;
 use crate::store::{
-    self, Durable, Outbox, Store, StoreLimits, StoreStats, StoreWriter, StoredChange,
+    self, Durable, Outbox, RuleStore, Store, StoreLimits, StoreStats, StoreWriter, StoredChange,
 };
 use crate::supervisor::Supervisor;
 
@@ -93,6 +95,9 @@ struct Source {
     writer: StoreWriter,
     mappings: MappingSource,
     kube: Option<(Arc<KubeWriter>, Outbox)>,
+    /// The rules as served, and (standalone) where they are written.
+    catalog: Arc<Catalog>,
+    standalone_rules: Option<Arc<StandaloneRules>>,
 }
 
 /// Starts the control plane; returns once every port accepts connections.
@@ -142,7 +147,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     let rules = RuleService::new(
         index.clone(),
         config.dds,
-        policy,
+        policy.clone(),
         metrics.clone(),
         shutdown_rx.clone(),
     );
@@ -191,6 +196,11 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         mappings: source.mappings.clone(),
         outbox: source.kube.clone(),
         registry: Arc::new(registry),
+        rules: admin::RuleAdmin {
+            catalog: source.catalog.clone(),
+            standalone: source.standalone_rules.clone(),
+            policy: policy.clone(),
+        },
     };
     let admin_listener = admin_listener.tap_io(|tcp| {
         // Small responses (probes, /metrics) should not wait for Nagle.
@@ -280,6 +290,8 @@ async fn open_store(
             .context("store open task failed")?
             .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
     let index = Arc::new(Index::new(store.opened_revision()));
+    let catalog = Arc::new(Catalog::default());
+    let rules = open_rules(config, &index, &catalog, store.opened_revision()).await?;
     store::load_index(&store, &index);
     tracing::info!(
         mappings = index.current(Kind::ServiceNameMapping).objects.len(),
@@ -304,7 +316,32 @@ async fn open_store(
         writer,
         mappings: MappingSource::Store(store),
         kube: None,
+        catalog,
+        standalone_rules: Some(rules),
     })
+}
+
+/// Standalone rules: the store's rule table (same file, its own connection) into the index.
+async fn open_rules(
+    config: &Config,
+    index: &Arc<Index>,
+    catalog: &Arc<Catalog>,
+    revision: i64,
+) -> anyhow::Result<Arc<StandaloneRules>> {
+    let data_dir = config.data_dir.clone();
+    let (store, rules) = tokio::task::spawn_blocking(move || RuleStore::open(&data_dir))
+        .await
+        .context("rule store open task failed")?
+        .context("cannot open the rule store")?;
+    tracing::info!(rules = rules.len(), "rules loaded");
+    Ok(Arc::new(StandaloneRules::new(
+        store,
+        rules,
+        index.clone(),
+        catalog.clone(),
+        config.rules.root_namespace.clone(),
+        revision,
+    )))
 }
 
 /// Kubernetes mode: registrations wait in the outbox until the per-key writer has put them in
@@ -317,6 +354,7 @@ async fn open_kubernetes(
     tasks: &mut Supervisor,
 ) -> anyhow::Result<Source> {
     let cluster = Arc::new(ClusterView::default());
+    let catalog = Arc::new(Catalog::default());
     let (changes_tx, changes) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
     let data_dir = config.data_dir.clone();
     let limits = store_limits(config);
@@ -375,19 +413,35 @@ async fn open_kubernetes(
         index.clone(),
         config.debounce,
         metrics.clone(),
-        watch_stats,
+        watch_stats.clone(),
         shutdown,
     );
     tasks.spawn("ServiceNameMapping watch", async move {
         watch.await;
         Ok(())
     });
-    // The rule kinds have no source yet: they are empty, not pending.
-    for kind in Kind::ALL
-        .into_iter()
-        .filter(|k| *k != Kind::ServiceNameMapping)
-    {
-        index.mark_loaded(kind);
+    // One watch per rule kind, through the same debounce stage; each marks its kind loaded
+    // after its first list.
+    for kind in crate::rules::RULE_KINDS {
+        let watched = Arc::new(RuleKind {
+            kind,
+            catalog: catalog.clone(),
+            root_namespace: config.rules.root_namespace.clone(),
+        });
+        let watch = k8s::watch::run(
+            watched,
+            client.clone(),
+            index.clone(),
+            config.debounce,
+            metrics.clone(),
+            watch_stats.clone(),
+            tasks.shutdown_receiver(),
+        );
+        // Named by the plural, as `kubectl get` names them.
+        tasks.spawn(kind.plural(), async move {
+            watch.await;
+            Ok(())
+        });
     }
     Ok(Source {
         index,
@@ -395,6 +449,8 @@ async fn open_kubernetes(
         writer,
         mappings: MappingSource::Cluster(cluster),
         kube: Some((kube_writer, outbox)),
+        catalog,
+        standalone_rules: None,
     })
 }
 

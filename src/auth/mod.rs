@@ -16,6 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use tonic::Status;
+
+use crate::rules::scope::Endpoint;
 use tonic::metadata::MetadataMap;
 
 /// An authenticated caller.
@@ -28,6 +30,59 @@ pub struct Identity {
     /// The pod a Kubernetes token is bound to, when it is (policies select by its labels and
     /// IPs).
     pub pod: Option<Arc<PodInfo>>,
+    /// The service account, for Kubernetes tokens and SPIFFE certificates.
+    pub service_account: Option<String>,
+    /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`: from the certificate, or
+    /// made from the service account and the configured trust domain.
+    pub spiffe_id: Option<String>,
+}
+
+impl Identity {
+    /// An identity with a name and a namespace and nothing else known.
+    pub fn named(namespace: impl Into<String>, name: impl Into<String>) -> Identity {
+        Identity {
+            namespace: namespace.into(),
+            name: name.into(),
+            pod: None,
+            service_account: None,
+            spiffe_id: None,
+        }
+    }
+
+    /// `namespace/account` of a Kubernetes service account.
+    pub fn service_account(namespace: &str, account: &str) -> Identity {
+        Identity {
+            service_account: Some(account.to_owned()),
+            ..Identity::named(namespace, format!("{namespace}/{account}"))
+        }
+    }
+}
+
+/// What the auth-policy filtering of the discovery stream matches: the identity, its pod, and
+/// the pod's IPs (or the peer's address when no pod is known).
+pub fn endpoint(identity: Option<&Identity>, peer: Option<std::net::IpAddr>) -> Endpoint {
+    let Some(identity) = identity else {
+        return Endpoint {
+            ips: peer.into_iter().collect(),
+            ..Endpoint::default()
+        };
+    };
+    let pod = identity.pod.as_deref();
+    let mut ips: Vec<std::net::IpAddr> = pod
+        .map(|p| p.ips.iter().filter_map(|ip| ip.parse().ok()).collect())
+        .unwrap_or_default();
+    if ips.is_empty() {
+        ips.extend(peer);
+    }
+    Endpoint {
+        id: identity.name.clone(),
+        namespace: identity.namespace.clone(),
+        spiffe_id: identity.spiffe_id.clone().unwrap_or_default(),
+        pod_name: pod.map(|p| p.name.clone()).unwrap_or_default(),
+        pod_labels: pod.map(|p| p.labels.clone()).unwrap_or_default(),
+        pod_annotations: pod.map(|p| p.annotations.clone()).unwrap_or_default(),
+        ips,
+    }
 }
 
 /// The pod behind a caller, as the pod watch saw it.
@@ -116,6 +171,9 @@ impl Refusal {
     }
 }
 
+/// The trust domain of SPIFFE IDs made for service accounts when none is configured.
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+
 /// Authentication and authorization as configured. Without an authenticator everyone is
 /// anonymous and allowed (the server then binds only to loopback unless told otherwise).
 #[derive(Clone, Default)]
@@ -170,12 +228,28 @@ impl Policy {
         }
         match &self.authenticator {
             None => Ok(None),
-            Some(authenticator) => authenticator
-                .authenticate(metadata)
-                .await
-                .map(Some)
-                .map_err(Refusal::Unauthenticated),
+            Some(authenticator) => {
+                let mut identity = authenticator
+                    .authenticate(metadata)
+                    .await
+                    .map_err(Refusal::Unauthenticated)?;
+                if identity.spiffe_id.is_none()
+                    && let Some(account) = &identity.service_account
+                {
+                    let domain = self.trust_domain.as_deref().unwrap_or(DEFAULT_TRUST_DOMAIN);
+                    identity.spiffe_id = Some(format!(
+                        "spiffe://{domain}/ns/{}/sa/{account}",
+                        identity.namespace
+                    ));
+                }
+                Ok(Some(identity))
+            }
         }
+    }
+
+    /// Whether `identity` may act in any namespace and use the admin API.
+    pub fn is_admin(&self, identity: &Identity) -> bool {
+        self.admins.contains(&identity.name)
     }
 
     /// Whether `identity` may register in `namespace`.
@@ -228,21 +302,13 @@ mod tests {
     #[test]
     fn own_namespace_or_admin() {
         let policy = Policy::new(None, ["root".to_string()], false);
-        let caller = Identity {
-            namespace: "a".into(),
-            name: "a/app".into(),
-            pod: None,
-        };
+        let caller = Identity::named("a", "a/app");
         assert!(policy.authorize(Some(&caller), "a").is_ok());
         assert!(matches!(
             policy.authorize(Some(&caller), "b"),
             Err(Refusal::PermissionDenied(_))
         ));
-        let admin = Identity {
-            namespace: "ops".into(),
-            name: "root".into(),
-            pod: None,
-        };
+        let admin = Identity::named("ops", "root");
         assert!(policy.authorize(Some(&admin), "b").is_ok());
         assert!(
             policy.authorize(None, "b").is_ok(),

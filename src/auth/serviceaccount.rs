@@ -306,9 +306,8 @@ impl ServiceAccountAuthenticator {
         };
         Ok(Some(Verdict {
             identity: Ok(Identity {
-                name: format!("{namespace}/{account}"),
-                namespace,
                 pod,
+                ..Identity::service_account(&namespace, &account)
             }),
             expires: Some(UNIX_EPOCH + Duration::from_secs(claims.exp)),
         }))
@@ -457,11 +456,7 @@ mod tests {
     }
 
     fn identity() -> Identity {
-        Identity {
-            namespace: "demo".into(),
-            name: "demo/provider".into(),
-            pod: None,
-        }
+        Identity::service_account("demo", "provider")
     }
 
     #[test]

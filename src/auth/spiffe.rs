@@ -56,9 +56,8 @@ fn parse_spiffe_id(id: &str, trust_domain: Option<&str>) -> Result<Identity, Aut
             if !namespace.is_empty() && !account.is_empty() =>
         {
             Ok(Identity {
-                namespace: namespace.to_owned(),
-                name: format!("{namespace}/{account}"),
-                pod: None,
+                spiffe_id: Some(format!("spiffe://{id}")),
+                ..Identity::service_account(namespace, account)
             })
         }
         _ => Err(malformed()),

@@ -134,11 +134,7 @@ fn service_account(username: &str) -> Option<Identity> {
     if namespace.is_empty() || name.is_empty() {
         return None;
     }
-    Some(Identity {
-        namespace: namespace.to_owned(),
-        name: format!("{namespace}/{name}"),
-        pod: None,
-    })
+    Some(Identity::service_account(namespace, name))
 }
 
 #[cfg(test)]

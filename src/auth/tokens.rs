@@ -73,11 +73,7 @@ fn load(path: &Path) -> Result<(Tokens, Option<SystemTime>), TokenFileError> {
         let name = entry
             .identity
             .unwrap_or_else(|| format!("{}/token-{position}", entry.namespace));
-        let identity = Identity {
-            namespace: entry.namespace,
-            name,
-            pod: None,
-        };
+        let identity = Identity::named(entry.namespace, name);
         if tokens.insert(entry.token, identity).is_some() {
             return Err(invalid(format!("tokens[{position}].token appears twice")));
         }

@@ -10,7 +10,10 @@ use crate::pb::snp::ServiceMappingRequest;
 use crate::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient;
 use crate::{server, telemetry};
 
+mod rules;
 mod watch;
+
+use rules::{AdminArg, RuleOutput};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,24 +60,39 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
-    /// Print current state from one discovery-stream subscription.
+    /// Print what is served: `mappings` (from one discovery-stream subscription) or the rules
+    /// of a kind (`tagroutes`, `conditionroutes`, `dynamicconfigs`, `authenticationpolicies`,
+    /// `authorizationpolicies`, from the admin API; in both modes what clients are served).
     Get {
-        #[command(subcommand)]
-        what: GetWhat,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum GetWhat {
-    /// Service-name mappings.
-    Mappings {
+        what: String,
         #[command(flatten)]
         server: ServerArg,
+        #[command(flatten)]
+        admin: AdminArg,
         /// Only this namespace.
         #[arg(short, long)]
         namespace: Option<String>,
-        #[arg(short, long, value_enum, default_value_t = Output::Text)]
-        output: Output,
+        #[arg(short, long, value_enum, default_value_t = RuleOutput::Text)]
+        output: RuleOutput,
+    },
+    /// Create or update rules from Kubernetes-style manifests (standalone; all or nothing).
+    Apply {
+        #[command(flatten)]
+        admin: AdminArg,
+        /// A manifest file, a directory of them, or `-` for standard input.
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
+    /// Delete rules: those named by manifests (`-f`), or `<kind> <name> -n <namespace>`.
+    Delete {
+        #[command(flatten)]
+        admin: AdminArg,
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<std::path::PathBuf>,
+        kind: Option<String>,
+        name: Option<String>,
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
     },
 }
 
@@ -123,13 +141,37 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             output,
         } => watch::watch(&server.address, &kind, output).await,
         Command::Get {
-            what:
-                GetWhat::Mappings {
-                    server,
-                    namespace,
-                    output,
-                },
-        } => watch::get_mappings(&server.address, namespace.as_deref(), output).await,
+            what,
+            server,
+            admin,
+            namespace,
+            output,
+        } => {
+            if what == "mappings" || what == "mapping" || what == "snp" {
+                let output = match output {
+                    RuleOutput::Text => Output::Text,
+                    RuleOutput::Json => Output::Json,
+                    RuleOutput::Yaml => anyhow::bail!("get mappings prints text or json"),
+                };
+                watch::get_mappings(&server.address, namespace.as_deref(), output).await
+            } else {
+                rules::get(&admin, &what, namespace.as_deref(), output).await
+            }
+        }
+        Command::Apply { admin, files } => rules::apply(&admin, &files).await,
+        Command::Delete {
+            admin,
+            files,
+            kind,
+            name,
+            namespace,
+        } => match (files.is_empty(), kind, name) {
+            (false, None, None) => rules::delete_files(&admin, &files).await,
+            (true, Some(kind), Some(name)) => {
+                rules::delete_named(&admin, &kind, &name, &namespace).await
+            }
+            _ => anyhow::bail!("delete takes -f FILE, or KIND NAME [-n NAMESPACE]"),
+        },
     }
 }
 

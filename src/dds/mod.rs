@@ -192,14 +192,17 @@ impl RuleService {
             .get::<TlsConnectInfo<TcpConnectInfo>>()
             .and_then(|info| info.peer_certs())
             .map(|certs| certs.iter().map(|cert| cert.as_ref().to_vec()).collect());
-        if let Err(refusal) = self
+        let identity = match self
             .policy
             .authenticate(&metadata, certificates.as_deref())
             .await
         {
-            self.metrics.rejected("unauthenticated_stream");
-            return Err(refusal.into_status());
-        }
+            Ok(identity) => identity,
+            Err(refusal) => {
+                self.metrics.rejected("unauthenticated_stream");
+                return Err(refusal.into_status());
+            }
+        };
         let peer = request
             .extensions()
             .get::<TcpConnectInfo>()
@@ -217,6 +220,11 @@ impl RuleService {
         // that one (plus what the transport buffers), and its next send times out.
         let (responses, rx) = mpsc::channel(1);
         let (end_tx, end_rx) = oneshot::channel();
+        // What the auth-policy kinds are filtered by.
+        let endpoint = Arc::new(crate::auth::endpoint(
+            identity.as_ref(),
+            peer.map(|addr| addr.ip()),
+        ));
         let index = self.index.clone();
         let config = self.config;
         let shutdown = self.shutdown.clone();
@@ -227,6 +235,7 @@ impl RuleService {
             let result = stream::run(
                 requests,
                 index,
+                endpoint,
                 responses,
                 config.send_timeout,
                 shutdown,

@@ -18,11 +18,12 @@ use tokio_stream::{Stream, StreamExt, StreamMap};
 use tonic::Status;
 
 use super::DdsStats;
-use super::wire::ObserveResponse;
+use super::wire::{EncodedData, ObserveResponse};
 #[cfg(test)]
 use crate::index::Change;
 use crate::index::{Index, Kind, KindSnapshot};
 use crate::pb::dds::ObserveRequest;
+use crate::rules::scope::Endpoint;
 
 /// What one stream knows about one subscribed type.
 #[derive(Debug, Default)]
@@ -33,10 +34,14 @@ struct Subscription {
     pending: Option<String>,
     /// Revision of the last response, so the same state is never sent twice.
     last_sent: Option<i64>,
+    /// The last filtered view sent (auth policies): a new revision that leaves this client's
+    /// view as it was is not sent.
+    last_view: Option<EncodedData>,
 }
 
 /// Where a stream sends its responses, and how long a send may take.
 struct Outbound<'a> {
+    endpoint: &'a Endpoint,
     responses: mpsc::Sender<ObserveResponse>,
     send_timeout: Duration,
     stats: &'a DdsStats,
@@ -53,13 +58,22 @@ impl Outbound<'_> {
         if subscription.last_sent == Some(snapshot.revision) {
             return Ok(());
         }
+        let data = snapshot.view_for(self.endpoint);
+        if snapshot.is_scoped()
+            && subscription.last_sent.is_some()
+            && subscription.last_view.as_ref() == Some(&data)
+        {
+            // Another client's policies changed; this client's view did not.
+            subscription.last_sent = Some(snapshot.revision);
+            return Ok(());
+        }
         subscription.nonce_seq += 1;
         let nonce = subscription.nonce_seq.to_string();
         let response = ObserveResponse {
             nonce: nonce.clone(),
             r#type: kind.type_name().to_owned(),
             revision: snapshot.revision,
-            data: snapshot.data.clone(),
+            data: data.clone(),
         };
         match tokio::time::timeout(self.send_timeout, self.responses.send(response)).await {
             Err(_) => Err(Status::deadline_exceeded(format!(
@@ -71,6 +85,8 @@ impl Outbound<'_> {
             Ok(Ok(())) => {
                 subscription.pending = Some(nonce);
                 subscription.last_sent = Some(snapshot.revision);
+                // Kept only for filtered kinds: a shared full state must not stay alive per stream.
+                subscription.last_view = snapshot.is_scoped().then_some(data);
                 self.stats.pushes.fetch_add(1, Ordering::Relaxed);
                 self.stats
                     .push_delay
@@ -85,6 +101,7 @@ impl Outbound<'_> {
 pub async fn run<S>(
     mut requests: S,
     index: Arc<Index>,
+    endpoint: Arc<Endpoint>,
     responses: mpsc::Sender<ObserveResponse>,
     send_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
@@ -94,6 +111,7 @@ where
     S: Stream<Item = Result<ObserveRequest, Status>> + Unpin,
 {
     let out = Outbound {
+        endpoint: &endpoint,
         responses,
         send_timeout,
         stats,
@@ -181,6 +199,7 @@ mod tests {
                 run(
                     ReceiverStream::new(requests_rx),
                     index,
+                    Arc::new(Endpoint::default()),
                     responses_tx,
                     Duration::from_secs(5),
                     shutdown_rx,

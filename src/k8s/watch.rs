@@ -32,6 +32,8 @@ use crate::index::{Change, Index, Kind, KindLabel};
 use crate::mapping::{MappingKey, client_key};
 use crate::metrics::Metrics;
 use crate::resources::mapping_any;
+use crate::rules::catalog::{Catalog, change_for};
+use crate::rules::{Rule, RuleSpec};
 use crate::shutdown::signalled;
 
 /// Watch batches that may wait for the debouncer before the watch waits.
@@ -48,12 +50,22 @@ pub trait WatchedKind: Send + Sync + 'static {
     fn parse(&self, object: &DynamicObject) -> Result<Self::Object, String>;
     /// The discovery-stream object (`<Kind>ToClient` packed in `Any`).
     fn to_any(&self, client_key: &str, object: &Self::Object) -> Any;
+    /// The index's change for an object; kinds whose objects reach only some clients (auth
+    /// policies) give it an audience.
+    fn change(&self, client_key: String, object: &Self::Object) -> Change {
+        let any = self.to_any(&client_key, object);
+        Change::Upsert(client_key, any)
+    }
     /// Called for every event before it is debounced, for kinds that keep a view of their own.
     fn observe(&self, _event: &Observed<'_, Self::Object>) {}
+    /// Called for an object that is skipped because it does not parse or validate.
+    fn skipped(&self, _namespace: &str, _name: &str, _reason: &str) {}
 }
 
 /// What [`WatchedKind::observe`] is told.
 pub enum Observed<'a, T> {
+    /// A new list begins (what was skipped before is reported again as it comes).
+    Relisting,
     Listed(&'a BTreeMap<String, (String, T)>),
     Applied {
         client_key: &'a str,
@@ -152,11 +164,11 @@ async fn publish<K: WatchedKind>(
         let WatchBatch { listed, changes } = batch.value;
         match listed {
             Some(listed) => {
-                let objects: BTreeMap<String, Any> = listed
+                let objects: Vec<Change> = listed
                     .iter()
-                    .map(|(key, object)| (key.clone(), kind.to_any(key, object)))
+                    .map(|(key, object)| kind.change(key.clone(), object))
                     .collect();
-                index.reset(k, objects, 0);
+                index.reset_changes(k, objects, 0);
                 if !index.is_loaded() {
                     tracing::info!(
                         kind = k.name(),
@@ -168,10 +180,7 @@ async fn publish<K: WatchedKind>(
             }
             None => {
                 let changes = changes.into_iter().map(|(key, object)| match object {
-                    Some(object) => {
-                        let any = kind.to_any(&key, &object);
-                        Change::Upsert(key, any)
-                    }
+                    Some(object) => kind.change(key, &object),
                     None => Change::Delete(key),
                 });
                 index.apply(k, changes, 0);
@@ -200,9 +209,14 @@ async fn watch_events<K: WatchedKind>(
         let name = object.metadata.name.clone().unwrap_or_default();
         Some((client_key, name, kind.parse(object)))
     };
-    let skipped = |client_key: &str, reason: &str| {
+    let skipped = |object: &DynamicObject, client_key: &str, reason: &str| {
         stats.skipped.get_or_create(&k.label()).inc();
         tracing::warn!(kind = k.name(), object = %client_key, %reason, "skipping an object that does not deserialize or validate");
+        kind.skipped(
+            object.metadata.namespace.as_deref().unwrap_or_default(),
+            object.metadata.name.as_deref().unwrap_or_default(),
+            reason,
+        );
     };
     loop {
         let event = tokio::select! {
@@ -217,6 +231,7 @@ async fn watch_events<K: WatchedKind>(
             }
             Some(Ok(Event::Init)) => {
                 listing = Some(BTreeMap::new());
+                kind.observe(&Observed::Relisting);
                 continue;
             }
             Some(Ok(Event::InitApply(object))) => {
@@ -227,7 +242,7 @@ async fn watch_events<K: WatchedKind>(
                         Ok(parsed) => {
                             listing.insert(client_key, (name, parsed));
                         }
-                        Err(reason) => skipped(&client_key, &reason),
+                        Err(reason) => skipped(&object, &client_key, &reason),
                     }
                 }
                 continue;
@@ -260,7 +275,7 @@ async fn watch_events<K: WatchedKind>(
                     }
                     Err(reason) => {
                         // An edit that broke the object takes it out of the state.
-                        skipped(&client_key, &reason);
+                        skipped(&object, &client_key, &reason);
                         kind.observe(&Observed::Deleted {
                             client_key: &client_key,
                         });
@@ -336,7 +351,80 @@ impl WatchedKind for MappingKind {
                 object,
             } => self.cluster.apply(client_key, name, (*object).clone()),
             Observed::Deleted { client_key } => self.cluster.delete(client_key),
+            Observed::Relisting => {}
         }
+    }
+}
+
+/// A rule kind as a watched kind: objects are validated like `dubbo-cp apply` does; invalid
+/// ones are skipped and reported on `/debug/rules`; auth policies reach only their audience.
+pub struct RuleKind {
+    pub kind: Kind,
+    pub catalog: Arc<Catalog>,
+    pub root_namespace: String,
+}
+
+impl WatchedKind for RuleKind {
+    type Object = Rule;
+
+    fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    fn api_resource(&self) -> ApiResource {
+        ApiResource {
+            group: "dubbo.apache.org".into(),
+            version: "v1alpha1".into(),
+            api_version: "dubbo.apache.org/v1alpha1".into(),
+            kind: self.kind.name().into(),
+            plural: self.kind.plural().into(),
+        }
+    }
+
+    fn parse(&self, object: &DynamicObject) -> Result<Rule, String> {
+        let spec = object
+            .data
+            .get("spec")
+            .cloned()
+            .unwrap_or(serde_json::Value::Null);
+        let spec = RuleSpec::parse(self.kind, &spec).map_err(|err| err.to_string())?;
+        Ok(Rule {
+            namespace: object.metadata.namespace.clone().unwrap_or_default(),
+            name: object.metadata.name.clone().unwrap_or_default(),
+            spec,
+        })
+    }
+
+    fn to_any(&self, client_key: &str, rule: &Rule) -> Any {
+        rule.spec.to_any(client_key)
+    }
+
+    fn change(&self, _client_key: String, rule: &Rule) -> Change {
+        change_for(rule, &self.root_namespace)
+    }
+
+    fn observe(&self, event: &Observed<'_, Rule>) {
+        match event {
+            Observed::Relisting => self.catalog.clear_invalid(self.kind),
+            Observed::Listed(listed) => self
+                .catalog
+                .reset(self.kind, listed.values().map(|(_, rule)| rule.clone())),
+            Observed::Applied { object, .. } => self.catalog.upsert((*object).clone()),
+            Observed::Deleted { client_key } => {
+                // Client keys are `<name>/<namespace>`.
+                if let Some((name, namespace)) = client_key.split_once('/') {
+                    self.catalog
+                        .remove(&(self.kind, namespace.to_owned(), name.to_owned()));
+                }
+            }
+        }
+    }
+
+    fn skipped(&self, namespace: &str, name: &str, reason: &str) {
+        self.catalog.skip(
+            (self.kind, namespace.to_owned(), name.to_owned()),
+            reason.to_owned(),
+        );
     }
 }
 

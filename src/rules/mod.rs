@@ -4,8 +4,10 @@
 //! store keeps; [`RuleSpec::parse`] validates one, naming the field at fault, and
 //! [`RuleSpec::to_any`] makes its discovery-stream message. No I/O here.
 
+pub mod catalog;
 pub mod cidr;
 pub mod condition;
+pub mod scope;
 
 mod authentication;
 mod authorization;
@@ -25,7 +27,7 @@ use prost::Message;
 use prost_types::Any;
 use serde::de::DeserializeOwned;
 
-pub use crate::index::Kind;
+pub use crate::kind::Kind;
 pub use authentication::{
     AUTHENTICATION_ACTIONS, AuthenticationPolicy, AuthenticationPolicySpec, PortLevel,
 };

@@ -204,6 +204,8 @@ impl Db {
             Err(std::fs::TryLockError::Error(err)) => return Err(dir_error(err)),
         }
         let mut conn = Connection::open(data_dir.join(DB_FILE))?;
+        // Rule writes (their own connection, see `store::rules`) may hold the write lock briefly.
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
         prepare_schema(&conn)?;
         let opened_revision = bump_revision(&mut conn)?;
         let committed = load_all(&conn)?;
@@ -697,7 +699,7 @@ fn write_pairs(
             name.execute(params![key.namespace, key.interface, object_name])?;
         }
         tx.execute(
-            "UPDATE meta SET value = ?1 WHERE name = 'revision'",
+            "UPDATE meta SET value = MAX(value, ?1) WHERE name = 'revision'",
             params![revision],
         )?;
     }

@@ -9,6 +9,7 @@
 mod db;
 mod embedded;
 mod outbox;
+pub mod rules;
 
 use crate::debounce::Merge;
 use crate::mapping::{MappingDelta, MappingKey};
@@ -17,6 +18,7 @@ pub use db::StoreWriter;
 pub use db::{DB_FILE, StoreStats};
 pub use embedded::{Store, StoredObject, load_index, publish};
 pub use outbox::Outbox;
+pub use rules::RuleStore;
 
 /// Where the registration service makes registrations durable, by mode.
 #[derive(Clone)]

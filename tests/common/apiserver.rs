@@ -328,6 +328,39 @@ impl ApiServer {
         self.store(&mut inner, key, object, kind);
     }
 
+    /// `kubectl apply` of a rule object (`resource` is the plural, e.g. `tagroutes`).
+    pub fn kubectl_apply_rule(
+        &self,
+        resource: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        spec: Value,
+    ) {
+        let mut inner = self.lock();
+        let key = key(resource, namespace, name);
+        let (object, event) = match inner.objects.get(&key) {
+            Some(existing) => {
+                let mut object = existing.clone();
+                object["spec"] = spec;
+                (object, "MODIFIED")
+            }
+            None => (
+                json!({
+                    "apiVersion": "dubbo.apache.org/v1alpha1", "kind": kind,
+                    "metadata": {"name": name, "namespace": namespace}, "spec": spec,
+                }),
+                "ADDED",
+            ),
+        };
+        self.store(&mut inner, key, object, event);
+    }
+
+    pub fn kubectl_delete_rule(&self, resource: &str, namespace: &str, name: &str) {
+        let mut inner = self.lock();
+        self.remove(&mut inner, &key(resource, namespace, name));
+    }
+
     pub fn kubectl_delete(&self, namespace: &str, name: &str) {
         let mut inner = self.lock();
         self.remove(&mut inner, &key(SNP, namespace, name));
@@ -595,6 +628,11 @@ fn list_or_watch(
 ) -> Response {
     let (api_version, kind) = match resource {
         "pods" => ("v1", "Pod"),
+        "tagroutes" => ("dubbo.apache.org/v1alpha1", "TagRoute"),
+        "conditionroutes" => ("dubbo.apache.org/v1alpha1", "ConditionRoute"),
+        "dynamicconfigs" => ("dubbo.apache.org/v1alpha1", "DynamicConfig"),
+        "authenticationpolicies" => ("dubbo.apache.org/v1alpha1", "AuthenticationPolicy"),
+        "authorizationpolicies" => ("dubbo.apache.org/v1alpha1", "AuthorizationPolicy"),
         _ => ("dubbo.apache.org/v1alpha1", "ServiceNameMapping"),
     };
     let watching = params.get("watch").is_some_and(|v| v == "true" || v == "1");

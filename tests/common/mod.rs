@@ -298,3 +298,41 @@ pub async fn wait_published_apps(server: &RunningServer, key: &str, applications
         "{key} not published with {applications} applications"
     );
 }
+
+/// A plain HTTP/1.1 request with a body (and a bearer token); returns the status and body.
+pub async fn http_send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    token: Option<&str>,
+) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}\
+         Content-Type: application/yaml\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The type name clients subscribe to for `kind` (`TagRoute` -> `dubbo.apache.org/v1alpha1/TagRoute`).
+pub fn type_of(kind: &str) -> String {
+    format!("dubbo.apache.org/v1alpha1/{kind}")
+}

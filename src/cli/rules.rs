@@ -1,0 +1,268 @@
+//! `apply`, `get <kind>` and `delete`: clients of the admin API's rule endpoints
+//! (`/api/v1/...` on the admin port, see [`crate::admin`]). Manifests are the Kubernetes-style
+//! YAML a user would give kubectl, so moving to Kubernetes needs no rewrite.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Largest answer read from the admin port.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the rule commands find the control plane's admin API.
+#[derive(Debug, clap::Args)]
+pub struct AdminArg {
+    /// The control plane's admin address (host:port).
+    #[arg(
+        long = "admin",
+        env = "DUBBO_CP_ADMIN",
+        default_value = "127.0.0.1:30070"
+    )]
+    pub address: String,
+    /// Bearer token of an admin identity (needed when authentication is configured).
+    #[arg(long, env = "DUBBO_CP_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RuleOutput {
+    Text,
+    Yaml,
+    Json,
+}
+
+/// The manifests of `path`: a file, every `.yaml`/`.yml`/`.json` file of a directory (sorted),
+/// or standard input for `-`; documents joined with `---`.
+pub fn read_manifests(paths: &[PathBuf]) -> anyhow::Result<String> {
+    let mut documents = Vec::new();
+    for path in paths {
+        if path == Path::new("-") {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .context("cannot read standard input")?;
+            documents.push(text);
+        } else if path.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+                .with_context(|| format!("cannot read directory {}", path.display()))?
+                .filter_map(|entry| entry.ok().map(|e| e.path()))
+                .filter(|p| is_manifest_file(p))
+                .collect();
+            files.sort();
+            for file in files {
+                documents.push(read_file(&file)?);
+            }
+        } else {
+            documents.push(read_file(path)?);
+        }
+    }
+    Ok(documents.join("\n---\n"))
+}
+
+pub fn is_manifest_file(path: &Path) -> bool {
+    path.is_file()
+        && path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"))
+}
+
+fn read_file(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// `dubbo-cp apply -f ...`: prints what was created, changed and left unchanged.
+pub async fn apply(admin: &AdminArg, files: &[PathBuf]) -> anyhow::Result<()> {
+    let manifests = read_manifests(files)?;
+    let report = request(admin, "POST", "/api/v1/apply", Some(manifests)).await?;
+    print_report(
+        &report,
+        &[
+            ("created", "created"),
+            ("configured", "configured"),
+            ("unchanged", "unchanged"),
+        ],
+    );
+    Ok(())
+}
+
+/// `dubbo-cp delete -f ...`.
+pub async fn delete_files(admin: &AdminArg, files: &[PathBuf]) -> anyhow::Result<()> {
+    let manifests = read_manifests(files)?;
+    let report = request(admin, "POST", "/api/v1/delete", Some(manifests)).await?;
+    print_report(
+        &report,
+        &[("deleted", "deleted"), ("notFound", "not found")],
+    );
+    Ok(())
+}
+
+/// `dubbo-cp delete <kind> NAME -n NS`.
+pub async fn delete_named(
+    admin: &AdminArg,
+    kind: &str,
+    name: &str,
+    namespace: &str,
+) -> anyhow::Result<()> {
+    let path = format!("/api/v1/rules/{kind}/{namespace}/{name}");
+    let report = request(admin, "DELETE", &path, None).await?;
+    print_report(
+        &report,
+        &[("deleted", "deleted"), ("notFound", "not found")],
+    );
+    Ok(())
+}
+
+/// `dubbo-cp get <kind> [-n NS]`: the objects as the server's index holds them.
+pub async fn get(
+    admin: &AdminArg,
+    kind: &str,
+    namespace: Option<&str>,
+    output: RuleOutput,
+) -> anyhow::Result<()> {
+    let path = match namespace {
+        Some(namespace) => format!("/api/v1/rules/{kind}?namespace={namespace}"),
+        None => format!("/api/v1/rules/{kind}"),
+    };
+    let list = request(admin, "GET", &path, None).await?;
+    match output {
+        RuleOutput::Json => println!("{}", serde_json::to_string_pretty(&list)?),
+        RuleOutput::Yaml => print!("{}", serde_yaml::to_string(&list)?),
+        RuleOutput::Text => {
+            let items = list["items"].as_array().cloned().unwrap_or_default();
+            println!("{:<24} {:<40} SPEC", "NAMESPACE", "NAME");
+            for item in items {
+                let meta = &item["metadata"];
+                println!(
+                    "{:<24} {:<40} {}",
+                    meta["namespace"].as_str().unwrap_or_default(),
+                    meta["name"].as_str().unwrap_or_default(),
+                    item["spec"]
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_report(report: &serde_json::Value, sections: &[(&str, &str)]) {
+    for (field, verb) in sections {
+        for object in report[*field].as_array().into_iter().flatten() {
+            if let Some(object) = object.as_str() {
+                println!("{object} {verb}");
+            }
+        }
+    }
+}
+
+/// One HTTP/1.1 request to the admin port; the JSON answer, or the server's error message.
+async fn request(
+    admin: &AdminArg,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> anyhow::Result<serde_json::Value> {
+    tokio::time::timeout(TIMEOUT, exchange(admin, method, path, body))
+        .await
+        .with_context(|| format!("no answer from {} within {TIMEOUT:?}", admin.address))?
+}
+
+async fn exchange(
+    admin: &AdminArg,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> anyhow::Result<serde_json::Value> {
+    let address = admin
+        .address
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .with_context(|| format!("cannot connect to the admin port {address}"))?;
+    let body = body.unwrap_or_default();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
+         Content-Type: application/yaml\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if let Some(token) = &admin.token {
+        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    let mut response = Vec::new();
+    (&mut stream)
+        .take(MAX_RESPONSE_BYTES as u64)
+        .read_to_end(&mut response)
+        .await
+        .context("cannot read the admin port's answer")?;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("malformed answer from the admin port")?;
+    let status: u16 = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .context("malformed status line from the admin port")?;
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
+    if !(200..300).contains(&status) {
+        let message = json["error"]
+            .as_str()
+            .map_or(body.trim().to_owned(), str::to_owned);
+        bail!("{message} (HTTP {status})");
+    }
+    Ok(json)
+}
+
+/// The payload of a chunked body.
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if size == 0 || tail.len() < size {
+            break;
+        }
+        out.push_str(&tail[..size]);
+        rest = tail[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_bodies_are_joined() {
+        assert_eq!(dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), "abcde");
+        assert_eq!(dechunk(""), "");
+    }
+
+    #[test]
+    fn directories_give_their_manifest_files_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("b.yaml"), "b: 1").unwrap();
+        std::fs::write(dir.path().join("a.yml"), "a: 1").unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+        let text = read_manifests(&[dir.path().to_path_buf()]).unwrap();
+        assert_eq!(text, "a: 1\n---\nb: 1");
+    }
+}

@@ -1,0 +1,107 @@
+//! The kinds of the discovery stream (wire.md §2): a leaf every stage names.
+
+use prometheus_client::encoding::EncodeLabelSet;
+
+/// The kinds a discovery-stream client can subscribe to (wire.md §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    ServiceNameMapping,
+    TagRoute,
+    ConditionRoute,
+    DynamicConfig,
+    AuthenticationPolicy,
+    AuthorizationPolicy,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::ServiceNameMapping,
+        Kind::TagRoute,
+        Kind::ConditionRoute,
+        Kind::DynamicConfig,
+        Kind::AuthenticationPolicy,
+        Kind::AuthorizationPolicy,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::ServiceNameMapping => "ServiceNameMapping",
+            Kind::TagRoute => "TagRoute",
+            Kind::ConditionRoute => "ConditionRoute",
+            Kind::DynamicConfig => "DynamicConfig",
+            Kind::AuthenticationPolicy => "AuthenticationPolicy",
+            Kind::AuthorizationPolicy => "AuthorizationPolicy",
+        }
+    }
+
+    /// `<group>/<version>/<Kind>`, as clients put it in `ObserveRequest.type`.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            Kind::ServiceNameMapping => "dubbo.apache.org/v1alpha1/ServiceNameMapping",
+            Kind::TagRoute => "dubbo.apache.org/v1alpha1/TagRoute",
+            Kind::ConditionRoute => "dubbo.apache.org/v1alpha1/ConditionRoute",
+            Kind::DynamicConfig => "dubbo.apache.org/v1alpha1/DynamicConfig",
+            Kind::AuthenticationPolicy => "dubbo.apache.org/v1alpha1/AuthenticationPolicy",
+            Kind::AuthorizationPolicy => "dubbo.apache.org/v1alpha1/AuthorizationPolicy",
+        }
+    }
+
+    pub fn from_type_name(type_name: &str) -> Option<Kind> {
+        Kind::ALL
+            .into_iter()
+            .find(|kind| kind.type_name() == type_name)
+    }
+
+    /// The kind named `name` exactly as in a manifest's `kind:` (`TagRoute`).
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// The custom resource's plural (wire.md §3), as in `kubectl get tagroutes`.
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::ServiceNameMapping => "servicenamemappings",
+            Kind::TagRoute => "tagroutes",
+            Kind::ConditionRoute => "conditionroutes",
+            Kind::DynamicConfig => "dynamicconfigs",
+            Kind::AuthenticationPolicy => "authenticationpolicies",
+            Kind::AuthorizationPolicy => "authorizationpolicies",
+        }
+    }
+
+    /// Type URL of the `<Kind>ToClient` messages in `ObserveResponse.data`.
+    pub fn type_url(self) -> &'static str {
+        match self {
+            Kind::ServiceNameMapping => {
+                "type.googleapis.com/dubbo.apache.org.v1alpha1.ServiceNameMappingToClient"
+            }
+            Kind::TagRoute => "type.googleapis.com/dubbo.apache.org.v1alpha1.TagRouteToClient",
+            Kind::ConditionRoute => {
+                "type.googleapis.com/dubbo.apache.org.v1alpha1.ConditionRouteToClient"
+            }
+            Kind::DynamicConfig => {
+                "type.googleapis.com/dubbo.apache.org.v1alpha1.DynamicConfigToClient"
+            }
+            Kind::AuthenticationPolicy => {
+                "type.googleapis.com/dubbo.apache.org.v1alpha1.AuthenticationPolicyToClient"
+            }
+            Kind::AuthorizationPolicy => {
+                "type.googleapis.com/dubbo.apache.org.v1alpha1.AuthorizationPolicyToClient"
+            }
+        }
+    }
+
+    /// Position in [`Kind::ALL`].
+    pub fn slot(self) -> usize {
+        self as usize
+    }
+
+    pub fn label(self) -> KindLabel {
+        KindLabel { kind: self.name() }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}

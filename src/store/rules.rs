@@ -1,0 +1,324 @@
+//! Standalone mode's rules: the truth for TagRoute, ConditionRoute, DynamicConfig and the auth
+//! policies, in the same SQLite file as the mappings (its own connection: rule writes are rare,
+//! admin-driven, and must not queue behind registrations). Every change is one transaction that
+//! also moves the shared revision forward, so revisions never go backwards across restarts.
+//!
+//! Each row remembers where it came from (`api`: `dubbo-cp apply`; `dir`: `--rules-dir`), so
+//! reloading the directory replaces its own objects and leaves applied ones alone.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::StoreError;
+use super::db::DB_FILE;
+use crate::index::Kind;
+pub use crate::rules::catalog::{RuleKey, describe, key_of};
+use crate::rules::{Rule, RuleSpec};
+
+/// How long a rule write waits for the mapping writer's transaction to finish.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where a stored rule came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `dubbo-cp apply` through the admin API.
+    Api,
+    /// A manifest file in `--rules-dir`.
+    Dir,
+}
+
+impl Source {
+    fn name(self) -> &'static str {
+        match self {
+            Source::Api => "api",
+            Source::Dir => "dir",
+        }
+    }
+}
+
+/// What one write did.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Report {
+    pub created: Vec<String>,
+    pub configured: Vec<String>,
+    pub unchanged: Vec<String>,
+    pub deleted: Vec<String>,
+    #[serde(rename = "notFound")]
+    pub not_found: Vec<String>,
+}
+
+/// A committed change, for the index: the new rule, or the key of a deleted one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RuleChange {
+    Upsert(Rule),
+    Delete(RuleKey),
+}
+
+pub struct RuleStore {
+    conn: Mutex<Connection>,
+}
+
+impl RuleStore {
+    /// Opens the rules of the database in `data_dir` (which [`super::Store::open`] created and
+    /// locked). Returns the store and every rule in it; rows that no longer validate are
+    /// logged and skipped, never deleted.
+    pub fn open(data_dir: &Path) -> Result<(RuleStore, Vec<Rule>), StoreError> {
+        let conn = Connection::open(data_dir.join(DB_FILE))?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS rule (
+                 kind      TEXT NOT NULL,
+                 namespace TEXT NOT NULL,
+                 name      TEXT NOT NULL,
+                 spec      TEXT NOT NULL,
+                 source    TEXT NOT NULL,
+                 PRIMARY KEY (kind, namespace, name)
+             ) WITHOUT ROWID;",
+        )?;
+        let mut rules = Vec::new();
+        {
+            let mut stmt = conn.prepare("SELECT kind, namespace, name, spec FROM rule")?;
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
+                let (kind, namespace, name, spec): (String, String, String, String) =
+                    (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
+                match parse_row(&kind, &spec) {
+                    Ok(spec) => rules.push(Rule {
+                        namespace,
+                        name,
+                        spec,
+                    }),
+                    Err(reason) => {
+                        tracing::error!(%kind, %namespace, %name, %reason, "stored rule skipped")
+                    }
+                }
+            }
+        }
+        Ok((
+            RuleStore {
+                conn: Mutex::new(conn),
+            },
+            rules,
+        ))
+    }
+
+    /// Creates or replaces `rules` in one transaction (all or nothing). Returns what happened,
+    /// the changes (empty when nothing changed) and the revision they were committed at.
+    pub fn apply(
+        &self,
+        rules: &[Rule],
+        source: Source,
+    ) -> Result<(Report, Vec<RuleChange>, i64), StoreError> {
+        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let tx = conn.transaction()?;
+        let mut report = Report::default();
+        let mut changes = Vec::new();
+        for rule in rules {
+            let key = key_of(rule);
+            let spec = rule.spec.to_json().to_string();
+            let stored: Option<(String, String)> = tx
+                .query_row(
+                    "SELECT spec, source FROM rule WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+                    params![key.0.name(), key.1, key.2],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()?;
+            match stored {
+                Some((old, old_source)) if old == spec && old_source == source.name() => {
+                    report.unchanged.push(describe(&key));
+                    continue;
+                }
+                Some((old, _)) => {
+                    if old == spec {
+                        report.unchanged.push(describe(&key));
+                    } else {
+                        report.configured.push(describe(&key));
+                        changes.push(RuleChange::Upsert(rule.clone()));
+                    }
+                }
+                None => {
+                    report.created.push(describe(&key));
+                    changes.push(RuleChange::Upsert(rule.clone()));
+                }
+            }
+            tx.execute(
+                "INSERT INTO rule (kind, namespace, name, spec, source) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (kind, namespace, name) DO UPDATE SET spec = ?4, source = ?5",
+                params![key.0.name(), key.1, key.2, spec, source.name()],
+            )?;
+        }
+        let revision = bump(&tx)?;
+        tx.commit()?;
+        Ok((report, changes, revision))
+    }
+
+    /// Deletes `keys` in one transaction.
+    pub fn delete(&self, keys: &[RuleKey]) -> Result<(Report, Vec<RuleChange>, i64), StoreError> {
+        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let tx = conn.transaction()?;
+        let mut report = Report::default();
+        let mut changes = Vec::new();
+        for key in keys {
+            let removed = tx.execute(
+                "DELETE FROM rule WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+                params![key.0.name(), key.1, key.2],
+            )?;
+            if removed > 0 {
+                report.deleted.push(describe(key));
+                changes.push(RuleChange::Delete(key.clone()));
+            } else {
+                report.not_found.push(describe(key));
+            }
+        }
+        let revision = bump(&tx)?;
+        tx.commit()?;
+        Ok((report, changes, revision))
+    }
+
+    /// Makes the objects from `--rules-dir` exactly `rules`: creates and replaces them, and
+    /// deletes directory objects that are gone. Objects applied through the API are untouched
+    /// unless the directory names them too (then the directory's version wins).
+    pub fn replace_dir(
+        &self,
+        rules: &[Rule],
+    ) -> Result<(Report, Vec<RuleChange>, i64), StoreError> {
+        let wanted: BTreeMap<RuleKey, &Rule> = rules.iter().map(|r| (key_of(r), r)).collect();
+        let gone: Vec<RuleKey> = {
+            let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+            let mut stmt =
+                conn.prepare("SELECT kind, namespace, name FROM rule WHERE source = 'dir'")?;
+            let rows = stmt.query_map([], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                ))
+            })?;
+            let mut gone = Vec::new();
+            for row in rows {
+                let (kind, namespace, name) = row?;
+                if let Some(kind) = Kind::from_name(&kind) {
+                    let key = (kind, namespace, name);
+                    if !wanted.contains_key(&key) {
+                        gone.push(key);
+                    }
+                }
+            }
+            gone
+        };
+        let (mut report, mut changes, _) = self.apply(rules, Source::Dir)?;
+        let (deleted, deletions, revision) = self.delete(&gone)?;
+        report.deleted = deleted.deleted;
+        changes.extend(deletions);
+        Ok((report, changes, revision))
+    }
+}
+
+fn parse_row(kind: &str, spec: &str) -> Result<RuleSpec, String> {
+    let kind = Kind::from_name(kind).ok_or_else(|| format!("unknown kind {kind:?}"))?;
+    let value: serde_json::Value = serde_json::from_str(spec).map_err(|e| e.to_string())?;
+    RuleSpec::parse(kind, &value).map_err(|e| e.to_string())
+}
+
+/// Moves the shared revision forward inside the transaction; the change is published at it.
+fn bump(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<i64> {
+    tx.query_row(
+        "UPDATE meta SET value = value + 1 WHERE name = 'revision' RETURNING value",
+        [],
+        |row| row.get(0),
+    )
+}
+
+/// Why a rule write was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RuleWriteError {
+    /// The manifests do not parse or validate; nothing was stored.
+    #[error(transparent)]
+    Invalid(#[from] crate::rules::ManifestError),
+    #[error("the rule store failed: {0}")]
+    Storage(#[from] StoreError),
+}
+
+/// Standalone rules end to end: manifests in, one transaction, then the index and the catalog.
+pub struct StandaloneRules {
+    store: RuleStore,
+    index: std::sync::Arc<crate::index::Index>,
+    catalog: std::sync::Arc<crate::rules::catalog::Catalog>,
+    root_namespace: String,
+}
+
+impl StandaloneRules {
+    /// Serves `rules` (as [`RuleStore::open`] read them) at `revision`.
+    pub fn new(
+        store: RuleStore,
+        rules: Vec<Rule>,
+        index: std::sync::Arc<crate::index::Index>,
+        catalog: std::sync::Arc<crate::rules::catalog::Catalog>,
+        root_namespace: String,
+        revision: i64,
+    ) -> Self {
+        let this = Self {
+            store,
+            index,
+            catalog,
+            root_namespace,
+        };
+        let changes: Vec<RuleChange> = rules.into_iter().map(RuleChange::Upsert).collect();
+        this.publish(changes, revision);
+        this
+    }
+
+    /// `dubbo-cp apply`: every document validated first, then all stored in one transaction.
+    pub fn apply(&self, manifests: &str, source: Source) -> Result<Report, RuleWriteError> {
+        let rules = crate::rules::parse_manifests(manifests)?;
+        let (report, changes, revision) = match source {
+            Source::Api => self.store.apply(&rules, source)?,
+            Source::Dir => self.store.replace_dir(&rules)?,
+        };
+        self.publish(changes, revision);
+        Ok(report)
+    }
+
+    /// `dubbo-cp delete -f`: the objects the manifests name.
+    pub fn delete_manifests(&self, manifests: &str) -> Result<Report, RuleWriteError> {
+        let keys: Vec<RuleKey> = crate::rules::parse_manifests(manifests)?
+            .iter()
+            .map(key_of)
+            .collect();
+        self.delete(&keys)
+    }
+
+    pub fn delete(&self, keys: &[RuleKey]) -> Result<Report, RuleWriteError> {
+        let (report, changes, revision) = self.store.delete(keys)?;
+        self.publish(changes, revision);
+        Ok(report)
+    }
+
+    fn publish(&self, changes: Vec<RuleChange>, revision: i64) {
+        let mut by_kind: BTreeMap<Kind, Vec<crate::index::Change>> = BTreeMap::new();
+        for change in changes {
+            match change {
+                RuleChange::Upsert(rule) => {
+                    by_kind.entry(rule.kind()).or_default().push(
+                        crate::rules::catalog::change_for(&rule, &self.root_namespace),
+                    );
+                    self.catalog.upsert(rule);
+                }
+                RuleChange::Delete(key) => {
+                    by_kind
+                        .entry(key.0)
+                        .or_default()
+                        .push(crate::rules::catalog::delete_for(&key));
+                    self.catalog.remove(&key);
+                }
+            }
+        }
+        for (kind, changes) in by_kind {
+            self.index.apply(kind, changes, revision);
+        }
+    }
+}
