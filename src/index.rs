@@ -523,6 +523,62 @@ mod tests {
     }
 
     #[test]
+    fn clients_that_see_the_same_objects_share_one_view() {
+        use crate::rules::PolicySelector;
+        let index = Index::new(1);
+        let kind = Kind::AuthenticationPolicy;
+        let in_namespace = |ns: &str| {
+            Arc::new(Audience {
+                selectors: vec![PolicySelector {
+                    namespaces: vec![ns.to_owned()],
+                    ..PolicySelector::default()
+                }],
+            })
+        };
+        index.apply(
+            kind,
+            [
+                Change::Upsert("everyone/root".into(), any(b"all")),
+                Change::Scoped("a/ns-a".into(), any(b"a"), in_namespace("ns-a")),
+                Change::Scoped("b/ns-b".into(), any(b"b"), in_namespace("ns-b")),
+            ],
+            0,
+        );
+        let snapshot = index.current(kind);
+        assert!(snapshot.is_scoped());
+        let endpoint = |ns: &str, i: usize| Endpoint {
+            namespace: ns.to_owned(),
+            id: format!("{ns}/client-{i}"),
+            ..Endpoint::default()
+        };
+        for i in 0..100 {
+            let ns = if i % 2 == 0 { "ns-a" } else { "ns-b" };
+            let view = snapshot.view_for(&endpoint(ns, i));
+            let expected: Vec<Any> =
+                vec![any(ns.trim_start_matches("ns-").as_bytes()), any(b"all")];
+            assert_eq!(view.decode().unwrap(), expected, "{ns}");
+        }
+        assert_eq!(
+            snapshot.views_assembled(),
+            2,
+            "one assembly per distinct view"
+        );
+        // A client of neither namespace sees only the unscoped object.
+        let other = snapshot.view_for(&endpoint("ns-c", 0));
+        assert_eq!(other.decode().unwrap(), vec![any(b"all")]);
+        // A selector-only edit is a change, although the sent bytes are equal.
+        assert!(index.apply(
+            kind,
+            [Change::Scoped(
+                "a/ns-a".into(),
+                any(b"a"),
+                in_namespace("ns-c")
+            )],
+            0
+        ));
+    }
+
+    #[test]
     fn loaded_once_every_kind_is() {
         let index = Index::new(1);
         index.mark_loaded(Kind::ServiceNameMapping);

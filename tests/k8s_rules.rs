@@ -1,0 +1,257 @@
+//! Rules in Kubernetes mode against the API-server fixture: kubectl create/edit/delete reach
+//! subscribed clients; an invalid object is skipped and reported while the rest of its kind
+//! flows; auth policies reach exactly the clients they select.
+
+// Tests: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::apiserver::ApiServer;
+use common::sa_tokens::{Claims, Issuer};
+use common::{Observer, channel, http_get, start, test_config, type_of};
+use dubbo_cp::config::{Config, Mode};
+use prost::Message;
+use serde_json::json;
+
+fn config(dir: &std::path::Path, api: &ApiServer, authenticate: bool) -> Config {
+    let mut config = test_config(dir);
+    config.mode = Mode::Kubernetes;
+    config.kubernetes.api_server = Some(api.url());
+    config.shutdown_grace = Duration::from_secs(2);
+    config.debounce.after = Duration::from_millis(10);
+    config.debounce.max = Duration::from_millis(100);
+    config.auth.token_review = Some(authenticate);
+    config
+}
+
+async fn wait_ready(admin: std::net::SocketAddr) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while http_get(admin, "/readyz").await.0 != 200 {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `key`s of the objects in a response.
+fn keys(response: &dubbo_cp::dds::ObserveResponse) -> BTreeSet<String> {
+    response
+        .data
+        .decode()
+        .unwrap()
+        .iter()
+        .map(|any| dubbo_cp::resources::object_key(any).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_edits_of_rules_reach_clients_and_invalid_objects_are_skipped() {
+    let api = ApiServer::start().await;
+    api.kubectl_apply_rule(
+        "tagroutes",
+        "TagRoute",
+        "demo",
+        "grey",
+        json!({"key": "demo-provider", "configVersion": "v3.0", "tags": [{"name": "grey", "addresses": ["10.0.0.1"]}]}),
+    );
+    // Valid YAML the API server would refuse by schema, written here anyway: it must be skipped.
+    api.kubectl_apply_rule(
+        "tagroutes",
+        "TagRoute",
+        "demo",
+        "broken",
+        json!({"key": "", "tags": "not-a-list"}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(config(dir.path(), &api, false)).await;
+    wait_ready(server.admin_addr).await;
+
+    let mut observer = Observer::open(server.grpc_addr).await;
+    let ty = type_of("TagRoute");
+    observer.subscribe(&ty).await;
+    let first = observer.next().await;
+    assert_eq!(keys(&first), BTreeSet::from(["grey/demo".to_string()]));
+    let (_, debug) = http_get(server.admin_addr, "/debug/rules").await;
+    let debug: serde_json::Value = serde_json::from_str(&debug).unwrap();
+    assert_eq!(debug["invalid"][0]["name"], "broken", "{debug}");
+    assert!(
+        debug["invalid"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("spec."),
+        "{debug}"
+    );
+    observer.ack(&first).await;
+
+    // Edit: the new addresses arrive.
+    api.kubectl_apply_rule(
+        "tagroutes",
+        "TagRoute",
+        "demo",
+        "grey",
+        json!({"key": "demo-provider", "configVersion": "v3.0", "tags": [{"name": "grey", "addresses": ["10.0.0.9"]}]}),
+    );
+    let edited = observer.next().await;
+    let objects = edited.data.decode().unwrap();
+    let decoded =
+        dubbo_cp::pb::rules::TagRouteToClient::decode(objects[0].value.as_slice()).unwrap();
+    assert_eq!(decoded.spec.unwrap().tags[0].addresses, vec!["10.0.0.9"]);
+    observer.ack(&edited).await;
+
+    // Repairing the broken object brings it in; deleting both empties the kind.
+    api.kubectl_apply_rule(
+        "tagroutes",
+        "TagRoute",
+        "demo",
+        "broken",
+        json!({"key": "other", "configVersion": "v3.0", "tags": [{"name": "blue", "addresses": ["10.0.0.2"]}]}),
+    );
+    let repaired = observer.next().await;
+    assert_eq!(keys(&repaired).len(), 2);
+    observer.ack(&repaired).await;
+    api.kubectl_delete_rule("tagroutes", "demo", "grey");
+    api.kubectl_delete_rule("tagroutes", "demo", "broken");
+    let mut last = observer.next().await;
+    while !keys(&last).is_empty() {
+        observer.ack(&last).await;
+        last = observer.next().await;
+    }
+    // `get` reads what the watch serves.
+    let (status, body) = http_get(server.admin_addr, "/api/v1/rules/tagroutes").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("\"items\":[]"), "{body}");
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_policies_reach_exactly_the_clients_they_select() {
+    let api = ApiServer::start().await;
+    let issuer = Issuer::new("key-1");
+    api.set_jwks(issuer.jwks.clone());
+    api.put_pod("team-a", "a-1", "uid-a", json!({"app": "a"}), &["10.0.1.5"]);
+    api.put_pod("team-b", "b-1", "uid-b", json!({"app": "b"}), &["10.0.2.5"]);
+    let authn = |ns: &str, name: &str, spec: serde_json::Value| {
+        api.kubectl_apply_rule(
+            "authenticationpolicies",
+            "AuthenticationPolicy",
+            ns,
+            name,
+            spec,
+        );
+    };
+    let root = "dubbo-system";
+    authn(root, "everyone", json!({"action": "STRICT"}));
+    authn("team-a", "own-namespace", json!({"action": "STRICT"}));
+    authn(
+        root,
+        "ip",
+        json!({"action": "STRICT", "selector": [{"ipBlocks": ["10.0.1.0/24"]}]}),
+    );
+    authn(
+        root,
+        "not-ip",
+        json!({"action": "STRICT", "selector": [{"notIpBlocks": ["10.0.1.0/24"]}]}),
+    );
+    authn(
+        root,
+        "principal",
+        json!({"action": "STRICT", "selector": [{"principals": ["cluster.local/ns/team-b/sa/b"]}]}),
+    );
+    authn(
+        root,
+        "not-principal",
+        json!({"action": "STRICT", "selector": [{"notPrincipals": ["spiffe://cluster.local/ns/team-b/sa/b"]}]}),
+    );
+    authn(
+        root,
+        "label",
+        json!({"action": "STRICT", "selector": [{"extends": [{"key": "kubernetesEnv.podLabels.app", "value": "a"}]}]}),
+    );
+    authn(
+        root,
+        "not-label",
+        json!({"action": "STRICT", "selector": [{"notExtends": [{"key": "kubernetesEnv.podLabels.app", "value": "a"}]}]}),
+    );
+    authn(
+        root,
+        "namespace",
+        json!({"action": "STRICT", "selector": [{"namespaces": ["team-b"]}]}),
+    );
+    authn(
+        root,
+        "not-namespace",
+        json!({"action": "STRICT", "selector": [{"notNamespaces": ["team-b"]}]}),
+    );
+    let authz = |ns: &str, name: &str, spec: serde_json::Value| {
+        api.kubectl_apply_rule(
+            "authorizationpolicies",
+            "AuthorizationPolicy",
+            ns,
+            name,
+            spec,
+        );
+    };
+    authz(
+        root,
+        "to-team-a",
+        json!({"action": "ALLOW", "rules": [{"from": {"namespaces": ["x"]}, "to": {"namespaces": ["team-a"]}}]}),
+    );
+    authz("team-b", "no-rules", json!({"action": "DENY"}));
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(config(dir.path(), &api, true)).await;
+    wait_ready(server.admin_addr).await;
+    let token_a = issuer.mint(&Claims::bound("team-a", "a", ("a-1", "uid-a")));
+    let token_b = issuer.mint(&Claims::bound("team-b", "b", ("b-1", "uid-b")));
+    let mut a = Observer::connect_as(channel(server.grpc_addr).await, Some(&token_a))
+        .await
+        .unwrap();
+    let mut b = Observer::connect_as(channel(server.grpc_addr).await, Some(&token_b))
+        .await
+        .unwrap();
+    let set =
+        |names: &[&str]| -> BTreeSet<String> { names.iter().map(|n| n.to_string()).collect() };
+
+    for observer in [&a, &b] {
+        observer.subscribe(&type_of("AuthenticationPolicy")).await;
+    }
+    assert_eq!(
+        keys(&a.next().await),
+        set(&[
+            "everyone/dubbo-system",
+            "own-namespace/team-a",
+            "ip/dubbo-system",
+            "not-principal/dubbo-system",
+            "label/dubbo-system",
+            "not-namespace/dubbo-system"
+        ])
+    );
+    assert_eq!(
+        keys(&b.next().await),
+        set(&[
+            "everyone/dubbo-system",
+            "not-ip/dubbo-system",
+            "principal/dubbo-system",
+            "not-label/dubbo-system",
+            "namespace/dubbo-system"
+        ])
+    );
+
+    for observer in [&a, &b] {
+        observer.subscribe(&type_of("AuthorizationPolicy")).await;
+    }
+    let for_a = a.next().await;
+    assert_eq!(keys(&for_a), set(&["to-team-a/dubbo-system"]));
+    let for_b = b.next().await;
+    assert_eq!(keys(&for_b), set(&["no-rules/team-b"]));
+    // What is sent carries no `to`, and a policy without rules is sent with one empty rule.
+    let sent = dubbo_cp::pb::rules::AuthorizationPolicyToClient::decode(
+        for_b.data.decode().unwrap()[0].value.as_slice(),
+    )
+    .unwrap();
+    assert_eq!(sent.spec.unwrap().rules.len(), 1);
+    server.stop().await.unwrap();
+}
