@@ -24,6 +24,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Maps (DynamicConfig parameters) encode in key order: the same rule always encodes to
         // the same bytes, so an unchanged object is recognised and never re-sent.
         .btree_map(".")
+        // `dubbo-cp watch -o json` prints what clients receive under the wire's JSON names.
+        .type_attribute(
+            ".dubbo.apache.org.v1alpha1",
+            "#[derive(serde::Serialize)] #[serde(rename_all = \"camelCase\")]",
+        )
         // Responses carry a pre-encoded payload shared by every stream (see src/dds/wire.rs).
         .extern_path(
             ".org.apache.dubbo.auth.v1alpha1.ObserveResponse",

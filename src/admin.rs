@@ -303,5 +303,8 @@ async fn get_rules(
 
 /// Objects skipped by a watch (do not deserialize or validate), with why.
 async fn debug_rules(State(state): State<AdminState>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "invalid": state.rules.catalog.invalid() }))
+    Json(serde_json::json!({
+        "invalid": state.rules.catalog.invalid(),
+        "files": state.rules.catalog.file_errors(),
+    }))
 }

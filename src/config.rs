@@ -90,12 +90,17 @@ pub struct RulesConfig {
         env = "DUBBO_CP_RULES_ROOT_NAMESPACE"
     )]
     pub root_namespace: String,
+    /// Standalone: a directory of rule manifests applied at start and on every change (files
+    /// that fail to parse keep their last good objects).
+    #[arg(id = "rules.dir", long = "rules-dir", env = "DUBBO_CP_RULES_DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 impl Default for RulesConfig {
     fn default() -> Self {
         Self {
             root_namespace: "dubbo-system".to_owned(),
+            dir: None,
         }
     }
 }

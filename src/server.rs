@@ -292,6 +292,15 @@ async fn open_store(
     let index = Arc::new(Index::new(store.opened_revision()));
     let catalog = Arc::new(Catalog::default());
     let rules = open_rules(config, &index, &catalog, store.opened_revision()).await?;
+    if let Some(dir) = &config.rules.dir {
+        let reload = store::rules_dir::run(
+            rules.clone(),
+            catalog.clone(),
+            dir.clone(),
+            tasks.shutdown_receiver(),
+        );
+        tasks.spawn("rules directory", reload);
+    }
     store::load_index(&store, &index);
     tracing::info!(
         mappings = index.current(Kind::ServiceNameMapping).objects.len(),
@@ -353,6 +362,10 @@ async fn open_kubernetes(
     registry: &mut Registry,
     tasks: &mut Supervisor,
 ) -> anyhow::Result<Source> {
+    anyhow::ensure!(
+        config.rules.dir.is_none(),
+        "rules.dir (--rules-dir) is for standalone mode; in Kubernetes mode apply the manifests with kubectl"
+    );
     let cluster = Arc::new(ClusterView::default());
     let catalog = Arc::new(Catalog::default());
     let (changes_tx, changes) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);

@@ -202,3 +202,69 @@ async fn get_mappings_prints_the_state_from_the_discovery_stream() {
     assert!(text.contains("org-apache-dubbo-demo-demoservice/other\torg.apache.dubbo.demo.DemoService\tother-provider"), "{text}");
     assert!(server.stop().await.is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_get_and_delete_rules_through_the_admin_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::start(common::test_config(dir.path())).await;
+    let admin = server.admin_addr.to_string();
+    let manifest = dir.path().join("grey.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: dubbo.apache.org/v1alpha1\nkind: TagRoute\nmetadata: {name: grey, namespace: demo}\nspec:\n  key: demo-provider\n  configVersion: v3.0\n  tags: [{name: grey, addresses: [10.0.0.1]}]\n",
+    )
+    .unwrap();
+    let path = manifest.to_str().unwrap();
+    let applied = run_client(&["apply", "--admin", &admin, "-f", path]).await;
+    assert!(applied.status.success(), "{applied:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&applied.stdout),
+        "TagRoute demo/grey created\n"
+    );
+    let again = run_client(&["apply", "--admin", &admin, "-f", path]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout),
+        "TagRoute demo/grey unchanged\n"
+    );
+    let got = run_client(&[
+        "get",
+        "tagroutes",
+        "--admin",
+        &admin,
+        "-n",
+        "demo",
+        "-o",
+        "yaml",
+    ])
+    .await;
+    assert!(got.status.success(), "{got:?}");
+    let yaml = String::from_utf8_lossy(&got.stdout);
+    assert!(
+        yaml.contains("name: grey") && yaml.contains("10.0.0.1"),
+        "{yaml}"
+    );
+
+    // A broken manifest: a clear message naming the field, a failing exit status.
+    std::fs::write(&manifest, "apiVersion: dubbo.apache.org/v1alpha1\nkind: TagRoute\nmetadata: {name: grey, namespace: demo}\nspec: {key: \"\", configVersion: v3.0, tags: []}\n").unwrap();
+    let refused = run_client(&["apply", "--admin", &admin, "-f", path]).await;
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("spec.key"), "{stderr}");
+
+    let deleted = run_client(&[
+        "delete",
+        "tagroutes",
+        "grey",
+        "-n",
+        "demo",
+        "--admin",
+        &admin,
+    ])
+    .await;
+    assert!(deleted.status.success(), "{deleted:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&deleted.stdout),
+        "TagRoute demo/grey deleted\n"
+    );
+    server.stop().await.unwrap();
+}

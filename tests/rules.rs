@@ -316,3 +316,61 @@ async fn invalid_manifests_are_refused_naming_the_field_and_nothing_is_stored() 
     }
     server.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rules_directory_is_applied_and_reloaded_and_a_broken_file_keeps_its_last_good_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules_dir = dir.path().join("rules");
+    std::fs::create_dir(&rules_dir).unwrap();
+    let file = rules_dir.join("grey.yaml");
+    std::fs::write(&file, TAG_ROUTE_V1).unwrap();
+    let mut config = test_config(&dir.path().join("data"));
+    config.rules.dir = Some(rules_dir.clone());
+    let server = start(config).await;
+    let mut observer = Observer::open(server.grpc_addr).await;
+    let ty = type_of("TagRoute");
+    observer.subscribe(&ty).await;
+    // The directory may be applied just after the stream opens: wait for its object.
+    let mut state = observer.next().await;
+    while state.data.decode().unwrap() != vec![expected_any(TAG_ROUTE_V1)] {
+        observer.ack(&state).await;
+        state = observer.next().await;
+    }
+    observer.ack(&state).await;
+
+    // An edit of the file is applied.
+    std::fs::write(&file, TAG_ROUTE_V2).unwrap();
+    let edited = observer.next().await;
+    assert_eq!(
+        edited.data.decode().unwrap(),
+        vec![expected_any(TAG_ROUTE_V2)]
+    );
+    observer.ack(&edited).await;
+
+    // A broken edit keeps the last good objects and is reported.
+    std::fs::write(&file, "apiVersion: dubbo.apache.org/v1alpha1\nkind: TagRoute\nmetadata: {name: grey, namespace: demo}\nspec: {tags: 7}\n").unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, body) = http_get(server.admin_addr, "/debug/rules").await;
+        if body.contains("grey.yaml") {
+            assert!(body.contains("spec"), "{body}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "broken file never reported: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (_, body) = http_get(server.admin_addr, "/api/v1/rules/tagroutes").await;
+    assert!(
+        body.contains("10.0.0.3"),
+        "the last good version is still served: {body}"
+    );
+
+    // Removing the file removes its objects.
+    std::fs::remove_file(&file).unwrap();
+    let gone = observer.next().await;
+    assert_eq!(gone.data.len(), 0);
+    server.stop().await.unwrap();
+}

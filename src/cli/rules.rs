@@ -22,7 +22,7 @@ pub struct AdminArg {
         env = "DUBBO_CP_ADMIN",
         default_value = "127.0.0.1:30070"
     )]
-    pub address: String,
+    pub admin_address: String,
     /// Bearer token of an admin identity (needed when authentication is configured).
     #[arg(long, env = "DUBBO_CP_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -168,7 +168,7 @@ async fn request(
 ) -> anyhow::Result<serde_json::Value> {
     tokio::time::timeout(TIMEOUT, exchange(admin, method, path, body))
         .await
-        .with_context(|| format!("no answer from {} within {TIMEOUT:?}", admin.address))?
+        .with_context(|| format!("no answer from {} within {TIMEOUT:?}", admin.admin_address))?
 }
 
 async fn exchange(
@@ -178,7 +178,7 @@ async fn exchange(
     body: Option<String>,
 ) -> anyhow::Result<serde_json::Value> {
     let address = admin
-        .address
+        .admin_address
         .trim_start_matches("http://")
         .trim_end_matches('/');
     let mut stream = tokio::net::TcpStream::connect(address)

@@ -24,6 +24,9 @@ struct ObjectView {
     application_names: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     type_url: Option<String>,
+    /// A rule's spec as the client receives it (wire JSON names).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Serialize)]
@@ -61,12 +64,14 @@ fn view(
                 interface_name: Some(spec.interface_name),
                 application_names: Some(spec.application_names),
                 type_url: None,
+                spec: None,
             }
         } else {
             ObjectView {
                 key: object_key(&any).context("malformed object")?,
                 interface_name: None,
                 application_names: None,
+                spec: rule_spec(kind, &any),
                 type_url: Some(any.type_url),
             }
         };
@@ -87,6 +92,30 @@ fn view(
     })
 }
 
+/// The `spec` of a rule object, decoded as the generated message of its kind.
+fn rule_spec(kind: Kind, any: &prost_types::Any) -> Option<serde_json::Value> {
+    use crate::pb::rules as pb;
+    use prost::Message;
+    let bytes = any.value.as_slice();
+    let json = match kind {
+        Kind::ServiceNameMapping => return None,
+        Kind::TagRoute => serde_json::to_value(pb::TagRouteToClient::decode(bytes).ok()?.spec),
+        Kind::ConditionRoute => {
+            serde_json::to_value(pb::ConditionRouteToClient::decode(bytes).ok()?.spec)
+        }
+        Kind::DynamicConfig => {
+            serde_json::to_value(pb::DynamicConfigToClient::decode(bytes).ok()?.spec)
+        }
+        Kind::AuthenticationPolicy => {
+            serde_json::to_value(pb::AuthenticationPolicyToClient::decode(bytes).ok()?.spec)
+        }
+        Kind::AuthorizationPolicy => {
+            serde_json::to_value(pb::AuthorizationPolicyToClient::decode(bytes).ok()?.spec)
+        }
+    };
+    json.ok()
+}
+
 fn print_state(state: &StateView, output: Output) -> anyhow::Result<()> {
     match output {
         Output::Json => println!("{}", serde_json::to_string(state)?),
@@ -102,11 +131,14 @@ fn print_state(state: &StateView, output: Output) -> anyhow::Result<()> {
                     (Some(interface), Some(apps)) => {
                         println!("{}\t{}\t{}", object.key, interface, apps.join(","));
                     }
-                    _ => println!(
-                        "{}\t{}",
-                        object.key,
-                        object.type_url.as_deref().unwrap_or("")
-                    ),
+                    _ => match &object.spec {
+                        Some(spec) => println!("{}\t{spec}", object.key),
+                        None => println!(
+                            "{}\t{}",
+                            object.key,
+                            object.type_url.as_deref().unwrap_or("")
+                        ),
+                    },
                 }
             }
         }

@@ -66,9 +66,19 @@ pub struct Invalid {
 pub struct Catalog {
     rules: RwLock<BTreeMap<RuleKey, Rule>>,
     invalid: RwLock<BTreeMap<RuleKey, String>>,
+    /// `--rules-dir` files that failed to parse, with why.
+    files: RwLock<BTreeMap<String, String>>,
 }
 
 impl Catalog {
+    pub fn set_file_errors(&self, errors: BTreeMap<String, String>) {
+        *self.files.write().unwrap_or_else(|e| e.into_inner()) = errors;
+    }
+
+    pub fn file_errors(&self) -> BTreeMap<String, String> {
+        self.files.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     pub fn upsert(&self, rule: Rule) {
         let key = key_of(&rule);
         self.invalid_mut().remove(&key);

@@ -10,6 +10,7 @@ mod db;
 mod embedded;
 mod outbox;
 pub mod rules;
+pub mod rules_dir;
 
 use crate::debounce::Merge;
 use crate::mapping::{MappingDelta, MappingKey};

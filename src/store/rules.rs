@@ -283,6 +283,13 @@ impl StandaloneRules {
         Ok(report)
     }
 
+    /// `--rules-dir`: makes the directory's objects exactly `rules` (already validated).
+    pub fn replace_dir(&self, rules: &[Rule]) -> Result<Report, RuleWriteError> {
+        let (report, changes, revision) = self.store.replace_dir(rules)?;
+        self.publish(changes, revision);
+        Ok(report)
+    }
+
     /// `dubbo-cp delete -f`: the objects the manifests name.
     pub fn delete_manifests(&self, manifests: &str) -> Result<Report, RuleWriteError> {
         let keys: Vec<RuleKey> = crate::rules::parse_manifests(manifests)?
