@@ -255,3 +255,86 @@ async fn auth_policies_reach_exactly_the_clients_they_select() {
     assert_eq!(sent.spec.unwrap().rules.len(), 1);
     server.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_kind_is_created_edited_and_deleted_through_the_api_server() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(config(dir.path(), &api, false)).await;
+    wait_ready(server.admin_addr).await;
+    let mut observer = Observer::open(server.grpc_addr).await;
+    // (resource, kind, namespace, first spec, edited spec). Auth policies in the root namespace
+    // reach this anonymous client.
+    let cases = [
+        (
+            "tagroutes",
+            "TagRoute",
+            "demo",
+            json!({"key": "p", "configVersion": "v3.0", "tags": [{"name": "g", "addresses": ["10.0.0.1"]}]}),
+            json!({"key": "p", "configVersion": "v3.0", "tags": [{"name": "g", "addresses": ["10.0.0.2"]}]}),
+        ),
+        (
+            "conditionroutes",
+            "ConditionRoute",
+            "demo",
+            json!({"key": "I", "scope": "service", "configVersion": "v3.0", "conditions": ["method=a => host=10.0.0.1"]}),
+            json!({"key": "I", "scope": "service", "configVersion": "v3.0", "conditions": ["method=b => host=10.0.0.1"]}),
+        ),
+        (
+            "dynamicconfigs",
+            "DynamicConfig",
+            "demo",
+            json!({"key": "p", "scope": "application", "configVersion": "v3.0", "configs": [{"side": "provider", "parameters": {"weight": "10"}}]}),
+            json!({"key": "p", "scope": "application", "configVersion": "v3.0", "configs": [{"side": "provider", "parameters": {"weight": "90"}}]}),
+        ),
+        (
+            "authenticationpolicies",
+            "AuthenticationPolicy",
+            "dubbo-system",
+            json!({"action": "STRICT"}),
+            json!({"action": "PERMISSIVE"}),
+        ),
+        (
+            "authorizationpolicies",
+            "AuthorizationPolicy",
+            "dubbo-system",
+            json!({"action": "ALLOW", "rules": [{"from": {"namespaces": ["a"]}}]}),
+            json!({"action": "DENY", "rules": [{"from": {"namespaces": ["a"]}}]}),
+        ),
+    ];
+    for (resource, kind, namespace, first, edited) in cases {
+        let ty = type_of(kind);
+        observer.subscribe(&ty).await;
+        let empty = observer.next().await;
+        assert_eq!(empty.data.len(), 0, "{kind}");
+        observer.ack(&empty).await;
+        for spec in [first, edited] {
+            api.kubectl_apply_rule(resource, kind, namespace, "r", spec.clone());
+            let manifest = json!({
+                "apiVersion": "dubbo.apache.org/v1alpha1", "kind": kind,
+                "metadata": {"name": "r", "namespace": namespace}, "spec": spec,
+            });
+            let rule = dubbo_cp::rules::parse_manifests(&manifest.to_string())
+                .unwrap()
+                .remove(0);
+            let expected = match dubbo_cp::rules::catalog::change_for(&rule, "dubbo-system") {
+                dubbo_cp::index::Change::Upsert(_, any)
+                | dubbo_cp::index::Change::Scoped(_, any, _) => any,
+                other => panic!("{other:?}"),
+            };
+            let response = observer.next().await;
+            assert_eq!(response.r#type, ty);
+            assert_eq!(response.data.decode().unwrap(), vec![expected], "{kind}");
+            observer.ack(&response).await;
+        }
+        api.kubectl_delete_rule(resource, namespace, "r");
+        let gone = observer.next().await;
+        assert_eq!(
+            (gone.r#type.as_str(), gone.data.len()),
+            (ty.as_str(), 0),
+            "{kind}"
+        );
+        observer.ack(&gone).await;
+    }
+    server.stop().await.unwrap();
+}

@@ -46,6 +46,11 @@ pub struct DdsStats {
     pub streams_open: AtomicI64,
     pub streams_refused: AtomicU64,
     pub pushes: AtomicU64,
+    /// Responses sent, by kind.
+    pub pushes_by_kind: prometheus_client::metrics::family::Family<
+        crate::kind::KindLabel,
+        prometheus_client::metrics::counter::Counter,
+    >,
     pub stale_nonces: AtomicU64,
     /// Seconds from a state's publication to its hand-over to a stream's transport; with the
     /// debounce delay before it, the time from registration to the last client's receipt.
@@ -58,6 +63,11 @@ impl DdsStats {
         registry: &mut prometheus_client::registry::Registry,
     ) {
         use crate::metrics::{scraped_counter, scraped_gauge};
+        registry.register(
+            "dds_kind_pushes",
+            "Responses sent on discovery streams, by kind",
+            self.pushes_by_kind.clone(),
+        );
         registry.register(
             "dds_push_delay_seconds",
             "Seconds from a state's publication to its hand-over to a stream's transport",
@@ -100,6 +110,7 @@ impl Default for DdsStats {
             streams_open: AtomicI64::new(0),
             streams_refused: AtomicU64::new(0),
             pushes: AtomicU64::new(0),
+            pushes_by_kind: Default::default(),
             stale_nonces: AtomicU64::new(0),
             push_delay: crate::metrics::latency_histogram(),
         }

@@ -88,6 +88,7 @@ impl Outbound<'_> {
                 // Kept only for filtered kinds: a shared full state must not stay alive per stream.
                 subscription.last_view = snapshot.is_scoped().then_some(data);
                 self.stats.pushes.fetch_add(1, Ordering::Relaxed);
+                self.stats.pushes_by_kind.get_or_create(&kind.label()).inc();
                 self.stats
                     .push_delay
                     .observe(snapshot.published.elapsed().as_secs_f64());
