@@ -335,21 +335,34 @@ async fn observe_one(
     subscribed: Arc<Barrier>,
     received: mpsc::UnboundedSender<Instant>,
 ) -> anyhow::Result<()> {
+    observe_as(channel, SNP_TYPE, None, subscribed, received).await
+}
+
+/// [`observe_one`] for any type, with a bearer token when given.
+async fn observe_as(
+    channel: Channel,
+    r#type: &str,
+    token: Option<String>,
+    subscribed: Arc<Barrier>,
+    received: mpsc::UnboundedSender<Instant>,
+) -> anyhow::Result<()> {
     let (requests, rx) = mpsc::channel(4);
     let subscribe = ObserveRequest {
         nonce: String::new(),
-        r#type: SNP_TYPE.into(),
+        r#type: r#type.into(),
     };
     requests.send(subscribe).await?;
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await?;
     let path = http::uri::PathAndQuery::from_static(dubbo_cp::dds::OBSERVE_PATH);
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse()?);
+    }
     let mut responses = grpc
-        .streaming(
-            tonic::Request::new(ReceiverStream::new(rx)),
-            path,
-            HeadOnlyCodec,
-        )
+        .streaming(request, path, HeadOnlyCodec)
         .await?
         .into_inner();
     let first = responses.message().await?.context("stream ended")?;
@@ -369,5 +382,209 @@ async fn observe_one(
         })
         .await?;
     std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// One rule change fanned out to `streams` clients in `namespaces` namespaces that each see
+/// their own namespace's authentication policies (`policies` in all) plus the root namespace's.
+pub async fn measure_rules(
+    streams: usize,
+    streams_per_connection: usize,
+    namespaces: usize,
+    policies: usize,
+) -> anyhow::Result<(FanoutResult, f64)> {
+    let data_dir = tempfile::tempdir()?;
+    let mut tokens = String::from(
+        "tokens:\n  - {token: admin-token, namespace: dubbo-system, identity: admin}\n",
+    );
+    for ns in 0..namespaces {
+        tokens.push_str(&format!("  - {{token: token-{ns}, namespace: ns-{ns}}}\n"));
+    }
+    let token_file = data_dir.path().join("tokens.yaml");
+    std::fs::write(&token_file, tokens)?;
+    let token_path = token_file.to_string_lossy().into_owned();
+    let server = spawn_server_in(
+        data_dir,
+        &[
+            "--debounce-enable",
+            "false",
+            "--token-file",
+            &token_path,
+            "--auth-admins",
+            "admin",
+        ],
+    )?;
+    let mut manifests = String::new();
+    for i in 0..policies {
+        manifests.push_str(&format!(
+            "---\napiVersion: dubbo.apache.org/v1alpha1\nkind: AuthenticationPolicy\nmetadata: {{name: p{i}, namespace: ns-{}}}\nspec: {{action: STRICT}}\n",
+            i % namespaces.max(1)
+        ));
+    }
+    admin_post(server.admin_addr, "/api/v1/apply", &manifests).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_before = rss_kib(server.child.id())?;
+    let addr = format!("http://{}", server.grpc_addr);
+    let connections = streams.div_ceil(streams_per_connection.max(1));
+    let mut channels = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        channels.push(Channel::from_shared(addr.clone())?.connect().await?);
+    }
+    let subscribed = Arc::new(Barrier::new(streams + 1));
+    let (received_tx, mut received_rx) = mpsc::unbounded_channel::<Instant>();
+    let started = Instant::now();
+    let mut holders = Vec::with_capacity(streams);
+    for i in 0..streams {
+        let channel = channels[i % channels.len()].clone();
+        let subscribed = subscribed.clone();
+        let received = received_tx.clone();
+        let token = format!("token-{}", i % namespaces.max(1));
+        holders.push(tokio::spawn(async move {
+            let kind = "dubbo.apache.org/v1alpha1/AuthenticationPolicy";
+            if let Err(err) = observe_as(channel, kind, Some(token), subscribed, received).await {
+                eprintln!("stream {i}: {err:#}");
+            }
+        }));
+    }
+    drop(received_tx);
+    subscribed.wait().await;
+    let connect = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_after = rss_kib(server.child.id())?;
+    let server_pid = server.child.id().to_string();
+    let server_cpu = cpu_seconds(&server_pid)?;
+    let client_cpu = cpu_seconds("self")?;
+    let views_before = view_assemblies(server.admin_addr).await?;
+    // The change: a root-namespace policy, which reaches every client.
+    admin_post(
+        server.admin_addr,
+        "/api/v1/apply",
+        "apiVersion: dubbo.apache.org/v1alpha1\nkind: AuthenticationPolicy\nmetadata: {name: everyone, namespace: dubbo-system}\nspec: {action: PERMISSIVE}\n",
+    )
+    .await?;
+    let applied = Instant::now();
+    let mut latencies = Vec::with_capacity(streams);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while latencies.len() < streams {
+        match tokio::time::timeout_at(deadline, received_rx.recv()).await {
+            Ok(Some(at)) => latencies.push(at.saturating_duration_since(applied)),
+            _ => break,
+        }
+    }
+    let server_cpu = cpu_seconds(&server_pid)? - server_cpu;
+    let client_cpu = cpu_seconds("self")? - client_cpu;
+    let encodings = view_assemblies(server.admin_addr).await? - views_before;
+    let received = latencies.len();
+    let (p50, p99, max) = percentiles(&mut latencies);
+    for holder in holders {
+        holder.abort();
+    }
+    drop(server);
+    Ok((
+        FanoutResult {
+            streams,
+            connect,
+            p50,
+            p99,
+            max,
+            rss_per_stream_kib: rss_after.saturating_sub(rss_before) as f64 / streams as f64,
+            server_cpu,
+            client_cpu,
+            received,
+        },
+        encodings,
+    ))
+}
+
+/// POSTs `body` to the admin API as the bench's admin identity.
+async fn admin_post(admin: SocketAddr, path: &str, body: &str) -> anyhow::Result<String> {
+    let (status, answer) = admin_request(admin, "POST", path, body).await?;
+    if status != 200 {
+        bail!("{path}: HTTP {status}: {answer}");
+    }
+    Ok(answer)
+}
+
+async fn admin_request(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin).await?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\
+         Authorization: Bearer admin-token\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// `dubbo_cp_index_view_assemblies_total{kind="AuthenticationPolicy"}` from `/metrics`.
+async fn view_assemblies(admin: SocketAddr) -> anyhow::Result<f64> {
+    let (_, body) = admin_request(admin, "GET", "/metrics", "").await?;
+    Ok(body
+        .lines()
+        .find(|line| {
+            line.starts_with("dubbo_cp_index_view_assemblies_total")
+                && line.contains("AuthenticationPolicy")
+        })
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0))
+}
+
+/// `dubbo-cp-bench fanout-rules`.
+pub async fn run_rules(args: super::RulesFanoutArgs) -> anyhow::Result<()> {
+    println!(
+        "# dubbo-cp-bench fanout-rules: {} AuthenticationPolicies over {} namespaces, one root-namespace change, {} streams per connection, debounce off",
+        args.policies, args.namespaces, args.streams_per_connection
+    );
+    println!(
+        "{:>8} {:>10} {:>9} {:>9} {:>9} {:>12} {:>13} {:>10} {:>12}",
+        "streams",
+        "connect_s",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "rss_per_kib",
+        "server_cpu_ms",
+        "encodings",
+        "received"
+    );
+    for &streams in &args.streams {
+        let (r, encodings) = measure_rules(
+            streams,
+            args.streams_per_connection,
+            args.namespaces,
+            args.policies,
+        )
+        .await?;
+        println!(
+            "{:>8} {:>10.2} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>13.0} {:>10.0} {:>12}",
+            r.streams,
+            r.connect.as_secs_f64(),
+            ms(r.p50),
+            ms(r.p99),
+            ms(r.max),
+            r.rss_per_stream_kib,
+            r.server_cpu * 1000.0,
+            encodings,
+            format!("{}/{}", r.received, r.streams)
+        );
+    }
     Ok(())
 }

@@ -41,6 +41,9 @@ enum Command {
     /// Registration throughput with the real binary, the ceiling and this load generator each
     /// in its own process: durable new pairs and present pairs against the ceiling.
     Separate(separate::SeparateArgs),
+    /// Fan-out of one rule change to streams in many namespaces, each seeing its own
+    /// namespace's authentication policies (filtered views, one encoding per distinct view).
+    FanoutRules(RulesFanoutArgs),
     /// Serve the bare-tonic ceiling on `--addr` until killed (used by `separate`).
     Ceiling {
         #[arg(long, default_value = "127.0.0.1:0")]
@@ -59,6 +62,22 @@ struct FanoutArgs {
     /// Mappings stored before the streams open (the size of every state sent).
     #[arg(long, default_value_t = 100)]
     mappings: usize,
+}
+
+#[derive(clap::Args, Clone)]
+struct RulesFanoutArgs {
+    /// Streams to open (comma-separated for several runs).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    streams: Vec<usize>,
+    /// Streams per HTTP/2 connection.
+    #[arg(long, default_value_t = 500)]
+    streams_per_connection: usize,
+    /// Namespaces the streams (and the policies) are spread over.
+    #[arg(long, default_value_t = 50)]
+    namespaces: usize,
+    /// AuthenticationPolicies stored before the streams open.
+    #[arg(long, default_value_t = 200)]
+    policies: usize,
 }
 
 #[derive(clap::Args, Clone)]
@@ -87,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Fanout(args) => fanout::run(args).await,
         Command::All(args) => all::run(args).await,
         Command::Separate(args) => separate::run(args).await,
+        Command::FanoutRules(args) => fanout::run_rules(args).await,
         Command::Ceiling { addr } => separate::serve_ceiling(addr).await,
     }
 }
