@@ -280,22 +280,11 @@ impl Index {
     /// Replaces the whole state of `kind` (after a list). Publishes only if it differs; only
     /// objects that differ are encoded.
     pub fn reset(&self, kind: Kind, objects: BTreeMap<String, Any>, revision: i64) -> bool {
-        let gone: Vec<Change> = {
-            let current = self
-                .slot(kind)
-                .objects
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            current
-                .keys()
-                .filter(|key| !objects.contains_key(*key))
-                .map(|key| Change::Delete(key.clone()))
-                .collect()
-        };
         let upserts = objects
             .into_iter()
-            .map(|(key, any)| Change::Upsert(key, any));
-        self.apply(kind, gone.into_iter().chain(upserts), revision)
+            .map(|(key, any)| Change::Upsert(key, any))
+            .collect();
+        self.reset_changes(kind, upserts, revision)
     }
 
     /// Assembles and publishes the state. The channel's lock is held only to swap the pointer.

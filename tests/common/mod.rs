@@ -59,24 +59,7 @@ pub fn request(namespace: &str, application: &str, interfaces: &[&str]) -> Servi
 
 /// A plain HTTP/1.1 GET; returns the status code and body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("cannot connect to the admin port");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    assert!(stream.write_all(request.as_bytes()).await.is_ok());
-    let mut response = Vec::new();
-    assert!(stream.read_to_end(&mut response).await.is_ok());
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    http_send(addr, "GET", path, "", None).await
 }
 
 /// The stored mappings as the admin port reports them.

@@ -215,29 +215,8 @@ pub async fn measure(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_before = rss_kib(server.child.id())?;
 
-    let connections = streams.div_ceil(streams_per_connection.max(1));
-    let mut channels = Vec::with_capacity(connections);
-    for _ in 0..connections {
-        channels.push(Channel::from_shared(addr.clone())?.connect().await?);
-    }
-    let subscribed = Arc::new(Barrier::new(streams + 1));
-    let (received_tx, mut received_rx) = mpsc::unbounded_channel::<Instant>();
-    let started = Instant::now();
-    let mut holders = Vec::with_capacity(streams);
-    for i in 0..streams {
-        let channel = channels[i % channels.len()].clone();
-        let subscribed = subscribed.clone();
-        let received = received_tx.clone();
-        holders.push(tokio::spawn(async move {
-            let result = observe_one(channel, subscribed.clone(), received).await;
-            if let Err(err) = result {
-                eprintln!("stream {i}: {err:#}");
-            }
-        }));
-    }
-    drop(received_tx);
-    subscribed.wait().await;
-    let connect = started.elapsed();
+    let mut open = open_streams(&addr, streams, streams_per_connection, SNP_TYPE, |_| None).await?;
+    let connect = open.connect;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_after = rss_kib(server.child.id())?;
 
@@ -251,19 +230,12 @@ pub async fn measure(
     })
     .await?;
     let acked = Instant::now();
-    let mut latencies = Vec::with_capacity(streams);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while latencies.len() < streams {
-        match tokio::time::timeout_at(deadline, received_rx.recv()).await {
-            Ok(Some(at)) => latencies.push(at.saturating_duration_since(acked)),
-            _ => break,
-        }
-    }
+    let mut latencies = collect_latencies(&mut open, streams, acked).await;
     let server_cpu = cpu_seconds(&server_pid)? - server_cpu;
     let client_cpu = cpu_seconds("self")? - client_cpu;
     let received = latencies.len();
     let (p50, p99, max) = percentiles(&mut latencies);
-    for holder in holders {
+    for holder in open.holders {
         holder.abort();
     }
     drop(server);
@@ -328,17 +300,8 @@ impl Codec for HeadOnlyCodec {
     }
 }
 
-/// Subscribes, acknowledges the first state, reports when the next one arrives, and then holds
-/// the stream open until aborted.
-async fn observe_one(
-    channel: Channel,
-    subscribed: Arc<Barrier>,
-    received: mpsc::UnboundedSender<Instant>,
-) -> anyhow::Result<()> {
-    observe_as(channel, SNP_TYPE, None, subscribed, received).await
-}
-
-/// [`observe_one`] for any type, with a bearer token when given.
+/// Subscribes to `type` (with a bearer token when given), acknowledges the first state,
+/// reports when the next one arrives, and then holds the stream open until aborted.
 async fn observe_as(
     channel: Channel,
     r#type: &str,
@@ -425,30 +388,13 @@ pub async fn measure_rules(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_before = rss_kib(server.child.id())?;
     let addr = format!("http://{}", server.grpc_addr);
-    let connections = streams.div_ceil(streams_per_connection.max(1));
-    let mut channels = Vec::with_capacity(connections);
-    for _ in 0..connections {
-        channels.push(Channel::from_shared(addr.clone())?.connect().await?);
-    }
-    let subscribed = Arc::new(Barrier::new(streams + 1));
-    let (received_tx, mut received_rx) = mpsc::unbounded_channel::<Instant>();
-    let started = Instant::now();
-    let mut holders = Vec::with_capacity(streams);
-    for i in 0..streams {
-        let channel = channels[i % channels.len()].clone();
-        let subscribed = subscribed.clone();
-        let received = received_tx.clone();
-        let token = format!("token-{}", i % namespaces.max(1));
-        holders.push(tokio::spawn(async move {
-            let kind = "dubbo.apache.org/v1alpha1/AuthenticationPolicy";
-            if let Err(err) = observe_as(channel, kind, Some(token), subscribed, received).await {
-                eprintln!("stream {i}: {err:#}");
-            }
-        }));
-    }
-    drop(received_tx);
-    subscribed.wait().await;
-    let connect = started.elapsed();
+    let kind = "dubbo.apache.org/v1alpha1/AuthenticationPolicy";
+    let spread = namespaces.max(1);
+    let mut open = open_streams(&addr, streams, streams_per_connection, kind, |i| {
+        Some(format!("token-{}", i % spread))
+    })
+    .await?;
+    let connect = open.connect;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_after = rss_kib(server.child.id())?;
     let server_pid = server.child.id().to_string();
@@ -463,20 +409,13 @@ pub async fn measure_rules(
     )
     .await?;
     let applied = Instant::now();
-    let mut latencies = Vec::with_capacity(streams);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while latencies.len() < streams {
-        match tokio::time::timeout_at(deadline, received_rx.recv()).await {
-            Ok(Some(at)) => latencies.push(at.saturating_duration_since(applied)),
-            _ => break,
-        }
-    }
+    let mut latencies = collect_latencies(&mut open, streams, applied).await;
     let server_cpu = cpu_seconds(&server_pid)? - server_cpu;
     let client_cpu = cpu_seconds("self")? - client_cpu;
     let encodings = view_assemblies(server.admin_addr).await? - views_before;
     let received = latencies.len();
     let (p50, p99, max) = percentiles(&mut latencies);
-    for holder in holders {
+    for holder in open.holders {
         holder.abort();
     }
     drop(server);
@@ -587,4 +526,66 @@ pub async fn run_rules(args: super::RulesFanoutArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Streams open and subscribed, each reporting when its next state arrives.
+struct OpenStreams {
+    holders: Vec<tokio::task::JoinHandle<()>>,
+    received: mpsc::UnboundedReceiver<Instant>,
+    connect: Duration,
+}
+
+/// Opens `streams` streams over connections of `per_connection` streams each, subscribed to
+/// `kind` with the token `token(i)`; returns once every stream has its first state.
+async fn open_streams(
+    addr: &str,
+    streams: usize,
+    per_connection: usize,
+    kind: &'static str,
+    token: impl Fn(usize) -> Option<String>,
+) -> anyhow::Result<OpenStreams> {
+    let connections = streams.div_ceil(per_connection.max(1));
+    let mut channels = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        channels.push(Channel::from_shared(addr.to_owned())?.connect().await?);
+    }
+    let subscribed = Arc::new(Barrier::new(streams + 1));
+    let (received_tx, received) = mpsc::unbounded_channel::<Instant>();
+    let started = Instant::now();
+    let mut holders = Vec::with_capacity(streams);
+    for i in 0..streams {
+        let channel = channels[i % channels.len()].clone();
+        let subscribed = subscribed.clone();
+        let received = received_tx.clone();
+        let token = token(i);
+        holders.push(tokio::spawn(async move {
+            if let Err(err) = observe_as(channel, kind, token, subscribed, received).await {
+                eprintln!("stream {i}: {err:#}");
+            }
+        }));
+    }
+    drop(received_tx);
+    subscribed.wait().await;
+    Ok(OpenStreams {
+        holders,
+        received,
+        connect: started.elapsed(),
+    })
+}
+
+/// The delay from `since` to each stream's receipt, waiting at most a minute.
+async fn collect_latencies(
+    open: &mut OpenStreams,
+    streams: usize,
+    since: Instant,
+) -> Vec<Duration> {
+    let mut latencies = Vec::with_capacity(streams);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while latencies.len() < streams {
+        match tokio::time::timeout_at(deadline, open.received.recv()).await {
+            Ok(Some(at)) => latencies.push(at.saturating_duration_since(since)),
+            _ => break,
+        }
+    }
+    latencies
 }
