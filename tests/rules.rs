@@ -374,3 +374,45 @@ async fn a_rules_directory_is_applied_and_reloaded_and_a_broken_file_keeps_its_l
     assert_eq!(gone.data.len(), 0);
     server.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_authentication_the_rule_api_needs_an_admin_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(
+        &tokens,
+        "tokens:\n  - {token: admin-token, namespace: ops, identity: ops-admin}\n  - {token: app-token, namespace: demo}\n",
+    )
+    .unwrap();
+    let mut config = test_config(&dir.path().join("data"));
+    config.auth.token_file = Some(tokens);
+    config.auth.admins = vec!["ops-admin".into()];
+    let server = start(config).await;
+    let admin = server.admin_addr;
+    for (token, expected) in [(None, 401), (Some("wrong"), 401), (Some("app-token"), 403)] {
+        let (status, body) = http_send(admin, "POST", "/api/v1/apply", TAG_ROUTE_V1, token).await;
+        assert_eq!(status, expected, "{token:?}: {body}");
+        let (status, _) = http_send(admin, "GET", "/api/v1/rules/tagroutes", "", token).await;
+        assert_eq!(status, expected, "{token:?} reading");
+    }
+    let (status, body) = http_send(
+        admin,
+        "POST",
+        "/api/v1/apply",
+        TAG_ROUTE_V1,
+        Some("admin-token"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = http_send(
+        admin,
+        "GET",
+        "/api/v1/rules/tagroutes",
+        "",
+        Some("admin-token"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(body.contains("grey"), "{body}");
+    server.stop().await.unwrap();
+}
