@@ -21,7 +21,7 @@ use crate::k8s::cluster::ClusterView;
 use crate::k8s::writer::{KubeWriter, ParkedKey};
 use crate::mapping::MappingKey;
 use crate::rules::catalog::{Catalog, RuleKey};
-use crate::store::rules::{Report, RuleWriteError, Source, StandaloneRules};
+use crate::store::rules::{Report, RuleWriteError, StandaloneRules};
 use crate::store::{Outbox, Store};
 
 /// Whether the control plane should receive traffic: set once its state is loaded and it
@@ -173,10 +173,25 @@ fn api_error(code: StatusCode, message: impl Into<String>) -> ApiError {
     (code, Json(serde_json::json!({"error": message.into()})))
 }
 
-/// Refuses callers that are not admins when authentication is configured.
-async fn require_admin(policy: &Policy, headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+/// Refuses callers that are not admins when authentication is configured; without
+/// authentication only local callers (loopback) may use the rule API, whatever address the
+/// admin port listens on (probes often need it on every address).
+async fn require_admin(
+    policy: &Policy,
+    headers: &axum::http::HeaderMap,
+    peer: std::net::SocketAddr,
+) -> Result<(), ApiError> {
     if !policy.is_enabled() {
-        return Ok(());
+        if peer.ip().is_loopback() {
+            return Ok(());
+        }
+        return Err(api_error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "without authentication the rule API answers only local callers, not {}",
+                peer.ip()
+            ),
+        ));
     }
     let metadata = tonic::metadata::MetadataMap::from_headers(headers.clone());
     match policy.authenticate(&metadata, None).await {
@@ -243,30 +258,33 @@ async fn write_rules(
 
 async fn apply_rules(
     State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
     body: String,
 ) -> Result<Json<Report>, ApiError> {
-    require_admin(&state.rules.policy, &headers).await?;
+    require_admin(&state.rules.policy, &headers, peer).await?;
     let rules = standalone(&state.rules)?;
-    write_rules(rules, move |rules| rules.apply(&body, Source::Api)).await
+    write_rules(rules, move |rules| rules.apply(&body)).await
 }
 
 async fn delete_rules(
     State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
     body: String,
 ) -> Result<Json<Report>, ApiError> {
-    require_admin(&state.rules.policy, &headers).await?;
+    require_admin(&state.rules.policy, &headers, peer).await?;
     let rules = standalone(&state.rules)?;
     write_rules(rules, move |rules| rules.delete_manifests(&body)).await
 }
 
 async fn delete_rule(
     State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
     axum::extract::Path((kind, namespace, name)): axum::extract::Path<(String, String, String)>,
 ) -> Result<Json<Report>, ApiError> {
-    require_admin(&state.rules.policy, &headers).await?;
+    require_admin(&state.rules.policy, &headers, peer).await?;
     let kind = rule_kind(&kind)?;
     let rules = standalone(&state.rules)?;
     let key: RuleKey = (kind, namespace, name);
@@ -281,11 +299,12 @@ struct NamespaceQuery {
 /// The rules of a kind as clients are served them (in Kubernetes mode: as the watch sees them).
 async fn get_rules(
     State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
     axum::extract::Path(kind): axum::extract::Path<String>,
     axum::extract::Query(query): axum::extract::Query<NamespaceQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_admin(&state.rules.policy, &headers).await?;
+    require_admin(&state.rules.policy, &headers, peer).await?;
     let kind = rule_kind(&kind)?;
     let items: Vec<serde_json::Value> = state
         .rules

@@ -33,8 +33,8 @@ pub const CLIENT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Room left for a response's nonce, type and revision.
 const RESPONSE_HEAD_BYTES: usize = 1024;
 
-/// Distinct filtered views of one state kept at once; beyond it views are assembled uncached.
-const MAX_VIEWS_PER_STATE: usize = 4096;
+/// Bytes of filtered views one state keeps; beyond it views are assembled uncached.
+const MAX_VIEW_BYTES_PER_STATE: usize = 64 * 1024 * 1024;
 
 /// One object of a kind: its `Any` and that `Any` encoded as an `ObserveResponse.data` record.
 #[derive(Debug, PartialEq)]
@@ -59,7 +59,7 @@ pub struct KindSnapshot {
     scoped: bool,
     /// Filtered views by the positions of the objects they include: clients that see the same
     /// set share one assembly (10,000 clients in 50 namespaces: about 50 per change).
-    views: Mutex<HashMap<Vec<u32>, EncodedData>>,
+    views: Mutex<Views>,
     /// Counts the assemblies of filtered views (`index_view_assemblies{kind}`).
     view_assemblies: Counter,
 }
@@ -83,10 +83,10 @@ impl KindSnapshot {
             })
             .map(|(i, _)| u32::try_from(i).unwrap_or(u32::MAX))
             .collect();
-        let mut views = self.views.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(view) = views.get(&included) {
+        if let Some(view) = self.lock_views().by_objects.get(&included) {
             return view.clone();
         }
+        // Assembled outside the lock: other streams of this state keep reading the cache.
         let records: Vec<&Bytes> = self
             .objects
             .values()
@@ -100,10 +100,18 @@ impl KindSnapshot {
             .collect();
         let view = EncodedData::assemble(records.iter().copied());
         self.view_assemblies.inc();
-        if views.len() < MAX_VIEWS_PER_STATE {
-            views.insert(included, view.clone());
+        let mut views = self.lock_views();
+        if views.bytes + view.len() <= MAX_VIEW_BYTES_PER_STATE
+            && !views.by_objects.contains_key(&included)
+        {
+            views.bytes += view.len();
+            views.by_objects.insert(included, view.clone());
         }
         view
+    }
+
+    fn lock_views(&self) -> std::sync::MutexGuard<'_, Views> {
+        self.views.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether clients get filtered views of this state.
@@ -111,10 +119,17 @@ impl KindSnapshot {
         self.scoped
     }
 
-    /// Filtered views assembled so far for this state.
+    /// Filtered views cached for this state.
     pub fn views_assembled(&self) -> usize {
-        self.views.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.lock_views().by_objects.len()
     }
+}
+
+/// The filtered views of one state, bounded in bytes.
+#[derive(Debug, Default)]
+struct Views {
+    by_objects: HashMap<Vec<u32>, EncodedData>,
+    bytes: usize,
 }
 
 /// One change to a kind.
@@ -179,7 +194,7 @@ impl Index {
                     data: EncodedData::default(),
                     published: tokio::time::Instant::now(),
                     scoped: false,
-                    views: Mutex::new(HashMap::new()),
+                    views: Mutex::new(Views::default()),
                     view_assemblies: Counter::default(),
                 })),
                 loaded: AtomicBool::new(false),
@@ -317,7 +332,7 @@ impl Index {
             objects: objects.clone(),
             data,
             published: tokio::time::Instant::now(),
-            views: Mutex::new(HashMap::new()),
+            views: Mutex::new(Views::default()),
             view_assemblies: self.stats.view_assemblies.get_or_create(&label).clone(),
         });
         // The previous state is dropped here, after the lock is released.

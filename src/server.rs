@@ -206,8 +206,11 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         // Small responses (probes, /metrics) should not wait for Nagle.
         let _ = tcp.set_nodelay(true);
     });
-    let admin_serve = axum::serve(admin_listener, admin::router(admin_state))
-        .with_graceful_shutdown(wait_for_shutdown(shutdown_rx.clone()));
+    let admin_serve = axum::serve(
+        admin_listener,
+        admin::router(admin_state).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(wait_for_shutdown(shutdown_rx.clone()));
     tasks.spawn("admin server", async move {
         admin_serve.await.context("admin server failed")
     });
@@ -293,10 +296,20 @@ async fn open_store(
     let catalog = Arc::new(Catalog::default());
     let rules = open_rules(config, &index, &catalog, store.opened_revision()).await?;
     if let Some(dir) = &config.rules.dir {
+        // Applied before the index is marked loaded: clients never see a state without it.
+        let (first_rules, first_catalog, first_dir) = (rules.clone(), catalog.clone(), dir.clone());
+        let state = tokio::task::spawn_blocking(move || {
+            let mut state = store::rules_dir::DirState::default();
+            store::rules_dir::apply_once(&first_rules, &first_catalog, &first_dir, &mut state);
+            state
+        })
+        .await
+        .context("rules directory task failed")?;
         let reload = store::rules_dir::run(
             rules.clone(),
             catalog.clone(),
             dir.clone(),
+            state,
             tasks.shutdown_receiver(),
         );
         tasks.spawn("rules directory", reload);

@@ -112,6 +112,25 @@ async fn kubectl_edits_of_rules_reach_clients_and_invalid_objects_are_skipped() 
     let repaired = observer.next().await;
     assert_eq!(keys(&repaired).len(), 2);
     observer.ack(&repaired).await;
+    let (_, debug) = http_get(server.admin_addr, "/debug/rules").await;
+    assert!(debug.contains("\"invalid\":[]"), "repaired: {debug}");
+
+    // An edit that breaks an object takes it out and reports it.
+    api.kubectl_apply_rule(
+        "tagroutes",
+        "TagRoute",
+        "demo",
+        "broken",
+        json!({"tags": 7}),
+    );
+    let broken = observer.next().await;
+    assert_eq!(keys(&broken), BTreeSet::from(["grey/demo".to_string()]));
+    observer.ack(&broken).await;
+    let (_, debug) = http_get(server.admin_addr, "/debug/rules").await;
+    assert!(
+        debug.contains("\"name\":\"broken\""),
+        "broken by an edit: {debug}"
+    );
     api.kubectl_delete_rule("tagroutes", "demo", "grey");
     api.kubectl_delete_rule("tagroutes", "demo", "broken");
     let mut last = observer.next().await;

@@ -30,7 +30,6 @@ pub struct KeySet {
 #[derive(Deserialize)]
 struct Discovery {
     issuer: String,
-    jwks_uri: String,
 }
 
 pub struct ServiceAccountKeys {
@@ -38,7 +37,7 @@ pub struct ServiceAccountKeys {
     current: RwLock<Option<Arc<KeySet>>>,
     /// When the last fetch started; serialises fetches.
     last_fetch: Mutex<Option<Instant>>,
-    /// Fetches start at most this often.
+    /// Periodic fetches (and retries until the first works) start at most this often.
     min_refresh: Duration,
 }
 
@@ -60,11 +59,16 @@ impl ServiceAccountKeys {
             .clone()
     }
 
-    /// Fetches the keys again unless a fetch started less than the minimum interval ago;
-    /// concurrent callers wait for the one fetch. Returns the keys in force afterwards.
+    /// Fetches the keys again for a token naming an unknown key, unless a fetch started less
+    /// than [`MIN_REFRESH`] ago (forged key IDs cannot make it fetch more often); concurrent
+    /// callers wait for the one fetch. Returns the keys in force afterwards.
     pub async fn refresh_if_stale(&self) -> Option<Arc<KeySet>> {
+        self.refresh_unless_within(MIN_REFRESH).await
+    }
+
+    async fn refresh_unless_within(&self, within: Duration) -> Option<Arc<KeySet>> {
         let mut last = self.last_fetch.lock().await;
-        if last.is_some_and(|at| at.elapsed() < self.min_refresh) {
+        if last.is_some_and(|at| at.elapsed() < within) {
             return self.current();
         }
         *last = Some(Instant::now());
@@ -85,16 +89,9 @@ impl ServiceAccountKeys {
 
     async fn fetch(&self) -> anyhow::Result<KeySet> {
         let discovery: Discovery = self.get_json("/.well-known/openid-configuration").await?;
-        // The JWKS URI names the API server as the outside world reaches it; we ask the same
-        // API server we already talk to, by path.
-        let path = discovery
-            .jwks_uri
-            .parse::<http::Uri>()
-            .ok()
-            .map(|uri| uri.path().to_owned())
-            .filter(|path| path.starts_with('/'))
-            .unwrap_or_else(|| "/openid/v1/jwks".to_owned());
-        let jwks: JwkSet = self.get_json(&path).await?;
+        // The API server serves the keys at this path whatever `jwks_uri` says: with an external
+        // issuer (EKS, GKE) the URI names another host, which we need not reach.
+        let jwks: JwkSet = self.get_json("/openid/v1/jwks").await?;
         Ok(KeySet {
             issuer: discovery.issuer,
             jwks,
@@ -110,7 +107,7 @@ impl ServiceAccountKeys {
     /// Refreshes every `interval` (sooner until the first fetch worked) until shutdown.
     pub async fn run(self: Arc<Self>, interval: Duration, mut shutdown: watch::Receiver<bool>) {
         loop {
-            let wait = match self.refresh_if_stale().await {
+            let wait = match self.refresh_unless_within(self.min_refresh).await {
                 Some(_) => interval,
                 None => self.min_refresh,
             };

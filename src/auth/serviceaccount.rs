@@ -202,10 +202,13 @@ impl ServiceAccountAuthenticator {
             }
             Err(rejected) => Err(rejected),
         };
-        Ok(Verdict {
-            identity,
-            expires: None,
-        })
+        // A reviewed JWT is still never trusted past its `exp`.
+        let expires = jsonwebtoken::decode_header(token)
+            .ok()
+            .and_then(|header| peek_claims(token, header.alg))
+            .filter(|claims| claims.exp > 0)
+            .map(|claims| UNIX_EPOCH + Duration::from_secs(claims.exp));
+        Ok(Verdict { identity, expires })
     }
 
     /// The pod a reviewed token is bound to: from the view when it is there, else its name.

@@ -202,10 +202,12 @@ async fn exchange(
         .read_to_end(&mut response)
         .await
         .context("cannot read the admin port's answer")?;
-    let text = String::from_utf8_lossy(&response);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
         .context("malformed answer from the admin port")?;
+    let head = String::from_utf8_lossy(&response[..split]).into_owned();
+    let raw_body = &response[split + 4..];
     let status: u16 = head
         .split(' ')
         .nth(1)
@@ -215,9 +217,9 @@ async fn exchange(
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
     {
-        dechunk(body)
+        String::from_utf8_lossy(&dechunk(raw_body)).into_owned()
     } else {
-        body.to_owned()
+        String::from_utf8_lossy(raw_body).into_owned()
     };
     let json: serde_json::Value = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
     if !(200..300).contains(&status) {
@@ -229,19 +231,23 @@ async fn exchange(
     Ok(json)
 }
 
-/// The payload of a chunked body.
-fn dechunk(body: &str) -> String {
-    let mut out = String::new();
+/// The payload of a chunked body (bytes: a chunk may end inside a UTF-8 character).
+fn dechunk(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
     let mut rest = body;
-    while let Some((size, tail)) = rest.split_once("\r\n") {
-        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+    while let Some(line_end) = rest.windows(2).position(|w| w == b"\r\n") {
+        let Some(size) = std::str::from_utf8(&rest[..line_end])
+            .ok()
+            .and_then(|size| usize::from_str_radix(size.trim(), 16).ok())
+        else {
             break;
         };
-        if size == 0 || tail.len() < size {
+        let data = &rest[line_end + 2..];
+        if size == 0 || data.len() < size {
             break;
         }
-        out.push_str(&tail[..size]);
-        rest = tail[size..].trim_start_matches("\r\n");
+        out.extend_from_slice(&data[..size]);
+        rest = data[size..].strip_prefix(b"\r\n").unwrap_or(&data[size..]);
     }
     out
 }
@@ -252,8 +258,18 @@ mod tests {
 
     #[test]
     fn chunked_bodies_are_joined() {
-        assert_eq!(dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), "abcde");
-        assert_eq!(dechunk(""), "");
+        assert_eq!(dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), b"abcde");
+        assert!(dechunk(b"").is_empty());
+        // A chunk boundary inside a two-byte character.
+        assert_eq!(
+            String::from_utf8(dechunk("1\r\n\u{e9}\r\n0\r\n\r\n".as_bytes())).ok(),
+            None,
+            "the size counts bytes"
+        );
+        assert_eq!(
+            dechunk(b"1\r\n\xc3\r\n1\r\n\xa9\r\n0\r\n\r\n"),
+            "\u{e9}".as_bytes()
+        );
     }
 
     #[test]

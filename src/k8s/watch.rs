@@ -274,11 +274,12 @@ async fn watch_events<K: WatchedKind>(
                         Some(parsed)
                     }
                     Err(reason) => {
-                        // An edit that broke the object takes it out of the state.
-                        skipped(&object, &client_key, &reason);
+                        // An edit that broke the object takes it out of the state; reported
+                        // after the removal, so the report stays.
                         kind.observe(&Observed::Deleted {
                             client_key: &client_key,
                         });
+                        skipped(&object, &client_key, &reason);
                         None
                     }
                 };

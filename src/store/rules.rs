@@ -113,8 +113,41 @@ impl RuleStore {
         rules: &[Rule],
         source: Source,
     ) -> Result<(Report, Vec<RuleChange>, i64), StoreError> {
+        self.write(rules, source, Deletions::Keys(&[]))
+    }
+
+    /// Deletes `keys` in one transaction.
+    pub fn delete(&self, keys: &[RuleKey]) -> Result<(Report, Vec<RuleChange>, i64), StoreError> {
+        self.write(&[], Source::Api, Deletions::Keys(keys))
+    }
+
+    /// Makes the objects from `--rules-dir` exactly `rules`, in one transaction: creates and
+    /// replaces them, and deletes directory objects that are gone (unless `keep_others`, when a
+    /// file failed to parse and its objects cannot be told apart). Objects applied through the
+    /// API are untouched unless the directory names them too (then the directory's version wins).
+    pub fn replace_dir(
+        &self,
+        rules: &[Rule],
+        keep_others: bool,
+    ) -> Result<(Report, Vec<RuleChange>, i64), StoreError> {
+        let deletions = if keep_others {
+            Deletions::Keys(&[])
+        } else {
+            Deletions::DirExcept
+        };
+        self.write(rules, Source::Dir, deletions)
+    }
+
+    /// One IMMEDIATE transaction (it takes the write lock first, so a registration committing
+    /// meanwhile makes it wait, `busy_timeout`, rather than fail): upserts, then deletions.
+    fn write(
+        &self,
+        rules: &[Rule],
+        source: Source,
+        deletions: Deletions<'_>,
+    ) -> Result<(Report, Vec<RuleChange>, i64), StoreError> {
         let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        let tx = conn.transaction()?;
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let mut report = Report::default();
         let mut changes = Vec::new();
         for rule in rules {
@@ -132,13 +165,10 @@ impl RuleStore {
                     report.unchanged.push(describe(&key));
                     continue;
                 }
-                Some((old, _)) => {
-                    if old == spec {
-                        report.unchanged.push(describe(&key));
-                    } else {
-                        report.configured.push(describe(&key));
-                        changes.push(RuleChange::Upsert(rule.clone()));
-                    }
+                Some((old, _)) if old == spec => report.unchanged.push(describe(&key)),
+                Some(_) => {
+                    report.configured.push(describe(&key));
+                    changes.push(RuleChange::Upsert(rule.clone()));
                 }
                 None => {
                     report.created.push(describe(&key));
@@ -151,18 +181,34 @@ impl RuleStore {
                 params![key.0.name(), key.1, key.2, spec, source.name()],
             )?;
         }
-        let revision = bump(&tx)?;
-        tx.commit()?;
-        Ok((report, changes, revision))
-    }
-
-    /// Deletes `keys` in one transaction.
-    pub fn delete(&self, keys: &[RuleKey]) -> Result<(Report, Vec<RuleChange>, i64), StoreError> {
-        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        let tx = conn.transaction()?;
-        let mut report = Report::default();
-        let mut changes = Vec::new();
-        for key in keys {
+        let doomed: Vec<RuleKey> = match deletions {
+            Deletions::Keys(keys) => keys.to_vec(),
+            Deletions::DirExcept => {
+                let wanted: std::collections::BTreeSet<RuleKey> =
+                    rules.iter().map(key_of).collect();
+                let mut stmt =
+                    tx.prepare("SELECT kind, namespace, name FROM rule WHERE source = 'dir'")?;
+                let rows = stmt.query_map([], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                    ))
+                })?;
+                let mut doomed = Vec::new();
+                for row in rows {
+                    let (kind, namespace, name) = row?;
+                    if let Some(kind) = Kind::from_name(&kind) {
+                        let key = (kind, namespace, name);
+                        if !wanted.contains(&key) {
+                            doomed.push(key);
+                        }
+                    }
+                }
+                doomed
+            }
+        };
+        for key in &doomed {
             let removed = tx.execute(
                 "DELETE FROM rule WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
                 params![key.0.name(), key.1, key.2],
@@ -178,44 +224,13 @@ impl RuleStore {
         tx.commit()?;
         Ok((report, changes, revision))
     }
+}
 
-    /// Makes the objects from `--rules-dir` exactly `rules`: creates and replaces them, and
-    /// deletes directory objects that are gone. Objects applied through the API are untouched
-    /// unless the directory names them too (then the directory's version wins).
-    pub fn replace_dir(
-        &self,
-        rules: &[Rule],
-    ) -> Result<(Report, Vec<RuleChange>, i64), StoreError> {
-        let wanted: BTreeMap<RuleKey, &Rule> = rules.iter().map(|r| (key_of(r), r)).collect();
-        let gone: Vec<RuleKey> = {
-            let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-            let mut stmt =
-                conn.prepare("SELECT kind, namespace, name FROM rule WHERE source = 'dir'")?;
-            let rows = stmt.query_map([], |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, String>(1)?,
-                    row.get::<_, String>(2)?,
-                ))
-            })?;
-            let mut gone = Vec::new();
-            for row in rows {
-                let (kind, namespace, name) = row?;
-                if let Some(kind) = Kind::from_name(&kind) {
-                    let key = (kind, namespace, name);
-                    if !wanted.contains_key(&key) {
-                        gone.push(key);
-                    }
-                }
-            }
-            gone
-        };
-        let (mut report, mut changes, _) = self.apply(rules, Source::Dir)?;
-        let (deleted, deletions, revision) = self.delete(&gone)?;
-        report.deleted = deleted.deleted;
-        changes.extend(deletions);
-        Ok((report, changes, revision))
-    }
+/// What a write deletes besides its upserts.
+enum Deletions<'a> {
+    Keys(&'a [RuleKey]),
+    /// Every directory object not among the upserts.
+    DirExcept,
 }
 
 fn parse_row(kind: &str, spec: &str) -> Result<RuleSpec, String> {
@@ -245,6 +260,9 @@ pub enum RuleWriteError {
 
 /// Standalone rules end to end: manifests in, one transaction, then the index and the catalog.
 pub struct StandaloneRules {
+    /// Held from a write's commit through its publication, so a later commit is never
+    /// published before an earlier one (the index would end on the older version).
+    writing: Mutex<()>,
     store: RuleStore,
     index: std::sync::Arc<crate::index::Index>,
     catalog: std::sync::Arc<crate::rules::catalog::Catalog>,
@@ -262,6 +280,7 @@ impl StandaloneRules {
         revision: i64,
     ) -> Self {
         let this = Self {
+            writing: Mutex::new(()),
             store,
             index,
             catalog,
@@ -273,19 +292,18 @@ impl StandaloneRules {
     }
 
     /// `dubbo-cp apply`: every document validated first, then all stored in one transaction.
-    pub fn apply(&self, manifests: &str, source: Source) -> Result<Report, RuleWriteError> {
+    pub fn apply(&self, manifests: &str) -> Result<Report, RuleWriteError> {
         let rules = crate::rules::parse_manifests(manifests)?;
-        let (report, changes, revision) = match source {
-            Source::Api => self.store.apply(&rules, source)?,
-            Source::Dir => self.store.replace_dir(&rules)?,
-        };
+        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let (report, changes, revision) = self.store.apply(&rules, Source::Api)?;
         self.publish(changes, revision);
         Ok(report)
     }
 
     /// `--rules-dir`: makes the directory's objects exactly `rules` (already validated).
-    pub fn replace_dir(&self, rules: &[Rule]) -> Result<Report, RuleWriteError> {
-        let (report, changes, revision) = self.store.replace_dir(rules)?;
+    pub fn replace_dir(&self, rules: &[Rule], keep_others: bool) -> Result<Report, RuleWriteError> {
+        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let (report, changes, revision) = self.store.replace_dir(rules, keep_others)?;
         self.publish(changes, revision);
         Ok(report)
     }
@@ -300,6 +318,7 @@ impl StandaloneRules {
     }
 
     pub fn delete(&self, keys: &[RuleKey]) -> Result<Report, RuleWriteError> {
+        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
         let (report, changes, revision) = self.store.delete(keys)?;
         self.publish(changes, revision);
         Ok(report)

@@ -25,10 +25,17 @@ pub struct DirState {
     good: BTreeMap<PathBuf, Vec<Rule>>,
 }
 
+/// What one reading of the directory gave.
+struct Reading {
+    objects: Vec<Rule>,
+    errors: BTreeMap<String, String>,
+    /// The directory itself could not be read: apply nothing.
+    unreadable: bool,
+}
+
 impl DirState {
-    /// Reads every manifest file of `dir`; returns the objects to serve and the files that
-    /// failed (path, error). A failed file keeps its previous objects.
-    pub fn reload(&mut self, dir: &Path) -> (Vec<Rule>, BTreeMap<String, String>) {
+    /// Reads every manifest file of `dir`. A file that fails keeps its previous objects.
+    fn reload(&mut self, dir: &Path) -> Reading {
         let mut errors = BTreeMap::new();
         let mut seen = BTreeMap::new();
         let files = match std::fs::read_dir(dir) {
@@ -42,8 +49,11 @@ impl DirState {
             }
             Err(err) => {
                 errors.insert(dir.display().to_string(), format!("cannot read: {err}"));
-                // The directory is unreadable: keep serving what it held.
-                return (self.all(), errors);
+                return Reading {
+                    objects: Vec::new(),
+                    errors,
+                    unreadable: true,
+                };
             }
         };
         for file in files {
@@ -64,7 +74,11 @@ impl DirState {
             }
         }
         self.good = seen;
-        (self.all(), errors)
+        Reading {
+            objects: self.all(),
+            errors,
+            unreadable: false,
+        }
     }
 
     fn all(&self) -> Vec<Rule> {
@@ -85,30 +99,14 @@ fn is_manifest(path: &Path) -> bool {
             .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"))
 }
 
-/// Applies `dir` now and after every change until shutdown.
-pub async fn run(
-    rules: Arc<StandaloneRules>,
-    catalog: Arc<Catalog>,
-    dir: PathBuf,
-    mut shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
-    use notify::Watcher;
-    // One pending wake-up is enough: every reload reads the whole directory.
-    let (wake, mut woken) = mpsc::channel::<()>(1);
-    let mut watcher = notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
-        let _ = wake.try_send(());
-    })?;
-    watcher.watch(&dir, notify::RecursiveMode::NonRecursive)?;
-    let mut state = DirState::default();
-    loop {
-        let (objects, errors) = state.reload(&dir);
-        catalog.set_file_errors(errors);
-        let applied = tokio::task::spawn_blocking({
-            let rules = rules.clone();
-            move || rules.replace_dir(&objects)
-        })
-        .await?;
-        match applied {
+/// Reads `dir` and applies it (blocking: file reads and SQLite). While any file fails, stored
+/// directory objects are not deleted: after a restart the failed file's last good objects are
+/// known only to the store. The errors are reported once the apply is done.
+pub fn apply_once(rules: &StandaloneRules, catalog: &Catalog, dir: &Path, state: &mut DirState) {
+    let reading = state.reload(dir);
+    if !reading.unreadable {
+        let keep_others = !reading.errors.is_empty();
+        match rules.replace_dir(&reading.objects, keep_others) {
             Ok(report) => tracing::info!(
                 created = report.created.len(),
                 configured = report.configured.len(),
@@ -118,11 +116,37 @@ pub async fn run(
             ),
             Err(err) => tracing::error!(error = %err, "rules directory not applied"),
         }
+    }
+    catalog.set_file_errors(reading.errors);
+}
+
+/// Applies `dir` after every change until shutdown (the first apply is [`apply_once`] at start).
+pub async fn run(
+    rules: Arc<StandaloneRules>,
+    catalog: Arc<Catalog>,
+    dir: PathBuf,
+    mut state: DirState,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    use notify::Watcher;
+    // One pending wake-up is enough: every reload reads the whole directory.
+    let (wake, mut woken) = mpsc::channel::<()>(1);
+    let mut watcher = notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
+        let _ = wake.try_send(());
+    })?;
+    watcher.watch(&dir, notify::RecursiveMode::NonRecursive)?;
+    loop {
         tokio::select! {
             woke = woken.recv() => if woke.is_none() { return Ok(()) },
             () = signalled(&mut shutdown) => return Ok(()),
         }
         tokio::time::sleep(SETTLE).await;
         while woken.try_recv().is_ok() {}
+        let (rules, catalog, dir_path) = (rules.clone(), catalog.clone(), dir.clone());
+        state = tokio::task::spawn_blocking(move || {
+            apply_once(&rules, &catalog, &dir_path, &mut state);
+            state
+        })
+        .await?;
     }
 }
