@@ -401,14 +401,15 @@ pub async fn measure_rules(
     let server_cpu = cpu_seconds(&server_pid)?;
     let client_cpu = cpu_seconds("self")?;
     let views_before = view_assemblies(server.admin_addr).await?;
-    // The change: a root-namespace policy, which reaches every client.
+    // The change: a root-namespace policy, which reaches every client. The clock starts
+    // before the request: the server publishes before it answers, right after its commit.
+    let applied = Instant::now();
     admin_post(
         server.admin_addr,
         "/api/v1/apply",
         "apiVersion: dubbo.apache.org/v1alpha1\nkind: AuthenticationPolicy\nmetadata: {name: everyone, namespace: dubbo-system}\nspec: {action: PERMISSIVE}\n",
     )
     .await?;
-    let applied = Instant::now();
     let mut latencies = collect_latencies(&mut open, streams, applied).await;
     let server_cpu = cpu_seconds(&server_pid)? - server_cpu;
     let client_cpu = cpu_seconds("self")? - client_cpu;
