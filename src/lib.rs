@@ -23,9 +23,11 @@
 //!          v
 //!   dds (RuleService/Observe streams: subscribe, nonce, ACK, coalesce)
 //! ```
+//! - [`kind`]: the six kinds of the discovery stream.
 //! - [`mapping`]: domain types, validation, object names; no I/O.
-//! - [`rules`]: the five traffic-rule kinds: custom resources, validation, manifests,
-//!   their discovery-stream messages; no I/O.
+//! - [`rules`]: the rule kinds (specs, CRDs, validation, manifests, which clients an auth
+//!   policy reaches); no I/O. Standalone rules live in [`store`] (rule table, `--rules-dir`),
+//!   Kubernetes rules come from [`k8s`] watches; both feed the index.
 //! - [`ingest`]: the registration gRPC service.
 //! - [`store`]: the durable group-commit writer, as the standalone store or the outbox.
 //! - [`debounce`]: the generic debouncer every source goes through.
