@@ -357,3 +357,42 @@ async fn every_rule_kind_is_created_edited_and_deleted_through_the_api_server() 
     }
     server.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_kind_whose_crd_is_missing_is_served_empty_and_picked_up_once_installed() {
+    let api = ApiServer::start().await;
+    api.set_missing("conditionroutes", true);
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(config(dir.path(), &api, false)).await;
+    // Ready although one kind cannot be listed.
+    wait_ready(server.admin_addr).await;
+    let mut observer = Observer::open(server.grpc_addr).await;
+    let ty = type_of("ConditionRoute");
+    observer.subscribe(&ty).await;
+    let empty = observer.next().await;
+    assert_eq!((empty.r#type.as_str(), empty.data.len()), (ty.as_str(), 0));
+    observer.ack(&empty).await;
+    // The CRD is installed and an object created: the watcher's retry picks it up.
+    api.set_missing("conditionroutes", false);
+    api.kubectl_apply_rule(
+        "conditionroutes",
+        "ConditionRoute",
+        "demo",
+        "r",
+        json!({"key": "I", "scope": "service", "configVersion": "v3.0", "conditions": ["method=a => host=10.0.0.1"]}),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let found = loop {
+        let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match observer.next_within(wait).await {
+            Some(response) if keys(&response).contains("r/demo") => break true,
+            Some(response) => observer.ack(&response).await,
+            None => break false,
+        }
+    };
+    assert!(
+        found,
+        "the object never arrived after the CRD was installed"
+    );
+    server.stop().await.unwrap();
+}

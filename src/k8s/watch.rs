@@ -204,6 +204,8 @@ async fn watch_events<K: WatchedKind>(
     let events = watcher(api, watcher::Config::default()).default_backoff();
     tokio::pin!(events);
     let mut listing: Option<BTreeMap<String, (String, K::Object)>> = None;
+    // Whether a (possibly empty) first state has been handed on.
+    let mut listed_once = false;
     let parse = |object: &DynamicObject| -> Option<(String, String, Result<K::Object, String>)> {
         let client_key = client_key_of(object)?;
         let name = object.metadata.name.clone().unwrap_or_default();
@@ -225,6 +227,21 @@ async fn watch_events<K: WatchedKind>(
         };
         let batch = match event {
             None => return,
+            Some(Err(watcher::Error::InitialListFailed(kube::Error::Api(status))))
+                if status.is_not_found() && !listed_once =>
+            {
+                // The kind's CRD is not installed: serve it as empty rather than never become
+                // ready; the watcher keeps retrying and picks the CRD up once it exists.
+                tracing::warn!(
+                    kind = k.name(),
+                    "the custom resource is not installed; serving none of this kind until it is (kubectl apply -f deploy/crd.yaml)"
+                );
+                listed_once = true;
+                WatchBatch {
+                    listed: Some(BTreeMap::new()),
+                    changes: BTreeMap::new(),
+                }
+            }
             Some(Err(err)) => {
                 tracing::warn!(kind = k.name(), error = %err, "watch failed; retrying");
                 continue;
@@ -248,6 +265,7 @@ async fn watch_events<K: WatchedKind>(
                 continue;
             }
             Some(Ok(Event::InitDone)) => {
+                listed_once = true;
                 let listed = listing.take().unwrap_or_default();
                 kind.observe(&Observed::Listed(&listed));
                 WatchBatch {

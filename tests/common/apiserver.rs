@@ -63,6 +63,8 @@ struct Inner {
     token_reviews: u64,
     /// The service-account signing keys served at /openid/v1/jwks.
     jwks: Value,
+    /// Resources whose CRD is "not installed": every request for them gets 404.
+    missing: std::collections::BTreeSet<String>,
     /// GETs of single pods.
     pod_gets: u64,
 }
@@ -298,6 +300,16 @@ impl ApiServer {
         self.remove(&mut inner, &key("pods", namespace, name));
     }
 
+    /// Makes `resource` (a plural) unknown, as when its CRD is not installed, or known again.
+    pub fn set_missing(&self, resource: &str, missing: bool) {
+        let mut inner = self.lock();
+        if missing {
+            inner.missing.insert(resource.to_owned());
+        } else {
+            inner.missing.remove(resource);
+        }
+    }
+
     /// GETs of single pods (lookups of pods the watch had not seen).
     pub fn pod_gets(&self) -> u64 {
         self.lock().pod_gets
@@ -459,6 +471,18 @@ async fn handle(
     };
     let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     let params = query(&uri);
+    let resource = match segments.as_slice() {
+        [resource, ..] if segments.len() == 1 => Some(*resource),
+        ["namespaces", _, resource, ..] => Some(*resource),
+        _ => None,
+    };
+    if resource.is_some_and(|r| server.lock().missing.contains(r)) {
+        return status(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+    }
     match (method, segments.as_slice()) {
         (Method::GET, [resource]) => list_or_watch(&server, resource, None, &params),
         (Method::GET, ["namespaces", ns, resource]) => {
