@@ -229,7 +229,13 @@ fn rule_kind(name: &str) -> Result<Kind, ApiError> {
         })
 }
 
-fn standalone(admin: &RuleAdmin) -> Result<Arc<StandaloneRules>, ApiError> {
+/// The rule store an admin caller may write to (standalone only).
+async fn writable(
+    admin: &RuleAdmin,
+    headers: &axum::http::HeaderMap,
+    peer: std::net::SocketAddr,
+) -> Result<Arc<StandaloneRules>, ApiError> {
+    require_admin(&admin.policy, headers, peer).await?;
     admin.standalone.clone().ok_or_else(|| {
         api_error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -262,8 +268,7 @@ async fn apply_rules(
     headers: axum::http::HeaderMap,
     body: String,
 ) -> Result<Json<Report>, ApiError> {
-    require_admin(&state.rules.policy, &headers, peer).await?;
-    let rules = standalone(&state.rules)?;
+    let rules = writable(&state.rules, &headers, peer).await?;
     write_rules(rules, move |rules| rules.apply(&body)).await
 }
 
@@ -273,8 +278,7 @@ async fn delete_rules(
     headers: axum::http::HeaderMap,
     body: String,
 ) -> Result<Json<Report>, ApiError> {
-    require_admin(&state.rules.policy, &headers, peer).await?;
-    let rules = standalone(&state.rules)?;
+    let rules = writable(&state.rules, &headers, peer).await?;
     write_rules(rules, move |rules| rules.delete_manifests(&body)).await
 }
 
@@ -284,9 +288,8 @@ async fn delete_rule(
     headers: axum::http::HeaderMap,
     axum::extract::Path((kind, namespace, name)): axum::extract::Path<(String, String, String)>,
 ) -> Result<Json<Report>, ApiError> {
-    require_admin(&state.rules.policy, &headers, peer).await?;
+    let rules = writable(&state.rules, &headers, peer).await?;
     let kind = rule_kind(&kind)?;
-    let rules = standalone(&state.rules)?;
     let key: RuleKey = (kind, namespace, name);
     write_rules(rules, move |rules| rules.delete(&[key])).await
 }

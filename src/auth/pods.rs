@@ -54,14 +54,6 @@ impl PodView {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.pods.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pods.is_empty()
-    }
-
     pub fn is_synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
     }
@@ -131,13 +123,6 @@ impl PodView {
                 }
             }
         }
-    }
-
-    /// Puts a pod in the view, for tests of what uses it.
-    #[doc(hidden)]
-    pub fn insert(&self, namespace: &str, info: PodInfo) {
-        self.pods
-            .insert((namespace.to_owned(), info.name.clone()), Arc::new(info));
     }
 }
 

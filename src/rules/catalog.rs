@@ -121,14 +121,6 @@ impl Catalog {
             .collect()
     }
 
-    pub fn get(&self, key: &RuleKey) -> Option<Rule> {
-        self.rules
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .cloned()
-    }
-
     pub fn invalid(&self) -> Vec<Invalid> {
         self.invalid
             .read()

@@ -216,7 +216,6 @@ pub async fn measure(
     let rss_before = rss_kib(server.child.id())?;
 
     let mut open = open_streams(&addr, streams, streams_per_connection, SNP_TYPE, |_| None).await?;
-    let connect = open.connect;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_after = rss_kib(server.child.id())?;
 
@@ -230,26 +229,16 @@ pub async fn measure(
     })
     .await?;
     let acked = Instant::now();
-    let mut latencies = collect_latencies(&mut open, streams, acked).await;
+    let latencies = collect_latencies(&mut open, streams, acked).await;
     let server_cpu = cpu_seconds(&server_pid)? - server_cpu;
     let client_cpu = cpu_seconds("self")? - client_cpu;
-    let received = latencies.len();
-    let (p50, p99, max) = percentiles(&mut latencies);
-    for holder in open.holders {
-        holder.abort();
-    }
     drop(server);
-    Ok(FanoutResult {
-        streams,
-        connect,
-        p50,
-        p99,
-        max,
-        rss_per_stream_kib: rss_after.saturating_sub(rss_before) as f64 / streams as f64,
+    Ok(open.finish(
+        latencies,
+        rss_after.saturating_sub(rss_before),
         server_cpu,
         client_cpu,
-        received,
-    })
+    ))
 }
 
 /// What the load generator reads of a response: the head. The state bytes are received but
@@ -394,7 +383,6 @@ pub async fn measure_rules(
         Some(format!("token-{}", i % spread))
     })
     .await?;
-    let connect = open.connect;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_after = rss_kib(server.child.id())?;
     let server_pid = server.child.id().to_string();
@@ -410,30 +398,18 @@ pub async fn measure_rules(
         "apiVersion: dubbo.apache.org/v1alpha1\nkind: AuthenticationPolicy\nmetadata: {name: everyone, namespace: dubbo-system}\nspec: {action: PERMISSIVE}\n",
     )
     .await?;
-    let mut latencies = collect_latencies(&mut open, streams, applied).await;
+    let latencies = collect_latencies(&mut open, streams, applied).await;
     let server_cpu = cpu_seconds(&server_pid)? - server_cpu;
     let client_cpu = cpu_seconds("self")? - client_cpu;
     let encodings = view_assemblies(server.admin_addr).await? - views_before;
-    let received = latencies.len();
-    let (p50, p99, max) = percentiles(&mut latencies);
-    for holder in open.holders {
-        holder.abort();
-    }
     drop(server);
-    Ok((
-        FanoutResult {
-            streams,
-            connect,
-            p50,
-            p99,
-            max,
-            rss_per_stream_kib: rss_after.saturating_sub(rss_before) as f64 / streams as f64,
-            server_cpu,
-            client_cpu,
-            received,
-        },
-        encodings,
-    ))
+    let result = open.finish(
+        latencies,
+        rss_after.saturating_sub(rss_before),
+        server_cpu,
+        client_cpu,
+    );
+    Ok((result, encodings))
 }
 
 /// POSTs `body` to the admin API as the bench's admin identity.
@@ -572,6 +548,35 @@ async fn open_streams(
         received,
         connect: started.elapsed(),
     })
+}
+
+impl OpenStreams {
+    /// Closes the streams and sums up one measurement.
+    fn finish(
+        self,
+        mut latencies: Vec<Duration>,
+        rss_growth_kib: u64,
+        server_cpu: f64,
+        client_cpu: f64,
+    ) -> FanoutResult {
+        let streams = self.holders.len();
+        for holder in self.holders {
+            holder.abort();
+        }
+        let received = latencies.len();
+        let (p50, p99, max) = percentiles(&mut latencies);
+        FanoutResult {
+            streams,
+            connect: self.connect,
+            p50,
+            p99,
+            max,
+            rss_per_stream_kib: rss_growth_kib as f64 / streams.max(1) as f64,
+            server_cpu,
+            client_cpu,
+            received,
+        }
+    }
 }
 
 /// The delay from `since` to each stream's receipt, waiting at most a minute.
