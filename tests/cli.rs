@@ -238,10 +238,12 @@ async fn apply_get_and_delete_rules_through_the_admin_api() {
     ])
     .await;
     assert!(got.status.success(), "{got:?}");
-    let yaml = String::from_utf8_lossy(&got.stdout);
-    assert!(
-        yaml.contains("name: grey") && yaml.contains("10.0.0.1"),
-        "{yaml}"
+    let list: serde_yaml::Value = serde_yaml::from_slice(&got.stdout).unwrap();
+    assert_eq!(list["items"][0]["metadata"]["name"], "grey");
+    assert_eq!(list["items"][0]["metadata"]["namespace"], "demo");
+    assert_eq!(
+        list["items"][0]["spec"]["tags"][0]["addresses"][0],
+        "10.0.0.1"
     );
 
     // A broken manifest: a clear message naming the field, a failing exit status.
@@ -266,5 +268,8 @@ async fn apply_get_and_delete_rules_through_the_admin_api() {
         String::from_utf8_lossy(&deleted.stdout),
         "TagRoute demo/grey deleted\n"
     );
+    let after = run_client(&["get", "tagroutes", "--admin", &admin, "-o", "json"]).await;
+    let list: serde_json::Value = serde_json::from_slice(&after.stdout).unwrap();
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(0), "{list}");
     server.stop().await.unwrap();
 }

@@ -353,7 +353,10 @@ async fn a_rules_directory_is_applied_and_reloaded_and_a_broken_file_keeps_its_l
     loop {
         let (_, body) = http_get(server.admin_addr, "/debug/rules").await;
         if body.contains("grey.yaml") {
-            assert!(body.contains("spec"), "{body}");
+            assert!(
+                body.contains("spec.tags"),
+                "the error names the field: {body}"
+            );
             break;
         }
         assert!(
