@@ -7,6 +7,7 @@ const PROTOS: &[&str] = &[
     "snp_networking.proto",
     "dds.proto",
     "rules.proto",
+    "ca.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

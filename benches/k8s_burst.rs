@@ -33,6 +33,10 @@ async fn main() -> anyhow::Result<()> {
             grpc_addr: ([127, 0, 0, 1], 0).into(),
             admin_addr: ([127, 0, 0, 1], 0).into(),
             data_dir: dir.path().to_path_buf(),
+            tls: dubbo_cp::config::TlsConfig {
+                addr: ([127, 0, 0, 1], 0).into(),
+                ..Config::default().tls
+            },
             mode: Mode::Kubernetes,
             auth: dubbo_cp::config::AuthConfig {
                 token_review: Some(false),

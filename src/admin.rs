@@ -65,6 +65,8 @@ pub struct AdminState {
     pub outbox: Option<(Arc<KubeWriter>, Outbox)>,
     pub registry: Arc<Registry>,
     pub rules: RuleAdmin,
+    /// The certificate authority, when it runs.
+    pub ca: Option<crate::ca::Authority>,
 }
 
 /// What the rule API reads and writes.
@@ -92,6 +94,9 @@ pub fn router(state: AdminState) -> Router {
             "/api/v1/rules/{kind}/{namespace}/{name}",
             axum::routing::delete(delete_rule),
         )
+        .route("/api/v1/ca", get(show_ca))
+        .route("/api/v1/ca/rotate", post(rotate_ca))
+        .route("/api/v1/ca/issue", post(issue_certificate))
         .with_state(state)
 }
 
@@ -329,4 +334,91 @@ async fn debug_rules(State(state): State<AdminState>) -> Json<serde_json::Value>
         "invalid": state.rules.catalog.invalid(),
         "files": state.rules.catalog.file_errors(),
     }))
+}
+
+/// The CA an admin caller may use.
+async fn authority(
+    state: &AdminState,
+    headers: &axum::http::HeaderMap,
+    peer: std::net::SocketAddr,
+) -> Result<crate::ca::Authority, ApiError> {
+    require_admin(&state.rules.policy, headers, peer).await?;
+    state.ca.clone().ok_or_else(|| {
+        api_error(
+            StatusCode::NOT_FOUND,
+            "the certificate authority is disabled (ca.enabled: false)",
+        )
+    })
+}
+
+/// `dubbo-cp ca show`: the trusted roots.
+async fn show_ca(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<crate::ca::CaView>, ApiError> {
+    Ok(Json(authority(&state, &headers, peer).await?.view()))
+}
+
+/// `dubbo-cp ca rotate`: a new active root, the old one trusted until its certificates expire.
+async fn rotate_ca(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<crate::ca::CaView>, ApiError> {
+    let ca = authority(&state, &headers, peer).await?;
+    ca.rotate()
+        .await
+        .map_err(|message| api_error(StatusCode::CONFLICT, message))?;
+    Ok(Json(ca.view()))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct IssueRequest {
+    csr: String,
+    /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
+    spiffe_id: String,
+}
+
+/// `dubbo-cp ca issue`: a certificate for any identity, by an admin's hand.
+async fn issue_certificate(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let ca = authority(&state, &headers, peer).await?;
+    let request: IssueRequest = serde_json::from_str(&body).map_err(|err| {
+        api_error(
+            StatusCode::BAD_REQUEST,
+            format!("body must be {{\"csr\": PEM, \"spiffeId\": ID}}: {err}"),
+        )
+    })?;
+    let identity = crate::auth::spiffe::identity_from_spiffe_id(&request.spiffe_id, None)
+        .map_err(|err| api_error(StatusCode::BAD_REQUEST, format!("spiffeId: {err}")))?;
+    let subject = crate::ca::Subject {
+        spiffe_id: request.spiffe_id,
+        common_name: identity.service_account.unwrap_or(identity.name),
+    };
+    let bundle = ca.current();
+    let issued = bundle
+        .issue(
+            &request.csr,
+            &subject,
+            ca.settings.cert_validity,
+            std::time::SystemTime::now(),
+        )
+        .map_err(|err| {
+            ca.stats.count("admin", err.result());
+            api_error(StatusCode::BAD_REQUEST, err.to_string())
+        })?;
+    ca.stats.count("admin", "issued");
+    tracing::info!(spiffe_id = %subject.spiffe_id, "certificate issued by an admin");
+    Ok(Json(serde_json::json!({
+        "certPem": issued.cert_pem,
+        "trustCerts": bundle.trust_pems(),
+        "token": issued.token,
+        "expireTime": humantime::format_rfc3339_seconds(issued.not_after).to_string(),
+    })))
 }

@@ -77,6 +77,82 @@ pub struct Config {
     pub kubernetes: KubernetesConfig,
     #[command(flatten)]
     pub rules: RulesConfig,
+    #[command(flatten)]
+    pub ca: CaConfig,
+}
+
+/// The certificate authority (workload identity, the TLS port's own certificate).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct CaConfig {
+    /// Run the CA: issue certificates, serve the TLS port with a CA certificate when no
+    /// `tls.certFile` is given, accept `dubbo-jwt` tokens.
+    #[arg(id = "ca.enabled", long = "ca-enabled", env = "DUBBO_CP_CA_ENABLED",
+          action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub enabled: bool,
+    /// Validity of a generated root (rotated at two thirds of it when `ca.autoRotate`).
+    #[arg(id = "ca.rootValidity", long = "ca-root-validity", env = "DUBBO_CP_CA_ROOT_VALIDITY",
+          value_parser = parse_duration)]
+    #[serde(with = "duration")]
+    pub root_validity: Duration,
+    /// Validity of issued certificates (SDKs renew at half of it).
+    #[arg(id = "ca.certValidity", long = "ca-cert-validity", env = "DUBBO_CP_CA_CERT_VALIDITY",
+          value_parser = parse_duration)]
+    #[serde(with = "duration")]
+    pub cert_validity: Duration,
+    /// Replace a generated root at two thirds of its life (old and new trusted side by side).
+    #[arg(id = "ca.autoRotate", long = "ca-auto-rotate", env = "DUBBO_CP_CA_AUTO_ROTATE",
+          action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub auto_rotate: bool,
+    /// An operator's root certificate (PEM, ECDSA P-256), used as is with `ca.keyFile`.
+    #[arg(id = "ca.certFile", long = "ca-cert", env = "DUBBO_CP_CA_CERT")]
+    pub cert_file: Option<PathBuf>,
+    /// The operator root's private key (PEM: PKCS#8 or EC PRIVATE KEY).
+    #[arg(id = "ca.keyFile", long = "ca-key", env = "DUBBO_CP_CA_KEY")]
+    pub key_file: Option<PathBuf>,
+    /// The control plane's namespace: where Secret `dubbo-ca-secret` lives, and part of the
+    /// TLS port's names.
+    #[arg(id = "ca.namespace", long = "ca-namespace", env = "DUBBO_CP_NAMESPACE")]
+    pub namespace: String,
+    /// The control plane's Service, named in the TLS port's certificate
+    /// (`<service>.<namespace>.svc`).
+    #[arg(
+        id = "ca.serviceName",
+        long = "ca-service-name",
+        env = "DUBBO_CP_SERVICE_NAME"
+    )]
+    pub service_name: String,
+    /// Certificates per second one caller (pod, else service account) may ask for.
+    #[arg(
+        id = "ca.issuesPerSecond",
+        long = "ca-issues-per-second",
+        env = "DUBBO_CP_CA_ISSUES_PER_SECOND"
+    )]
+    pub issues_per_second: f64,
+    /// Certificates one caller may ask for at once after a quiet period.
+    #[arg(
+        id = "ca.issueBurst",
+        long = "ca-issue-burst",
+        env = "DUBBO_CP_CA_ISSUE_BURST"
+    )]
+    pub issue_burst: u32,
+}
+
+impl Default for CaConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            root_validity: Duration::from_secs(365 * 24 * 3600),
+            cert_validity: Duration::from_secs(3600),
+            auto_rotate: true,
+            cert_file: None,
+            key_file: None,
+            namespace: "dubbo-system".to_owned(),
+            service_name: "dubbo-cp".to_owned(),
+            issues_per_second: 1.0,
+            issue_burst: 5,
+        }
+    }
 }
 
 /// The rule kinds (TagRoute, ConditionRoute, DynamicConfig, the auth policies).
@@ -123,6 +199,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             kubernetes: KubernetesConfig::default(),
             rules: RulesConfig::default(),
+            ca: CaConfig::default(),
         }
     }
 }
@@ -692,6 +769,7 @@ impl Config {
             u64::from(self.auth.token_reviews_burst),
         );
         at_least_one("auth.cacheBytes", self.auth.cache_bytes);
+        at_least_one("ca.issueBurst", u64::from(self.ca.issue_burst));
         at_least_one(
             "kubernetes.maxParallelWrites",
             self.kubernetes.writer.max_parallel as u64,
@@ -704,6 +782,7 @@ impl Config {
                 "auth.tokenReviewsPerSecond",
                 self.auth.token_reviews_per_second,
             ),
+            ("ca.issuesPerSecond", self.ca.issues_per_second),
         ] {
             if !(rate.is_finite() && rate > 0.0) {
                 problems.push(format!("{key} must be a finite number above 0, not {rate}"));
@@ -727,6 +806,22 @@ impl Config {
             if value.is_zero() {
                 problems.push(format!("{key} must be above zero, not {value:?}"));
             }
+        }
+        if self.ca.cert_validity < Duration::from_secs(1) {
+            problems.push(format!(
+                "ca.certValidity must be at least 1s, not {:?}",
+                self.ca.cert_validity
+            ));
+        }
+        if self.ca.root_validity <= self.ca.cert_validity * 3 {
+            problems.push(format!(
+                "ca.rootValidity ({:?}) must be more than three times ca.certValidity ({:?}): certificates must fit in a root's life with room to rotate",
+                self.ca.root_validity, self.ca.cert_validity
+            ));
+        }
+        if self.ca.cert_file.is_some() != self.ca.key_file.is_some() {
+            problems
+                .push("ca.certFile and ca.keyFile go together: give both or neither".to_owned());
         }
         if self.debounce.after > self.debounce.max {
             problems.push(format!(

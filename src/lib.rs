@@ -35,6 +35,8 @@
 //! - [`index`]: the state the discovery stream reads; [`resources`] turns mappings into objects.
 //! - [`dds`]: the discovery stream, `RuleService/Observe`.
 //! - [`auth`]: who is calling and what they may do.
+//! - [`ca`]: the certificate authority (roots, issuing, rotation, the published ConfigMaps);
+//!   [`tls`]: the TLS port, with a certificate from the CA renewed while it serves.
 //! - [`supervisor`]: every long-lived task; a fault stops the process.
 //! - [`server`]: all wiring, as named steps.
 //! - [`config`], [`telemetry`], [`metrics`], [`admin`], [`cli`]: settings, logs, metrics,
@@ -43,6 +45,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod ca;
 pub mod cli;
 pub mod config;
 pub mod dds;
@@ -65,3 +68,4 @@ pub mod shutdown;
 pub mod store;
 pub mod supervisor;
 pub mod telemetry;
+pub mod tls;

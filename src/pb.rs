@@ -28,7 +28,7 @@ pub mod org {
     pub mod apache {
         pub mod dubbo {
             pub mod auth {
-                /// The discovery stream service (wire.md §2).
+                /// The discovery stream service (wire.md §2) and the CA (§6).
                 pub mod v1alpha1 {
                     tonic::include_proto!("org.apache.dubbo.auth.v1alpha1");
                 }
@@ -41,5 +41,6 @@ pub mod org {
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("dubbo_cp_descriptor");
 
 pub use dubbo::apache::org::v1alpha1 as rules;
+pub use org::apache::dubbo::auth::v1alpha1 as ca;
 pub use org::apache::dubbo::auth::v1alpha1 as dds;
 pub use v1alpha1 as snp;

@@ -13,8 +13,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use tonic::transport::server::{Connected, TcpIncoming};
 
 use crate::admin::{self, MappingSource, Readiness};
 use crate::auth::keys::ServiceAccountKeys;
@@ -22,7 +21,11 @@ use crate::auth::pods::PodView;
 use crate::auth::serviceaccount::{CacheSettings, ServiceAccountAuthenticator};
 use crate::auth::tokenreview::TokenReviewer;
 use crate::auth::tokens::StaticTokens;
-use crate::auth::{Authenticator, Policy};
+use crate::auth::{Authenticator, Policy, TokenVerifier};
+use crate::ca::publish::PublishStats;
+use crate::ca::service::{CaService, IssueLimits};
+use crate::ca::store::{SecretRoots, SqliteRoots};
+use crate::ca::{Authority, Backend, CaSettings};
 use crate::config::{Config, Mode};
 use crate::dds::{DdsStats, RuleService};
 use crate::index::{Index, Kind};
@@ -41,6 +44,7 @@ use crate::store::{
     self, Durable, Outbox, RuleStore, Store, StoreLimits, StoreStats, StoreWriter, StoredChange,
 };
 use crate::supervisor::Supervisor;
+use crate::tls::{ServingIdentity, TlsConfigs, TlsStats};
 
 /// The registration service as the health service names it.
 type RegistrationServer =
@@ -131,13 +135,19 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         });
     }
 
+    let authority = open_ca(&config, kube_client.as_ref(), &mut registry, &mut tasks).await?;
     let policy = auth_policy(
         &config,
         kube_client.as_ref(),
         &mut registry,
         &mut tasks,
         shutdown_rx.clone(),
-    )?;
+    )?
+    .with_dubbo_jwt(
+        authority
+            .clone()
+            .map(|a| Arc::new(a) as Arc<dyn TokenVerifier>),
+    );
     let ingest = Ingest::new(
         source.durable.clone(),
         &config.ingest,
@@ -155,7 +165,20 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     dds_stats.register_metrics(&mut registry);
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RegistrationServer>().await;
-    let services = (ingest, rules, health_service);
+    let ca_service = authority.clone().map(|authority| {
+        CaService::new(
+            authority,
+            policy.clone(),
+            IssueLimits {
+                per_second: config.ca.issues_per_second,
+                burst: config.ca.issue_burst,
+                concurrency: std::thread::available_parallelism()
+                    .map(|n| n.get() / 2)
+                    .unwrap_or(1),
+            },
+        )
+    });
+    let services = (ingest, rules, health_service, ca_service);
 
     let Listeners {
         grpc,
@@ -165,13 +188,26 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         tls_addr,
         admin_addr,
     } = listeners;
-    if let Some((listener, tls_config)) = tls {
+    if let Some((listener, identity)) = tls {
+        let stats = Arc::new(TlsStats::default());
+        stats.register_metrics(&mut registry);
+        let (configs, maintain) = TlsConfigs::start(
+            identity,
+            config.tls.client_ca_file.clone(),
+            authority.clone(),
+            stats.clone(),
+            shutdown_rx.clone(),
+        )?;
+        tasks.spawn("TLS certificate", async move {
+            maintain.await;
+            Ok(())
+        });
+        let incoming = crate::tls::incoming(listener, configs.current, TCP_KEEPALIVE, stats);
         let serve = grpc_serve(
             &config,
             metrics.clone(),
-            Some(tls_config),
             services.clone(),
-            listener,
+            incoming,
             shutdown_rx.clone(),
         )?;
         tasks.spawn("TLS gRPC server", async move {
@@ -181,9 +217,11 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     let serve = grpc_serve(
         &config,
         metrics.clone(),
-        None,
         services,
-        grpc,
+        // Our own listener, so NODELAY and keepalive must be set on the incoming stream.
+        TcpIncoming::from(grpc)
+            .with_nodelay(Some(true))
+            .with_keepalive(Some(TCP_KEEPALIVE)),
         shutdown_rx.clone(),
     )?;
     tasks.spawn("gRPC server", async move {
@@ -201,6 +239,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
             standalone: source.standalone_rules.clone(),
             policy: policy.clone(),
         },
+        ca: authority.clone(),
     };
     let admin_listener = admin_listener.tap_io(|tcp| {
         // Small responses (probes, /metrics) should not wait for Nagle.
@@ -247,7 +286,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
 /// Every port, bound before anything else starts, so a port in use fails the start at once.
 struct Listeners {
     grpc: TcpListener,
-    tls: Option<(TcpListener, ServerTlsConfig)>,
+    tls: Option<(TcpListener, ServingIdentity)>,
     admin: TcpListener,
     grpc_addr: SocketAddr,
     tls_addr: Option<SocketAddr>,
@@ -263,7 +302,7 @@ impl Listeners {
         };
         let grpc = bind(config.grpc_addr, "gRPC port").await?;
         let admin = bind(config.admin_addr, "admin port").await?;
-        let tls = match tls_settings(config)? {
+        let tls = match serving_identity(config)? {
             Some(tls) => Some((bind(config.tls.addr, "TLS gRPC port").await?, tls)),
             None => None,
         };
@@ -611,7 +650,8 @@ fn service_accounts(
 
 /// Refuses to serve an unauthenticated control plane beyond loopback unless told to.
 fn check_bind_policy(config: &Config) -> anyhow::Result<()> {
-    let tls_exposed = config.tls.cert_file.is_some() && !config.tls.addr.ip().is_loopback();
+    let tls_exposed = (config.tls.cert_file.is_some() || config.ca.enabled)
+        && !config.tls.addr.ip().is_loopback();
     if (config.grpc_addr.ip().is_loopback() && !tls_exposed) || config.authenticates() {
         return Ok(());
     }
@@ -630,37 +670,111 @@ fn check_bind_policy(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The TLS port's settings from the certificate, key and optional client CA files.
-fn tls_settings(config: &Config) -> anyhow::Result<Option<ServerTlsConfig>> {
-    let (Some(cert), Some(key)) = (&config.tls.cert_file, &config.tls.key_file) else {
-        return Ok(None);
-    };
-    let read = |path: &std::path::PathBuf| {
-        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
-    };
-    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
-    if let Some(ca) = &config.tls.client_ca_file {
-        tls = tls
-            .client_ca_root(Certificate::from_pem(read(ca)?))
-            .client_auth_optional(true);
+/// Where the TLS port's certificate comes from: the given files, else the CA; no TLS port
+/// without either.
+fn serving_identity(config: &Config) -> anyhow::Result<Option<ServingIdentity>> {
+    match (&config.tls.cert_file, &config.tls.key_file) {
+        (Some(cert), Some(key)) => Ok(Some(ServingIdentity::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+        })),
+        (Some(_), None) | (None, Some(_)) => {
+            anyhow::bail!("tls.certFile and tls.keyFile go together: give both or neither")
+        }
+        (None, None) if config.ca.enabled => {
+            let (service, namespace) = (&config.ca.service_name, &config.ca.namespace);
+            Ok(Some(ServingIdentity::Ca {
+                names: vec![
+                    "localhost".to_owned(),
+                    format!("{service}.{namespace}.svc"),
+                    format!("{service}.{namespace}.svc.cluster.local"),
+                ],
+            }))
+        }
+        (None, None) => Ok(None),
     }
-    Ok(Some(tls))
 }
 
-/// The gRPC server on `listener`, until shutdown: every service, the connection settings, and
-/// TLS when given.
-fn grpc_serve<H: tonic_health::pb::health_server::Health>(
+/// The certificate authority: its roots in the store (standalone), Secret `dubbo-ca-secret`
+/// (Kubernetes), or the operator's files; in Kubernetes mode the roots are also published to
+/// every namespace.
+async fn open_ca(
+    config: &Config,
+    kube_client: Option<&kube::Client>,
+    registry: &mut Registry,
+    tasks: &mut Supervisor,
+) -> anyhow::Result<Option<Authority>> {
+    let ca = &config.ca;
+    if !ca.enabled {
+        return Ok(None);
+    }
+    let settings = CaSettings {
+        root_validity: ca.root_validity,
+        cert_validity: ca.cert_validity,
+        auto_rotate: ca.auto_rotate,
+    };
+    let backend = match (&ca.cert_file, &ca.key_file, kube_client) {
+        (Some(cert), Some(key), _) => Backend::Files(crate::ca::store::from_files(cert, key)?),
+        (Some(_), None, _) | (None, Some(_), _) => {
+            anyhow::bail!("ca.certFile and ca.keyFile go together: give both or neither")
+        }
+        (None, None, Some(client)) => {
+            Backend::Secret(SecretRoots::new(client.clone(), &ca.namespace))
+        }
+        (None, None, None) => {
+            let data_dir = config.data_dir.clone();
+            let roots = tokio::task::spawn_blocking(move || SqliteRoots::open(&data_dir))
+                .await
+                .context("CA store open task failed")??;
+            Backend::Sqlite(Arc::new(roots))
+        }
+    };
+    let (authority, manager) = Authority::open(backend, settings)
+        .await
+        .context("cannot start the certificate authority")?;
+    authority.stats.register_metrics(registry);
+    let shutdown = tasks.shutdown_receiver();
+    tasks.spawn("CA roots", async move {
+        manager.run(shutdown).await;
+        Ok(())
+    });
+    if let Some(client) = kube_client {
+        let stats = Arc::new(PublishStats::default());
+        stats.register_metrics(registry);
+        let publish = crate::ca::publish::run(
+            client.clone(),
+            authority.clone(),
+            stats,
+            tasks.shutdown_receiver(),
+        );
+        tasks.spawn("CA ConfigMaps", async move {
+            publish.await;
+            Ok(())
+        });
+    }
+    Ok(Some(authority))
+}
+
+/// The gRPC server on `incoming` (plain TCP, or TLS connections), until shutdown: every
+/// service and the connection settings.
+fn grpc_serve<H, I, IO>(
     config: &Config,
     metrics: Arc<Metrics>,
-    tls: Option<ServerTlsConfig>,
-    (ingest, rules, health): (
+    (ingest, rules, health, ca): (
         Ingest,
         RuleService,
         tonic_health::pb::health_server::HealthServer<H>,
+        Option<CaService>,
     ),
-    listener: TcpListener,
+    incoming: I,
     shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<impl std::future::Future<Output = Result<(), tonic::transport::Error>> + use<H>>
+) -> anyhow::Result<
+    impl std::future::Future<Output = Result<(), tonic::transport::Error>> + use<H, I, IO>,
+>
+where
+    H: tonic_health::pb::health_server::Health,
+    I: tokio_stream::Stream<Item = Result<IO, std::io::Error>> + Send + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Connected + Unpin + Send + 'static,
 {
     // grpcurl and most tools speak v1alpha; newer clients v1.
     let reflection = || {
@@ -678,12 +792,16 @@ fn grpc_serve<H: tonic_health::pb::health_server::Health>(
     let networking_service =
         pb::dubbo::networking::v1alpha1::service_name_mapping_service_server::ServiceNameMappingServiceServer::new(ingest)
             .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES);
+    let authority = ca.clone().map(|ca| {
+        pb::ca::authority_service_server::AuthorityServiceServer::new(ca)
+            .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES)
+    });
+    let certificates = ca.map(|ca| {
+        pb::ca::dubbo_certificate_service_server::DubboCertificateServiceServer::new(ca)
+            .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES)
+    });
     let grpc = &config.grpc;
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
-    Ok(builder
+    Ok(tonic::transport::Server::builder()
         .layer(metrics::CountOversize::layer(metrics))
         // Detect dead peers: long-lived streams would otherwise pin memory forever.
         .http2_keepalive_interval(Some(grpc.keepalive_interval))
@@ -698,13 +816,9 @@ fn grpc_serve<H: tonic_health::pb::health_server::Health>(
         .add_service(snp_service)
         .add_service(networking_service)
         .add_service(rules)
-        .serve_with_incoming_shutdown(
-            // Our own listener, so NODELAY and keepalive must be set on the incoming stream.
-            TcpIncoming::from(listener)
-                .with_nodelay(Some(true))
-                .with_keepalive(Some(TCP_KEEPALIVE)),
-            wait_for_shutdown(shutdown),
-        ))
+        .add_optional_service(authority)
+        .add_optional_service(certificates)
+        .serve_with_incoming_shutdown(incoming, wait_for_shutdown(shutdown)))
 }
 
 async fn wait_for_shutdown(mut rx: watch::Receiver<bool>) {

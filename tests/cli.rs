@@ -104,6 +104,8 @@ fn refuses_a_non_loopback_address_without_authentication() {
             "0.0.0.0:0",
             "--admin-addr",
             "127.0.0.1:0",
+            "--tls-addr",
+            "127.0.0.1:0",
             "--data-dir",
         ])
         .arg(dir.path())

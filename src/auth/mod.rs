@@ -171,6 +171,12 @@ impl Refusal {
     }
 }
 
+/// Verifies `dubbo-jwt` tokens (wire.md §5): implemented by the CA, which signs them.
+pub trait TokenVerifier: Send + Sync {
+    /// The token's `sub` (a SPIFFE ID) when a trusted root signed it and it is current.
+    fn verify(&self, token: &str) -> Result<String, String>;
+}
+
 /// The trust domain of SPIFFE IDs made for service accounts when none is configured.
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
 
@@ -185,6 +191,8 @@ pub struct Policy {
     pub legacy_answers: bool,
     /// Expected trust domain of SPIFFE IDs in client certificates (any when `None`).
     trust_domain: Option<Arc<str>>,
+    /// The CA's check of `dubbo-jwt` tokens; without a CA they are refused.
+    dubbo_jwt: Option<Arc<dyn TokenVerifier>>,
 }
 
 impl Policy {
@@ -198,7 +206,14 @@ impl Policy {
             admins: Arc::new(admins.into_iter().collect()),
             legacy_answers,
             trust_domain: None,
+            dubbo_jwt: None,
         }
+    }
+
+    /// Accept `authorization-type: dubbo-jwt` tokens this verifier vouches for.
+    pub fn with_dubbo_jwt(mut self, verifier: Option<Arc<dyn TokenVerifier>>) -> Self {
+        self.dubbo_jwt = verifier;
+        self
     }
 
     /// Client certificates must name `trust_domain` (any when `None` or empty).
@@ -209,6 +224,18 @@ impl Policy {
 
     pub fn is_enabled(&self) -> bool {
         self.authenticator.is_some()
+    }
+
+    /// The identity of a `dubbo-jwt` bearer token: its `sub`, a SPIFFE ID in our trust domain.
+    fn dubbo_jwt(&self, metadata: &MetadataMap) -> Result<Identity, AuthError> {
+        let verifier = self.dubbo_jwt.as_ref().ok_or(AuthError::Unsupported(
+            "authorization-type dubbo-jwt needs the control plane's CA, which is disabled (ca.enabled)",
+        ))?;
+        let token = bearer_token(metadata)?;
+        let subject = verifier
+            .verify(token)
+            .map_err(|reason| AuthError::Rejected(format!("dubbo-jwt: {reason}")))?;
+        spiffe::identity_from_spiffe_id(&subject, self.trust_domain.as_deref())
     }
 
     /// The caller's identity: the SPIFFE ID of its client certificate (TLS port), else its
@@ -225,6 +252,15 @@ impl Policy {
             if let Some(identity) = from_certificate {
                 return Ok(Some(identity));
             }
+        }
+        let kind = metadata
+            .get("authorization-type")
+            .and_then(|v| v.to_str().ok());
+        if kind == Some("dubbo-jwt") {
+            return self
+                .dubbo_jwt(metadata)
+                .map(Some)
+                .map_err(Refusal::Unauthenticated);
         }
         match &self.authenticator {
             None => Ok(None),

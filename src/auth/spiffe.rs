@@ -26,6 +26,17 @@ pub fn identity_from_certificate(
     Ok(None)
 }
 
+/// The identity a full SPIFFE ID (`spiffe://...`) names, e.g. a `dubbo-jwt` token's `sub`.
+pub fn identity_from_spiffe_id(
+    uri: &str,
+    trust_domain: Option<&str>,
+) -> Result<Identity, AuthError> {
+    let id = uri
+        .strip_prefix("spiffe://")
+        .ok_or_else(|| AuthError::Rejected(format!("{uri:?} is not a SPIFFE ID (spiffe://...)")))?;
+    parse_spiffe_id(id, trust_domain)
+}
+
 /// `<trust domain>/ns/<namespace>/sa/<service account>` (after `spiffe://`).
 fn parse_spiffe_id(id: &str, trust_domain: Option<&str>) -> Result<Identity, AuthError> {
     let malformed = || {

@@ -35,8 +35,9 @@ impl Audience {
         match kind {
             None | Some("kubernetes") => Ok(Audience::ApiServer),
             Some("dubbo-ca-token") => Ok(Audience::DubboCa),
+            // Checked by the policy against the CA before any authenticator runs.
             Some("dubbo-jwt") => Err(AuthError::Unsupported(
-                "authorization-type dubbo-jwt needs the control plane's CA, which this version does not run; use kubernetes or dubbo-ca-token",
+                "authorization-type dubbo-jwt is checked by the CA, not by Kubernetes",
             )),
             Some(_) => Err(AuthError::Malformed(
                 "authorization-type must be kubernetes, dubbo-ca-token or dubbo-jwt",

@@ -10,6 +10,7 @@ use crate::pb::snp::ServiceMappingRequest;
 use crate::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient;
 use crate::{server, telemetry};
 
+mod ca;
 mod rules;
 mod watch;
 
@@ -82,6 +83,11 @@ pub enum Command {
         /// A manifest file, a directory of them, or `-` for standard input.
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<std::path::PathBuf>,
+    },
+    /// The certificate authority: `show` the roots, `rotate` them, `issue` a certificate.
+    Ca {
+        #[command(subcommand)]
+        command: ca::CaCommand,
     },
     /// Delete rules: those named by manifests (`-f`), or `<kind> <name> -n <namespace>`.
     Delete {
@@ -159,6 +165,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Apply { admin, files } => rules::apply(&admin, &files).await,
+        Command::Ca { command } => ca::run(command).await,
         Command::Delete {
             admin,
             files,

@@ -160,7 +160,7 @@ fn print_report(report: &serde_json::Value, sections: &[(&str, &str)]) {
 }
 
 /// One HTTP/1.1 request to the admin port; the JSON answer, or the server's error message.
-async fn request(
+pub(super) async fn request(
     admin: &AdminArg,
     method: &str,
     path: &str,

@@ -23,6 +23,24 @@ use crate::mapping::{
 
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "dubbo-cp.db";
+
+/// The data directory holds the CA's private key (standalone): only the owner may read it,
+/// whatever the umask.
+fn restrict_permissions(data_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    // Best effort: a volume's root (fsGroup) may belong to someone else; the files are ours.
+    if let Err(err) = std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700)) {
+        tracing::warn!(error = %err, dir = %data_dir.display(), "cannot make the data directory private");
+    }
+    for name in [DB_FILE, "dubbo-cp.db-wal", "dubbo-cp.db-shm", LOCK_FILE] {
+        match std::fs::set_permissions(data_dir.join(name), std::fs::Permissions::from_mode(0o600))
+        {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => return Err(err),
+            _ => {}
+        }
+    }
+    Ok(())
+}
 /// Held with an exclusive lock while a process uses the data directory.
 const LOCK_FILE: &str = "dubbo-cp.lock";
 const SCHEMA_VERSION: i64 = 2;
@@ -207,6 +225,7 @@ impl Db {
         // Rule writes (their own connection, see `store::rules`) may hold the write lock briefly.
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         prepare_schema(&conn)?;
+        restrict_permissions(data_dir).map_err(dir_error)?;
         let opened_revision = bump_revision(&mut conn)?;
         let committed = load_all(&conn)?;
         let mut taken: HashMap<String, HashSet<String>> = HashMap::new();

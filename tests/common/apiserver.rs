@@ -67,6 +67,8 @@ struct Inner {
     missing: std::collections::BTreeSet<String>,
     /// GETs of single pods.
     pod_gets: u64,
+    /// Creates and updates of core objects (the CA's Secret and ConfigMaps) by clients.
+    core_writes: BTreeMap<Key, usize>,
 }
 
 struct Shared {
@@ -300,6 +302,80 @@ impl ApiServer {
         self.remove(&mut inner, &key("pods", namespace, name));
     }
 
+    /// Creates and updates clients made to one core object (Secret, ConfigMap).
+    pub fn core_writes(&self, resource: &str, namespace: &str, name: &str) -> usize {
+        self.lock()
+            .core_writes
+            .get(&key(resource, namespace, name))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Any stored object, as `kubectl get -o json` would show it.
+    pub fn object(&self, resource: &str, namespace: &str, name: &str) -> Option<Value> {
+        self.lock()
+            .objects
+            .get(&key(resource, namespace, name))
+            .cloned()
+    }
+
+    /// Creates or replaces an object as `kubectl apply` would (no resourceVersion check).
+    pub fn put_object(&self, resource: &str, namespace: &str, name: &str, mut object: Value) {
+        let mut inner = self.lock();
+        let key = key(resource, namespace, name);
+        let kind = if inner.objects.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        object["metadata"]["name"] = json!(name);
+        if let Some(existing) = inner.objects.get(&key) {
+            object["metadata"]["uid"] = existing["metadata"]["uid"].clone();
+        }
+        self.store(&mut inner, key, object, kind);
+    }
+
+    /// Deletes an object as `kubectl delete` would.
+    pub fn delete_object(&self, resource: &str, namespace: &str, name: &str) -> bool {
+        let mut inner = self.lock();
+        self.remove(&mut inner, &key(resource, namespace, name))
+            .is_some()
+    }
+
+    /// A namespace, as `kubectl create namespace` makes it.
+    pub fn create_namespace(&self, name: &str) {
+        self.put_object(
+            "namespaces",
+            "",
+            name,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name},
+                   "status": {"phase": "Active"}}),
+        );
+    }
+
+    /// Waits until `check` holds for the fixture's objects, or fails after `timeout`.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&ApiServer) -> bool,
+    ) {
+        let mut changes = self.shared.latest.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            changes.borrow_and_update();
+            if check(self) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                panic!("timed out waiting for {what}");
+            }
+        }
+    }
+
     /// Makes `resource` (a plural) unknown, as when its CRD is not installed, or known again.
     pub fn set_missing(&self, resource: &str, missing: bool) {
         let mut inner = self.lock();
@@ -382,7 +458,10 @@ impl ApiServer {
         inner.rv += 1;
         let rv = inner.rv;
         object["metadata"]["resourceVersion"] = json!(rv.to_string());
-        object["metadata"]["namespace"] = json!(key.1.clone());
+        // Cluster-scoped objects (namespaces) have no namespace.
+        if !key.1.is_empty() {
+            object["metadata"]["namespace"] = json!(key.1.clone());
+        }
         if object["metadata"]["uid"].is_null() {
             object["metadata"]["uid"] = json!(format!("uid-{rv}"));
             object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
@@ -465,7 +544,14 @@ async fn handle(
     let rest = match uri.path().strip_prefix(GROUP_PATH) {
         Some(rest) => rest,
         None => match uri.path().strip_prefix(CORE_PATH) {
-            Some(rest) if rest.contains("/pods") || rest == "/pods" => rest,
+            Some(rest)
+                if ["/pods", "/secrets", "/configmaps"]
+                    .iter()
+                    .any(|r| rest.contains(r))
+                    || rest.starts_with("/namespaces") =>
+            {
+                rest
+            }
             _ => return status(404, "NotFound", "unknown path"),
         },
     };
@@ -484,6 +570,12 @@ async fn handle(
         );
     }
     match (method, segments.as_slice()) {
+        // Namespaces themselves: cluster-scoped objects keyed with an empty namespace.
+        (Method::POST, ["namespaces"]) => create(&server, "namespaces", "", &body),
+        (Method::GET, ["namespaces", name]) => match server.object("namespaces", "", name) {
+            Some(object) => json_response(StatusCode::OK, &object),
+            None => status(404, "NotFound", &format!("namespaces \"{name}\" not found")),
+        },
         (Method::GET, [resource]) => list_or_watch(&server, resource, None, &params),
         (Method::GET, ["namespaces", ns, resource]) => {
             list_or_watch(&server, resource, Some(ns), &params)
@@ -565,6 +657,22 @@ fn write_allowed(inner: &mut Inner, namespace: &str, name: &str) -> Option<Respo
     None
 }
 
+/// Counts a control plane's write: mapping and rule writes in the counters the write tests
+/// read, the CA's Secret and ConfigMaps (core resources) apart.
+fn count_write(inner: &mut Inner, key: &Key) {
+    if CORE_RESOURCES.contains(&key.0.as_str()) {
+        *inner.core_writes.entry(key.clone()).or_default() += 1;
+        return;
+    }
+    inner.write_times.push(Instant::now());
+    *inner
+        .writes_per_object
+        .entry((key.1.clone(), key.2.clone()))
+        .or_default() += 1;
+}
+
+const CORE_RESOURCES: [&str; 4] = ["secrets", "configmaps", "namespaces", "pods"];
+
 fn create(server: &ApiServer, resource: &str, namespace: &str, body: &Bytes) -> Response {
     let Ok(object) = serde_json::from_slice::<Value>(body) else {
         return status(400, "BadRequest", "invalid JSON");
@@ -585,11 +693,7 @@ fn create(server: &ApiServer, resource: &str, namespace: &str, body: &Bytes) -> 
         );
     }
     server.store(&mut inner, key.clone(), object, "ADDED");
-    inner.write_times.push(Instant::now());
-    *inner
-        .writes_per_object
-        .entry((key.1.clone(), key.2.clone()))
-        .or_default() += 1;
+    count_write(&mut inner, &key);
     let stored = inner.objects.get(&key).cloned().unwrap_or_default();
     json_response(StatusCode::CREATED, &stored)
 }
@@ -631,11 +735,7 @@ fn replace(
     object["metadata"]["uid"] = existing["metadata"]["uid"].clone();
     object["metadata"]["creationTimestamp"] = existing["metadata"]["creationTimestamp"].clone();
     server.store(&mut inner, key.clone(), object, "MODIFIED");
-    inner.write_times.push(Instant::now());
-    *inner
-        .writes_per_object
-        .entry((key.1.clone(), key.2.clone()))
-        .or_default() += 1;
+    count_write(&mut inner, &key);
     let stored = inner.objects.get(&key).cloned().unwrap_or_default();
     json_response(StatusCode::OK, &stored)
 }
@@ -652,6 +752,9 @@ fn list_or_watch(
 ) -> Response {
     let (api_version, kind) = match resource {
         "pods" => ("v1", "Pod"),
+        "secrets" => ("v1", "Secret"),
+        "configmaps" => ("v1", "ConfigMap"),
+        "namespaces" => ("v1", "Namespace"),
         "tagroutes" => ("dubbo.apache.org/v1alpha1", "TagRoute"),
         "conditionroutes" => ("dubbo.apache.org/v1alpha1", "ConditionRoute"),
         "dynamicconfigs" => ("dubbo.apache.org/v1alpha1", "DynamicConfig"),
@@ -660,12 +763,24 @@ fn list_or_watch(
         _ => ("dubbo.apache.org/v1alpha1", "ServiceNameMapping"),
     };
     let watching = params.get("watch").is_some_and(|v| v == "true" || v == "1");
+    // `fieldSelector=metadata.name=<name>` (URL-encoded), the one field selector used here.
+    let only_name: Option<String> = params.get("fieldSelector").and_then(|v| {
+        v.replace("%3D", "=")
+            .replace("%3d", "=")
+            .strip_prefix("metadata.name=")
+            .map(str::to_owned)
+    });
+    let name_matches = move |object: &Value| {
+        only_name
+            .as_deref()
+            .is_none_or(|n| object["metadata"]["name"] == n)
+    };
     if !watching {
         let inner = server.lock();
         let items: Vec<Value> = inner
             .objects
             .iter()
-            .filter(|(k, o)| k.0 == resource && in_namespace(o, namespace))
+            .filter(|(k, o)| k.0 == resource && in_namespace(o, namespace) && name_matches(o))
             .map(|(_, o)| o.clone())
             .collect();
         let body = json!({
@@ -724,7 +839,10 @@ fn list_or_watch(
                     .events
                     .iter()
                     .filter(|(rv, _, of, object)| {
-                        *rv > sent && *of == resource && in_namespace(object, namespace.as_deref())
+                        *rv > sent
+                            && *of == resource
+                            && in_namespace(object, namespace.as_deref())
+                            && name_matches(object)
                     })
                     .map(|(rv, kind, _, object)| (*rv, *kind, object.clone()))
                     .collect();

@@ -29,6 +29,10 @@ pub fn test_config(data_dir: &Path) -> Config {
         grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         data_dir: data_dir.to_path_buf(),
+        tls: dubbo_cp::config::TlsConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            ..dubbo_cp::config::TlsConfig::default()
+        },
         ..Config::default()
     }
 }
@@ -102,6 +106,8 @@ pub fn spawn_binary(data_dir: &Path, extra: &[&str]) -> Process {
             "--grpc-addr",
             "127.0.0.1:0",
             "--admin-addr",
+            "127.0.0.1:0",
+            "--tls-addr",
             "127.0.0.1:0",
             "--data-dir",
         ])

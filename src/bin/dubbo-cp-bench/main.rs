@@ -169,6 +169,10 @@ async fn start_in_process(
         grpc_addr: ([127, 0, 0, 1], 0).into(),
         admin_addr: ([127, 0, 0, 1], 0).into(),
         data_dir: dir.path().to_path_buf(),
+        tls: dubbo_cp::config::TlsConfig {
+            addr: ([127, 0, 0, 1], 0).into(),
+            ..base.tls
+        },
         ..base
     };
     Ok((dubbo_cp::server::start(config).await?, dir))

@@ -1,0 +1,576 @@
+//! The certificate authority for workload identity (wire.md §6).
+//!
+//! One task owns the roots ([`Authority::open`] then [`Authority::run`]): it loads or creates
+//! them in their backend ([`store`]), rotates them (on request, or at two thirds of the root's
+//! life), drops retiring roots once nothing they issued can still be valid, and in Kubernetes
+//! mode follows the Secret so every replica serves the same roots. Everything else reads the
+//! current [`Bundle`] from a `watch` channel: the gRPC services ([`service`]), `dubbo-jwt`
+//! authentication, the TLS port's certificate ([`crate::tls`]) and the ConfigMap publisher
+//! ([`publish`]).
+
+pub mod authority;
+pub mod publish;
+pub mod service;
+pub mod store;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::StreamExt;
+
+pub use authority::{Bundle, IssueError, Issued, Root, Subject};
+use store::{CaStoreError, SecretRoots, SqliteRoots, StoredRoots};
+
+/// How the roots are made and used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaSettings {
+    pub root_validity: Duration,
+    pub cert_validity: Duration,
+    /// Replace a managed root at two thirds of its life.
+    pub auto_rotate: bool,
+}
+
+/// Where the roots live.
+pub enum Backend {
+    Sqlite(Arc<SqliteRoots>),
+    Secret(SecretRoots),
+    /// `--ca-cert`/`--ca-key`: used as is, never written.
+    Files(StoredRoots),
+}
+
+/// A backend's version of what it holds (SQLite row version, Secret resourceVersion).
+type Version = Option<String>;
+
+impl Backend {
+    async fn load_or_create(
+        &self,
+        settings: CaSettings,
+    ) -> Result<(StoredRoots, Version), CaStoreError> {
+        let generate = move || StoredRoots::generate(settings.root_validity, SystemTime::now());
+        match self {
+            Backend::Files(roots) => Ok((roots.clone(), None)),
+            Backend::Secret(secret) => {
+                let (roots, rv) = secret.load_or_create(generate).await?;
+                Ok((roots, Some(rv)))
+            }
+            Backend::Sqlite(db) => {
+                let db = db.clone();
+                blocking(move || {
+                    if let Some((roots, version)) = db.load()? {
+                        return Ok((roots, Some(version.to_string())));
+                    }
+                    let roots = generate()?;
+                    let version = db.write(&roots, None)?;
+                    tracing::info!("created the CA root");
+                    Ok((roots, Some(version.to_string())))
+                })
+                .await
+            }
+        }
+    }
+
+    async fn write(
+        &self,
+        roots: &StoredRoots,
+        expected: Version,
+    ) -> Result<(StoredRoots, Version), CaStoreError> {
+        match self {
+            Backend::Files(_) => Err(CaStoreError::Unmanaged(
+                "the CA root comes from --ca-cert/--ca-key files; replace the files to change it"
+                    .to_owned(),
+            )),
+            Backend::Secret(secret) => {
+                let (roots, rv) = secret.write(roots, expected).await?;
+                Ok((roots, Some(rv)))
+            }
+            Backend::Sqlite(db) => {
+                let db = db.clone();
+                let roots = roots.clone();
+                let expected = expected.and_then(|v| v.parse::<i64>().ok());
+                blocking(move || {
+                    let version = db.write(&roots, expected)?;
+                    Ok((roots, Some(version.to_string())))
+                })
+                .await
+            }
+        }
+    }
+
+    async fn reload(&self) -> Result<Option<(StoredRoots, Version)>, CaStoreError> {
+        match self {
+            Backend::Files(roots) => Ok(Some((roots.clone(), None))),
+            Backend::Secret(secret) => match secret.api.get_opt(store::SECRET_NAME).await? {
+                Some(s) => SecretRoots::read(&s).map(|(r, v)| Some((r, Some(v)))),
+                None => Ok(None),
+            },
+            Backend::Sqlite(db) => {
+                let db = db.clone();
+                blocking(move || Ok(db.load()?.map(|(r, v)| (r, Some(v.to_string()))))).await
+            }
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, CaStoreError> + Send + 'static,
+) -> Result<T, CaStoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CaStoreError::Unmanaged(format!("CA store task failed: {e}")))?
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RootLabels {
+    fingerprint: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IssueLabels {
+    pub rpc: &'static str,
+    pub result: &'static str,
+}
+
+/// The CA's metrics.
+#[derive(Default)]
+pub struct CaStats {
+    /// Certificates asked for, by RPC and result (`issued`, `bad_csr`, `bad_signature`,
+    /// `unsupported_key`, `unauthenticated`, `rate_limited`, `busy`, `error`).
+    pub issued: Family<IssueLabels, Counter>,
+    /// Unix time at which each trusted root expires.
+    root_expiry: Family<RootLabels, Gauge>,
+    rotations: Counter,
+}
+
+impl CaStats {
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "ca_certificates",
+            "Certificate requests by RPC and result",
+            self.issued.clone(),
+        );
+        registry.register(
+            "ca_root_expiry_timestamp_seconds",
+            "When each trusted CA root expires (unix seconds), by fingerprint and state",
+            self.root_expiry.clone(),
+        );
+        registry.register(
+            "ca_rotations",
+            "CA roots replaced by this process",
+            self.rotations.clone(),
+        );
+    }
+
+    pub fn count(&self, rpc: &'static str, result: &'static str) {
+        self.issued
+            .get_or_create(&IssueLabels { rpc, result })
+            .inc();
+    }
+
+    fn publish(&self, bundle: &Bundle) {
+        self.root_expiry.clear();
+        for (i, root) in bundle.trusted().enumerate() {
+            let labels = RootLabels {
+                fingerprint: root.fingerprint.replace(':', "")[..16].to_owned(),
+                state: if i == 0 { "active" } else { "retiring" },
+            };
+            self.root_expiry
+                .get_or_create(&labels)
+                .set(authority::unix_seconds(root.not_after));
+        }
+    }
+}
+
+type Reply = oneshot::Sender<Result<(), String>>;
+
+/// A handle on the running CA: the current roots, and rotation on request.
+#[derive(Clone)]
+pub struct Authority {
+    bundle: watch::Receiver<Arc<Bundle>>,
+    rotate: mpsc::Sender<Reply>,
+    pub settings: CaSettings,
+    pub stats: Arc<CaStats>,
+}
+
+/// The task that owns the roots; see [`Authority::open`].
+pub struct Manager {
+    backend: Backend,
+    settings: CaSettings,
+    stored: StoredRoots,
+    version: Version,
+    bundle: watch::Sender<Arc<Bundle>>,
+    rotate: mpsc::Receiver<Reply>,
+    stats: Arc<CaStats>,
+}
+
+impl Authority {
+    /// Loads (or creates) the roots; the returned manager must be run to rotate and follow
+    /// them. Fails when stored or given roots are unusable, naming why.
+    pub async fn open(
+        backend: Backend,
+        settings: CaSettings,
+    ) -> Result<(Authority, Manager), CaStoreError> {
+        let (mut stored, mut version) = backend.load_or_create(settings).await?;
+        let mut bundle = stored.bundle(settings.cert_validity, SystemTime::now())?;
+        let stats = Arc::new(CaStats::default());
+        if stored.managed
+            && settings.auto_rotate
+            && SystemTime::now() >= store::rotation_time(bundle.signer.root())
+        {
+            // Down past the rotation time (or the root expired): rotate before serving.
+            let next = stored.rotated(&bundle, settings.root_validity, SystemTime::now())?;
+            match backend.write(&next, version.clone()).await {
+                Ok((s, v)) => {
+                    (stored, version) = (s, v);
+                    stats.rotations.inc();
+                    tracing::info!("rotated the CA root at start: it was past its rotation time");
+                }
+                Err(CaStoreError::Conflict) => {
+                    if let Some((s, v)) = backend.reload().await? {
+                        (stored, version) = (s, v);
+                    }
+                }
+                Err(err) => return Err(err),
+            }
+            bundle = stored.bundle(settings.cert_validity, SystemTime::now())?;
+        }
+        stats.publish(&bundle);
+        log_roots(&bundle);
+        let (bundle_tx, bundle_rx) = watch::channel(Arc::new(bundle));
+        let (rotate_tx, rotate_rx) = mpsc::channel(8);
+        Ok((
+            Authority {
+                bundle: bundle_rx,
+                rotate: rotate_tx,
+                settings,
+                stats: stats.clone(),
+            },
+            Manager {
+                backend,
+                settings,
+                stored,
+                version,
+                bundle: bundle_tx,
+                rotate: rotate_rx,
+                stats,
+            },
+        ))
+    }
+
+    /// The roots now.
+    pub fn current(&self) -> Arc<Bundle> {
+        self.bundle.borrow().clone()
+    }
+
+    /// Changes of the roots (rotation, drop, another replica's write).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Bundle>> {
+        self.bundle.clone()
+    }
+
+    /// Replaces the active root now; the old one stays trusted until what it issued expired.
+    pub async fn rotate(&self) -> Result<(), String> {
+        let (reply, answer) = oneshot::channel();
+        self.rotate
+            .send(reply)
+            .await
+            .map_err(|_| "the CA is shutting down".to_owned())?;
+        answer
+            .await
+            .map_err(|_| "the CA is shutting down".to_owned())?
+    }
+
+    /// The `dubbo-jwt` check: the SPIFFE ID of a token signed by a trusted root.
+    pub fn verify_token(&self, token: &str) -> Result<String, String> {
+        self.current().verify_token(token)
+    }
+}
+
+fn log_roots(bundle: &Bundle) {
+    for (i, root) in bundle.trusted().enumerate() {
+        tracing::info!(
+            state = if i == 0 { "active" } else { "retiring" },
+            fingerprint = %root.fingerprint,
+            not_after = %humantime::format_rfc3339_seconds(root.not_after),
+            managed = bundle.managed,
+            "CA root"
+        );
+    }
+}
+
+/// Longest sleep between checks, so a changed wall clock is noticed.
+const MAX_SLEEP: Duration = Duration::from_secs(300);
+/// Pause after a failed write before the next attempt.
+const RETRY: Duration = Duration::from_secs(5);
+
+impl Manager {
+    /// Rotates, drops and follows the roots until shutdown.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut secret_events = match &self.backend {
+            Backend::Secret(secret) => Some(Box::pin(
+                watcher(
+                    secret.api.clone(),
+                    watcher::Config::default()
+                        .fields(&format!("metadata.name={}", store::SECRET_NAME)),
+                )
+                .default_backoff(),
+            ) as SecretEvents),
+            _ => None,
+        };
+        let mut seen_secret = false;
+        loop {
+            let wait = self
+                .next_deadline()
+                .map(|at| at.duration_since(SystemTime::now()).unwrap_or_default())
+                .unwrap_or(MAX_SLEEP)
+                .min(MAX_SLEEP);
+            tokio::select! {
+                _ = crate::shutdown::signalled(&mut shutdown) => return,
+                () = tokio::time::sleep(wait) => {
+                    if let Err(err) = self.tick().await {
+                        tracing::warn!(error = %err, "CA root maintenance failed; retrying");
+                        tokio::time::sleep(RETRY).await;
+                    }
+                }
+                Some(reply) = self.rotate.recv() => {
+                    let result = self.rotate_now().await.map_err(|e| e.to_string());
+                    let _ = reply.send(result);
+                }
+                Some(event) = next_event(&mut secret_events) => match event {
+                    Ok(Event::Apply(secret) | Event::InitApply(secret)) => {
+                        seen_secret = true;
+                        self.adopt(&secret);
+                    }
+                    Ok(Event::Init) => seen_secret = false,
+                    Ok(Event::InitDone) if !seen_secret => self.recreate().await,
+                    Ok(Event::Delete(_)) => self.recreate().await,
+                    Ok(_) => {}
+                    Err(err) => tracing::warn!(error = %err, "watch of Secret {} failed", store::SECRET_NAME),
+                },
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Option<SystemTime> {
+        let bundle = self.bundle.borrow();
+        let root = bundle.signer.root();
+        let rotation =
+            (self.stored.managed && self.settings.auto_rotate).then(|| store::rotation_time(root));
+        let drop = (!bundle.retiring.is_empty())
+            .then(|| store::drop_time(root, self.settings.cert_validity));
+        let expiry = bundle.retiring.iter().map(|r| r.not_after).min();
+        [rotation, drop, expiry].into_iter().flatten().min()
+    }
+
+    async fn tick(&mut self) -> Result<(), CaStoreError> {
+        let now = SystemTime::now();
+        let root = self.bundle.borrow().signer.root().clone();
+        if self.stored.managed && self.settings.auto_rotate && now >= store::rotation_time(&root) {
+            tracing::info!(fingerprint = %root.fingerprint, "CA root at two thirds of its life: rotating");
+            return self.rotate_now().await;
+        }
+        let bundle = self.stored.bundle(self.settings.cert_validity, now)?;
+        if bundle.retiring.len() != self.bundle.borrow().retiring.len() {
+            tracing::info!(
+                dropped = self.bundle.borrow().retiring.len() - bundle.retiring.len(),
+                "retiring CA roots dropped: every certificate they issued has expired"
+            );
+            let pruned = self.stored.pruned(&bundle);
+            self.publish(bundle);
+            // Best effort: the bundle already leaves them out whatever the store holds.
+            if self.stored.managed {
+                match self.backend.write(&pruned, self.version.clone()).await {
+                    Ok((stored, version)) => (self.stored, self.version) = (stored, version),
+                    Err(CaStoreError::Conflict) => self.reload().await?,
+                    Err(err) => return Err(err),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn rotate_now(&mut self) -> Result<(), CaStoreError> {
+        if !self.stored.managed {
+            return Err(CaStoreError::Unmanaged(match self.backend {
+                Backend::Files(_) => {
+                    "the CA root comes from --ca-cert/--ca-key; replace the files to rotate it"
+                        .to_owned()
+                }
+                _ => format!(
+                    "the CA root was provided by the operator (Secret {} without annotation {}); replace the Secret to rotate it",
+                    store::SECRET_NAME,
+                    store::MANAGED_ANNOTATION
+                ),
+            }));
+        }
+        let now = SystemTime::now();
+        let current = self.bundle.borrow().clone();
+        let next = self
+            .stored
+            .rotated(&current, self.settings.root_validity, now)?;
+        match self.backend.write(&next, self.version.clone()).await {
+            Ok((stored, version)) => {
+                (self.stored, self.version) = (stored, version);
+                self.stats.rotations.inc();
+                let bundle = self.stored.bundle(self.settings.cert_validity, now)?;
+                tracing::info!(
+                    old = %current.signer.root().fingerprint,
+                    new = %bundle.signer.root().fingerprint,
+                    "CA root rotated: issuing from the new root, the old one stays trusted until its certificates expire"
+                );
+                self.publish(bundle);
+                Ok(())
+            }
+            Err(CaStoreError::Conflict) => {
+                // Another replica wrote first; take what it wrote.
+                self.reload().await?;
+                Err(CaStoreError::Conflict)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn reload(&mut self) -> Result<(), CaStoreError> {
+        if let Some((stored, version)) = self.backend.reload().await? {
+            let bundle = stored.bundle(self.settings.cert_validity, SystemTime::now())?;
+            (self.stored, self.version) = (stored, version);
+            self.publish(bundle);
+        }
+        Ok(())
+    }
+
+    /// Another writer's Secret (a replica's rotation, an operator's edit).
+    fn adopt(&mut self, secret: &Secret) {
+        let (stored, version) = match SecretRoots::read(secret) {
+            Ok(read) => read,
+            Err(err) => {
+                tracing::error!(error = %err, "Secret {} is unusable; still serving the roots loaded before", store::SECRET_NAME);
+                return;
+            }
+        };
+        if stored == self.stored {
+            self.version = Some(version);
+            return;
+        }
+        match stored.bundle(self.settings.cert_validity, SystemTime::now()) {
+            Ok(bundle) => {
+                tracing::info!(fingerprint = %bundle.signer.root().fingerprint, "CA roots changed in Secret {}", store::SECRET_NAME);
+                (self.stored, self.version) = (stored, Some(version));
+                self.publish(bundle);
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "Secret {} holds unusable roots; still serving the roots loaded before", store::SECRET_NAME)
+            }
+        }
+    }
+
+    /// The Secret is gone: write back the roots we serve, so peers keep trusting them.
+    async fn recreate(&mut self) {
+        if !self.stored.managed {
+            tracing::warn!(
+                "the operator's Secret {} is gone; still serving its root",
+                store::SECRET_NAME
+            );
+            return;
+        }
+        match self.backend.write(&self.stored, None).await {
+            Ok((stored, version)) => {
+                tracing::warn!("Secret {} was deleted; recreated it", store::SECRET_NAME);
+                (self.stored, self.version) = (stored, version);
+            }
+            // Another replica recreated it; its Secret arrives through the watch.
+            Err(CaStoreError::Conflict) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot recreate Secret {}", store::SECRET_NAME)
+            }
+        }
+    }
+
+    fn publish(&self, bundle: Bundle) {
+        self.stats.publish(&bundle);
+        log_roots(&bundle);
+        self.bundle.send_replace(Arc::new(bundle));
+    }
+}
+
+type SecretEvents = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<Event<Secret>, watcher::Error>> + Send>,
+>;
+
+async fn next_event(
+    events: &mut Option<SecretEvents>,
+) -> Option<Result<Event<Secret>, watcher::Error>> {
+    match events {
+        Some(events) => events.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl crate::auth::TokenVerifier for Authority {
+    fn verify(&self, token: &str) -> Result<String, String> {
+        self.verify_token(token)
+    }
+}
+
+/// A trusted root as `dubbo-cp ca show` prints it.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RootView {
+    /// `active` (issues) or `retiring` (trusted until what it issued has expired).
+    pub state: &'static str,
+    pub fingerprint: String,
+    pub subject: String,
+    pub not_before: String,
+    pub not_after: String,
+    /// Retiring roots: when they stop being trusted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drop_after: Option<String>,
+}
+
+/// The CA as the admin API shows it.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CaView {
+    /// Generated (and rotated) by the control plane; `false`: the operator's root.
+    pub managed: bool,
+    /// When the active root is replaced automatically, if it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rotation_due: Option<String>,
+    pub cert_validity: String,
+    pub roots: Vec<RootView>,
+}
+
+impl Authority {
+    pub fn view(&self) -> CaView {
+        let bundle = self.current();
+        let time = |at: SystemTime| humantime::format_rfc3339_seconds(at).to_string();
+        let active = bundle.signer.root();
+        let drop_after = time(store::drop_time(active, self.settings.cert_validity));
+        CaView {
+            managed: bundle.managed,
+            rotation_due: (bundle.managed && self.settings.auto_rotate)
+                .then(|| time(store::rotation_time(active))),
+            cert_validity: humantime::format_duration(self.settings.cert_validity).to_string(),
+            roots: bundle
+                .trusted()
+                .enumerate()
+                .map(|(i, root)| RootView {
+                    state: if i == 0 { "active" } else { "retiring" },
+                    fingerprint: root.fingerprint.clone(),
+                    subject: root.subject.clone(),
+                    not_before: time(root.not_before),
+                    not_after: time(root.not_after),
+                    drop_after: (i > 0).then(|| drop_after.clone()),
+                })
+                .collect(),
+        }
+    }
+}
