@@ -36,5 +36,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "crate::dds::wire::ObserveResponse",
         )
         .compile_fds(descriptors)?;
+    // The CA tests' client: generated from ca.proto alone with default settings, so the tests
+    // talk to the server through types that share nothing with it (OUT_DIR/independent).
+    let independent = out_dir.join("independent");
+    std::fs::create_dir_all(&independent)?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        .out_dir(&independent)
+        .compile_fds(protox::compile(["ca.proto"], ["proto"])?)?;
     Ok(())
 }

@@ -142,7 +142,8 @@ impl Default for CaConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            root_validity: Duration::from_secs(365 * 24 * 3600),
+            // A year as humantime counts it (365.25 days), so it prints as `1year`.
+            root_validity: Duration::from_secs(31_557_600),
             cert_validity: Duration::from_secs(3600),
             auto_rotate: true,
             cert_file: None,

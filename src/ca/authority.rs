@@ -376,7 +376,9 @@ struct Claims {
     iss: String,
     sub: String,
     exp: u64,
-    iat: u64,
+    /// Ours carry it; the reference's tokens do not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iat: Option<u64>,
 }
 
 /// The roots as served at one moment: the active signer, and the roots retiring after a
@@ -478,7 +480,7 @@ impl Bundle {
             iss: TOKEN_ISSUER.to_owned(),
             sub: spiffe_id.to_owned(),
             exp: unix_seconds(not_after).max(0).unsigned_abs(),
-            iat: unix_seconds(now).max(0).unsigned_abs(),
+            iat: Some(unix_seconds(now).max(0).unsigned_abs()),
         };
         jsonwebtoken::encode(
             &Header::new(Algorithm::ES256),

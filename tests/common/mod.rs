@@ -168,11 +168,23 @@ impl Observer {
         channel: Channel,
         token: Option<&str>,
     ) -> Result<Observer, tonic::Status> {
+        let bearer = token.map(|token| format!("Bearer {token}"));
+        let metadata: Vec<(&str, &str)> = bearer
+            .iter()
+            .map(|value| ("authorization", value.as_str()))
+            .collect();
+        Observer::connect_with(channel, &metadata).await
+    }
+
+    /// A stream that sends these metadata entries.
+    pub async fn connect_with(
+        channel: Channel,
+        metadata: &[(&'static str, &str)],
+    ) -> Result<Observer, tonic::Status> {
         let (requests, rx) = tokio::sync::mpsc::channel(16);
         let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-        if let Some(token) = token {
-            let value = format!("Bearer {token}").parse().unwrap();
-            request.metadata_mut().insert("authorization", value);
+        for (key, value) in metadata {
+            request.metadata_mut().insert(*key, value.parse().unwrap());
         }
         let responses = dubbo_cp::pb::dds::rule_service_client::RuleServiceClient::new(channel)
             .observe(request)
