@@ -357,7 +357,11 @@ async fn show_ca(
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<crate::ca::CaView>, ApiError> {
-    Ok(Json(authority(&state, &headers, peer).await?.view()))
+    authority(&state, &headers, peer)
+        .await?
+        .view()
+        .map(Json)
+        .ok_or_else(|| api_error(StatusCode::SERVICE_UNAVAILABLE, crate::ca::NOT_READY))
 }
 
 /// `dubbo-cp ca rotate`: a new active root, the old one trusted until its certificates expire.
@@ -370,7 +374,9 @@ async fn rotate_ca(
     ca.rotate()
         .await
         .map_err(|message| api_error(StatusCode::CONFLICT, message))?;
-    Ok(Json(ca.view()))
+    ca.view()
+        .map(Json)
+        .ok_or_else(|| api_error(StatusCode::SERVICE_UNAVAILABLE, crate::ca::NOT_READY))
 }
 
 #[derive(serde::Deserialize)]
@@ -401,7 +407,9 @@ async fn issue_certificate(
         spiffe_id: request.spiffe_id,
         common_name: identity.service_account.unwrap_or(identity.name),
     };
-    let bundle = ca.current();
+    let bundle = ca
+        .current()
+        .ok_or_else(|| api_error(StatusCode::SERVICE_UNAVAILABLE, crate::ca::NOT_READY))?;
     let issued = bundle
         .issue(
             &request.csr,

@@ -719,7 +719,14 @@ async fn open_ca(
             anyhow::bail!("ca.certFile and ca.keyFile go together: give both or neither")
         }
         (None, None, Some(client)) => {
-            Backend::Secret(SecretRoots::new(client.clone(), &ca.namespace))
+            let data_dir = config.data_dir.clone();
+            let cache = tokio::task::spawn_blocking(move || SqliteRoots::open(&data_dir))
+                .await
+                .context("CA cache open task failed")??;
+            Backend::Secret {
+                secret: SecretRoots::new(client.clone(), &ca.namespace),
+                cache: Arc::new(cache),
+            }
         }
         (None, None, None) => {
             let data_dir = config.data_dir.clone();

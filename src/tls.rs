@@ -63,9 +63,11 @@ impl TlsStats {
     }
 }
 
-/// The TLS settings as they change: built once from files, or re-issued by the CA.
+/// The TLS settings as they change: built once from files, or re-issued by the CA. `None`
+/// while the CA has no roots yet (Kubernetes mode, first start during an API outage):
+/// connections are then closed before the handshake.
 pub struct TlsConfigs {
-    pub current: watch::Receiver<Arc<ServerConfig>>,
+    pub current: watch::Receiver<Option<Arc<ServerConfig>>>,
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -147,13 +149,14 @@ impl TlsConfigs {
             let identity = identity.clone();
             let authority = authority.clone();
             let stats = stats.clone();
-            move || -> anyhow::Result<(ServerConfig, Option<SystemTime>)> {
-                let bundle = authority.as_ref().map(Authority::current);
+            move || -> anyhow::Result<Option<(ServerConfig, Option<SystemTime>)>> {
+                let bundle = authority.as_ref().and_then(Authority::current);
                 let roots = client_roots(bundle.as_deref(), &extra);
                 match (&identity, &files, bundle) {
-                    (ServingIdentity::Files { .. }, Some((chain, key)), _) => {
-                        Ok((server_config(chain.clone(), key.clone_key(), &roots)?, None))
-                    }
+                    (ServingIdentity::Files { .. }, Some((chain, key)), _) => Ok(Some((
+                        server_config(chain.clone(), key.clone_key(), &roots)?,
+                        None,
+                    ))),
                     (ServingIdentity::Ca { names }, _, Some(bundle)) => {
                         let validity = authority
                             .as_ref()
@@ -170,14 +173,17 @@ impl TlsConfigs {
                                 .map_err(|e| anyhow::anyhow!("serving key: {e}"))?,
                             &roots,
                         )?;
-                        Ok((config, Some(renew_at)))
+                        Ok(Some((config, Some(renew_at))))
                     }
+                    // The CA's roots are not loaded yet; their arrival rebuilds.
+                    (ServingIdentity::Ca { .. }, _, None) if authority.is_some() => Ok(None),
                     _ => anyhow::bail!("the TLS port needs --tls-cert and --tls-key, or the CA"),
                 }
             }
         };
-        let (first, mut renew_at) = build()?;
-        let (tx, rx) = watch::channel(Arc::new(first));
+        let first = build()?;
+        let mut renew_at = first.as_ref().and_then(|(_, at)| *at);
+        let (tx, rx) = watch::channel(first.map(|(config, _)| Arc::new(config)));
         let mut roots_changed = authority.as_ref().map(Authority::subscribe);
         let mut shutdown = shutdown;
         let maintain = async move {
@@ -191,10 +197,11 @@ impl TlsConfigs {
                     open = changed(&mut roots_changed) => if !open { roots_changed = None; continue },
                 }
                 match build() {
-                    Ok((config, next)) => {
-                        tx.send_replace(Arc::new(config));
+                    Ok(Some((config, next))) => {
+                        tx.send_replace(Some(Arc::new(config)));
                         renew_at = next;
                     }
+                    Ok(None) => renew_at = None,
                     Err(err) => {
                         tracing::warn!(error = %err, "cannot renew the TLS port's certificate; retrying");
                         renew_at = Some(SystemTime::now() + Duration::from_secs(5));
@@ -206,7 +213,7 @@ impl TlsConfigs {
     }
 }
 
-async fn changed(roots: &mut Option<watch::Receiver<Arc<Bundle>>>) -> bool {
+async fn changed(roots: &mut Option<watch::Receiver<Option<Arc<Bundle>>>>) -> bool {
     match roots {
         Some(roots) => roots.changed().await.is_ok(),
         None => std::future::pending().await,
@@ -217,7 +224,7 @@ async fn changed(roots: &mut Option<watch::Receiver<Arc<Bundle>>>) -> bool {
 /// out), with the config current when the client connected.
 pub fn incoming(
     listener: TcpListener,
-    configs: watch::Receiver<Arc<ServerConfig>>,
+    configs: watch::Receiver<Option<Arc<ServerConfig>>>,
     keepalive: Duration,
     stats: Arc<TlsStats>,
 ) -> ReceiverStream<Result<TlsStream<TcpStream>, io::Error>> {
@@ -238,7 +245,14 @@ pub fn incoming(
             let Ok(permit) = handshakes.clone().acquire_owned().await else {
                 return;
             };
-            let acceptor = TlsAcceptor::from(configs.borrow().clone());
+            let Some(config) = configs.borrow().clone() else {
+                stats.handshake_failures.inc();
+                tracing::debug!(
+                    "TLS port: no certificate yet (the CA has no roots); connection closed"
+                );
+                continue;
+            };
+            let acceptor = TlsAcceptor::from(config);
             let sender = tx.clone();
             let stats = stats.clone();
             tokio::spawn(async move {

@@ -713,9 +713,43 @@ async fn standalone_root_is_private_persistent_and_rotates_with_overlap() {
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("csr"), "{body}");
 
+    // A stream open on the TLS port before the rotation (which re-issues the port's
+    // certificate) keeps flowing after it: renewal drops no connection.
+    let first_root: Vec<String> =
+        serde_json::from_value(issued_trust(&server, &issue).await).unwrap();
+    let mut observer =
+        Observer::connect(tls_channel(server.tls_addr.unwrap(), &first_root, None).await)
+            .await
+            .unwrap();
+    observer.subscribe(SNP_TYPE).await;
+    let before = observer.next().await;
+    observer.ack(&before).await;
+
     // Rotation: issuing switches at once, both roots trusted, and it survives a restart.
     let (status, body) = http_send(server.admin_addr, "POST", "/api/v1/ca/rotate", "", None).await;
     assert_eq!(status, 200, "{body}");
+    let renewals = metric(
+        server.admin_addr,
+        "dubbo_cp_tls_serving_certificate_renewals_total",
+    )
+    .await;
+    assert!(
+        renewals >= 2.0,
+        "the port's certificate was re-issued: {renewals}"
+    );
+    let mut sdk = common::client(server.grpc_addr).await;
+    assert!(
+        sdk.register_service_app_mapping(request("demo", "after-rotation", &["I"]))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+    let after = observer.next().await;
+    assert!(
+        after.revision > before.revision,
+        "the open stream still receives"
+    );
     let rotated = fingerprints(&ca_view(server.admin_addr).await);
     assert_eq!((rotated.len(), rotated[1].as_str()), (2, first[0].as_str()));
     assert!(server.stop().await.is_ok());
@@ -804,4 +838,64 @@ async fn operator_root_files_are_used_and_never_rotated() {
     config.ca.key_file = Some(dir.path().join("other.key"));
     let err = dubbo_cp::server::start(config).await.err().unwrap();
     assert!(format!("{err:#}").contains("does not belong"), "{err:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_outage_at_start_waits_for_the_secret_or_serves_the_cached_roots() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // First start ever, API server down: the control plane serves, the CA waits.
+    api.set_down(true);
+    let server = start(k8s_config(dir.path(), &api, false)).await;
+    let (status, body) = http_get(server.admin_addr, "/api/v1/ca").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("not loaded"), "{body}");
+    api.set_down(false);
+    api.wait_for(
+        "the Secret created once the API server is back",
+        Duration::from_secs(30),
+        |api| {
+            api.object("secrets", "dubbo-system", "dubbo-ca-secret")
+                .is_some()
+        },
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while http_get(server.admin_addr, "/api/v1/ca").await.0 != 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the CA never loaded"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let roots = fingerprints(&ca_view(server.admin_addr).await);
+    assert!(server.stop().await.is_ok());
+    // Restarted inside an outage: the roots read before are served from the data directory.
+    api.set_down(true);
+    let server = start(k8s_config(dir.path(), &api, false)).await;
+    assert_eq!(fingerprints(&ca_view(server.admin_addr).await), roots);
+    let trust = vec![api_root_pem(&api)];
+    tls_channel(server.tls_addr.unwrap(), &trust, None).await;
+    api.set_down(false);
+    assert!(server.stop().await.is_ok());
+}
+
+fn api_root_pem(api: &ApiServer) -> String {
+    let secret = api
+        .object("secrets", "dubbo-system", "dubbo-ca-secret")
+        .unwrap();
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(secret["data"]["cert.pem"].as_str().unwrap())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// The `trustCerts` of an admin-issued certificate.
+async fn issued_trust(server: &dubbo_cp::server::RunningServer, issue: &str) -> Value {
+    let (status, body) =
+        http_send(server.admin_addr, "POST", "/api/v1/ca/issue", issue, None).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<Value>(&body).unwrap()["trustCerts"].clone()
 }

@@ -444,3 +444,100 @@ fn the_check_refuses_unknown_fields_a_missing_headless_service_and_a_missing_fs_
     });
     assert!(problems_of(&docs).contains("fsGroup"));
 }
+
+/// Every permission the shipped RBAC grants, as `scope group/resource[names] verb`.
+fn granted(docs: &[Value]) -> std::collections::BTreeSet<String> {
+    let mut granted = std::collections::BTreeSet::new();
+    for doc in docs {
+        let scope = match kind(doc) {
+            "ClusterRole" => "cluster".to_owned(),
+            "Role" => doc["metadata"]["namespace"].as_str().unwrap().to_owned(),
+            _ => continue,
+        };
+        for rule in doc["rules"].as_array().unwrap() {
+            let list = |field: &str| -> Vec<String> {
+                rule[field]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|v| v.as_str().unwrap().to_owned())
+                    .collect()
+            };
+            let names = list("resourceNames").join(",");
+            let targets: Vec<String> = if rule["nonResourceURLs"].is_array() {
+                list("nonResourceURLs")
+            } else {
+                list("apiGroups")
+                    .iter()
+                    .flat_map(|group| {
+                        let names = names.clone();
+                        list("resources")
+                            .into_iter()
+                            .map(move |r| format!("{group}/{r}[{names}]"))
+                    })
+                    .collect()
+            };
+            for target in targets {
+                for verb in list("verbs") {
+                    granted.insert(format!("{scope} {target} {verb}"));
+                }
+            }
+        }
+    }
+    granted
+}
+
+#[test]
+fn the_rbac_grants_exactly_what_the_control_plane_uses() {
+    let docs: Vec<Value> = shipped().into_iter().map(|(_, doc)| doc).collect();
+    let mut expected = std::collections::BTreeSet::new();
+    let mut grant = |scope: &str, target: &str, verbs: &[&str]| {
+        for verb in verbs {
+            expected.insert(format!("{scope} {target} {verb}"));
+        }
+    };
+    let read = ["get", "list", "watch"];
+    let write = ["get", "list", "watch", "create", "update"];
+    grant("cluster", "dubbo.apache.org/servicenamemappings[]", &write);
+    for rule in [
+        "tagroutes",
+        "conditionroutes",
+        "dynamicconfigs",
+        "authenticationpolicies",
+        "authorizationpolicies",
+    ] {
+        grant("cluster", &format!("dubbo.apache.org/{rule}[]"), &read);
+    }
+    grant(
+        "cluster",
+        "authentication.k8s.io/tokenreviews[]",
+        &["create"],
+    );
+    grant("cluster", "/pods[]", &read);
+    grant("cluster", "/.well-known/openid-configuration", &["get"]);
+    grant("cluster", "/openid/v1/jwks", &["get"]);
+    // The CA: namespaces watched, ConfigMap dubbo-ca-cert written everywhere, one Secret.
+    grant("cluster", "/namespaces[]", &read);
+    grant("cluster", "/configmaps[]", &write);
+    grant("dubbo-system", "/secrets[]", &["create"]);
+    grant(
+        "dubbo-system",
+        "/secrets[dubbo-ca-secret]",
+        &["get", "list", "watch", "update"],
+    );
+    assert_eq!(granted(&docs), expected);
+    let bound: Vec<(&str, &str)> = docs
+        .iter()
+        .filter(|doc| matches!(kind(doc), "ClusterRoleBinding" | "RoleBinding"))
+        .map(|doc| {
+            (
+                doc["roleRef"]["name"].as_str().unwrap(),
+                doc["subjects"][0]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        bound,
+        [("dubbo-cp", "dubbo-cp"), ("dubbo-cp-ca", "dubbo-cp")]
+    );
+}

@@ -42,13 +42,22 @@ pub struct CaSettings {
 /// Where the roots live.
 pub enum Backend {
     Sqlite(Arc<SqliteRoots>),
-    Secret(SecretRoots),
+    /// Kubernetes mode: the Secret is the truth; `cache` (the data directory's database)
+    /// keeps the last roots read, so a restart during an API-server outage still serves them.
+    Secret {
+        secret: SecretRoots,
+        cache: Arc<SqliteRoots>,
+    },
     /// `--ca-cert`/`--ca-key`: used as is, never written.
     Files(StoredRoots),
 }
 
-/// A backend's version of what it holds (SQLite row version, Secret resourceVersion).
+/// A backend's version of what it holds (SQLite row version, Secret resourceVersion); `None`
+/// for files, and for roots served from the cache until the Secret is read again.
 type Version = Option<String>;
+
+/// Longest wait for the API server when loading the roots; then the cache is used.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Backend {
     async fn load_or_create(
@@ -58,8 +67,14 @@ impl Backend {
         let generate = move || StoredRoots::generate(settings.root_validity, SystemTime::now());
         match self {
             Backend::Files(roots) => Ok((roots.clone(), None)),
-            Backend::Secret(secret) => {
-                let (roots, rv) = secret.load_or_create(generate).await?;
+            Backend::Secret { secret, .. } => {
+                let (roots, rv) =
+                    tokio::time::timeout(LOAD_TIMEOUT, secret.load_or_create(generate))
+                        .await
+                        .map_err(|_| {
+                            CaStoreError::Unavailable(format!("no answer within {LOAD_TIMEOUT:?}"))
+                        })??;
+                self.remember(&roots).await;
                 Ok((roots, Some(rv)))
             }
             Backend::Sqlite(db) => {
@@ -78,6 +93,32 @@ impl Backend {
         }
     }
 
+    /// The roots last read from the Secret, when it cannot be read now.
+    async fn cached(&self) -> Option<StoredRoots> {
+        let Backend::Secret { cache, .. } = self else {
+            return None;
+        };
+        let cache = cache.clone();
+        match blocking(move || cache.load()).await {
+            Ok(found) => found.map(|(roots, _)| roots),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the cached CA roots");
+                None
+            }
+        }
+    }
+
+    /// Keeps what the Secret holds in the cache (Kubernetes mode; best effort).
+    async fn remember(&self, roots: &StoredRoots) {
+        let Backend::Secret { cache, .. } = self else {
+            return;
+        };
+        let (cache, roots) = (cache.clone(), roots.clone());
+        if let Err(err) = blocking(move || cache.overwrite(&roots)).await {
+            tracing::warn!(error = %err, "cannot cache the CA roots");
+        }
+    }
+
     async fn write(
         &self,
         roots: &StoredRoots,
@@ -88,8 +129,9 @@ impl Backend {
                 "the CA root comes from --ca-cert/--ca-key files; replace the files to change it"
                     .to_owned(),
             )),
-            Backend::Secret(secret) => {
+            Backend::Secret { secret, .. } => {
                 let (roots, rv) = secret.write(roots, expected).await?;
+                self.remember(&roots).await;
                 Ok((roots, Some(rv)))
             }
             Backend::Sqlite(db) => {
@@ -108,8 +150,12 @@ impl Backend {
     async fn reload(&self) -> Result<Option<(StoredRoots, Version)>, CaStoreError> {
         match self {
             Backend::Files(roots) => Ok(Some((roots.clone(), None))),
-            Backend::Secret(secret) => match secret.api.get_opt(store::SECRET_NAME).await? {
-                Some(s) => SecretRoots::read(&s).map(|(r, v)| Some((r, Some(v)))),
+            Backend::Secret { secret, .. } => match secret.api.get_opt(store::SECRET_NAME).await? {
+                Some(s) => {
+                    let (roots, rv) = SecretRoots::read(&s)?;
+                    self.remember(&roots).await;
+                    Ok(Some((roots, Some(rv))))
+                }
                 None => Ok(None),
             },
             Backend::Sqlite(db) => {
@@ -195,84 +241,97 @@ type Reply = oneshot::Sender<Result<(), String>>;
 /// A handle on the running CA: the current roots, and rotation on request.
 #[derive(Clone)]
 pub struct Authority {
-    bundle: watch::Receiver<Arc<Bundle>>,
+    /// `None` only in Kubernetes mode, between a first start during an API-server outage
+    /// (nothing cached yet) and the first successful read of the Secret.
+    bundle: watch::Receiver<Option<Arc<Bundle>>>,
     rotate: mpsc::Sender<Reply>,
     pub settings: CaSettings,
     pub stats: Arc<CaStats>,
 }
 
+/// What callers are told while the roots are not loaded.
+pub const NOT_READY: &str =
+    "the CA has not loaded its roots yet (Secret dubbo-ca-secret cannot be read); retry shortly";
+
 /// The task that owns the roots; see [`Authority::open`].
 pub struct Manager {
     backend: Backend,
     settings: CaSettings,
-    stored: StoredRoots,
+    /// `None` until the roots could be loaded (see [`Authority`]).
+    stored: Option<StoredRoots>,
     version: Version,
-    bundle: watch::Sender<Arc<Bundle>>,
+    bundle: watch::Sender<Option<Arc<Bundle>>>,
     rotate: mpsc::Receiver<Reply>,
     stats: Arc<CaStats>,
 }
 
 impl Authority {
     /// Loads (or creates) the roots; the returned manager must be run to rotate and follow
-    /// them. Fails when stored or given roots are unusable, naming why.
+    /// them. Fails when stored or given roots are unusable, naming why. In Kubernetes mode an
+    /// unreachable API server does not fail the start: the cached roots are served (or none,
+    /// on a first start) until the Secret can be read.
     pub async fn open(
         backend: Backend,
         settings: CaSettings,
     ) -> Result<(Authority, Manager), CaStoreError> {
-        let (mut stored, mut version) = backend.load_or_create(settings).await?;
-        let mut bundle = stored.bundle(settings.cert_validity, SystemTime::now())?;
-        let stats = Arc::new(CaStats::default());
-        if stored.managed
-            && settings.auto_rotate
-            && SystemTime::now() >= store::rotation_time(bundle.signer.root())
-        {
-            // Down past the rotation time (or the root expired): rotate before serving.
-            let next = stored.rotated(&bundle, settings.root_validity, SystemTime::now())?;
-            match backend.write(&next, version.clone()).await {
-                Ok((s, v)) => {
-                    (stored, version) = (s, v);
-                    stats.rotations.inc();
-                    tracing::info!("rotated the CA root at start: it was past its rotation time");
-                }
-                Err(CaStoreError::Conflict) => {
-                    if let Some((s, v)) = backend.reload().await? {
-                        (stored, version) = (s, v);
+        let loaded = match backend.load_or_create(settings).await {
+            Ok(loaded) => Some(loaded),
+            Err(err @ (CaStoreError::Kube(_) | CaStoreError::Unavailable(_))) => {
+                match backend.cached().await {
+                    Some(roots) => {
+                        tracing::warn!(error = %err, "cannot read Secret {}; serving the cached CA roots until it can be read", store::SECRET_NAME);
+                        Some((roots, None))
+                    }
+                    None => {
+                        tracing::warn!(error = %err, "cannot read Secret {} and nothing is cached; the CA starts once it can be read", store::SECRET_NAME);
+                        None
                     }
                 }
-                Err(err) => return Err(err),
             }
-            bundle = stored.bundle(settings.cert_validity, SystemTime::now())?;
-        }
-        stats.publish(&bundle);
-        log_roots(&bundle);
-        let (bundle_tx, bundle_rx) = watch::channel(Arc::new(bundle));
+            Err(err) => return Err(err),
+        };
+        let stats = Arc::new(CaStats::default());
+        let (tx, rx) = watch::channel(None);
         let (rotate_tx, rotate_rx) = mpsc::channel(8);
+        let mut manager = Manager {
+            backend,
+            settings,
+            stored: None,
+            version: None,
+            bundle: tx,
+            rotate: rotate_rx,
+            stats: stats.clone(),
+        };
+        if let Some((stored, version)) = loaded {
+            let bundle = stored.bundle(settings.cert_validity, SystemTime::now())?;
+            (manager.stored, manager.version) = (Some(stored), version);
+            manager.publish(bundle);
+            // Down past the rotation time (or the root expired): rotate before serving.
+            if manager.rotation_due() && manager.version.is_some() {
+                match manager.rotate_now().await {
+                    Ok(()) | Err(CaStoreError::Conflict) => {}
+                    Err(err) => return Err(err),
+                }
+            }
+        }
         Ok((
             Authority {
-                bundle: bundle_rx,
+                bundle: rx,
                 rotate: rotate_tx,
                 settings,
-                stats: stats.clone(),
-            },
-            Manager {
-                backend,
-                settings,
-                stored,
-                version,
-                bundle: bundle_tx,
-                rotate: rotate_rx,
                 stats,
             },
+            manager,
         ))
     }
 
-    /// The roots now.
-    pub fn current(&self) -> Arc<Bundle> {
+    /// The roots now; `None` while they are not loaded.
+    pub fn current(&self) -> Option<Arc<Bundle>> {
         self.bundle.borrow().clone()
     }
 
-    /// Changes of the roots (rotation, drop, another replica's write).
-    pub fn subscribe(&self) -> watch::Receiver<Arc<Bundle>> {
+    /// Changes of the roots (loaded, rotated, dropped, another replica's write).
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Bundle>>> {
         self.bundle.clone()
     }
 
@@ -290,7 +349,10 @@ impl Authority {
 
     /// The `dubbo-jwt` check: the SPIFFE ID of a token signed by a trusted root.
     pub fn verify_token(&self, token: &str) -> Result<String, String> {
-        self.current().verify_token(token)
+        match self.current() {
+            Some(bundle) => bundle.verify_token(token),
+            None => Err(NOT_READY.to_owned()),
+        }
     }
 }
 
@@ -308,14 +370,14 @@ fn log_roots(bundle: &Bundle) {
 
 /// Longest sleep between checks, so a changed wall clock is noticed.
 const MAX_SLEEP: Duration = Duration::from_secs(300);
-/// Pause after a failed write before the next attempt.
+/// Pause after a failed attempt before the next.
 const RETRY: Duration = Duration::from_secs(5);
 
 impl Manager {
     /// Rotates, drops and follows the roots until shutdown.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut secret_events = match &self.backend {
-            Backend::Secret(secret) => Some(Box::pin(
+            Backend::Secret { secret, .. } => Some(Box::pin(
                 watcher(
                     secret.api.clone(),
                     watcher::Config::default()
@@ -347,7 +409,7 @@ impl Manager {
                 Some(event) = next_event(&mut secret_events) => match event {
                     Ok(Event::Apply(secret) | Event::InitApply(secret)) => {
                         seen_secret = true;
-                        self.adopt(&secret);
+                        self.adopt(&secret).await;
                     }
                     Ok(Event::Init) => seen_secret = false,
                     Ok(Event::InitDone) if !seen_secret => self.recreate().await,
@@ -359,11 +421,27 @@ impl Manager {
         }
     }
 
+    fn bundle(&self) -> Option<Arc<Bundle>> {
+        self.bundle.borrow().clone()
+    }
+
+    fn rotation_due(&self) -> bool {
+        let (Some(stored), Some(bundle)) = (&self.stored, self.bundle()) else {
+            return false;
+        };
+        stored.managed
+            && self.settings.auto_rotate
+            && SystemTime::now() >= store::rotation_time(bundle.signer.root())
+    }
+
     fn next_deadline(&self) -> Option<SystemTime> {
-        let bundle = self.bundle.borrow();
+        let (Some(stored), Some(bundle)) = (&self.stored, self.bundle()) else {
+            // Not loaded yet: try again soon.
+            return Some(SystemTime::now() + RETRY);
+        };
         let root = bundle.signer.root();
         let rotation =
-            (self.stored.managed && self.settings.auto_rotate).then(|| store::rotation_time(root));
+            (stored.managed && self.settings.auto_rotate).then(|| store::rotation_time(root));
         let drop = (!bundle.retiring.is_empty())
             .then(|| store::drop_time(root, self.settings.cert_validity));
         let expiry = bundle.retiring.iter().map(|r| r.not_after).min();
@@ -371,24 +449,30 @@ impl Manager {
     }
 
     async fn tick(&mut self) -> Result<(), CaStoreError> {
-        let now = SystemTime::now();
-        let root = self.bundle.borrow().signer.root().clone();
-        if self.stored.managed && self.settings.auto_rotate && now >= store::rotation_time(&root) {
-            tracing::info!(fingerprint = %root.fingerprint, "CA root at two thirds of its life: rotating");
+        let (Some(stored), Some(current)) = (self.stored.clone(), self.bundle()) else {
+            let (stored, version) = self.backend.load_or_create(self.settings).await?;
+            let bundle = stored.bundle(self.settings.cert_validity, SystemTime::now())?;
+            tracing::info!("CA roots loaded");
+            (self.stored, self.version) = (Some(stored), version);
+            self.publish(bundle);
+            return Ok(());
+        };
+        if self.rotation_due() {
+            tracing::info!(fingerprint = %current.signer.root().fingerprint, "CA root at two thirds of its life: rotating");
             return self.rotate_now().await;
         }
-        let bundle = self.stored.bundle(self.settings.cert_validity, now)?;
-        if bundle.retiring.len() != self.bundle.borrow().retiring.len() {
+        let bundle = stored.bundle(self.settings.cert_validity, SystemTime::now())?;
+        if bundle.retiring.len() != current.retiring.len() {
             tracing::info!(
-                dropped = self.bundle.borrow().retiring.len() - bundle.retiring.len(),
+                dropped = current.retiring.len() - bundle.retiring.len(),
                 "retiring CA roots dropped: every certificate they issued has expired"
             );
-            let pruned = self.stored.pruned(&bundle);
+            let pruned = stored.pruned(&bundle);
             self.publish(bundle);
             // Best effort: the bundle already leaves them out whatever the store holds.
-            if self.stored.managed {
+            if stored.managed && self.version.is_some() {
                 match self.backend.write(&pruned, self.version.clone()).await {
-                    Ok((stored, version)) => (self.stored, self.version) = (stored, version),
+                    Ok((stored, version)) => (self.stored, self.version) = (Some(stored), version),
                     Err(CaStoreError::Conflict) => self.reload().await?,
                     Err(err) => return Err(err),
                 }
@@ -398,7 +482,10 @@ impl Manager {
     }
 
     async fn rotate_now(&mut self) -> Result<(), CaStoreError> {
-        if !self.stored.managed {
+        let (Some(stored), Some(current)) = (self.stored.clone(), self.bundle()) else {
+            return Err(CaStoreError::Unavailable(NOT_READY.to_owned()));
+        };
+        if !stored.managed {
             return Err(CaStoreError::Unmanaged(match self.backend {
                 Backend::Files(_) => {
                     "the CA root comes from --ca-cert/--ca-key; replace the files to rotate it"
@@ -412,15 +499,12 @@ impl Manager {
             }));
         }
         let now = SystemTime::now();
-        let current = self.bundle.borrow().clone();
-        let next = self
-            .stored
-            .rotated(&current, self.settings.root_validity, now)?;
+        let next = stored.rotated(&current, self.settings.root_validity, now)?;
         match self.backend.write(&next, self.version.clone()).await {
             Ok((stored, version)) => {
-                (self.stored, self.version) = (stored, version);
+                let bundle = stored.bundle(self.settings.cert_validity, now)?;
+                (self.stored, self.version) = (Some(stored), version);
                 self.stats.rotations.inc();
-                let bundle = self.stored.bundle(self.settings.cert_validity, now)?;
                 tracing::info!(
                     old = %current.signer.root().fingerprint,
                     new = %bundle.signer.root().fingerprint,
@@ -441,14 +525,15 @@ impl Manager {
     async fn reload(&mut self) -> Result<(), CaStoreError> {
         if let Some((stored, version)) = self.backend.reload().await? {
             let bundle = stored.bundle(self.settings.cert_validity, SystemTime::now())?;
-            (self.stored, self.version) = (stored, version);
+            (self.stored, self.version) = (Some(stored), version);
             self.publish(bundle);
         }
         Ok(())
     }
 
-    /// Another writer's Secret (a replica's rotation, an operator's edit).
-    fn adopt(&mut self, secret: &Secret) {
+    /// Another writer's Secret (a replica's rotation, an operator's edit), or the Secret read
+    /// again after an outage.
+    async fn adopt(&mut self, secret: &Secret) {
         let (stored, version) = match SecretRoots::read(secret) {
             Ok(read) => read,
             Err(err) => {
@@ -456,14 +541,15 @@ impl Manager {
                 return;
             }
         };
-        if stored == self.stored {
+        if self.stored.as_ref() == Some(&stored) {
             self.version = Some(version);
             return;
         }
         match stored.bundle(self.settings.cert_validity, SystemTime::now()) {
             Ok(bundle) => {
-                tracing::info!(fingerprint = %bundle.signer.root().fingerprint, "CA roots changed in Secret {}", store::SECRET_NAME);
-                (self.stored, self.version) = (stored, Some(version));
+                tracing::info!(fingerprint = %bundle.signer.root().fingerprint, "CA roots read from Secret {}", store::SECRET_NAME);
+                self.backend.remember(&stored).await;
+                (self.stored, self.version) = (Some(stored), Some(version));
                 self.publish(bundle);
             }
             Err(err) => {
@@ -472,19 +558,29 @@ impl Manager {
         }
     }
 
-    /// The Secret is gone: write back the roots we serve, so peers keep trusting them.
+    /// The Secret is gone: write back the roots we serve, so peers keep trusting them (or,
+    /// with none loaded yet, create it now that the API server answers).
     async fn recreate(&mut self) {
-        if !self.stored.managed {
+        let Some(stored) = self.stored.clone() else {
+            if let Err(err) = self.tick().await {
+                tracing::warn!(error = %err, "cannot load the CA roots yet");
+            }
+            return;
+        };
+        if !stored.managed {
             tracing::warn!(
                 "the operator's Secret {} is gone; still serving its root",
                 store::SECRET_NAME
             );
             return;
         }
-        match self.backend.write(&self.stored, None).await {
+        match self.backend.write(&stored, None).await {
             Ok((stored, version)) => {
-                tracing::warn!("Secret {} was deleted; recreated it", store::SECRET_NAME);
-                (self.stored, self.version) = (stored, version);
+                tracing::warn!(
+                    "Secret {} was missing; wrote the roots being served",
+                    store::SECRET_NAME
+                );
+                (self.stored, self.version) = (Some(stored), version);
             }
             // Another replica recreated it; its Secret arrives through the watch.
             Err(CaStoreError::Conflict) => {}
@@ -497,7 +593,7 @@ impl Manager {
     fn publish(&self, bundle: Bundle) {
         self.stats.publish(&bundle);
         log_roots(&bundle);
-        self.bundle.send_replace(Arc::new(bundle));
+        self.bundle.send_replace(Some(Arc::new(bundle)));
     }
 }
 
@@ -549,12 +645,13 @@ pub struct CaView {
 }
 
 impl Authority {
-    pub fn view(&self) -> CaView {
-        let bundle = self.current();
+    /// `None` while the roots are not loaded.
+    pub fn view(&self) -> Option<CaView> {
+        let bundle = self.current()?;
         let time = |at: SystemTime| humantime::format_rfc3339_seconds(at).to_string();
         let active = bundle.signer.root();
         let drop_after = time(store::drop_time(active, self.settings.cert_validity));
-        CaView {
+        Some(CaView {
             managed: bundle.managed,
             rotation_due: (bundle.managed && self.settings.auto_rotate)
                 .then(|| time(store::rotation_time(active))),
@@ -571,6 +668,6 @@ impl Authority {
                     drop_after: (i > 0).then(|| drop_after.clone()),
                 })
                 .collect(),
-        }
+        })
     }
 }

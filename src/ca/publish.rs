@@ -108,7 +108,11 @@ async fn reconcile(
     if name == SKIPPED_NAMESPACE || terminating {
         return Ok(Action::await_change());
     }
-    let wanted = context.authority.current().ca_crt();
+    // Not loaded yet: the change that loads them reconciles every namespace.
+    let Some(bundle) = context.authority.current() else {
+        return Ok(Action::await_change());
+    };
+    let wanted = bundle.ca_crt();
     let api: Api<ConfigMap> = Api::namespaced(context.client.clone(), &name);
     let error = |source| PublishError {
         namespace: name.clone(),

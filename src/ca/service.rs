@@ -126,7 +126,9 @@ impl CaService {
                 "busy: too many certificates being signed; retry later".to_owned(),
             ));
         };
-        let bundle = self.authority.current();
+        let Some(bundle) = self.authority.current() else {
+            return Err(fail("unavailable", super::NOT_READY.to_owned()));
+        };
         let issued = bundle
             .issue(
                 csr,

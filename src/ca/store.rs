@@ -54,6 +54,8 @@ pub enum CaStoreError {
     },
     #[error("another writer changed the roots first")]
     Conflict,
+    #[error("Secret {SECRET_NAME}: {0}")]
+    Unavailable(String),
     #[error("{0}")]
     Unmanaged(String),
 }
@@ -179,6 +181,12 @@ impl SqliteRoots {
                 },
             )
             .optional()?)
+    }
+
+    /// Replaces whatever is stored (the Kubernetes mode's cache of the Secret).
+    pub fn overwrite(&self, roots: &StoredRoots) -> Result<(), CaStoreError> {
+        let expected = self.load()?.map(|(_, version)| version);
+        self.write(roots, expected).map(|_| ())
     }
 
     /// Writes `roots` if the stored version is still `expected` (`None`: nothing stored).

@@ -16,6 +16,7 @@ use tonic::transport::Channel;
 use load::{RunResult, ms, request_mix, run_load};
 
 mod all;
+mod ca;
 mod ceiling;
 mod fanout;
 mod load;
@@ -45,6 +46,8 @@ enum Command {
     /// namespace's authentication policies (filtered views, one encoding per distinct view).
     FanoutRules(RulesFanoutArgs),
     /// Serve the bare-tonic ceiling on `--addr` until killed (used by `separate`).
+    /// Certificates issued per second: a cold start of many pods, one CreateIdentity each.
+    Ca(ca::CaArgs),
     Ceiling {
         #[arg(long, default_value = "127.0.0.1:0")]
         addr: std::net::SocketAddr,
@@ -107,6 +110,7 @@ async fn main() -> anyhow::Result<()> {
         Command::All(args) => all::run(args).await,
         Command::Separate(args) => separate::run(args).await,
         Command::FanoutRules(args) => fanout::run_rules(args).await,
+        Command::Ca(args) => ca::run(args).await,
         Command::Ceiling { addr } => separate::serve_ceiling(addr).await,
     }
 }
