@@ -814,7 +814,16 @@ impl Config {
                 self.ca.cert_validity
             ));
         }
-        if self.ca.root_validity <= self.ca.cert_validity * 3 {
+        const CENTURY: Duration = Duration::from_secs(100 * 31_557_600);
+        for (key, value) in [
+            ("ca.rootValidity", self.ca.root_validity),
+            ("ca.certValidity", self.ca.cert_validity),
+        ] {
+            if value > CENTURY {
+                problems.push(format!("{key} must be at most 100 years, not {value:?}"));
+            }
+        }
+        if self.ca.root_validity <= self.ca.cert_validity.saturating_mul(3) {
             problems.push(format!(
                 "ca.rootValidity ({:?}) must be more than three times ca.certValidity ({:?}): certificates must fit in a root's life with room to rotate",
                 self.ca.root_validity, self.ca.cert_validity

@@ -27,9 +27,12 @@ use tonic::transport::server::TcpIncoming;
 use crate::ca::{Authority, Bundle};
 
 /// A client that has not finished its handshake by then is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshakes in progress at once; more connections wait in the kernel's backlog.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Handshakes in progress at once; connections beyond it are closed at once (a flood of
+/// silent clients must not stop the accept loop).
 const MAX_HANDSHAKES: usize = 1024;
+/// Pause after a failed accept (e.g. out of file descriptors), instead of spinning.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Shortest time between two renewals, whatever the validity.
 const MIN_RENEWAL: Duration = Duration::from_secs(1);
 
@@ -168,7 +171,11 @@ impl TlsConfigs {
                         let life = serving.not_after.duration_since(now).unwrap_or_default();
                         let renew_at = now + (life * 2 / 3).max(MIN_RENEWAL);
                         let config = server_config(
-                            vec![CertificateDer::from(serving.cert_der)],
+                            serving
+                                .chain
+                                .into_iter()
+                                .map(CertificateDer::from)
+                                .collect(),
                             PrivateKeyDer::try_from(serving.key_der)
                                 .map_err(|e| anyhow::anyhow!("serving key: {e}"))?,
                             &roots,
@@ -234,16 +241,25 @@ pub fn incoming(
         let mut tcp = TcpIncoming::from(listener)
             .with_nodelay(Some(true))
             .with_keepalive(Some(keepalive));
-        while let Some(accepted) = tcp.next().await {
+        loop {
+            let accepted = tokio::select! {
+                // tonic dropped the stream (shutdown): stop accepting.
+                () = tx.closed() => return,
+                accepted = tcp.next() => accepted,
+            };
             let stream = match accepted {
-                Ok(stream) => stream,
-                Err(err) => {
+                None => return,
+                Some(Ok(stream)) => stream,
+                Some(Err(err)) => {
                     tracing::debug!(error = %err, "TLS port: accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             };
-            let Ok(permit) = handshakes.clone().acquire_owned().await else {
-                return;
+            let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+                stats.handshake_failures.inc();
+                tracing::debug!("TLS port: too many handshakes in progress; connection closed");
+                continue;
             };
             let Some(config) = configs.borrow().clone() else {
                 stats.handshake_failures.inc();
@@ -271,9 +287,6 @@ pub fn incoming(
                     }
                 }
             });
-            if tx.is_closed() {
-                return;
-            }
         }
     });
     ReceiverStream::new(rx)

@@ -518,7 +518,12 @@ fn the_rbac_grants_exactly_what_the_control_plane_uses() {
     grant("cluster", "/openid/v1/jwks", &["get"]);
     // The CA: namespaces watched, ConfigMap dubbo-ca-cert written everywhere, one Secret.
     grant("cluster", "/namespaces[]", &read);
-    grant("cluster", "/configmaps[]", &write);
+    grant("cluster", "/configmaps[]", &["create"]);
+    grant(
+        "cluster",
+        "/configmaps[dubbo-ca-cert]",
+        &["get", "list", "watch", "update"],
+    );
     grant("dubbo-system", "/secrets[]", &["create"]);
     grant(
         "dubbo-system",

@@ -35,6 +35,13 @@ pub struct Identity {
     /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`: from the certificate, or
     /// made from the service account and the configured trust domain.
     pub spiffe_id: Option<String>,
+    /// When the credential that proved this identity expires, for credentials the CA issued
+    /// (client certificate, `dubbo-jwt`): the CA never issues past it, so a stolen credential
+    /// cannot renew itself forever.
+    pub credential_expiry: Option<std::time::SystemTime>,
+    /// The presented credential itself (certificate serial, token digest): what the CA paces a
+    /// caller by when no pod is known (a deployment's pods share a service account).
+    pub credential_id: Option<String>,
 }
 
 impl Identity {
@@ -46,6 +53,8 @@ impl Identity {
             pod: None,
             service_account: None,
             spiffe_id: None,
+            credential_expiry: None,
+            credential_id: None,
         }
     }
 
@@ -173,8 +182,9 @@ impl Refusal {
 
 /// Verifies `dubbo-jwt` tokens (wire.md §5): implemented by the CA, which signs them.
 pub trait TokenVerifier: Send + Sync {
-    /// The token's `sub` (a SPIFFE ID) when a trusted root signed it and it is current.
-    fn verify(&self, token: &str) -> Result<String, String>;
+    /// The token's `sub` (a SPIFFE ID) and `exp` when a trusted root signed it and it is
+    /// current.
+    fn verify(&self, token: &str) -> Result<(String, std::time::SystemTime), String>;
 }
 
 /// The trust domain of SPIFFE IDs made for service accounts when none is configured.
@@ -232,10 +242,19 @@ impl Policy {
             "authorization-type dubbo-jwt needs the control plane's CA, which is disabled (ca.enabled)",
         ))?;
         let token = bearer_token(metadata)?;
-        let subject = verifier
+        let (subject, expiry) = verifier
             .verify(token)
             .map_err(|reason| AuthError::Rejected(format!("dubbo-jwt: {reason}")))?;
-        spiffe::identity_from_spiffe_id(&subject, self.trust_domain.as_deref())
+        let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+        let id: String = digest.as_ref()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(Identity {
+            credential_expiry: Some(expiry),
+            credential_id: Some(format!("jwt {id}")),
+            ..spiffe::identity_from_spiffe_id(&subject, self.trust_domain.as_deref())?
+        })
     }
 
     /// The caller's identity: the SPIFFE ID of its client certificate (TLS port), else its

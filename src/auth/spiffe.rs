@@ -2,6 +2,8 @@
 //! `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`. The TLS handshake has
 //! already verified the certificate against the configured client CA.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use x509_parser::extensions::GeneralName;
 
 use super::{AuthError, Identity};
@@ -16,11 +18,26 @@ pub fn identity_from_certificate(
     let Ok(Some(names)) = certificate.subject_alternative_name() else {
         return Ok(None);
     };
+    // The handshake checked the validity; a connection may outlive it.
+    let not_after = certificate.validity().not_after.timestamp();
+    let expiry = UNIX_EPOCH + Duration::from_secs(u64::try_from(not_after).unwrap_or(0));
+    if SystemTime::now() > expiry {
+        return Err(AuthError::Rejected(
+            "the client certificate of this connection has expired; reconnect with a fresh one"
+                .to_owned(),
+        ));
+    }
     for name in &names.value.general_names {
         if let GeneralName::URI(uri) = name
             && let Some(id) = uri.strip_prefix("spiffe://")
         {
-            return parse_spiffe_id(id, trust_domain).map(Some);
+            return parse_spiffe_id(id, trust_domain).map(|identity| {
+                Some(Identity {
+                    credential_expiry: Some(expiry),
+                    credential_id: Some(format!("cert {}", certificate.raw_serial_as_string())),
+                    ..identity
+                })
+            });
         }
     }
     Ok(None)

@@ -30,6 +30,9 @@ struct TokenEntry {
     namespace: String,
     #[serde(default)]
     identity: Option<String>,
+    /// The holder's service account: its SPIFFE ID, so the CA issues it certificates.
+    #[serde(default, rename = "serviceAccount")]
+    service_account: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +76,10 @@ fn load(path: &Path) -> Result<(Tokens, Option<SystemTime>), TokenFileError> {
         let name = entry
             .identity
             .unwrap_or_else(|| format!("{}/token-{position}", entry.namespace));
-        let identity = Identity::named(entry.namespace, name);
+        let identity = Identity {
+            service_account: entry.service_account.filter(|sa| !sa.is_empty()),
+            ..Identity::named(entry.namespace, name)
+        };
         if tokens.insert(entry.token, identity).is_some() {
             return Err(invalid(format!("tokens[{position}].token appears twice")));
         }

@@ -21,6 +21,8 @@ pub const TOKEN_ISSUER: &str = "dubbo-authority";
 pub const BACKDATE: Duration = Duration::from_secs(60);
 /// Clock skew tolerated on tokens' `exp`.
 const TOKEN_LEEWAY_SECONDS: u64 = 10;
+/// Issuing stops when the root has less life than this left.
+const MIN_LIFETIME: Duration = Duration::from_secs(60);
 /// Largest CSR accepted (a 4096-bit RSA CSR is about 1.7 KiB of PEM).
 pub const MAX_CSR_BYTES: usize = 16 * 1024;
 
@@ -53,6 +55,10 @@ pub enum IssueError {
     UnsupportedKey(String),
     #[error("cannot sign the certificate: {0}")]
     Signing(String),
+    #[error(
+        "the CA root expires at {0}; no certificate can be issued from it (rotate or replace the root)"
+    )]
+    RootExpiring(String),
 }
 
 impl IssueError {
@@ -62,7 +68,7 @@ impl IssueError {
             IssueError::Empty | IssueError::TooLarge | IssueError::Unparsable(_) => "bad_csr",
             IssueError::BadSignature => "bad_signature",
             IssueError::UnsupportedKey(_) => "unsupported_key",
-            IssueError::Signing(_) => "error",
+            IssueError::Signing(_) | IssueError::RootExpiring(_) => "error",
         }
     }
 }
@@ -118,12 +124,12 @@ impl Root {
         let validity = cert.validity();
         Ok(Root {
             der: der.to_vec(),
-            pem: pem::encode(&pem::Pem::new("CERTIFICATE", der.to_vec())),
+            pem: to_pem("CERTIFICATE", der.to_vec()),
             fingerprint: fingerprint(der),
             subject: cert.subject().to_string(),
             not_before: unix(validity.not_before.timestamp()),
             not_after: unix(validity.not_after.timestamp()),
-            token_key_pem: pem::encode(&pem::Pem::new("EC PUBLIC KEY", spki.raw.to_vec())),
+            token_key_pem: to_pem("EC PUBLIC KEY", spki.raw.to_vec()),
             token_key: is_p256.then(|| DecodingKey::from_ec_der(&spki.subject_public_key.data)),
         })
     }
@@ -131,6 +137,14 @@ impl Root {
     pub fn expired(&self, now: SystemTime) -> bool {
         now >= self.not_after
     }
+}
+
+/// PEM with `\n` line endings, as openssl and Go write it (the crate's default is `\r\n`).
+pub fn to_pem(tag: &str, der: Vec<u8>) -> String {
+    pem::encode_config(
+        &pem::Pem::new(tag, der),
+        pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+    )
 }
 
 const OID_EC_PUBLIC_KEY: &str = "1.2.840.10045.2.1";
@@ -184,6 +198,17 @@ impl std::fmt::Debug for Signer {
 impl Signer {
     /// A new self-signed ECDSA P-256 root valid for `validity` from `now` (backdated).
     pub fn generate(validity: Duration, now: SystemTime) -> Result<Signer, RootError> {
+        Signer::generate_after(None, validity, now).map(|(signer, _)| signer)
+    }
+
+    /// A new root and, when it replaces `previous`, the same root certificate signed by
+    /// `previous` (same subject and key): peers that trust only the old root still verify
+    /// chains ending in the new one during the overlap.
+    pub fn generate_after(
+        previous: Option<&Signer>,
+        validity: Duration,
+        now: SystemTime,
+    ) -> Result<(Signer, Option<Vec<u8>>), RootError> {
         let key =
             KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(|e| invalid("root key", e))?;
         let mut params = CertificateParams::default();
@@ -194,7 +219,8 @@ impl Signer {
             format!("dubbo-cp root CA {}", unix_seconds(now)),
         );
         params.distinguished_name = name;
-        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        // One CA below it: the next root, cross-signed during a rotation.
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(1));
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
             KeyUsagePurpose::CrlSign,
@@ -206,7 +232,21 @@ impl Signer {
         let cert = params
             .self_signed(&key)
             .map_err(|e| invalid("root certificate", e))?;
-        Signer::from_parts(Root::from_der(cert.der())?, key)
+        let cross = match previous {
+            None => None,
+            Some(previous) => {
+                params.serial_number =
+                    Some(random_serial().map_err(|e| invalid("root serial", e))?);
+                params.not_after =
+                    OffsetDateTime::from((now + validity).min(previous.root.not_after));
+                params.use_authority_key_identifier_extension = true;
+                let cross = params
+                    .signed_by(&key, &previous.issuer)
+                    .map_err(|e| invalid("cross-signed root", e))?;
+                Some(cross.der().to_vec())
+            }
+        };
+        Ok((Signer::from_parts(Root::from_der(cert.der())?, key)?, cross))
     }
 
     /// An existing root: its certificate and its private key (PKCS#8 `PRIVATE KEY` or SEC1
@@ -261,6 +301,12 @@ impl Signer {
         validity: Duration,
         now: SystemTime,
     ) -> Result<(String, Vec<u8>, SystemTime), IssueError> {
+        // A certificate shorter than this is no use (the SDK would ask again at once).
+        if self.root.not_after < now + MIN_LIFETIME {
+            return Err(IssueError::RootExpiring(
+                humantime::format_rfc3339_seconds(self.root.not_after).to_string(),
+            ));
+        }
         let not_after = (now + validity).min(self.root.not_after);
         params.not_before = OffsetDateTime::from(now - BACKDATE);
         params.not_after = OffsetDateTime::from(not_after);
@@ -366,7 +412,8 @@ pub struct Issued {
 
 /// A serving certificate and its freshly made key.
 pub struct ServingCertificate {
-    pub cert_der: Vec<u8>,
+    /// The leaf, then the cross-signed root during a rotation.
+    pub chain: Vec<Vec<u8>>,
     pub key_der: Vec<u8>,
     pub not_after: SystemTime,
 }
@@ -387,6 +434,9 @@ struct Claims {
 pub struct Bundle {
     pub signer: Arc<Signer>,
     pub retiring: Vec<Arc<Root>>,
+    /// While roots are retiring: the active root signed by the one it replaced, sent after
+    /// every certificate so peers that trust only the old root accept it.
+    pub cross: Option<Arc<Root>>,
     /// Generated and rotated by us (`false`: an operator's root, used as is).
     pub managed: bool,
 }
@@ -429,11 +479,11 @@ impl Bundle {
             .try_into()
             .map_err(|e: rcgen::Error| IssueError::Signing(e.to_string()))?;
         params.subject_alt_names = vec![SanType::URI(uri)];
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        let (cert_pem, _, not_after) = self.signer.sign(&public_key, params, validity, now)?;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let (mut cert_pem, _, not_after) = self.signer.sign(&public_key, params, validity, now)?;
+        if let Some(cross) = &self.cross {
+            cert_pem.push_str(&cross.pem);
+        }
         let lifetime = not_after.duration_since(now).unwrap_or_default();
         let token = self.token(&subject.spiffe_id, not_after, now)?;
         Ok(Issued {
@@ -464,7 +514,9 @@ impl Bundle {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         let (_, cert_der, not_after) = self.signer.sign(&key, params, validity, now)?;
         Ok(ServingCertificate {
-            cert_der,
+            chain: std::iter::once(cert_der)
+                .chain(self.cross.iter().map(|c| c.der.clone()))
+                .collect(),
             key_der: key.serialize_der(),
             not_after,
         })
@@ -490,8 +542,8 @@ impl Bundle {
         .map_err(|e| IssueError::Signing(format!("token: {e}")))
     }
 
-    /// The SPIFFE ID (`sub`) of a `dubbo-jwt` token signed by any trusted root.
-    pub fn verify_token(&self, token: &str) -> Result<String, String> {
+    /// The SPIFFE ID (`sub`) and expiry of a `dubbo-jwt` token signed by any trusted root.
+    pub fn verify_token(&self, token: &str) -> Result<(String, SystemTime), String> {
         let mut validation = Validation::new(Algorithm::ES256);
         validation.set_issuer(&[TOKEN_ISSUER]);
         validation.set_required_spec_claims(&["exp", "iss", "sub"]);
@@ -501,7 +553,10 @@ impl Bundle {
         for root in self.trusted() {
             let Some(key) = &root.token_key else { continue };
             match jsonwebtoken::decode::<Claims>(token, key, &validation) {
-                Ok(data) => return Ok(data.claims.sub),
+                Ok(data) => {
+                    let exp = UNIX_EPOCH + Duration::from_secs(data.claims.exp);
+                    return Ok((data.claims.sub, exp));
+                }
                 Err(err) => match err.kind() {
                     jsonwebtoken::errors::ErrorKind::InvalidSignature => {
                         last = "signature does not verify with any trusted root".to_owned();
@@ -580,6 +635,7 @@ mod tests {
         Bundle {
             signer: Arc::new(Signer::generate(30 * 24 * HOUR, SystemTime::now()).unwrap()),
             retiring: Vec::new(),
+            cross: None,
             managed: true,
         }
     }
@@ -637,7 +693,7 @@ mod tests {
             cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp();
         assert_eq!(lifetime, 3600 + 60, "an hour, started a minute ago");
         assert_eq!(
-            bundle.verify_token(&issued.token).unwrap(),
+            bundle.verify_token(&issued.token).unwrap().0,
             "spiffe://cluster.local/ns/demo/sa/provider"
         );
     }
@@ -695,6 +751,7 @@ mod tests {
         let rotated = Bundle {
             signer: Arc::new(Signer::generate(HOUR * 48, SystemTime::now()).unwrap()),
             retiring: vec![old.signer.root().clone()],
+            cross: None,
             managed: true,
         };
         assert!(rotated.verify_token(&issued.token).is_ok());

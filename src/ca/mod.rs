@@ -130,7 +130,11 @@ impl Backend {
                     .to_owned(),
             )),
             Backend::Secret { secret, .. } => {
-                let (roots, rv) = secret.write(roots, expected).await?;
+                let (roots, rv) = tokio::time::timeout(LOAD_TIMEOUT, secret.write(roots, expected))
+                    .await
+                    .map_err(|_| {
+                        CaStoreError::Unavailable(format!("no answer within {LOAD_TIMEOUT:?}"))
+                    })??;
                 self.remember(&roots).await;
                 Ok((roots, Some(rv)))
             }
@@ -150,14 +154,20 @@ impl Backend {
     async fn reload(&self) -> Result<Option<(StoredRoots, Version)>, CaStoreError> {
         match self {
             Backend::Files(roots) => Ok(Some((roots.clone(), None))),
-            Backend::Secret { secret, .. } => match secret.api.get_opt(store::SECRET_NAME).await? {
-                Some(s) => {
-                    let (roots, rv) = SecretRoots::read(&s)?;
-                    self.remember(&roots).await;
-                    Ok(Some((roots, Some(rv))))
+            Backend::Secret { secret, .. } => {
+                match tokio::time::timeout(LOAD_TIMEOUT, secret.api.get_opt(store::SECRET_NAME))
+                    .await
+                    .map_err(|_| {
+                        CaStoreError::Unavailable(format!("no answer within {LOAD_TIMEOUT:?}"))
+                    })?? {
+                    Some(s) => {
+                        let (roots, rv) = SecretRoots::read(&s)?;
+                        self.remember(&roots).await;
+                        Ok(Some((roots, Some(rv))))
+                    }
+                    None => Ok(None),
                 }
-                None => Ok(None),
-            },
+            }
             Backend::Sqlite(db) => {
                 let db = db.clone();
                 blocking(move || Ok(db.load()?.map(|(r, v)| (r, Some(v.to_string()))))).await
@@ -348,7 +358,7 @@ impl Authority {
     }
 
     /// The `dubbo-jwt` check: the SPIFFE ID of a token signed by a trusted root.
-    pub fn verify_token(&self, token: &str) -> Result<String, String> {
+    pub fn verify_token(&self, token: &str) -> Result<(String, SystemTime), String> {
         match self.current() {
             Some(bundle) => bundle.verify_token(token),
             None => Err(NOT_READY.to_owned()),
@@ -464,7 +474,7 @@ impl Manager {
         let bundle = stored.bundle(self.settings.cert_validity, SystemTime::now())?;
         if bundle.retiring.len() != current.retiring.len() {
             tracing::info!(
-                dropped = current.retiring.len() - bundle.retiring.len(),
+                dropped = current.retiring.len().saturating_sub(bundle.retiring.len()),
                 "retiring CA roots dropped: every certificate they issued has expired"
             );
             let pruned = stored.pruned(&bundle);
@@ -545,6 +555,16 @@ impl Manager {
             self.version = Some(version);
             return;
         }
+        // A watch event older than what we read since (our own rotation, then the event of the
+        // state before it): never go back to a root that is retiring.
+        let stale = self.bundle().is_some_and(|current| {
+            let active = stored.cert_pem.trim();
+            current.retiring.iter().any(|r| r.pem.trim() == active)
+        });
+        if stale {
+            tracing::debug!("ignoring a stale event of Secret {}", store::SECRET_NAME);
+            return;
+        }
         match stored.bundle(self.settings.cert_validity, SystemTime::now()) {
             Ok(bundle) => {
                 tracing::info!(fingerprint = %bundle.signer.root().fingerprint, "CA roots read from Secret {}", store::SECRET_NAME);
@@ -611,7 +631,7 @@ async fn next_event(
 }
 
 impl crate::auth::TokenVerifier for Authority {
-    fn verify(&self, token: &str) -> Result<String, String> {
+    fn verify(&self, token: &str) -> Result<(String, SystemTime), String> {
         self.verify_token(token)
     }
 }

@@ -23,6 +23,8 @@ use crate::ratelimit::RateLimiter;
 const MAX_TRACKED_CALLERS: u64 = 100_000;
 /// A caller's bucket is forgotten after this long without a request.
 const CALLER_IDLE: Duration = Duration::from_secs(600);
+/// Shortest certificate worth issuing.
+const MIN_VALIDITY: Duration = Duration::from_secs(60);
 /// How long a request waits for a signing slot before it is told to retry.
 const SLOT_WAIT: Duration = Duration::from_secs(5);
 
@@ -129,13 +131,21 @@ impl CaService {
         let Some(bundle) = self.authority.current() else {
             return Err(fail("unavailable", super::NOT_READY.to_owned()));
         };
+        let now = SystemTime::now();
+        // A certificate or token we issued may renew itself, but never past its own expiry.
+        let mut validity = self.authority.settings.cert_validity;
+        if let Some(expiry) = identity.credential_expiry {
+            let left = expiry.duration_since(now).unwrap_or_default();
+            if left < MIN_VALIDITY.min(validity) {
+                return Err(fail(
+                    "unauthenticated",
+                    "unauthenticated: the presented certificate or dubbo-jwt expires too soon to renew with; authenticate with a service-account token".to_owned(),
+                ));
+            }
+            validity = validity.min(left);
+        }
         let issued = bundle
-            .issue(
-                csr,
-                &subject,
-                self.authority.settings.cert_validity,
-                SystemTime::now(),
-            )
+            .issue(csr, &subject, validity, now)
             .map_err(|err| fail(err.result(), err.to_string()))?;
         stats.count(rpc, "issued");
         tracing::debug!(rpc, spiffe_id = %subject.spiffe_id, "certificate issued");
@@ -166,11 +176,14 @@ fn subject(identity: &Identity) -> Result<Subject, String> {
 }
 
 /// Callers are paced per pod when the token is bound to one (a deployment's pods share a
-/// service account), else per SPIFFE ID.
+/// service account), else per presented certificate or token, else per SPIFFE ID.
 fn rate_key(identity: &Identity, subject: &Subject) -> String {
     match identity.pod.as_ref().filter(|pod| !pod.uid.is_empty()) {
         Some(pod) => format!("pod {}", pod.uid),
-        None => subject.spiffe_id.clone(),
+        None => identity
+            .credential_id
+            .clone()
+            .unwrap_or_else(|| subject.spiffe_id.clone()),
     }
 }
 

@@ -20,12 +20,15 @@ pub const SECRET_NAME: &str = "dubbo-ca-secret";
 pub const CERT_KEY: &str = "cert.pem";
 pub const PRIVATE_KEY_KEY: &str = "pri.pem";
 pub const RETIRING_KEY: &str = "retiring.pem";
+pub const CROSS_KEY: &str = "cross.pem";
 /// Marks a Secret this control plane generated (and may rotate); without it the root is the
 /// operator's and is used as is.
 pub const MANAGED_ANNOTATION: &str = "dubbo.apache.org/ca-managed-by";
-/// Retiring roots are kept this much longer than the last certificate they issued could live
-/// (validity times are whole seconds).
-const DROP_SLACK: Duration = Duration::from_secs(5);
+/// Retiring roots are kept longer than the last certificate they issued could live, by a tenth
+/// of a certificate's validity within these bounds: replicas that see a rotation late (watch
+/// lag) may issue from the old root a little longer, and validity times are whole seconds.
+const DROP_SLACK_MIN: Duration = Duration::from_secs(5);
+const DROP_SLACK_MAX: Duration = Duration::from_secs(300);
 
 /// The stored roots.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +37,8 @@ pub struct StoredRoots {
     pub key_pem: String,
     /// PEM certificates, oldest last.
     pub retiring_pem: String,
+    /// The active root signed by the root it replaced (PEM; empty when nothing is retiring).
+    pub cross_pem: String,
     pub managed: bool,
 }
 
@@ -67,6 +72,7 @@ impl StoredRoots {
             cert_pem: signer.root().pem.clone(),
             key_pem: signer.key_pem().to_owned(),
             retiring_pem: String::new(),
+            cross_pem: String::new(),
             managed: true,
         })
     }
@@ -87,9 +93,16 @@ impl StoredRoots {
                 }
             }
         }
+        let cross = match pem::parse(&self.cross_pem) {
+            Ok(block) if !retiring.is_empty() => {
+                Some(std::sync::Arc::new(Root::from_der(block.contents())?))
+            }
+            _ => None,
+        };
         Ok(Bundle {
             signer: std::sync::Arc::new(signer),
             retiring,
+            cross,
             managed: self.managed,
         })
     }
@@ -101,10 +114,15 @@ impl StoredRoots {
         root_validity: Duration,
         now: SystemTime,
     ) -> Result<StoredRoots, RootError> {
-        let next = StoredRoots::generate(root_validity, now)?;
+        let (signer, cross) = Signer::generate_after(Some(&current.signer), root_validity, now)?;
         Ok(StoredRoots {
+            cert_pem: signer.root().pem.clone(),
+            key_pem: signer.key_pem().to_owned(),
             retiring_pem: current.trusted().map(|r| r.pem.as_str()).collect(),
-            ..next
+            cross_pem: cross
+                .map(|der| super::authority::to_pem("CERTIFICATE", der))
+                .unwrap_or_default(),
+            managed: true,
         })
     }
 
@@ -112,6 +130,11 @@ impl StoredRoots {
     pub fn pruned(&self, bundle: &Bundle) -> StoredRoots {
         StoredRoots {
             retiring_pem: bundle.retiring.iter().map(|r| r.pem.as_str()).collect(),
+            cross_pem: if bundle.retiring.is_empty() {
+                String::new()
+            } else {
+                self.cross_pem.clone()
+            },
             ..self.clone()
         }
     }
@@ -120,7 +143,8 @@ impl StoredRoots {
 /// When the roots retiring behind `active` may be dropped: once every certificate issued before
 /// `active` took over has expired (issuing switched when `active` was made).
 pub fn drop_time(active: &Root, cert_validity: Duration) -> SystemTime {
-    active.not_before + BACKDATE + cert_validity + DROP_SLACK
+    let slack = (cert_validity / 10).clamp(DROP_SLACK_MIN, DROP_SLACK_MAX);
+    active.not_before + BACKDATE + cert_validity + slack
 }
 
 /// When a managed root should be replaced: at two thirds of its life.
@@ -148,6 +172,7 @@ impl SqliteRoots {
                  cert_pem TEXT NOT NULL,
                  key_pem  TEXT NOT NULL,
                  retiring TEXT NOT NULL,
+                 cross    TEXT NOT NULL,
                  managed  INTEGER NOT NULL,
                  version  INTEGER NOT NULL
              );",
@@ -166,7 +191,7 @@ impl SqliteRoots {
         Ok(self
             .conn()
             .query_row(
-                "SELECT cert_pem, key_pem, retiring, managed, version FROM ca_root WHERE id = 1",
+                "SELECT cert_pem, key_pem, retiring, cross, managed, version FROM ca_root WHERE id = 1",
                 [],
                 |row| {
                     Ok((
@@ -174,9 +199,10 @@ impl SqliteRoots {
                             cert_pem: row.get(0)?,
                             key_pem: row.get(1)?,
                             retiring_pem: row.get(2)?,
-                            managed: row.get(3)?,
+                            cross_pem: row.get(3)?,
+                            managed: row.get(4)?,
                         },
-                        row.get(4)?,
+                        row.get(5)?,
                     ))
                 },
             )
@@ -201,14 +227,15 @@ impl SqliteRoots {
         }
         let version = current.unwrap_or(0) + 1;
         tx.execute(
-            "INSERT INTO ca_root (id, cert_pem, key_pem, retiring, managed, version)
-             VALUES (1, ?1, ?2, ?3, ?4, ?5)
+            "INSERT INTO ca_root (id, cert_pem, key_pem, retiring, cross, managed, version)
+             VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT (id) DO UPDATE SET cert_pem = ?1, key_pem = ?2, retiring = ?3,
-                 managed = ?4, version = ?5",
+                 cross = ?4, managed = ?5, version = ?6",
             params![
                 roots.cert_pem,
                 roots.key_pem,
                 roots.retiring_pem,
+                roots.cross_pem,
                 roots.managed,
                 version
             ],
@@ -249,6 +276,7 @@ impl SecretRoots {
                 cert_pem: text(CERT_KEY)?,
                 key_pem: text(PRIVATE_KEY_KEY)?,
                 retiring_pem: text(RETIRING_KEY).unwrap_or_default(),
+                cross_pem: text(CROSS_KEY).unwrap_or_default(),
                 managed,
             },
             secret.metadata.resource_version.clone().unwrap_or_default(),
@@ -268,6 +296,10 @@ impl SecretRoots {
         data.insert(
             RETIRING_KEY.to_owned(),
             ByteString(roots.retiring_pem.clone().into_bytes()),
+        );
+        data.insert(
+            CROSS_KEY.to_owned(),
+            ByteString(roots.cross_pem.clone().into_bytes()),
         );
         Secret {
             metadata: ObjectMeta {
@@ -357,6 +389,7 @@ pub fn from_files(cert: &Path, key: &Path) -> Result<StoredRoots, CaStoreError> 
         cert_pem: read(cert)?,
         key_pem: read(key)?,
         retiring_pem: String::new(),
+        cross_pem: String::new(),
         managed: false,
     })
 }
@@ -393,8 +426,16 @@ mod tests {
             during.retiring[0].fingerprint,
             before.signer.root().fingerprint
         );
+        let lagging = second
+            .bundle(HOUR, t1 + HOUR + 2 * 60 * Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(
+            lagging.trusted().count(),
+            2,
+            "kept a tenth of a validity longer (replica lag)"
+        );
         let after = second
-            .bundle(HOUR, t1 + HOUR + Duration::from_secs(10))
+            .bundle(HOUR, t1 + HOUR + 7 * 60 * Duration::from_secs(1))
             .unwrap();
         assert_eq!(
             after.trusted().count(),
