@@ -977,3 +977,47 @@ async fn issued_trust(server: &dubbo_cp::server::RunningServer, issue: &str) -> 
     assert_eq!(status, 200, "{body}");
     serde_json::from_str::<Value>(&body).unwrap()["trustCerts"].clone()
 }
+
+#[tokio::test]
+async fn standalone_token_file_identities_with_a_service_account_get_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(
+        &tokens,
+        "tokens:\n  - token: sdk\n    namespace: demo\n    serviceAccount: provider\n  - token: plain\n    namespace: demo\n",
+    )
+    .unwrap();
+    let mut config = test_config(&dir.path().join("data"));
+    config.auth.token_file = Some(tokens);
+    let server = start(config).await;
+    let mut client = DubboCertificateServiceClient::new(channel(server.grpc_addr).await);
+    let ask = |token: &str| {
+        let mut request = tonic::Request::new(DubboCertificateRequest {
+            csr: p256_csr().0,
+            ..Default::default()
+        });
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        request
+    };
+    let issued = client
+        .create_certificate(ask("sdk"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(issued.success, "{}", issued.message);
+    assert_eq!(uris(&issued.cert_pem), [SPIFFE]);
+    let refused = client
+        .create_certificate(ask("plain"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!refused.success);
+    assert!(
+        refused.message.contains("not a service account"),
+        "{}",
+        refused.message
+    );
+    assert!(server.stop().await.is_ok());
+}
