@@ -37,6 +37,10 @@ async fn main() -> anyhow::Result<()> {
                 addr: ([127, 0, 0, 1], 0).into(),
                 ..Config::default().tls
             },
+            webhook: dubbo_cp::config::WebhookConfig {
+                addr: ([127, 0, 0, 1], 0).into(),
+                ..Config::default().webhook
+            },
             mode: Mode::Kubernetes,
             auth: dubbo_cp::config::AuthConfig {
                 token_review: Some(false),

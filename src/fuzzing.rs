@@ -186,3 +186,44 @@ pub fn debounce(data: &[u8]) {
         assert!(state.2 <= 1, "{} flushes ran at once", state.2);
     });
 }
+
+/// The admission webhook on arbitrary bytes: every body gets an `AdmissionReview` answer that
+/// allows the pod (the webhook fails open), and a patch, when there is one, applies to the
+/// review's pod and gives a pod that a second review leaves unchanged (injection is
+/// idempotent).
+pub fn webhook_review(data: &[u8]) {
+    struct Everything;
+    impl crate::webhook::Lookup for Everything {
+        fn namespace_labels(&self, _: &str) -> std::collections::BTreeMap<String, String> {
+            std::collections::BTreeMap::from([(
+                "registry-nacos-inject".to_owned(),
+                "true".to_owned(),
+            )])
+        }
+        fn service_with_label(&self, namespace: &str, _: &str) -> Option<String> {
+            Some(format!("svc-{namespace}"))
+        }
+    }
+    let (answer, _) = crate::webhook::review(data, &Everything, "cp.ns.svc:30062");
+    assert_eq!(answer["kind"], "AdmissionReview");
+    assert_eq!(answer["response"]["allowed"], true);
+    let Some(patch) = answer["response"]["patch"].as_str() else {
+        return;
+    };
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(patch)
+        .expect("the patch is base64");
+    let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("the patch is JSON Patch");
+    let review: serde_json::Value = serde_json::from_slice(data).expect("a patch means a review");
+    let mut pod = review["request"]["object"].clone();
+    json_patch::patch(&mut pod, &patch).expect("the patch applies to the pod");
+    let mut again = review.clone();
+    again["request"]["object"] = pod;
+    let body = serde_json::to_vec(&again).expect("a JSON value encodes");
+    let (second, _) = crate::webhook::review(&body, &Everything, "cp.ns.svc:30062");
+    assert!(
+        second["response"].get("patch").is_none(),
+        "a second review of the injected pod changes nothing: {second}"
+    );
+}

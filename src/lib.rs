@@ -36,7 +36,8 @@
 //! - [`dds`]: the discovery stream, `RuleService/Observe`.
 //! - [`auth`]: who is calling and what they may do.
 //! - [`ca`]: the certificate authority (roots, issuing, rotation, the published ConfigMaps);
-//!   [`tls`]: the TLS port, with a certificate from the CA renewed while it serves.
+//!   [`tls`]: the TLS port, with a certificate from the CA renewed while it serves;
+//!   [`webhook`]: the pod admission webhook (Kubernetes mode) and its configuration object.
 //! - [`supervisor`]: every long-lived task; a fault stops the process.
 //! - [`server`]: all wiring, as named steps.
 //! - [`config`], [`telemetry`], [`metrics`], [`admin`], [`cli`]: settings, logs, metrics,
@@ -69,3 +70,4 @@ pub mod store;
 pub mod supervisor;
 pub mod telemetry;
 pub mod tls;
+pub mod webhook;

@@ -50,6 +50,11 @@ use crate::tls::{ServingIdentity, TlsConfigs, TlsStats};
 type RegistrationServer =
     pb::snp::service_name_mapping_service_server::ServiceNameMappingServiceServer<Ingest>;
 
+/// gRPC is HTTP/2 only.
+const GRPC_ALPN: &[&[u8]] = &[b"h2"];
+/// The API server calls webhooks over HTTP/1.1.
+const WEBHOOK_ALPN: &[&[u8]] = &[b"http/1.1"];
+
 /// Largest request a client may send.
 pub const MAX_DECODING_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Committed changes that may wait for the debouncer before the writer waits.
@@ -63,6 +68,8 @@ pub struct RunningServer {
     pub grpc_addr: SocketAddr,
     /// The TLS gRPC port, when configured.
     pub tls_addr: Option<SocketAddr>,
+    /// The admission webhook's HTTPS port (Kubernetes mode).
+    pub webhook_addr: Option<SocketAddr>,
     pub admin_addr: SocketAddr,
     pub index: Arc<Index>,
     pub store_stats: Arc<StoreStats>,
@@ -184,18 +191,38 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         grpc,
         tls,
         admin: admin_listener,
+        webhook: webhook_listener,
         grpc_addr,
         tls_addr,
         admin_addr,
+        webhook_addr,
     } = listeners;
+    let tls_stats = Arc::new(TlsStats::default());
+    tls_stats.register_metrics(&mut registry);
+    if let (Some(listener), Some(authority), Some(client)) =
+        (webhook_listener, &authority, &kube_client)
+    {
+        start_webhook(
+            &config,
+            (
+                listener,
+                tls_addr.map_or(config.tls.addr.port(), |addr| addr.port()),
+            ),
+            authority,
+            client,
+            tls_stats.clone(),
+            &mut registry,
+            &mut tasks,
+        )?;
+    }
     if let Some((listener, identity)) = tls {
-        let stats = Arc::new(TlsStats::default());
-        stats.register_metrics(&mut registry);
+        let stats = tls_stats.clone();
         let (configs, maintain) = TlsConfigs::start(
             identity,
             config.tls.client_ca_file.clone(),
             authority.clone(),
             stats.clone(),
+            GRPC_ALPN,
             shutdown_rx.clone(),
         )?;
         tasks.spawn("TLS certificate", async move {
@@ -272,6 +299,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     Ok(RunningServer {
         grpc_addr,
         tls_addr,
+        webhook_addr,
         admin_addr,
         index,
         store_stats,
@@ -288,9 +316,11 @@ struct Listeners {
     grpc: TcpListener,
     tls: Option<(TcpListener, ServingIdentity)>,
     admin: TcpListener,
+    webhook: Option<TcpListener>,
     grpc_addr: SocketAddr,
     tls_addr: Option<SocketAddr>,
     admin_addr: SocketAddr,
+    webhook_addr: Option<SocketAddr>,
 }
 
 impl Listeners {
@@ -302,6 +332,12 @@ impl Listeners {
         };
         let grpc = bind(config.grpc_addr, "gRPC port").await?;
         let admin = bind(config.admin_addr, "admin port").await?;
+        let webhook =
+            if config.mode == Mode::Kubernetes && config.webhook.enabled && config.ca.enabled {
+                Some(bind(config.webhook.addr, "webhook port").await?)
+            } else {
+                None
+            };
         let tls = match serving_identity(config)? {
             Some(tls) => Some((bind(config.tls.addr, "TLS gRPC port").await?, tls)),
             None => None,
@@ -310,6 +346,8 @@ impl Listeners {
             grpc_addr: grpc.local_addr()?,
             admin_addr: admin.local_addr()?,
             tls_addr: tls.as_ref().map(|(l, _)| l.local_addr()).transpose()?,
+            webhook_addr: webhook.as_ref().map(TcpListener::local_addr).transpose()?,
+            webhook,
             grpc,
             tls,
             admin,
@@ -667,6 +705,97 @@ fn check_bind_policy(config: &Config) -> anyhow::Result<()> {
         "INSECURE: serving without authentication on a non-loopback address; anyone who reaches \
          this port can register mappings"
     );
+    Ok(())
+}
+
+/// The admission webhook: its HTTPS server with a certificate from the CA, the watches it reads
+/// and the configuration object it keeps.
+fn start_webhook(
+    config: &Config,
+    // The webhook's listener, and the TLS port pods are told to ask for certificates on.
+    (listener, tls_port): (TcpListener, u16),
+    authority: &Authority,
+    client: &kube::Client,
+    tls_stats: Arc<TlsStats>,
+    registry: &mut Registry,
+    tasks: &mut Supervisor,
+) -> anyhow::Result<()> {
+    use crate::webhook::{self, cluster::ClusterLookup, configuration};
+    let (service, namespace) = (&config.ca.service_name, &config.ca.namespace);
+    let mut names = vec![
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}.svc.cluster.local"),
+        "localhost".to_owned(),
+    ];
+    if let Some(url) = &config.webhook.url {
+        let host = http::Uri::try_from(url.as_str())
+            .ok()
+            .and_then(|uri| uri.host().map(|h| h.trim_matches(['[', ']']).to_owned()))
+            .with_context(|| format!("webhook.url {url:?} has no host"))?;
+        names.push(host);
+    }
+    let addr = listener.local_addr()?;
+    let (configs, maintain) = TlsConfigs::start(
+        ServingIdentity::Ca { names },
+        None,
+        Some(authority.clone()),
+        tls_stats.clone(),
+        WEBHOOK_ALPN,
+        tasks.shutdown_receiver(),
+    )?;
+    tasks.spawn("webhook certificate", async move {
+        maintain.await;
+        Ok(())
+    });
+    let lookup = Arc::new(ClusterLookup::default());
+    let watches = lookup
+        .clone()
+        .run(client.clone(), tasks.shutdown_receiver());
+    tasks.spawn("webhook watches", async move {
+        watches.await;
+        Ok(())
+    });
+    let stats = Arc::new(webhook::WebhookStats::default());
+    stats.register_metrics(registry);
+    let hook = webhook::Webhook {
+        lookup,
+        ca_address: config
+            .webhook
+            .ca_address
+            .clone()
+            .unwrap_or_else(|| format!("{service}.{namespace}.svc:{tls_port}"))
+            .into(),
+        timeout: config.webhook.timeout,
+        stats,
+    };
+    let incoming = crate::tls::incoming(listener, configs.current, TCP_KEEPALIVE, tls_stats);
+    let serve = axum::serve(
+        crate::tls::TlsListener { incoming, addr },
+        webhook::router(hook),
+    )
+    .with_graceful_shutdown(wait_for_shutdown(tasks.shutdown_receiver()));
+    tasks.spawn("webhook server", async move {
+        serve.await.context("webhook server failed")
+    });
+    let target = configuration::Target {
+        url: config.webhook.url.clone(),
+        service: service.clone(),
+        namespace: namespace.clone(),
+        port: addr.port(),
+    };
+    let config_stats = Arc::new(configuration::ConfigurationStats::default());
+    config_stats.register_metrics(registry);
+    let keep = configuration::run(
+        client.clone(),
+        target,
+        authority.clone(),
+        config_stats,
+        tasks.shutdown_receiver(),
+    );
+    tasks.spawn("webhook configuration", async move {
+        keep.await;
+        Ok(())
+    });
     Ok(())
 }
 

@@ -83,6 +83,7 @@ pub fn server_config(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     client_roots: &[CertificateDer<'static>],
+    alpn: &[&[u8]],
 ) -> anyhow::Result<ServerConfig> {
     let builder =
         ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
@@ -100,7 +101,7 @@ pub fn server_config(
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain, key)?
     };
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(config)
 }
 
@@ -133,6 +134,7 @@ impl TlsConfigs {
         client_ca: Option<PathBuf>,
         authority: Option<Authority>,
         stats: Arc<TlsStats>,
+        alpn: &'static [&'static [u8]],
         shutdown: watch::Receiver<bool>,
     ) -> anyhow::Result<(TlsConfigs, impl std::future::Future<Output = ()> + use<>)> {
         let extra = match &client_ca {
@@ -157,7 +159,7 @@ impl TlsConfigs {
                 let roots = client_roots(bundle.as_deref(), &extra);
                 match (&identity, &files, bundle) {
                     (ServingIdentity::Files { .. }, Some((chain, key)), _) => Ok(Some((
-                        server_config(chain.clone(), key.clone_key(), &roots)?,
+                        server_config(chain.clone(), key.clone_key(), &roots, alpn)?,
                         None,
                     ))),
                     (ServingIdentity::Ca { names }, _, Some(bundle)) => {
@@ -179,6 +181,7 @@ impl TlsConfigs {
                             PrivateKeyDer::try_from(serving.key_der)
                                 .map_err(|e| anyhow::anyhow!("serving key: {e}"))?,
                             &roots,
+                            alpn,
                         )?;
                         Ok(Some((config, Some(renew_at))))
                     }
@@ -290,4 +293,33 @@ pub fn incoming(
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// The TLS connections of [`incoming`] as an axum listener (the webhook's HTTPS server).
+pub struct TlsListener {
+    pub incoming: ReceiverStream<Result<TlsStream<TcpStream>, io::Error>>,
+    pub addr: std::net::SocketAddr,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(io)) => {
+                    let peer = io.get_ref().0.peer_addr().unwrap_or(self.addr);
+                    return (io, peer);
+                }
+                Some(Err(_)) => continue,
+                // The acceptor stopped (shutdown): the server's graceful shutdown ends it.
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(self.addr)
+    }
 }

@@ -37,3 +37,8 @@ fn debounce_seeds() {
 fn condition_route_seeds() {
     replay("condition_route", dubbo_cp::fuzzing::condition_route);
 }
+
+#[test]
+fn webhook_review_seeds() {
+    replay("webhook_review", dubbo_cp::fuzzing::webhook_review);
+}

@@ -524,6 +524,18 @@ fn the_rbac_grants_exactly_what_the_control_plane_uses() {
         "/configmaps[dubbo-ca-cert]",
         &["get", "list", "watch", "update"],
     );
+    // The webhook: registry Services read, its configuration object kept.
+    grant("cluster", "/services[]", &read);
+    grant(
+        "cluster",
+        "admissionregistration.k8s.io/mutatingwebhookconfigurations[]",
+        &["create"],
+    );
+    grant(
+        "cluster",
+        "admissionregistration.k8s.io/mutatingwebhookconfigurations[dubbo-cp]",
+        &["get", "list", "watch", "update"],
+    );
     grant("dubbo-system", "/secrets[]", &["create"]);
     grant(
         "dubbo-system",

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 
 const GROUP_PATH: &str = "/apis/dubbo.apache.org/v1alpha1";
 const CORE_PATH: &str = "/api/v1";
+const ADMISSION_PATH: &str = "/apis/admissionregistration.k8s.io/v1";
 const SNP: &str = "servicenamemappings";
 /// The issuer of the service-account tokens the fixture's keys sign.
 pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
@@ -541,11 +542,15 @@ async fn handle(
         }
         _ => {}
     }
-    let rest = match uri.path().strip_prefix(GROUP_PATH) {
+    let rest = match uri
+        .path()
+        .strip_prefix(GROUP_PATH)
+        .or_else(|| uri.path().strip_prefix(ADMISSION_PATH))
+    {
         Some(rest) => rest,
         None => match uri.path().strip_prefix(CORE_PATH) {
             Some(rest)
-                if ["/pods", "/secrets", "/configmaps"]
+                if ["/pods", "/secrets", "/configmaps", "/services"]
                     .iter()
                     .any(|r| rest.contains(r))
                     || rest.starts_with("/namespaces") =>
@@ -570,12 +575,21 @@ async fn handle(
         );
     }
     match (method, segments.as_slice()) {
-        // Namespaces themselves: cluster-scoped objects keyed with an empty namespace.
-        (Method::POST, ["namespaces"]) => create(&server, "namespaces", "", &body),
-        (Method::GET, ["namespaces", name]) => match server.object("namespaces", "", name) {
+        // Cluster-scoped objects (namespaces, webhook configurations), keyed with an empty
+        // namespace.
+        (Method::POST, [resource]) => create(&server, resource, "", &body),
+        (Method::GET, [resource, name]) => match server.object(resource, "", name) {
             Some(object) => json_response(StatusCode::OK, &object),
-            None => status(404, "NotFound", &format!("namespaces \"{name}\" not found")),
+            None => status(404, "NotFound", &format!("{resource} \"{name}\" not found")),
         },
+        (Method::PUT, [resource, name]) => replace(&server, resource, "", name, &body),
+        (Method::DELETE, [resource, name]) => {
+            let mut inner = server.lock();
+            match server.remove(&mut inner, &key(resource, "", name)) {
+                Some(object) => json_response(StatusCode::OK, &object),
+                None => status(404, "NotFound", "not found"),
+            }
+        }
         (Method::GET, [resource]) => list_or_watch(&server, resource, None, &params),
         (Method::GET, ["namespaces", ns, resource]) => {
             list_or_watch(&server, resource, Some(ns), &params)
@@ -671,7 +685,14 @@ fn count_write(inner: &mut Inner, key: &Key) {
         .or_default() += 1;
 }
 
-const CORE_RESOURCES: [&str; 4] = ["secrets", "configmaps", "namespaces", "pods"];
+const CORE_RESOURCES: [&str; 6] = [
+    "secrets",
+    "configmaps",
+    "namespaces",
+    "pods",
+    "services",
+    "mutatingwebhookconfigurations",
+];
 
 fn create(server: &ApiServer, resource: &str, namespace: &str, body: &Bytes) -> Response {
     let Ok(object) = serde_json::from_slice::<Value>(body) else {
@@ -755,6 +776,11 @@ fn list_or_watch(
         "secrets" => ("v1", "Secret"),
         "configmaps" => ("v1", "ConfigMap"),
         "namespaces" => ("v1", "Namespace"),
+        "services" => ("v1", "Service"),
+        "mutatingwebhookconfigurations" => (
+            "admissionregistration.k8s.io/v1",
+            "MutatingWebhookConfiguration",
+        ),
         "tagroutes" => ("dubbo.apache.org/v1alpha1", "TagRoute"),
         "conditionroutes" => ("dubbo.apache.org/v1alpha1", "ConditionRoute"),
         "dynamicconfigs" => ("dubbo.apache.org/v1alpha1", "DynamicConfig"),

@@ -33,6 +33,10 @@ pub fn test_config(data_dir: &Path) -> Config {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             ..dubbo_cp::config::TlsConfig::default()
         },
+        webhook: dubbo_cp::config::WebhookConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            ..dubbo_cp::config::WebhookConfig::default()
+        },
         ..Config::default()
     }
 }
@@ -108,6 +112,8 @@ pub fn spawn_binary(data_dir: &Path, extra: &[&str]) -> Process {
             "--admin-addr",
             "127.0.0.1:0",
             "--tls-addr",
+            "127.0.0.1:0",
+            "--webhook-addr",
             "127.0.0.1:0",
             "--data-dir",
         ])

@@ -177,6 +177,10 @@ async fn start_in_process(
             addr: ([127, 0, 0, 1], 0).into(),
             ..base.tls
         },
+        webhook: dubbo_cp::config::WebhookConfig {
+            addr: ([127, 0, 0, 1], 0).into(),
+            ..base.webhook
+        },
         ..base
     };
     Ok((dubbo_cp::server::start(config).await?, dir))

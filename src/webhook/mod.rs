@@ -1,0 +1,379 @@
+//! The mutating admission webhook (wire.md §7): HTTPS on `webhook.addr`, `POST
+//! /mutating-services` answers an `AdmissionReview` of a Pod CREATE with a JSON Patch that
+//! injects what [`inject`] decides, `GET /health` answers 200. Kubernetes mode only: the
+//! namespaces' labels and the registry Services come from watches ([`cluster`]), and the
+//! `MutatingWebhookConfiguration` is kept right by [`configuration`].
+//!
+//! Unlike the reference, injection is opt-in: a pod without the labels (in a namespace without
+//! them) is never changed, and the configuration's selectors keep the API server from calling
+//! us for it at all.
+
+pub mod cluster;
+pub mod configuration;
+pub mod inject;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+
+use inject::{Context, Injected};
+
+/// Largest review accepted: a pod is at most what etcd stores (1.5 MiB), its review twice that.
+pub const MAX_REVIEW_BYTES: usize = 4 * 1024 * 1024;
+
+/// What the webhook needs to decide.
+pub trait Lookup: Send + Sync {
+    /// The labels of `namespace` (empty when unknown).
+    fn namespace_labels(&self, namespace: &str) -> std::collections::BTreeMap<String, String>;
+    /// The first Service (by name) in `namespace` labelled `label: "true"`.
+    fn service_with_label(&self, namespace: &str, label: &str) -> Option<String>;
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InjectionLabels {
+    kind: &'static str,
+}
+
+/// The webhook's metrics.
+pub struct WebhookStats {
+    reviews: Family<ResultLabels, Counter>,
+    injections: Family<InjectionLabels, Counter>,
+    latency: Histogram,
+}
+
+impl Default for WebhookStats {
+    fn default() -> Self {
+        Self {
+            reviews: Family::default(),
+            injections: Family::default(),
+            latency: Histogram::new([
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0,
+            ]),
+        }
+    }
+}
+
+impl WebhookStats {
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "webhook_reviews",
+            "Admission reviews by result (mutated, unchanged, skipped, invalid, unsupported_media_type, timeout)",
+            self.reviews.clone(),
+        );
+        registry.register(
+            "webhook_injections",
+            "Pods injected, by kind (ca, zookeeper, nacos, kubernetes)",
+            self.injections.clone(),
+        );
+        registry.register(
+            "webhook_review_duration_seconds",
+            "Time to answer one admission review",
+            self.latency.clone(),
+        );
+    }
+
+    fn count(&self, result: &'static str) {
+        self.reviews.get_or_create(&ResultLabels { result }).inc();
+    }
+}
+
+/// What the handler shares.
+#[derive(Clone)]
+pub struct Webhook {
+    pub lookup: Arc<dyn Lookup>,
+    /// `DUBBO_CA_ADDRESS`: our Service and TLS port.
+    pub ca_address: Arc<str>,
+    pub timeout: Duration,
+    pub stats: Arc<WebhookStats>,
+}
+
+/// How one review ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Mutated(Injected),
+    Unchanged,
+    /// Not a Pod CREATE: allowed, untouched.
+    Skipped(String),
+    /// Malformed: allowed (fail open, as the reference and `failurePolicy: Ignore`).
+    Invalid(String),
+}
+
+/// An `AdmissionReview` answer.
+fn answer(uid: &str, patch: Option<Vec<u8>>, message: Option<&str>) -> Value {
+    let mut response = json!({"uid": uid, "allowed": true});
+    if let Some(patch) = patch {
+        response["patchType"] = json!("JSONPatch");
+        response["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(patch));
+    }
+    if let Some(message) = message {
+        response["status"] = json!({"message": message});
+    }
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+}
+
+/// Decides one review: the answer to send and what happened. Never panics, whatever the body.
+pub fn review(body: &[u8], lookup: &dyn Lookup, ca_address: &str) -> (Value, Outcome) {
+    let review: Value = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        Err(err) => {
+            let message = format!("the body is not an AdmissionReview: {err}");
+            return (answer("", None, Some(&message)), Outcome::Invalid(message));
+        }
+    };
+    let Some(request) = review.get("request").filter(|r| r.is_object()) else {
+        let message = "the AdmissionReview has no request".to_owned();
+        return (answer("", None, Some(&message)), Outcome::Invalid(message));
+    };
+    let uid = request["uid"].as_str().unwrap_or_default();
+    let kind = &request["kind"];
+    let is_pod = kind["group"].as_str().unwrap_or_default().is_empty() && kind["kind"] == "Pod";
+    if !is_pod || request["operation"] != "CREATE" {
+        let message = format!(
+            "only Pod CREATE is mutated, not {} {}",
+            kind["kind"].as_str().unwrap_or("?"),
+            request["operation"].as_str().unwrap_or("?")
+        );
+        return (answer(uid, None, Some(&message)), Outcome::Skipped(message));
+    }
+    let Some(pod) = request.get("object").filter(|o| o.is_object()) else {
+        let message = "the review has no pod".to_owned();
+        return (answer(uid, None, Some(&message)), Outcome::Invalid(message));
+    };
+    let namespace = request["namespace"]
+        .as_str()
+        .or_else(|| pod.pointer("/metadata/namespace").and_then(Value::as_str))
+        .unwrap_or("default");
+    let namespace_labels = lookup.namespace_labels(namespace);
+    let services = |label: &str| lookup.service_with_label(namespace, label);
+    let mut mutated = pod.clone();
+    let injected = inject::inject(
+        &mut mutated,
+        &Context {
+            namespace,
+            namespace_labels: &namespace_labels,
+            ca_address,
+            service_with_label: &services,
+        },
+    );
+    let patch = json_patch::diff(pod, &mutated);
+    if patch.0.is_empty() {
+        return (answer(uid, None, None), Outcome::Unchanged);
+    }
+    match serde_json::to_vec(&patch) {
+        Ok(bytes) => (answer(uid, Some(bytes), None), Outcome::Mutated(injected)),
+        Err(err) => {
+            let message = format!("cannot encode the patch: {err}");
+            (answer(uid, None, Some(&message)), Outcome::Invalid(message))
+        }
+    }
+}
+
+pub fn router(webhook: Webhook) -> Router {
+    Router::new()
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/mutating-services", post(mutate))
+        .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
+        .with_state(webhook)
+}
+
+async fn mutate(
+    State(webhook): State<Webhook>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let started = Instant::now();
+    let json = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    if !json {
+        webhook.stats.count("unsupported_media_type");
+        return (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid Content-Type, expect `application/json`\n",
+        )
+            .into_response();
+    }
+    let lookup = webhook.lookup.clone();
+    let ca_address = webhook.ca_address.clone();
+    // Decoding and diffing a large pod is CPU work: off the async threads, and bounded in time.
+    let work = tokio::task::spawn_blocking(move || review(&body, lookup.as_ref(), &ca_address));
+    let (answer, outcome) = match tokio::time::timeout(webhook.timeout, work).await {
+        Ok(Ok(done)) => done,
+        Ok(Err(_)) | Err(_) => {
+            webhook.stats.count("timeout");
+            let message = "the review did not finish in time; admitted unchanged";
+            return axum::Json(answer("", None, Some(message))).into_response();
+        }
+    };
+    let result = match &outcome {
+        Outcome::Mutated(injected) => {
+            log_mutation(&answer, injected);
+            for kind in injection_kinds(injected) {
+                webhook
+                    .stats
+                    .injections
+                    .get_or_create(&InjectionLabels { kind })
+                    .inc();
+            }
+            "mutated"
+        }
+        Outcome::Unchanged => "unchanged",
+        Outcome::Skipped(_) => "skipped",
+        Outcome::Invalid(message) => {
+            tracing::warn!(%message, "malformed admission review; admitted unchanged");
+            "invalid"
+        }
+    };
+    webhook.stats.count(result);
+    webhook
+        .stats
+        .latency
+        .observe(started.elapsed().as_secs_f64());
+    axum::Json(answer).into_response()
+}
+
+fn injection_kinds(injected: &Injected) -> Vec<&'static str> {
+    let mut kinds = Vec::new();
+    if injected.ca {
+        kinds.push("ca");
+    }
+    if let Some((registry, Some(_))) = &injected.registry {
+        kinds.push(registry.name());
+    }
+    kinds
+}
+
+fn log_mutation(answer: &Value, injected: &Injected) {
+    tracing::info!(
+        uid = answer["response"]["uid"].as_str().unwrap_or_default(),
+        ca = injected.ca,
+        registry = injected
+            .registry
+            .as_ref()
+            .and_then(|(_, address)| address.as_deref())
+            .unwrap_or("-"),
+        "pod mutated"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use std::collections::BTreeMap;
+
+    struct Fixed;
+    impl Lookup for Fixed {
+        fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String> {
+            match namespace {
+                "labelled" => BTreeMap::from([("dubbo-ca.inject".into(), "true".into())]),
+                _ => BTreeMap::new(),
+            }
+        }
+        fn service_with_label(&self, _: &str, _: &str) -> Option<String> {
+            Some("zk".into())
+        }
+    }
+
+    fn review_of(pod: Value, namespace: &str) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                        "resource": {"group": "", "version": "v1", "resource": "pods"},
+                        "operation": "CREATE", "namespace": namespace, "object": pod}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_patch_applied_to_the_pod_gives_the_injected_pod() {
+        let pod = json!({"metadata": {"name": "p", "labels": {"registry-zookeeper-inject": "true"}},
+                         "spec": {"containers": [{"name": "a", "image": "x"}], "futureField": {"kept": 1}}});
+        let (answer, outcome) = review(&review_of(pod.clone(), "labelled"), &Fixed, "cp:30062");
+        assert!(matches!(
+            outcome,
+            Outcome::Mutated(Injected { ca: true, .. })
+        ));
+        assert_eq!(answer["response"]["uid"], "u-1");
+        assert_eq!(answer["response"]["allowed"], true);
+        assert_eq!(answer["response"]["patchType"], "JSONPatch");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(answer["response"]["patch"].as_str().unwrap())
+            .unwrap();
+        let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+        let mut patched = pod.clone();
+        json_patch::patch(&mut patched, &patch).unwrap();
+        let mut expected = pod;
+        let labels = BTreeMap::from([("dubbo-ca.inject".to_owned(), "true".to_owned())]);
+        inject::inject(
+            &mut expected,
+            &Context {
+                namespace: "labelled",
+                namespace_labels: &labels,
+                ca_address: "cp:30062",
+                service_with_label: &|_| Some("zk".to_owned()),
+            },
+        );
+        assert_eq!(patched, expected);
+        assert_eq!(
+            patched["spec"]["futureField"],
+            json!({"kept": 1}),
+            "unknown fields survive"
+        );
+        assert_eq!(
+            patched["spec"]["containers"][0]["env"][4],
+            json!({"name": "DUBBO_REGISTRY_ADDRESS", "value": "zookeeper://zk.labelled.svc"})
+        );
+    }
+
+    #[test]
+    fn malformed_empty_and_foreign_reviews_are_allowed_unchanged() {
+        for (body, uid, what) in [
+            (b"{not json".to_vec(), "", "invalid"),
+            (b"{}".to_vec(), "", "invalid"),
+            (serde_json::to_vec(&json!({"request": {"uid": "u", "kind": {"group": "apps", "kind": "Deployment"}, "operation": "CREATE", "object": {}}})).unwrap(), "u", "skipped"),
+            (serde_json::to_vec(&json!({"request": {"uid": "u", "kind": {"group": "", "kind": "Pod"}, "operation": "UPDATE", "object": {}}})).unwrap(), "u", "skipped"),
+            (serde_json::to_vec(&json!({"request": {"uid": "u", "kind": {"group": "", "kind": "Pod"}, "operation": "CREATE"}})).unwrap(), "u", "invalid"),
+        ] {
+            let (answer, outcome) = review(&body, &Fixed, "cp");
+            assert_eq!(answer["response"]["allowed"], true, "{what}");
+            assert_eq!(answer["response"]["uid"], uid);
+            assert!(answer["response"].get("patch").is_none());
+            assert!(answer["response"]["status"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+            assert_eq!(
+                matches!(outcome, Outcome::Invalid(_)),
+                what == "invalid",
+                "{what}: {outcome:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_pod_without_labels_gets_no_patch() {
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a"}]}});
+        let (answer, outcome) = review(&review_of(pod, "plain"), &Fixed, "cp");
+        assert_eq!(outcome, Outcome::Unchanged);
+        assert!(answer["response"].get("patch").is_none());
+    }
+}

@@ -1,0 +1,276 @@
+//! The admission webhook in Kubernetes mode against the API-server fixture: the control plane
+//! creates `MutatingWebhookConfiguration dubbo-cp` with our CA as `caBundle` and repairs it
+//! after an edit; a real TLS client trusting only our CA root calls `/mutating-services` and
+//! the patch injects exactly what the labels ask for.
+
+// Tests and their helpers: a failure is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use common::apiserver::ApiServer;
+use common::{start, test_config};
+use dubbo_cp::config::Mode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn unb64(text: &str) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .unwrap()
+}
+
+/// One HTTPS request trusting only `root`; the status and body.
+async fn https(
+    addr: SocketAddr,
+    root: &str,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) -> (u16, String) {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(pem::parse(root).unwrap().into_contents().into())
+        .unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut tls = connector
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .expect("the webhook's certificate must verify against our CA root");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.unwrap();
+    tls.write_all(body).await.unwrap();
+    let mut response = Vec::new();
+    let _ = tls.read_to_end(&mut response).await;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn pod_review(uid: &str, namespace: &str, pod: &Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "operation": "CREATE", "namespace": namespace, "object": pod}}))
+    .unwrap()
+}
+
+fn root_of(api: &ApiServer) -> String {
+    let secret = api
+        .object("secrets", "dubbo-system", "dubbo-ca-secret")
+        .unwrap();
+    String::from_utf8(unb64(secret["data"]["cert.pem"].as_str().unwrap())).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configuration_is_kept_and_pods_that_ask_are_injected() {
+    let api = ApiServer::start().await;
+    api.create_namespace("plain");
+    api.put_object(
+        "namespaces",
+        "",
+        "demo",
+        json!({"apiVersion": "v1", "kind": "Namespace",
+               "metadata": {"name": "demo", "labels": {"dubbo-ca.inject": "true"}}}),
+    );
+    for name in ["zk-b", "zk-a"] {
+        api.put_object(
+            "services",
+            "demo",
+            name,
+            json!({"apiVersion": "v1", "kind": "Service",
+                   "metadata": {"name": name, "labels": {"registry-zookeeper-inject": "true"}},
+                   "spec": {"ports": [{"port": 2181}]}}),
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    config.mode = Mode::Kubernetes;
+    config.kubernetes.api_server = Some(api.url());
+    config.auth.token_review = Some(false);
+    config.shutdown_grace = Duration::from_secs(2);
+    let server = start(config).await;
+    let webhook = server
+        .webhook_addr
+        .expect("the webhook serves in Kubernetes mode");
+    let wait = Duration::from_secs(20);
+
+    // The configuration: created, with our roots as caBundle and our Service and port.
+    api.wait_for("the webhook configuration", wait, |api| {
+        api.object("mutatingwebhookconfigurations", "", "dubbo-cp")
+            .is_some()
+    })
+    .await;
+    let root = root_of(&api);
+    let configuration = api
+        .object("mutatingwebhookconfigurations", "", "dubbo-cp")
+        .unwrap();
+    let webhooks = configuration["webhooks"].as_array().unwrap();
+    assert_eq!(webhooks[0]["name"], "dubbo-cp.k8s.io");
+    for hook in webhooks {
+        assert_eq!(hook["clientConfig"]["caBundle"], b64(root.as_bytes()));
+        assert_eq!(
+            hook["clientConfig"]["service"],
+            json!({"name": "dubbo-cp", "namespace": "dubbo-system",
+                   "path": "/mutating-services", "port": webhook.port()})
+        );
+        assert_eq!(hook["failurePolicy"], "Ignore");
+    }
+    // Edited by someone: put back.
+    let mut edited = configuration.clone();
+    edited["webhooks"][0]["failurePolicy"] = json!("Fail");
+    edited["webhooks"][1]["clientConfig"]["caBundle"] = json!(b64(b"not ours"));
+    api.put_object("mutatingwebhookconfigurations", "", "dubbo-cp", edited);
+    api.wait_for("the configuration repaired", wait, |api| {
+        let now = api
+            .object("mutatingwebhookconfigurations", "", "dubbo-cp")
+            .unwrap();
+        now["webhooks"][0]["failurePolicy"] == "Ignore"
+            && now["webhooks"][1]["clientConfig"]["caBundle"] == b64(root.as_bytes())
+    })
+    .await;
+
+    // A real TLS client trusting only our root.
+    let (status, body) = https(webhook, &root, "GET", "/health", "text/plain", b"").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = https(
+        webhook,
+        &root,
+        "POST",
+        "/mutating-services",
+        "text/plain",
+        b"{}",
+    )
+    .await;
+    assert_eq!(status, 415);
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": "provider-0", "labels": {"registry-zookeeper-inject": "true"}},
+                     "spec": {"containers": [{"name": "app", "image": "provider"}]}});
+    // The namespace's label arrives through a watch; ask until it is seen.
+    let deadline = tokio::time::Instant::now() + wait;
+    let patched = loop {
+        let (status, body) = https(
+            webhook,
+            &root,
+            "POST",
+            "/mutating-services",
+            "application/json",
+            &pod_review("uid-1", "demo", &pod),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(answer["kind"], "AdmissionReview");
+        assert_eq!(answer["response"]["uid"], "uid-1");
+        assert_eq!(answer["response"]["allowed"], true);
+        if let Some(patch) = answer["response"]["patch"].as_str() {
+            assert_eq!(answer["response"]["patchType"], "JSONPatch");
+            let patch: json_patch::Patch = serde_json::from_slice(&unb64(patch)).unwrap();
+            let mut patched = pod.clone();
+            json_patch::patch(&mut patched, &patch).unwrap();
+            if patched["spec"]["volumes"].is_array() {
+                break patched;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never injected: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let env = &patched["spec"]["containers"][0]["env"];
+    let names: Vec<&str> = env
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "DUBBO_CA_ADDRESS",
+            "DUBBO_CA_CERT_PATH",
+            "DUBBO_OIDC_TOKEN",
+            "DUBBO_OIDC_TOKEN_TYPE",
+            "DUBBO_REGISTRY_ADDRESS"
+        ]
+    );
+    let tls_port = server.tls_addr.unwrap().port();
+    assert_eq!(
+        env[0]["value"],
+        format!("dubbo-cp.dubbo-system.svc:{tls_port}")
+    );
+    assert_eq!(
+        env[4]["value"], "zookeeper://zk-a.demo.svc",
+        "the first Service by name"
+    );
+    // A pod that asks for nothing, in a namespace that asks for nothing: no patch.
+    let plain = json!({"metadata": {"name": "x"}, "spec": {"containers": [{"name": "c"}]}});
+    let (_, body) = https(
+        webhook,
+        &root,
+        "POST",
+        "/mutating-services",
+        "application/json",
+        &pod_review("uid-2", "plain", &plain),
+    )
+    .await;
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert!(answer["response"].get("patch").is_none(), "{body}");
+    // A rotation reaches the caBundle: both roots, until the old one is dropped.
+    let (status, body) =
+        common::http_send(server.admin_addr, "POST", "/api/v1/ca/rotate", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    api.wait_for("caBundle with both roots", wait, |api| {
+        let now = api
+            .object("mutatingwebhookconfigurations", "", "dubbo-cp")
+            .unwrap();
+        now["webhooks"].as_array().unwrap().iter().all(|hook| {
+            let bundle =
+                String::from_utf8(unb64(hook["clientConfig"]["caBundle"].as_str().unwrap()))
+                    .unwrap();
+            bundle.matches("BEGIN CERTIFICATE").count() == 2 && bundle.contains(root.trim())
+        })
+    })
+    .await;
+    let (_, metrics) = common::http_get(server.admin_addr, "/metrics").await;
+    assert!(
+        metrics.contains("dubbo_cp_webhook_injections_total{kind=\"ca\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("dubbo_cp_webhook_reviews_total{result=\"unsupported_media_type\"} 1")
+    );
+    assert!(server.stop().await.is_ok());
+}
