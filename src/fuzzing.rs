@@ -211,16 +211,24 @@ pub fn webhook_review(data: &[u8]) {
         return;
     };
     use base64::Engine;
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(patch)
-        .expect("the patch is base64");
-    let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("the patch is JSON Patch");
-    let review: serde_json::Value = serde_json::from_slice(data).expect("a patch means a review");
+    let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(patch) else {
+        panic!("the patch is not base64: {patch}");
+    };
+    let Ok(patch) = serde_json::from_slice::<json_patch::Patch>(&bytes) else {
+        panic!("the patch is not a JSON Patch");
+    };
+    let Ok(review) = serde_json::from_slice::<serde_json::Value>(data) else {
+        panic!("a patch came from a body that is not JSON");
+    };
     let mut pod = review["request"]["object"].clone();
-    json_patch::patch(&mut pod, &patch).expect("the patch applies to the pod");
+    if let Err(err) = json_patch::patch(&mut pod, &patch) {
+        panic!("the patch does not apply to the review's pod: {err}");
+    }
     let mut again = review.clone();
     again["request"]["object"] = pod;
-    let body = serde_json::to_vec(&again).expect("a JSON value encodes");
+    let Ok(body) = serde_json::to_vec(&again) else {
+        panic!("a JSON value must encode");
+    };
     let (second, _) = crate::webhook::review(&body, &Everything, "cp.ns.svc:30062");
     assert!(
         second["response"].get("patch").is_none(),
