@@ -865,6 +865,13 @@ impl Config {
                 self.ca.cert_validity
             ));
         }
+        if let Some(url) = &self.webhook.url
+            && (!url.starts_with("https://") || url.contains(['?', '#']))
+        {
+            problems.push(format!(
+                "webhook.url must be an https:// URL without query or fragment (the API server calls only HTTPS), not {url:?}"
+            ));
+        }
         if self.webhook.timeout > Duration::from_secs(9) {
             problems.push(format!(
                 "webhook.timeout must stay below the API server's 10 s, not {:?}",

@@ -747,7 +747,7 @@ fn start_webhook(
         maintain.await;
         Ok(())
     });
-    let lookup = Arc::new(ClusterLookup::default());
+    let lookup = Arc::new(ClusterLookup::new(client.clone()));
     let watches = lookup
         .clone()
         .run(client.clone(), tasks.shutdown_receiver());
@@ -758,7 +758,9 @@ fn start_webhook(
     let stats = Arc::new(webhook::WebhookStats::default());
     stats.register_metrics(registry);
     let hook = webhook::Webhook {
-        lookup,
+        lookup: lookup.clone(),
+        cluster: Some(lookup),
+        slots: Arc::new(tokio::sync::Semaphore::new(webhook::MAX_CONCURRENT_REVIEWS)),
         ca_address: config
             .webhook
             .ca_address
@@ -782,6 +784,11 @@ fn start_webhook(
         service: service.clone(),
         namespace: namespace.clone(),
         port: addr.port(),
+        // A little more than our own deadline, so the API server sees our answer (never more
+        // than 10 s, the default it would wait).
+        timeout_seconds: u32::try_from(config.webhook.timeout.as_secs() + 1)
+            .unwrap_or(10)
+            .clamp(1, 10),
     };
     let config_stats = Arc::new(configuration::ConfigurationStats::default());
     config_stats.register_metrics(registry);

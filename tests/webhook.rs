@@ -55,9 +55,15 @@ async fn https(
         .connect("localhost".try_into().unwrap(), tcp)
         .await
         .expect("the webhook's certificate must verify against our CA root");
+    // An empty content type sends none at all.
+    let content_type = if content_type.is_empty() {
+        String::new()
+    } else {
+        format!("Content-Type: {content_type}\r\n")
+    };
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
-         Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+         {content_type}Content-Length: {}\r\n\r\n",
         body.len()
     );
     tls.write_all(head.as_bytes()).await.unwrap();
@@ -161,19 +167,29 @@ async fn the_configuration_is_kept_and_pods_that_ask_are_injected() {
     })
     .await;
 
+    // Deleted: created again.
+    assert!(api.delete_object("mutatingwebhookconfigurations", "", "dubbo-cp"));
+    api.wait_for("the configuration recreated", wait, |api| {
+        api.object("mutatingwebhookconfigurations", "", "dubbo-cp")
+            .is_some()
+    })
+    .await;
+
     // A real TLS client trusting only our root.
     let (status, body) = https(webhook, &root, "GET", "/health", "text/plain", b"").await;
     assert_eq!(status, 200, "{body}");
-    let (status, _) = https(
-        webhook,
-        &root,
-        "POST",
-        "/mutating-services",
-        "text/plain",
-        b"{}",
-    )
-    .await;
-    assert_eq!(status, 415);
+    for content_type in ["text/plain", ""] {
+        let (status, _) = https(
+            webhook,
+            &root,
+            "POST",
+            "/mutating-services",
+            content_type,
+            b"{}",
+        )
+        .await;
+        assert_eq!(status, 415, "{content_type:?}");
+    }
     let pod = json!({"apiVersion": "v1", "kind": "Pod",
                      "metadata": {"name": "provider-0", "labels": {"registry-zookeeper-inject": "true"}},
                      "spec": {"containers": [{"name": "app", "image": "provider"}]}});
@@ -270,7 +286,7 @@ async fn the_configuration_is_kept_and_pods_that_ask_are_injected() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("dubbo_cp_webhook_reviews_total{result=\"unsupported_media_type\"} 1")
+        metrics.contains("dubbo_cp_webhook_reviews_total{result=\"unsupported_media_type\"} 2")
     );
     assert!(server.stop().await.is_ok());
 }

@@ -29,12 +29,14 @@ fn kept(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
         .collect()
 }
 
-#[derive(Default)]
 pub struct ClusterLookup {
-    /// Namespace -> its injection labels (only namespaces that have some).
+    /// Every namespace -> its injection labels (often none).
     namespaces: RwLock<HashMap<String, BTreeMap<String, String>>>,
     /// (namespace, registry label) -> Service names carrying it.
     services: RwLock<HashMap<(String, String), BTreeSet<String>>>,
+    /// Both watches have listed once.
+    synced: watch::Sender<bool>,
+    client: Client,
 }
 
 impl Lookup for ClusterLookup {
@@ -57,13 +59,46 @@ impl Lookup for ClusterLookup {
 }
 
 impl ClusterLookup {
-    fn set_namespace(map: &mut HashMap<String, BTreeMap<String, String>>, ns: &Namespace) {
-        let labels = kept(ns.labels());
-        if labels.is_empty() {
-            map.remove(&ns.name_any());
-        } else {
-            map.insert(ns.name_any(), labels);
+    pub fn new(client: Client) -> ClusterLookup {
+        ClusterLookup {
+            namespaces: RwLock::default(),
+            services: RwLock::default(),
+            synced: watch::channel(false).0,
+            client,
         }
+    }
+
+    /// Before a review: waits until the watches have listed once, and reads a namespace the
+    /// watch has not delivered yet (created just before its pods) from the API server. The
+    /// caller bounds the wait.
+    pub async fn prepare(&self, namespace: &str) {
+        let mut synced = self.synced.subscribe();
+        let _ = synced.wait_for(|synced| *synced).await;
+        let known = self
+            .namespaces
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(namespace);
+        if known {
+            return;
+        }
+        match Api::<Namespace>::all(self.client.clone())
+            .get_opt(namespace)
+            .await
+        {
+            Ok(Some(ns)) => Self::set_namespace(
+                &mut self.namespaces.write().unwrap_or_else(|p| p.into_inner()),
+                &ns,
+            ),
+            Ok(None) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, namespace, "webhook: cannot read the namespace")
+            }
+        }
+    }
+
+    fn set_namespace(map: &mut HashMap<String, BTreeMap<String, String>>, ns: &Namespace) {
+        map.insert(ns.name_any(), kept(ns.labels()));
     }
 
     fn set_service(
@@ -101,6 +136,7 @@ impl ClusterLookup {
         );
         let mut ns_relist: Option<HashMap<String, BTreeMap<String, String>>> = None;
         let mut svc_relist: Option<HashMap<(String, String), BTreeSet<String>>> = None;
+        let (mut ns_listed, mut svc_listed) = (false, false);
         loop {
             tokio::select! {
                 _ = crate::shutdown::signalled(&mut shutdown) => return,
@@ -114,6 +150,10 @@ impl ClusterLookup {
                     Ok(Event::InitDone) => {
                         if let Some(map) = ns_relist.take() {
                             *self.namespaces.write().unwrap_or_else(|p| p.into_inner()) = map;
+                        }
+                        ns_listed = true;
+                        if svc_listed {
+                            self.synced.send_replace(true);
                         }
                     }
                     Ok(Event::Apply(ns)) => {
@@ -135,6 +175,10 @@ impl ClusterLookup {
                         if let Some(map) = svc_relist.take() {
                             *self.services.write().unwrap_or_else(|p| p.into_inner()) = map;
                         }
+                        svc_listed = true;
+                        if ns_listed {
+                            self.synced.send_replace(true);
+                        }
                     }
                     Ok(Event::Apply(service)) => {
                         Self::set_service(&mut self.services.write().unwrap_or_else(|p| p.into_inner()), &service, true);
@@ -146,5 +190,64 @@ impl ClusterLookup {
                 },
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use kube::api::ObjectMeta;
+
+    fn service(namespace: &str, name: &str, labels: &[(&str, &str)]) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(namespace.into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            ..Service::default()
+        }
+    }
+
+    #[test]
+    fn services_by_label_first_by_name_and_removed_when_unlabelled_or_deleted() {
+        let mut map = HashMap::new();
+        let zk = "registry-zookeeper-inject";
+        ClusterLookup::set_service(&mut map, &service("demo", "zk-b", &[(zk, "true")]), true);
+        ClusterLookup::set_service(&mut map, &service("demo", "zk-a", &[(zk, "true")]), true);
+        ClusterLookup::set_service(&mut map, &service("demo", "other", &[(zk, "false")]), true);
+        let first = |map: &HashMap<(String, String), BTreeSet<String>>| {
+            map.get(&("demo".to_owned(), zk.to_owned()))
+                .and_then(|s| s.first().cloned())
+        };
+        assert_eq!(first(&map).as_deref(), Some("zk-a"));
+        // The label removed by an edit, then the other one deleted.
+        ClusterLookup::set_service(&mut map, &service("demo", "zk-a", &[]), true);
+        assert_eq!(first(&map).as_deref(), Some("zk-b"));
+        ClusterLookup::set_service(&mut map, &service("demo", "zk-b", &[(zk, "true")]), false);
+        assert!(map.is_empty(), "{map:?}");
+    }
+
+    #[test]
+    fn only_injection_labels_with_true_are_kept() {
+        let labels: BTreeMap<String, String> = [
+            ("dubbo-ca.inject", "true"),
+            ("registry-nacos-inject", "false"),
+            ("app", "true"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(
+            kept(&labels),
+            BTreeMap::from([("dubbo-ca.inject".to_owned(), "true".to_owned())])
+        );
     }
 }

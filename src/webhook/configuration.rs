@@ -30,6 +30,12 @@ pub const NAME: &str = "dubbo-cp";
 pub const FIRST_WEBHOOK: &str = "dubbo-cp.k8s.io";
 const RETRY: Duration = Duration::from_secs(5);
 const RESYNC: Duration = Duration::from_secs(300);
+/// Shortest time between two writes, so two writers that want different objects (replicas of
+/// different versions, a policy engine) do not fight at the API server's speed.
+const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(2);
+/// More writes than this within [`FIGHT_WINDOW`] means someone keeps undoing ours: back off.
+const FIGHT_WRITES: usize = 5;
+const FIGHT_WINDOW: Duration = Duration::from_secs(60);
 
 /// Where the API server reaches the webhook.
 #[derive(Debug, Clone)]
@@ -39,6 +45,8 @@ pub struct Target {
     pub service: String,
     pub namespace: String,
     pub port: u16,
+    /// How long the API server waits for each webhook (a pod may match several).
+    pub timeout_seconds: u32,
 }
 
 #[derive(Default)]
@@ -66,10 +74,15 @@ impl ConfigurationStats {
 pub fn desired(target: &Target, ca_bundle: &str) -> Value {
     let bundle = base64::engine::general_purpose::STANDARD.encode(ca_bundle);
     let client_config = match &target.url {
-        Some(url) => json!({
-            "url": format!("{}/mutating-services", url.trim_end_matches('/')),
-            "caBundle": bundle,
-        }),
+        Some(url) => {
+            let base = url.trim_end_matches('/');
+            let url = if base.ends_with("/mutating-services") {
+                base.to_owned()
+            } else {
+                format!("{base}/mutating-services")
+            };
+            json!({"url": url, "caBundle": bundle})
+        }
         None => json!({
             "service": {"name": target.service, "namespace": target.namespace,
                         "path": "/mutating-services", "port": target.port},
@@ -115,7 +128,7 @@ pub fn desired(target: &Target, ca_bundle: &str) -> Value {
                 "failurePolicy": "Ignore",
                 "matchPolicy": "Equivalent",
                 "reinvocationPolicy": "Never",
-                "timeoutSeconds": 10,
+                "timeoutSeconds": target.timeout_seconds,
                 "namespaceSelector": namespace_selector,
                 "objectSelector": object_selector,
             }));
@@ -160,8 +173,14 @@ async fn reconcile(
             if holds(want, &have) {
                 return Ok(false);
             }
-            let mut repaired = wanted;
-            repaired.metadata.resource_version = existing.metadata.resource_version.clone();
+            // Only what we own changes; labels, annotations and owners others set stay.
+            let mut repaired = existing;
+            repaired.webhooks = wanted.webhooks;
+            repaired
+                .metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .extend(wanted.metadata.labels.unwrap_or_default());
             api.replace(NAME, &PostParams::default(), &repaired).await?;
             tracing::info!("MutatingWebhookConfiguration {NAME} had drifted; repaired it");
             Ok(true)
@@ -187,6 +206,7 @@ pub async fn run(
     );
     let mut roots = authority.subscribe();
     let mut wait = Duration::ZERO;
+    let mut writes: std::collections::VecDeque<tokio::time::Instant> = Default::default();
     loop {
         tokio::select! {
             _ = crate::shutdown::signalled(&mut shutdown) => return,
@@ -198,11 +218,29 @@ pub async fn run(
             wait = RETRY;
             continue;
         };
+        let now = tokio::time::Instant::now();
+        while writes.front().is_some_and(|at| now - *at > FIGHT_WINDOW) {
+            writes.pop_front();
+        }
+        if let Some(last) = writes.back()
+            && now - *last < MIN_WRITE_INTERVAL
+        {
+            tokio::time::sleep_until(*last + MIN_WRITE_INTERVAL).await;
+        }
+        if writes.len() >= FIGHT_WRITES {
+            tracing::warn!(
+                writes = writes.len(),
+                "MutatingWebhookConfiguration {NAME} keeps being changed by another writer; backing off"
+            );
+            tokio::time::sleep(FIGHT_WINDOW).await;
+            writes.clear();
+        }
         let want = desired(&target, &bundle.ca_crt());
         wait = match reconcile(&api, &want).await {
             Ok(wrote) => {
                 if wrote {
                     stats.writes.inc();
+                    writes.push_back(tokio::time::Instant::now());
                 }
                 RESYNC
             }
@@ -226,6 +264,7 @@ mod tests {
             service: "dubbo-cp".into(),
             namespace: "dubbo-system".into(),
             port: 30080,
+            timeout_seconds: 6,
         }
     }
 
@@ -251,11 +290,17 @@ mod tests {
         }
         let typed: MutatingWebhookConfiguration = serde_json::from_value(want.clone()).unwrap();
         assert!(holds(&want, &serde_json::to_value(&typed).unwrap()));
-        let with_url = desired(&target(Some("https://10.0.0.1:30080/")), "PEM");
-        assert_eq!(
-            with_url["webhooks"][3]["clientConfig"],
-            json!({"url": "https://10.0.0.1:30080/mutating-services", "caBundle": "UEVN"})
-        );
+        for url in [
+            "https://10.0.0.1:30080/",
+            "https://10.0.0.1:30080/mutating-services",
+        ] {
+            let with_url = desired(&target(Some(url)), "PEM");
+            assert_eq!(
+                with_url["webhooks"][3]["clientConfig"],
+                json!({"url": "https://10.0.0.1:30080/mutating-services", "caBundle": "UEVN"})
+            );
+        }
+        assert_eq!(want["webhooks"][0]["timeoutSeconds"], 6);
     }
 
     #[test]

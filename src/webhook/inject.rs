@@ -157,7 +157,8 @@ fn add_ca(pod: &mut Value, ca_address: &str) {
         json!({"name": CERT_VOLUME, "projected": {"sources": [{"configMap": {
             "name": "dubbo-ca-cert", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}}),
     );
-    let Some(containers) = spec["containers"].as_array_mut() else {
+    // `get_mut`, not indexing: indexing would add `containers: null` to a pod without them.
+    let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) else {
         return;
     };
     for container in containers.iter_mut().filter(|c| c.is_object()) {

@@ -74,7 +74,7 @@ impl WebhookStats {
     pub fn register_metrics(&self, registry: &mut Registry) {
         registry.register(
             "webhook_reviews",
-            "Admission reviews by result (mutated, unchanged, skipped, invalid, unsupported_media_type, timeout)",
+            "Admission reviews by result (mutated, unchanged, skipped, invalid, unsupported_media_type, timeout, busy, error)",
             self.reviews.clone(),
         );
         registry.register(
@@ -102,12 +102,52 @@ pub struct Webhook {
     pub ca_address: Arc<str>,
     pub timeout: Duration,
     pub stats: Arc<WebhookStats>,
+    /// Reviews being decided at once; beyond it a pod is admitted unchanged at once, so a flood
+    /// cannot take every blocking thread.
+    pub slots: Arc<tokio::sync::Semaphore>,
+    /// The watches behind `lookup`, waited for and completed before a review (none in tests).
+    pub cluster: Option<Arc<cluster::ClusterLookup>>,
+}
+
+/// Reviews decided at once.
+pub const MAX_CONCURRENT_REVIEWS: usize = 256;
+
+#[derive(serde::Deserialize)]
+struct RequestHead {
+    #[serde(default)]
+    uid: String,
+    #[serde(default)]
+    namespace: String,
+}
+
+#[derive(serde::Deserialize)]
+struct ReviewHead {
+    request: RequestHead,
+}
+
+/// The uid and namespace of a review body, read without building the pod.
+fn head_of(body: &[u8]) -> (String, String) {
+    serde_json::from_slice::<ReviewHead>(body)
+        .map(|review| (review.request.uid, review.request.namespace))
+        .unwrap_or_default()
+}
+
+fn uid_of(body: &[u8]) -> String {
+    head_of(body).0
+}
+
+/// The pod a review is about, for the log line.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PodRef {
+    pub namespace: String,
+    /// `metadata.name`, or `generateName` followed by `*` for a pod named by the API server.
+    pub name: String,
 }
 
 /// How one review ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
-    Mutated(Injected),
+    Mutated(Injected, PodRef),
     Unchanged,
     /// Not a Pod CREATE: allowed, untouched.
     Skipped(String),
@@ -176,8 +216,24 @@ pub fn review(body: &[u8], lookup: &dyn Lookup, ca_address: &str) -> (Value, Out
     if patch.0.is_empty() {
         return (answer(uid, None, None), Outcome::Unchanged);
     }
+    let name = match pod.pointer("/metadata/name").and_then(Value::as_str) {
+        Some(name) => name.to_owned(),
+        None => format!(
+            "{}*",
+            pod.pointer("/metadata/generateName")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+        ),
+    };
+    let pod_ref = PodRef {
+        namespace: namespace.to_owned(),
+        name,
+    };
     match serde_json::to_vec(&patch) {
-        Ok(bytes) => (answer(uid, Some(bytes), None), Outcome::Mutated(injected)),
+        Ok(bytes) => (
+            answer(uid, Some(bytes), None),
+            Outcome::Mutated(injected, pod_ref),
+        ),
         Err(err) => {
             let message = format!("cannot encode the patch: {err}");
             (answer(uid, None, Some(&message)), Outcome::Invalid(message))
@@ -189,14 +245,15 @@ pub fn router(webhook: Webhook) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok\n" }))
         .route("/mutating-services", post(mutate))
-        .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
+        // The handler reads the body itself, with the limit and the deadline.
+        .layer(DefaultBodyLimit::disable())
         .with_state(webhook)
 }
 
 async fn mutate(
     State(webhook): State<Webhook>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Response {
     let started = Instant::now();
     let json = headers
@@ -215,21 +272,62 @@ async fn mutate(
         )
             .into_response();
     }
+    let deadline = tokio::time::Instant::now() + webhook.timeout;
+    // Reading the body counts against the deadline too: a slow sender cannot hold us.
+    let body = match tokio::time::timeout_at(deadline, axum::body::to_bytes(body, MAX_REVIEW_BYTES))
+        .await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(err)) => {
+            webhook.stats.count("invalid");
+            let message =
+                format!("cannot read the review (at most {MAX_REVIEW_BYTES} bytes): {err}");
+            return (StatusCode::PAYLOAD_TOO_LARGE, message).into_response();
+        }
+        Err(_) => {
+            webhook.stats.count("timeout");
+            return axum::Json(answer(
+                "",
+                None,
+                Some("the review was not sent in time; admitted unchanged"),
+            ))
+            .into_response();
+        }
+    };
+    let Ok(_slot) = webhook.slots.clone().try_acquire_owned() else {
+        webhook.stats.count("busy");
+        let message = "too many reviews at once; admitted unchanged";
+        return axum::Json(answer(&uid_of(&body), None, Some(message))).into_response();
+    };
+    if let Some(cluster) = &webhook.cluster {
+        let (_, namespace) = head_of(&body);
+        // Bounded by the deadline: a review waits for the first lists, not forever.
+        let _ = tokio::time::timeout_at(deadline, cluster.prepare(&namespace)).await;
+    }
     let lookup = webhook.lookup.clone();
     let ca_address = webhook.ca_address.clone();
     // Decoding and diffing a large pod is CPU work: off the async threads, and bounded in time.
-    let work = tokio::task::spawn_blocking(move || review(&body, lookup.as_ref(), &ca_address));
-    let (answer, outcome) = match tokio::time::timeout(webhook.timeout, work).await {
+    let work = {
+        let body = body.clone();
+        tokio::task::spawn_blocking(move || review(&body, lookup.as_ref(), &ca_address))
+    };
+    let (answer_body, outcome) = match tokio::time::timeout_at(deadline, work).await {
         Ok(Ok(done)) => done,
-        Ok(Err(_)) | Err(_) => {
+        Ok(Err(err)) => {
+            webhook.stats.count("error");
+            tracing::error!(error = %err, "admission review task failed");
+            let message = "the review failed; admitted unchanged";
+            return axum::Json(answer(&uid_of(&body), None, Some(message))).into_response();
+        }
+        Err(_) => {
             webhook.stats.count("timeout");
             let message = "the review did not finish in time; admitted unchanged";
-            return axum::Json(answer("", None, Some(message))).into_response();
+            return axum::Json(answer(&uid_of(&body), None, Some(message))).into_response();
         }
     };
     let result = match &outcome {
-        Outcome::Mutated(injected) => {
-            log_mutation(&answer, injected);
+        Outcome::Mutated(injected, pod) => {
+            log_mutation(pod, injected);
             for kind in injection_kinds(injected) {
                 webhook
                     .stats
@@ -251,7 +349,7 @@ async fn mutate(
         .stats
         .latency
         .observe(started.elapsed().as_secs_f64());
-    axum::Json(answer).into_response()
+    axum::Json(answer_body).into_response()
 }
 
 fn injection_kinds(injected: &Injected) -> Vec<&'static str> {
@@ -265,9 +363,10 @@ fn injection_kinds(injected: &Injected) -> Vec<&'static str> {
     kinds
 }
 
-fn log_mutation(answer: &Value, injected: &Injected) {
+fn log_mutation(pod: &PodRef, injected: &Injected) {
     tracing::info!(
-        uid = answer["response"]["uid"].as_str().unwrap_or_default(),
+        namespace = %pod.namespace,
+        pod = %pod.name,
         ca = injected.ca,
         registry = injected
             .registry
@@ -309,42 +408,72 @@ mod tests {
     #[test]
     fn the_patch_applied_to_the_pod_gives_the_injected_pod() {
         let pod = json!({"metadata": {"name": "p", "labels": {"registry-zookeeper-inject": "true"}},
-                         "spec": {"containers": [{"name": "a", "image": "x"}], "futureField": {"kept": 1}}});
+                         "spec": {"containers": [{"name": "a", "image": "x",
+                                                  "env": [{"name": "A", "value": "1"}]}],
+                                  "futureField": {"kept": 1}}});
         let (answer, outcome) = review(&review_of(pod.clone(), "labelled"), &Fixed, "cp:30062");
-        assert!(matches!(
-            outcome,
-            Outcome::Mutated(Injected { ca: true, .. })
-        ));
+        let Outcome::Mutated(injected, pod_ref) = outcome else {
+            panic!("not mutated: {outcome:?}");
+        };
+        assert!(injected.ca);
+        assert_eq!(
+            (pod_ref.namespace.as_str(), pod_ref.name.as_str()),
+            ("labelled", "p")
+        );
+        assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
         assert_eq!(answer["response"]["uid"], "u-1");
         assert_eq!(answer["response"]["allowed"], true);
         assert_eq!(answer["response"]["patchType"], "JSONPatch");
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(answer["response"]["patch"].as_str().unwrap())
             .unwrap();
+        // Only additions: nothing the user wrote is replaced or removed.
+        let operations: Value = serde_json::from_slice(&bytes).unwrap();
+        for operation in operations.as_array().unwrap() {
+            assert_eq!(operation["op"], "add", "{operation}");
+        }
         let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
-        let mut patched = pod.clone();
+        let mut patched = pod;
         json_patch::patch(&mut patched, &patch).unwrap();
-        let mut expected = pod;
-        let labels = BTreeMap::from([("dubbo-ca.inject".to_owned(), "true".to_owned())]);
-        inject::inject(
-            &mut expected,
-            &Context {
-                namespace: "labelled",
-                namespace_labels: &labels,
-                ca_address: "cp:30062",
-                service_with_label: &|_| Some("zk".to_owned()),
+        let expected = json!({
+            "metadata": {"name": "p", "labels": {"registry-zookeeper-inject": "true"}},
+            "spec": {
+                "futureField": {"kept": 1},
+                "volumes": [
+                    {"name": "dubbo-ca-token", "projected": {"sources": [{"serviceAccountToken":
+                        {"audience": "dubbo-ca", "expirationSeconds": 1800, "path": "token"}}]}},
+                    {"name": "dubbo-ca-cert", "projected": {"sources": [{"configMap":
+                        {"name": "dubbo-ca-cert", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
+                ],
+                "containers": [{
+                    "name": "a", "image": "x",
+                    "env": [
+                        {"name": "A", "value": "1"},
+                        {"name": "DUBBO_CA_ADDRESS", "value": "cp:30062"},
+                        {"name": "DUBBO_CA_CERT_PATH", "value": "/var/run/secrets/dubbo-ca-cert/ca.crt"},
+                        {"name": "DUBBO_OIDC_TOKEN", "value": "/var/run/secrets/dubbo-ca-token/token"},
+                        {"name": "DUBBO_OIDC_TOKEN_TYPE", "value": "dubbo-ca-token"},
+                        {"name": "DUBBO_REGISTRY_ADDRESS", "value": "zookeeper://zk.labelled.svc"},
+                    ],
+                    "volumeMounts": [
+                        {"name": "dubbo-ca-token", "mountPath": "/var/run/secrets/dubbo-ca-token", "readOnly": true},
+                        {"name": "dubbo-ca-cert", "mountPath": "/var/run/secrets/dubbo-ca-cert", "readOnly": true},
+                    ],
+                }],
             },
-        );
+        });
         assert_eq!(patched, expected);
-        assert_eq!(
-            patched["spec"]["futureField"],
-            json!({"kept": 1}),
-            "unknown fields survive"
-        );
-        assert_eq!(
-            patched["spec"]["containers"][0]["env"][4],
-            json!({"name": "DUBBO_REGISTRY_ADDRESS", "value": "zookeeper://zk.labelled.svc"})
-        );
+    }
+
+    #[test]
+    fn a_pod_without_containers_gets_no_containers_field() {
+        let pod =
+            json!({"metadata": {"name": "p", "labels": {"dubbo-ca.inject": "true"}}, "spec": {}});
+        let (answer, _) = review(&review_of(pod, "plain"), &Fixed, "cp");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(answer["response"]["patch"].as_str().unwrap())
+            .unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains("containers"));
     }
 
     #[test]
