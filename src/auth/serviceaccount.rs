@@ -234,7 +234,13 @@ impl ServiceAccountAuthenticator {
         let Ok(header) = jsonwebtoken::decode_header(token) else {
             return Ok(None);
         };
-        let Some(mut keys) = self.keys.current() else {
+        // Before the first fetch finished (just after start), wait for it rather than send a
+        // cluster token to a TokenReview and cache its answer.
+        let current = match self.keys.current() {
+            Some(keys) => Some(keys),
+            None => self.keys.refresh_if_stale().await,
+        };
+        let Some(mut keys) = current else {
             return Ok(None);
         };
         let Some(unverified) = peek_claims(token, header.alg) else {
