@@ -290,3 +290,56 @@ async fn the_configuration_is_kept_and_pods_that_ask_are_injected() {
     );
     assert!(server.stop().await.is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_a_cluster_the_configuration_names_webhook_url_and_the_certificate_its_host() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    config.mode = Mode::Kubernetes;
+    config.kubernetes.api_server = Some(api.url());
+    config.auth.token_review = Some(false);
+    config.shutdown_grace = Duration::from_secs(2);
+    config.webhook.url = Some("https://10.1.2.3:30080".to_owned());
+    let server = start(config).await;
+    let webhook = server.webhook_addr.unwrap();
+    api.wait_for(
+        "the webhook configuration",
+        Duration::from_secs(20),
+        |api| {
+            api.object("mutatingwebhookconfigurations", "", "dubbo-cp")
+                .is_some()
+        },
+    )
+    .await;
+    let configuration = api
+        .object("mutatingwebhookconfigurations", "", "dubbo-cp")
+        .unwrap();
+    for hook in configuration["webhooks"].as_array().unwrap() {
+        assert_eq!(
+            hook["clientConfig"]["url"],
+            "https://10.1.2.3:30080/mutating-services"
+        );
+        assert!(hook["clientConfig"].get("service").is_none());
+    }
+    // The API server verifies the certificate against the URL's host: an IP SAN here.
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(pem::parse(root_of(&api)).unwrap().into_contents().into())
+        .unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(webhook).await.unwrap();
+    let name =
+        rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([10, 1, 2, 3]).into());
+    tokio_rustls::TlsConnector::from(Arc::new(client))
+        .connect(name, tcp)
+        .await
+        .expect("the certificate names webhook.url's host");
+    assert!(server.stop().await.is_ok());
+}
