@@ -108,14 +108,7 @@ impl Ingest {
     }
 
     async fn register(&self, request: Request<ServiceMappingRequest>) -> Counted {
-        let certificates: Option<Vec<Vec<u8>>> = request
-            .peer_certs()
-            .map(|certs| certs.iter().map(|cert| cert.as_ref().to_vec()).collect());
-        let identity = match self
-            .policy
-            .authenticate(request.metadata(), certificates.as_deref())
-            .await
-        {
+        let identity = match self.policy.authenticate_request(&request).await {
             Ok(identity) => identity,
             Err(refusal) => return self.refuse(refusal),
         };

@@ -24,7 +24,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::Engine;
 use common::apiserver::ApiServer;
 use common::sa_tokens::{Claims, Issuer};
-use common::{Observer, SNP_TYPE, channel, http_get, http_send, request, start, test_config};
+use common::{
+    Observer, SNP_TYPE, channel, http_get, http_send, metric, request, start, test_config,
+    wait_ready,
+};
 use dubbo_cp::config::{Config, Mode};
 use independent::authority_service_client::AuthorityServiceClient;
 use independent::dubbo_certificate_service_client::DubboCertificateServiceClient;
@@ -61,6 +64,25 @@ fn authorized<T>(message: T, token: &str, kind: &str) -> tonic::Request<T> {
     metadata.insert("authorization", format!("Bearer {token}").parse().unwrap());
     metadata.insert("authorization-type", kind.parse().unwrap());
     request
+}
+
+/// `CreateIdentity` as an SDK sends it; failures are answered with gRPC OK.
+async fn create_identity(
+    client: &mut AuthorityServiceClient<Channel>,
+    csr: String,
+    token: &str,
+    kind: &str,
+) -> independent::IdentityResponse {
+    let request = IdentityRequest {
+        csr,
+        r#type: "CONNECTION".into(),
+        metadata: None,
+    };
+    client
+        .create_identity(authorized(request, token, kind))
+        .await
+        .expect("failures are answered with gRPC OK")
+        .into_inner()
 }
 
 fn der_of(pem_text: &str) -> Vec<u8> {
@@ -180,16 +202,6 @@ async fn tls_channel(
         .expect("TLS connection refused")
 }
 
-async fn metric(admin: SocketAddr, name: &str) -> f64 {
-    let (_, body) = http_get(admin, "/metrics").await;
-    body.lines()
-        .find_map(|line| {
-            let (key, value) = line.split_once(' ')?;
-            (key == name).then(|| value.parse().ok()).flatten()
-        })
-        .unwrap_or(0.0)
-}
-
 /// Kubernetes mode; without `authenticate` the admin API answers loopback callers.
 fn k8s_config(dir: &std::path::Path, api: &ApiServer, authenticate: bool) -> Config {
     let mut config = test_config(dir);
@@ -198,14 +210,6 @@ fn k8s_config(dir: &std::path::Path, api: &ApiServer, authenticate: bool) -> Con
     config.shutdown_grace = Duration::from_secs(2);
     config.auth.token_review = Some(authenticate);
     config
-}
-
-async fn wait_ready(admin: SocketAddr) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while http_get(admin, "/readyz").await.0 != 200 {
-        assert!(tokio::time::Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn ca_view(admin: SocketAddr) -> Value {
@@ -257,19 +261,8 @@ async fn both_rpcs_issue_to_the_caller_and_the_token_is_an_identity() {
     let (csr_pem, key) = p256_csr();
     let mut authority = AuthorityServiceClient::new(channel(server.grpc_addr).await);
     let asked_at = now();
-    let identity = authority
-        .create_identity(authorized(
-            IdentityRequest {
-                csr: csr_pem.clone(),
-                r#type: "CONNECTION".into(),
-                metadata: None,
-            },
-            &ca_token,
-            "dubbo-ca-token",
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let identity =
+        create_identity(&mut authority, csr_pem.clone(), &ca_token, "dubbo-ca-token").await;
     assert!(identity.success, "{}", identity.message);
     assert_eq!(
         uris(&identity.cert_pem),
@@ -449,50 +442,23 @@ async fn both_rpcs_issue_to_the_caller_and_the_token_is_an_identity() {
         (p256_csr().0, "garbage".to_owned(), "unauthenticated"),
     ];
     for (csr_pem, token, why) in cases {
-        let answer = authority
-            .create_identity(authorized(
-                IdentityRequest {
-                    csr: csr_pem,
-                    ..IdentityRequest::default()
-                },
-                &token,
-                "dubbo-ca-token",
-            ))
-            .await
-            .expect("failures are answered with gRPC OK")
-            .into_inner();
+        let answer = create_identity(&mut authority, csr_pem, &token, "dubbo-ca-token").await;
         assert!(!answer.success);
         assert!(answer.message.contains(why), "{why}: {}", answer.message);
         assert!(answer.cert_pem.is_empty());
     }
     // RSA of 2048 bits (the Java SDK's fallback): issued, for our identity.
-    let rsa = authority
-        .create_identity(authorized(
-            IdentityRequest {
-                csr: include_str!("data/rsa2048.csr").to_owned(),
-                ..IdentityRequest::default()
-            },
-            &ca_token,
-            "dubbo-ca-token",
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let rsa = create_identity(
+        &mut authority,
+        include_str!("data/rsa2048.csr").to_owned(),
+        &ca_token,
+        "dubbo-ca-token",
+    )
+    .await;
     assert!(rsa.success, "{}", rsa.message);
     assert_eq!(uris(&rsa.cert_pem), [SPIFFE]);
     // A token we issued renews, but never past its own expiry (a stolen one dies with it).
-    let renewed = authority
-        .create_identity(authorized(
-            IdentityRequest {
-                csr: p256_csr().0,
-                ..IdentityRequest::default()
-            },
-            &fresh,
-            "dubbo-jwt",
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let renewed = create_identity(&mut authority, p256_csr().0, &fresh, "dubbo-jwt").await;
     assert!(renewed.success, "{}", renewed.message);
     let (_, renewed_until, _) = validity(&renewed.cert_pem);
     assert!(
@@ -528,18 +494,8 @@ async fn both_rpcs_issue_to_the_caller_and_the_token_is_an_identity() {
     // One pod's storm is cut off; another pod of the same service account is still served.
     let mut limited = None;
     for _ in 0..20 {
-        let answer = authority
-            .create_identity(authorized(
-                IdentityRequest {
-                    csr: p256_csr().0,
-                    ..IdentityRequest::default()
-                },
-                &ca_token,
-                "dubbo-ca-token",
-            ))
-            .await
-            .unwrap()
-            .into_inner();
+        let answer =
+            create_identity(&mut authority, p256_csr().0, &ca_token, "dubbo-ca-token").await;
         if !answer.success {
             limited = Some(answer.message);
             break;
@@ -550,18 +506,7 @@ async fn both_rpcs_issue_to_the_caller_and_the_token_is_an_identity() {
         audiences: &["dubbo-ca"],
         ..Claims::bound("demo", "provider", ("provider-1", "pod-uid-2"))
     });
-    let answer = authority
-        .create_identity(authorized(
-            IdentityRequest {
-                csr: p256_csr().0,
-                ..IdentityRequest::default()
-            },
-            &other_pod,
-            "dubbo-ca-token",
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let answer = create_identity(&mut authority, p256_csr().0, &other_pod, "dubbo-ca-token").await;
     assert!(answer.success, "{}", answer.message);
     assert!(
         metric(

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::apiserver::ApiServer;
 use common::sa_tokens::{Claims, Issuer};
-use common::{client, http_get, request, start, test_config};
+use common::{client, http_get, metric, request, start, test_config};
 use dubbo_cp::auth::Authenticator;
 use dubbo_cp::auth::keys::ServiceAccountKeys;
 use dubbo_cp::auth::pods::PodView;
@@ -52,17 +52,6 @@ async fn register(
         .register_service_app_mapping(call)
         .await
         .map(|r| r.into_inner())
-}
-
-/// A metric's value from `/metrics`, 0 when absent.
-async fn metric(admin: std::net::SocketAddr, name: &str) -> f64 {
-    let (_, body) = http_get(admin, "/metrics").await;
-    body.lines()
-        .find_map(|line| {
-            let (key, value) = line.split_once(' ')?;
-            (key == name).then(|| value.parse().ok()).flatten()
-        })
-        .unwrap_or(0.0)
 }
 
 async fn wait_until<F: AsyncFnMut() -> bool>(what: &str, mut condition: F) {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::apiserver::ApiServer;
 use common::sa_tokens::{Claims, Issuer};
-use common::{Observer, channel, http_get, start, test_config, type_of};
+use common::{Observer, channel, http_get, start, test_config, type_of, wait_ready};
 use dubbo_cp::config::{Config, Mode};
 use prost::Message;
 use serde_json::json;
@@ -26,14 +26,6 @@ fn config(dir: &std::path::Path, api: &ApiServer, authenticate: bool) -> Config 
     config.debounce.max = Duration::from_millis(100);
     config.auth.token_review = Some(authenticate);
     config
-}
-
-async fn wait_ready(admin: std::net::SocketAddr) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while http_get(admin, "/readyz").await.0 != 200 {
-        assert!(tokio::time::Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The `key`s of the objects in a response.

@@ -29,15 +29,8 @@ fn unb64(text: &str) -> Vec<u8> {
         .unwrap()
 }
 
-/// One HTTPS request trusting only `root`; the status and body.
-async fn https(
-    addr: SocketAddr,
-    root: &str,
-    method: &str,
-    path: &str,
-    content_type: &str,
-    body: &[u8],
-) -> (u16, String) {
+/// A TLS client trusting only `root`.
+fn connector(root: &str) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(pem::parse(root).unwrap().into_contents().into())
@@ -49,7 +42,19 @@ async fn https(
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// One HTTPS request trusting only `root`; the status and body.
+async fn https(
+    addr: SocketAddr,
+    root: &str,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) -> (u16, String) {
+    let connector = connector(root);
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut tls = connector
         .connect("localhost".try_into().unwrap(), tcp)
@@ -323,21 +328,11 @@ async fn outside_a_cluster_the_configuration_names_webhook_url_and_the_certifica
         assert!(hook["clientConfig"].get("service").is_none());
     }
     // The API server verifies the certificate against the URL's host: an IP SAN here.
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(pem::parse(root_of(&api)).unwrap().into_contents().into())
-        .unwrap();
-    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let root = root_of(&api);
     let tcp = tokio::net::TcpStream::connect(webhook).await.unwrap();
     let name =
         rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([10, 1, 2, 3]).into());
-    tokio_rustls::TlsConnector::from(Arc::new(client))
+    connector(&root)
         .connect(name, tcp)
         .await
         .expect("the certificate names webhook.url's host");

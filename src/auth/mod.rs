@@ -302,6 +302,18 @@ impl Policy {
         }
     }
 
+    /// The caller of a gRPC request: its client certificate (TLS port), else its bearer token.
+    pub async fn authenticate_request<T>(
+        &self,
+        request: &tonic::Request<T>,
+    ) -> Result<Option<Identity>, Refusal> {
+        let certificates: Option<Vec<Vec<u8>>> = request
+            .peer_certs()
+            .map(|certs| certs.iter().map(|cert| cert.as_ref().to_vec()).collect());
+        self.authenticate(request.metadata(), certificates.as_deref())
+            .await
+    }
+
     /// Whether `identity` may act in any namespace and use the admin API.
     pub fn is_admin(&self, identity: &Identity) -> bool {
         self.admins.contains(&identity.name)

@@ -68,12 +68,7 @@ impl Backend {
         match self {
             Backend::Files(roots) => Ok((roots.clone(), None)),
             Backend::Secret { secret, .. } => {
-                let (roots, rv) =
-                    tokio::time::timeout(LOAD_TIMEOUT, secret.load_or_create(generate))
-                        .await
-                        .map_err(|_| {
-                            CaStoreError::Unavailable(format!("no answer within {LOAD_TIMEOUT:?}"))
-                        })??;
+                let (roots, rv) = within(secret.load_or_create(generate)).await??;
                 self.remember(&roots).await;
                 Ok((roots, Some(rv)))
             }
@@ -130,11 +125,7 @@ impl Backend {
                     .to_owned(),
             )),
             Backend::Secret { secret, .. } => {
-                let (roots, rv) = tokio::time::timeout(LOAD_TIMEOUT, secret.write(roots, expected))
-                    .await
-                    .map_err(|_| {
-                        CaStoreError::Unavailable(format!("no answer within {LOAD_TIMEOUT:?}"))
-                    })??;
+                let (roots, rv) = within(secret.write(roots, expected)).await??;
                 self.remember(&roots).await;
                 Ok((roots, Some(rv)))
             }
@@ -155,11 +146,7 @@ impl Backend {
         match self {
             Backend::Files(roots) => Ok(Some((roots.clone(), None))),
             Backend::Secret { secret, .. } => {
-                match tokio::time::timeout(LOAD_TIMEOUT, secret.api.get_opt(store::SECRET_NAME))
-                    .await
-                    .map_err(|_| {
-                        CaStoreError::Unavailable(format!("no answer within {LOAD_TIMEOUT:?}"))
-                    })?? {
+                match within(secret.api.get_opt(store::SECRET_NAME)).await?? {
                     Some(s) => {
                         let (roots, rv) = SecretRoots::read(&s)?;
                         self.remember(&roots).await;
@@ -174,6 +161,13 @@ impl Backend {
             }
         }
     }
+}
+
+/// `call`, or `Unavailable` when the API server does not answer within [`LOAD_TIMEOUT`].
+async fn within<T>(call: impl std::future::Future<Output = T>) -> Result<T, CaStoreError> {
+    tokio::time::timeout(LOAD_TIMEOUT, call)
+        .await
+        .map_err(|_| CaStoreError::Unavailable(format!("no answer within {LOAD_TIMEOUT:?}")))
 }
 
 async fn blocking<T: Send + 'static>(

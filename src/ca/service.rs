@@ -80,14 +80,7 @@ impl CaService {
             tracing::debug!(rpc, result, %message, "certificate refused");
             message
         };
-        let certificates: Option<Vec<Vec<u8>>> = request
-            .peer_certs()
-            .map(|certs| certs.iter().map(|cert| cert.as_ref().to_vec()).collect());
-        let identity = match self
-            .policy
-            .authenticate(request.metadata(), certificates.as_deref())
-            .await
-        {
+        let identity = match self.policy.authenticate_request(request).await {
             Ok(Some(identity)) => identity,
             Ok(None) => {
                 return Err(fail(

@@ -70,6 +70,26 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     http_send(addr, "GET", path, "", None).await
 }
 
+/// A metric's value from `/metrics`, 0 when absent.
+pub async fn metric(admin: SocketAddr, name: &str) -> f64 {
+    let (_, body) = http_get(admin, "/metrics").await;
+    body.lines()
+        .find_map(|line| {
+            let (key, value) = line.split_once(' ')?;
+            (key == name).then(|| value.parse().ok()).flatten()
+        })
+        .unwrap_or(0.0)
+}
+
+/// Waits until `/readyz` answers 200 (within 20 s).
+pub async fn wait_ready(admin: SocketAddr) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while http_get(admin, "/readyz").await.0 != 200 {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The stored mappings as the admin port reports them.
 pub async fn admin_mappings(admin: SocketAddr) -> Mappings {
     let (status, body) = http_get(admin, "/debug/mappings").await;
