@@ -62,9 +62,30 @@ pub struct KindSnapshot {
     views: Mutex<Views>,
     /// Counts the assemblies of filtered views (`index_view_assemblies{kind}`).
     view_assemblies: Counter,
+    /// The state's digest, computed on first read (`/debug/digest`, a scrape).
+    digest: std::sync::OnceLock<String>,
 }
 
 impl KindSnapshot {
+    /// SHA-256 over the sorted (key, encoded object) pairs: equal digests, byte-identical state.
+    pub fn digest(&self) -> &str {
+        self.digest.get_or_init(|| {
+            crate::digest::state_digest(
+                self.objects
+                    .iter()
+                    .map(|(key, object)| (key.as_str(), object.record.as_ref())),
+            )
+        })
+    }
+
+    /// Each object's digest by key, to say which objects differ where states do.
+    pub fn object_digests(&self) -> BTreeMap<String, String> {
+        self.objects
+            .iter()
+            .map(|(key, object)| (key.clone(), crate::digest::object_digest(&object.record)))
+            .collect()
+    }
+
     /// What `endpoint` receives: the whole state, or only the objects whose audience
     /// includes it.
     pub fn view_for(&self, endpoint: &Endpoint) -> EncodedData {
@@ -196,6 +217,7 @@ impl Index {
                     scoped: false,
                     views: Mutex::new(Views::default()),
                     view_assemblies: Counter::default(),
+                    digest: std::sync::OnceLock::new(),
                 })),
                 loaded: AtomicBool::new(false),
             })
@@ -334,6 +356,7 @@ impl Index {
             published: tokio::time::Instant::now(),
             views: Mutex::new(Views::default()),
             view_assemblies: self.stats.view_assemblies.get_or_create(&label).clone(),
+            digest: std::sync::OnceLock::new(),
         });
         // The previous state is dropped here, after the lock is released.
         let _previous = slot.published.send_replace(snapshot);

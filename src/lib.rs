@@ -51,6 +51,7 @@ pub mod cli;
 pub mod config;
 pub mod dds;
 pub mod debounce;
+pub mod digest;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -70,4 +71,5 @@ pub mod store;
 pub mod supervisor;
 pub mod telemetry;
 pub mod tls;
+pub mod ui;
 pub mod webhook;

@@ -170,6 +170,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     );
     let dds_stats = rules.stats();
     dds_stats.register_metrics(&mut registry);
+    let clients = rules.clients();
+    clients.register_metrics(index.clone(), &mut registry);
+    registry.register_collector(Box::new(crate::digest::DigestMetric(index.clone())));
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RegistrationServer>().await;
     let ca_service = authority.clone().map(|authority| {
@@ -267,6 +270,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
             policy: policy.clone(),
         },
         ca: authority.clone(),
+        clients,
     };
     let admin_listener = admin_listener.tap_io(|tcp| {
         // Small responses (probes, /metrics) should not wait for Nagle.

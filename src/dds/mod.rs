@@ -6,6 +6,7 @@
 //! tonic's generated server would copy into a per-stream buffer and keep.
 
 pub mod body;
+pub mod clients;
 pub mod stream;
 pub mod wire;
 
@@ -127,6 +128,7 @@ pub struct RuleService {
     admission: Arc<RateLimiter>,
     shutdown: watch::Receiver<bool>,
     stats: Arc<DdsStats>,
+    clients: Arc<clients::Clients>,
 }
 
 impl NamedService for RuleService {
@@ -153,11 +155,17 @@ impl RuleService {
             admission,
             shutdown,
             stats: Arc::new(DdsStats::default()),
+            clients: Arc::new(clients::Clients::default()),
         }
     }
 
     pub fn stats(&self) -> Arc<DdsStats> {
         self.stats.clone()
+    }
+
+    /// The open streams and how far each client has got.
+    pub fn clients(&self) -> Arc<clients::Clients> {
+        self.clients.clone()
     }
 
     /// Admits a new stream and starts its task, or says why not. Cheap refusals (not loaded,
@@ -241,18 +249,23 @@ impl RuleService {
         let shutdown = self.shutdown.clone();
         let stats = self.stats.clone();
         let metrics = self.metrics.clone();
+        let entry = self.clients.open(identity.as_ref(), peer);
         tokio::spawn(async move {
             stats.streams_open.fetch_add(1, Ordering::Relaxed);
             let result = stream::run(
                 requests,
                 index,
-                endpoint,
+                stream::Caller {
+                    endpoint,
+                    status: &entry.client,
+                },
                 responses,
                 config.send_timeout,
                 shutdown,
                 &stats,
             )
             .await;
+            drop(entry);
             stats.streams_open.fetch_sub(1, Ordering::Relaxed);
             if let Err(status) = result {
                 if status.code() == tonic::Code::OutOfRange {

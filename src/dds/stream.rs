@@ -18,6 +18,7 @@ use tokio_stream::{Stream, StreamExt, StreamMap};
 use tonic::Status;
 
 use super::DdsStats;
+use super::clients::Client;
 use super::wire::{EncodedData, ObserveResponse};
 #[cfg(test)]
 use crate::index::Change;
@@ -45,6 +46,8 @@ struct Outbound<'a> {
     responses: mpsc::Sender<ObserveResponse>,
     send_timeout: Duration,
     stats: &'a DdsStats,
+    /// This stream's entry in the propagation status.
+    client: &'a Client,
 }
 
 impl Outbound<'_> {
@@ -65,6 +68,7 @@ impl Outbound<'_> {
         {
             // Another client's policies changed; this client's view did not.
             subscription.last_sent = Some(snapshot.revision);
+            self.client.unchanged(kind, snapshot.revision);
             return Ok(());
         }
         subscription.nonce_seq += 1;
@@ -85,6 +89,7 @@ impl Outbound<'_> {
             Ok(Ok(())) => {
                 subscription.pending = Some(nonce);
                 subscription.last_sent = Some(snapshot.revision);
+                self.client.sent(kind, snapshot.revision);
                 // Kept only for filtered kinds: a shared full state must not stay alive per stream.
                 subscription.last_view = snapshot.is_scoped().then_some(data);
                 self.stats.pushes.fetch_add(1, Ordering::Relaxed);
@@ -98,11 +103,18 @@ impl Outbound<'_> {
     }
 }
 
+/// Who is at the other end of a stream: what auth policies filter by, and its entry in the
+/// propagation status.
+pub struct Caller<'a> {
+    pub endpoint: Arc<Endpoint>,
+    pub status: &'a Client,
+}
+
 /// Runs one stream until the client ends it, a send times out, or shutdown begins.
 pub async fn run<S>(
     mut requests: S,
     index: Arc<Index>,
-    endpoint: Arc<Endpoint>,
+    caller: Caller<'_>,
     responses: mpsc::Sender<ObserveResponse>,
     send_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
@@ -111,11 +123,13 @@ pub async fn run<S>(
 where
     S: Stream<Item = Result<ObserveRequest, Status>> + Unpin,
 {
+    let client = caller.status;
     let out = Outbound {
-        endpoint: &endpoint,
+        endpoint: &caller.endpoint,
         responses,
         send_timeout,
         stats,
+        client,
     };
     let mut subscriptions: HashMap<Kind, Subscription> = HashMap::new();
     // Yields a type's current state when inserted, then each newer state.
@@ -140,6 +154,7 @@ where
                     if request.nonce.is_empty() {
                         if let std::collections::hash_map::Entry::Vacant(entry) = subscriptions.entry(kind) {
                             entry.insert(Subscription::default());
+                            client.subscribed(kind);
                             changes.insert(kind, WatchStream::new(index.subscribe(kind)));
                         }
                         continue;
@@ -147,7 +162,10 @@ where
                     match subscriptions.get_mut(&kind) {
                         Some(subscription) if subscription.pending.as_deref() == Some(request.nonce.as_str()) => {
                             subscription.pending = None;
-                            out.send_if_newer(kind, subscription, &index.current(kind)).await?;
+                            client.acked(kind);
+                            let current = index.current(kind);
+                            client.saw(kind, current.revision, current.published);
+                            out.send_if_newer(kind, subscription, &current).await?;
                         }
                         _ => {
                             stats.stale_nonces.fetch_add(1, Ordering::Relaxed);
@@ -158,6 +176,7 @@ where
             },
             Some((kind, snapshot)) = changes.next(), if !changes.is_empty() => {
                 if let Some(subscription) = subscriptions.get_mut(&kind) {
+                    client.saw(kind, snapshot.revision, snapshot.published);
                     // Behind an unacknowledged response the change waits for the ACK.
                     if subscription.pending.is_none() {
                         out.send_if_newer(kind, subscription, &snapshot).await?;
@@ -193,14 +212,19 @@ mod tests {
         let (responses_tx, responses) = mpsc::channel(capacity);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let stats = Arc::new(DdsStats::default());
+        let clients = Arc::new(super::super::clients::Clients::default());
         let task = tokio::spawn({
             let index = index.clone();
             let stats = stats.clone();
             async move {
+                let entry = clients.open(None, None);
                 run(
                     ReceiverStream::new(requests_rx),
                     index,
-                    Arc::new(Endpoint::default()),
+                    Caller {
+                        endpoint: Arc::new(Endpoint::default()),
+                        status: &entry.client,
+                    },
                     responses_tx,
                     Duration::from_secs(5),
                     shutdown_rx,
