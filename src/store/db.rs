@@ -67,6 +67,8 @@ pub struct StoreStats {
     pub pairs_written: AtomicU64,
     /// Registrations answered from memory without a write.
     pub already_stored: AtomicU64,
+    /// (key, application) pairs an operator removed (`dubbo-cp unregister`).
+    pub pairs_removed: AtomicU64,
     /// Registrations waiting for the writer, and their bytes.
     pub queued: AtomicUsize,
     pub queued_bytes: AtomicUsize,
@@ -80,6 +82,7 @@ impl Default for StoreStats {
             commits: AtomicU64::new(0),
             pairs_written: AtomicU64::new(0),
             already_stored: AtomicU64::new(0),
+            pairs_removed: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
             queued_bytes: AtomicUsize::new(0),
         }
@@ -113,6 +116,13 @@ impl StoreStats {
         );
         scraped_counter(
             registry,
+            "store_pairs_removed",
+            "(interface, application) pairs an operator removed with unregister",
+            self,
+            |s| s.pairs_removed.load(Ordering::Relaxed),
+        );
+        scraped_counter(
+            registry,
             "store_errors",
             "Store transactions that failed",
             self,
@@ -143,6 +153,13 @@ enum Command {
     },
     /// Removes pairs that reached their final store (Kubernetes mode).
     Complete(MappingDelta),
+    /// An operator removes an application (standalone): from these interfaces, or every one.
+    Unregister {
+        namespace: String,
+        application: String,
+        interfaces: Option<BTreeSet<String>>,
+        reply: oneshot::Sender<Result<MappingDelta, StoreError>>,
+    },
     Shutdown,
 }
 
@@ -339,6 +356,28 @@ impl Db {
             .collect()
     }
 
+    /// Removes `application` from `interfaces` (all of its interfaces when `None`) of
+    /// `namespace`, durably and as a new revision; returns the pairs removed. Registrations
+    /// queued before it are committed first, so they are removed too; later ones add back.
+    pub async fn unregister(
+        &self,
+        namespace: String,
+        application: String,
+        interfaces: Option<BTreeSet<String>>,
+    ) -> Result<MappingDelta, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Command::Unregister {
+                namespace,
+                application,
+                interfaces,
+                reply,
+            })
+            .await
+            .map_err(|_| StoreError::ShuttingDown)?;
+        answer.await.unwrap_or(Err(StoreError::ShuttingDown))
+    }
+
     /// Removes pairs that have reached their final store. Returns once the removal is queued
     /// behind every registration queued before it.
     pub async fn complete(&self, pairs: MappingDelta) -> Result<(), StoreError> {
@@ -408,6 +447,17 @@ impl Writer {
                         self.commit(&mut batch);
                         self.remove(&pairs);
                     }
+                    Command::Unregister {
+                        namespace,
+                        application,
+                        interfaces,
+                        reply,
+                    } => {
+                        self.commit(&mut batch);
+                        let removed =
+                            self.unregister(&namespace, &application, interfaces.as_ref());
+                        let _ = reply.send(removed);
+                    }
                     Command::Shutdown => stopping = true,
                 }
                 if !stopping && batch.len() < self.limits.max_batch {
@@ -418,12 +468,57 @@ impl Writer {
         }
     }
 
+    /// Deletes an application's pairs in one transaction with a new revision, then publishes the
+    /// keys it left (the publisher reads what each key holds now).
+    fn unregister(
+        &mut self,
+        namespace: &str,
+        application: &str,
+        interfaces: Option<&BTreeSet<String>>,
+    ) -> Result<MappingDelta, StoreError> {
+        let mut removed = MappingDelta::default();
+        for entry in self.known.committed.iter() {
+            let key = entry.key();
+            if key.namespace == namespace
+                && interfaces.is_none_or(|wanted| wanted.contains(&key.interface))
+                && entry.value().contains(application)
+            {
+                removed.add(key.clone(), application.to_owned());
+            }
+        }
+        if removed.is_empty() {
+            return Ok(removed);
+        }
+        if let Err(err) = delete_pairs(&mut self.conn, &removed, Some(self.revision + 1)) {
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::CommitFailed(Arc::new(err)));
+        }
+        self.revision += 1;
+        self.stats
+            .pairs_removed
+            .fetch_add(removed.pairs() as u64, Ordering::Relaxed);
+        self.forget(&removed);
+        let change = StoredChange {
+            delta: removed.clone(),
+            revision: self.revision,
+        };
+        if self.changes.blocking_send(change).is_err() {
+            tracing::warn!("change feed closed; stored changes are no longer published");
+        }
+        Ok(removed)
+    }
+
     fn remove(&mut self, pairs: &MappingDelta) {
-        if let Err(err) = delete_pairs(&mut self.conn, pairs) {
+        if let Err(err) = delete_pairs(&mut self.conn, pairs, None) {
             // They stay in the outbox and are written again (a no-op upsert) after a restart.
             tracing::warn!(error = %err, "cannot remove written pairs from the outbox");
             return;
         }
+        self.forget(pairs);
+    }
+
+    /// Drops removed pairs from the in-memory mirror.
+    fn forget(&self, pairs: &MappingDelta) {
         for (key, apps) in pairs.iter() {
             if let Some(mut stored) = self.known.committed.get_mut(key) {
                 stored.retain(|app| !apps.contains(app));
@@ -575,9 +670,20 @@ impl Writer {
     }
 }
 
-fn delete_pairs(conn: &mut Connection, pairs: &MappingDelta) -> rusqlite::Result<()> {
+/// Deletes `pairs`; with `revision`, also moves the stored revision to it (a change clients see).
+fn delete_pairs(
+    conn: &mut Connection,
+    pairs: &MappingDelta,
+    revision: Option<i64>,
+) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     {
+        if let Some(revision) = revision {
+            tx.execute(
+                "UPDATE meta SET value = MAX(value, ?1) WHERE name = 'revision'",
+                params![revision],
+            )?;
+        }
         let mut delete = tx.prepare_cached(
             "DELETE FROM mapping WHERE namespace = ?1 AND interface = ?2 AND application = ?3",
         )?;

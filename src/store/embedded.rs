@@ -70,6 +70,30 @@ impl Store {
             .collect()
     }
 
+    /// Removes `application` from `interfaces` of `namespace` (every one when `None`); see
+    /// [`Db::unregister`]. Returns the interfaces it left.
+    pub async fn unregister(
+        &self,
+        namespace: &str,
+        application: &str,
+        interfaces: Option<BTreeSet<String>>,
+    ) -> Result<Vec<String>, StoreError> {
+        let removed = self
+            .db
+            .unregister(namespace.to_owned(), application.to_owned(), interfaces)
+            .await?;
+        Ok(removed
+            .iter()
+            .map(|(key, _)| key.interface.clone())
+            .collect())
+    }
+
+    /// How clients key the object of `key` (its name stays with the key once chosen).
+    fn client_key(&self, key: &MappingKey) -> Option<String> {
+        let name = self.db.known.names.get(key)?;
+        Some(crate::mapping::client_key(&name, &key.namespace))
+    }
+
     pub fn opened_revision(&self) -> i64 {
         self.db.opened_revision
     }
@@ -97,10 +121,13 @@ pub async fn publish(
             .value
             .delta
             .iter()
-            .filter_map(|(key, _)| {
-                let object = store.object(key)?;
-                let (client_key, any) = mapping_object(&object.name, key, &object.applications);
-                Some(Change::Upsert(client_key, any))
+            .filter_map(|(key, _)| match store.object(key) {
+                Some(object) => {
+                    let (client_key, any) = mapping_object(&object.name, key, &object.applications);
+                    Some(Change::Upsert(client_key, any))
+                }
+                // Its last application was unregistered.
+                None => store.client_key(key).map(Change::Delete),
             })
             .collect();
         let changed = index.apply(Kind::ServiceNameMapping, objects, revision);
