@@ -67,6 +67,8 @@ pub struct AdminState {
     pub rules: RuleAdmin,
     /// The certificate authority, when it runs.
     pub ca: Option<crate::ca::Authority>,
+    /// The open discovery streams and how far each client has got.
+    pub clients: Arc<crate::dds::clients::Clients>,
 }
 
 /// What the rule API reads and writes.
@@ -85,8 +87,12 @@ pub fn router(state: AdminState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/debug/mappings", get(list_mappings))
+        .route("/debug/applications", get(list_applications))
         .route("/debug/outbox", get(list_outbox))
         .route("/debug/rules", get(debug_rules))
+        .route("/debug/clients", get(list_clients))
+        .route("/debug/digest", get(digest))
+        .route("/api/v1/unregister", post(unregister))
         .route("/api/v1/apply", post(apply_rules))
         .route("/api/v1/delete", post(delete_rules))
         .route("/api/v1/rules/{kind}", get(get_rules))
@@ -97,6 +103,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/v1/ca", get(show_ca))
         .route("/api/v1/ca/rotate", post(rotate_ca))
         .route("/api/v1/ca/issue", post(issue_certificate))
+        .merge(crate::ui::router())
         .with_state(state)
 }
 
@@ -146,8 +153,105 @@ fn views(mappings: BTreeMap<MappingKey, BTreeSet<String>>) -> Json<Vec<MappingVi
 }
 
 /// The stored mappings: the embedded store, or what the watch sees in the cluster.
-async fn list_mappings(State(state): State<AdminState>) -> Json<Vec<MappingView>> {
-    views(state.mappings.snapshot())
+async fn list_mappings(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<Vec<MappingView>>, ApiError> {
+    require_reader(&state.rules.policy, &headers).await?;
+    Ok(views(state.mappings.snapshot()))
+}
+
+/// The applications of a namespace and the interfaces each serves: the mappings read the
+/// other way round.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationView {
+    pub namespace: String,
+    pub application: String,
+    pub interfaces: Vec<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct ApplicationQuery {
+    namespace: Option<String>,
+    application: Option<String>,
+}
+
+/// `/debug/applications[?namespace=NS][&application=APP]`.
+async fn list_applications(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+    axum::extract::Query(query): axum::extract::Query<ApplicationQuery>,
+) -> Result<Json<Vec<ApplicationView>>, ApiError> {
+    require_reader(&state.rules.policy, &headers).await?;
+    Ok(Json(applications(
+        state.mappings.snapshot(),
+        query.namespace.as_deref(),
+        query.application.as_deref(),
+    )))
+}
+
+/// Inverts the mappings: per (namespace, application) the interfaces it serves, sorted.
+pub fn applications(
+    mappings: BTreeMap<MappingKey, BTreeSet<String>>,
+    namespace: Option<&str>,
+    application: Option<&str>,
+) -> Vec<ApplicationView> {
+    let mut by_app: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for (key, apps) in mappings {
+        if namespace.is_some_and(|ns| ns != key.namespace) {
+            continue;
+        }
+        for app in apps {
+            if application.is_some_and(|wanted| wanted != app) {
+                continue;
+            }
+            by_app
+                .entry((key.namespace.clone(), app))
+                .or_default()
+                .push(key.interface.clone());
+        }
+    }
+    by_app
+        .into_iter()
+        .map(|((namespace, application), interfaces)| ApplicationView {
+            namespace,
+            application,
+            interfaces,
+        })
+        .collect()
+}
+
+/// `/debug/clients`: every open discovery stream and how far its client has got.
+async fn list_clients(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_reader(&state.rules.policy, &headers).await?;
+    Ok(Json(
+        serde_json::json!({"clients": state.clients.views(&state.index)}),
+    ))
+}
+
+#[derive(serde::Deserialize)]
+struct DigestQuery {
+    #[serde(default)]
+    objects: bool,
+}
+
+/// `/debug/digest[?objects=true]`: per kind the digest of the served state and its revision.
+async fn digest(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+    axum::extract::Query(query): axum::extract::Query<DigestQuery>,
+) -> Result<Json<crate::digest::DigestView>, ApiError> {
+    require_reader(&state.rules.policy, &headers).await?;
+    let index = state.index.clone();
+    // Hashing a large state is CPU work: off the async threads.
+    tokio::task::spawn_blocking(move || crate::digest::view(&index, query.objects))
+        .await
+        .map(Json)
+        .map_err(|_| api_error(StatusCode::INTERNAL_SERVER_ERROR, "digest failed"))
 }
 
 /// What `/debug/outbox` shows.
@@ -162,14 +266,18 @@ pub struct OutboxView {
 
 /// Kubernetes mode: what is acknowledged but not in the cluster yet, and what is stuck and
 /// why. Standalone has no outbox: the answer is empty.
-async fn list_outbox(State(state): State<AdminState>) -> Json<OutboxView> {
+async fn list_outbox(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<OutboxView>, ApiError> {
+    require_reader(&state.rules.policy, &headers).await?;
     let Some((writer, outbox)) = &state.outbox else {
-        return Json(OutboxView::default());
+        return Ok(Json(OutboxView::default()));
     };
-    Json(OutboxView {
+    Ok(Json(OutboxView {
         pending: views(outbox.pending()).0,
         parked: writer.parked(),
-    })
+    }))
 }
 
 type ApiError = (StatusCode, Json<serde_json::Value>);
@@ -214,6 +322,22 @@ async fn require_admin(
             "send `Authorization: Bearer <token>` of an admin identity",
         )),
     }
+}
+
+/// The read-only views (`/debug/...`, the dashboard's data): an admin identity when
+/// authentication is configured; without it, whoever reaches the admin port, as before (the
+/// port binds to loopback then unless an operator opted out).
+async fn require_reader(policy: &Policy, headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    if !policy.is_enabled() {
+        return Ok(());
+    }
+    // Any peer: authentication decides.
+    require_admin(
+        policy,
+        headers,
+        std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+    )
+    .await
 }
 
 /// The kind named in a path: `TagRoute`, `tagroute` or `tagroutes`.
@@ -329,11 +453,80 @@ async fn get_rules(
 }
 
 /// Objects skipped by a watch (do not deserialize or validate), with why.
-async fn debug_rules(State(state): State<AdminState>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({
+async fn debug_rules(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_reader(&state.rules.policy, &headers).await?;
+    Ok(Json(serde_json::json!({
         "invalid": state.rules.catalog.invalid(),
         "files": state.rules.catalog.file_errors(),
-    }))
+    })))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct UnregisterRequest {
+    namespace: String,
+    application: String,
+    /// Empty: every interface the application serves in the namespace.
+    #[serde(default)]
+    interfaces: Vec<String>,
+}
+
+/// `dubbo-cp unregister` (standalone): an operator removes an application from mappings,
+/// durably and pushed to clients like any change. In Kubernetes mode the objects are the truth:
+/// `kubectl edit` them, or let expiry remove applications whose pods are gone.
+async fn unregister(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_admin(&state.rules.policy, &headers, peer).await?;
+    let MappingSource::Store(store) = &state.mappings else {
+        return Err(api_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "in Kubernetes mode ServiceNameMapping objects are the truth: edit them with kubectl",
+        ));
+    };
+    let request: UnregisterRequest = serde_json::from_str(&body).map_err(|err| {
+        api_error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "body must be {{\"namespace\": NS, \"application\": APP, \"interfaces\": [...]}}: {err}"
+            ),
+        )
+    })?;
+    for (field, value) in [
+        ("namespace", &request.namespace),
+        ("application", &request.application),
+    ] {
+        if value.is_empty() {
+            return Err(api_error(
+                StatusCode::BAD_REQUEST,
+                format!("{field}: must not be empty"),
+            ));
+        }
+    }
+    let interfaces =
+        (!request.interfaces.is_empty()).then(|| request.interfaces.iter().cloned().collect());
+    let removed = store
+        .unregister(&request.namespace, &request.application, interfaces)
+        .await
+        .map_err(|err| api_error(StatusCode::SERVICE_UNAVAILABLE, err.to_string()))?;
+    if removed.is_empty() {
+        return Err(api_error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "application {:?} serves none of those interfaces in namespace {:?}",
+                request.application, request.namespace
+            ),
+        ));
+    }
+    tracing::info!(namespace = %request.namespace, application = %request.application,
+        interfaces = removed.len(), "application unregistered by an admin");
+    Ok(Json(serde_json::json!({ "removed": removed })))
 }
 
 /// The CA an admin caller may use.

@@ -94,12 +94,27 @@ async fn tokens_are_checked_and_callers_stay_in_their_namespace() {
         metrics.contains("dubbo_cp_registrations_total{result=\"denied\"} 1"),
         "{metrics}"
     );
-    let stored = common::admin_mappings(server.admin_addr).await;
+    let stored = common::admin_mappings_as(server.admin_addr, Some("ops-token")).await;
     assert_eq!(
         stored.len(),
         2,
         "a refused registration was stored: {stored:?}"
     );
+    // The read-only views and the dashboard's data need an admin too; the page itself holds
+    // no data.
+    for path in [
+        "/debug/mappings",
+        "/debug/clients",
+        "/debug/digest",
+        "/debug/applications",
+    ] {
+        let (status, _) = http_get(server.admin_addr, path).await;
+        assert_eq!(status, 401, "{path}");
+        let (status, _) =
+            common::http_send(server.admin_addr, "GET", path, "", Some("demo-token")).await;
+        assert_eq!(status, 403, "{path}");
+    }
+    assert_eq!(http_get(server.admin_addr, "/ui").await.0, 200);
     assert!(server.stop().await.is_ok());
 }
 

@@ -12,6 +12,7 @@ use crate::{server, telemetry};
 
 mod ca;
 mod rules;
+mod status;
 mod watch;
 
 use rules::{AdminArg, RuleOutput};
@@ -49,6 +50,17 @@ pub enum Command {
         #[arg(required = true)]
         interfaces: Vec<String>,
     },
+    /// Remove an application from mappings (standalone; an admin identity when authentication
+    /// is configured): from the interfaces given, or from every one it serves.
+    Unregister {
+        #[command(flatten)]
+        admin: AdminArg,
+        #[arg(short, long)]
+        namespace: String,
+        #[arg(short, long)]
+        application: String,
+        interfaces: Vec<String>,
+    },
     /// Print the CustomResourceDefinitions (ServiceNameMapping and the five rule kinds) as YAML.
     Crd,
     /// Subscribe to the discovery stream like a data-plane client and print every state.
@@ -61,8 +73,10 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
-    /// Print what is served: `mappings` (from one discovery-stream subscription) or the rules
-    /// of a kind (`tagroutes`, `conditionroutes`, `dynamicconfigs`, `authenticationpolicies`,
+    /// Print what is served: `mappings` (from one discovery-stream subscription; with
+    /// `--application` the interfaces that application serves, from the admin API),
+    /// `applications` (each with its number of interfaces), or the rules of a kind
+    /// (`tagroutes`, `conditionroutes`, `dynamicconfigs`, `authenticationpolicies`,
     /// `authorizationpolicies`, from the admin API; in both modes what clients are served).
     Get {
         what: String,
@@ -73,6 +87,9 @@ pub enum Command {
         /// Only this namespace.
         #[arg(short, long)]
         namespace: Option<String>,
+        /// `get mappings`: only the interfaces this application serves.
+        #[arg(short, long)]
+        application: Option<String>,
         #[arg(short, long, value_enum, default_value_t = RuleOutput::Text)]
         output: RuleOutput,
     },
@@ -84,6 +101,9 @@ pub enum Command {
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<std::path::PathBuf>,
     },
+    /// Which clients have which revisions of each kind (`--stale`: only those behind); with
+    /// `--compare ADMIN...`, whether several replicas serve byte-identical state.
+    Status(status::StatusArgs),
     /// The certificate authority: `show` the roots, `rotate` them, `issue` a certificate.
     Ca {
         #[command(subcommand)]
@@ -137,6 +157,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             application,
             interfaces,
         } => register(server.address, namespace, application, interfaces).await,
+        Command::Unregister {
+            admin,
+            namespace,
+            application,
+            interfaces,
+        } => status::unregister(&admin, namespace, application, interfaces).await,
         Command::Crd => {
             print!("{}", crate::k8s::crd::crd_yaml()?);
             Ok(())
@@ -151,9 +177,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             server,
             admin,
             namespace,
+            application,
             output,
         } => {
-            if what == "mappings" || what == "mapping" || what == "snp" {
+            let mappings = what == "mappings" || what == "mapping" || what == "snp";
+            if mappings && application.is_some() || what == "applications" || what == "application"
+            {
+                anyhow::ensure!(output != RuleOutput::Yaml, "get {what} prints text or json");
+                status::applications(
+                    &admin,
+                    namespace.as_deref(),
+                    application.as_deref(),
+                    output == RuleOutput::Json,
+                )
+                .await
+            } else if application.is_some() {
+                anyhow::bail!("--application goes with get mappings")
+            } else if mappings {
                 let output = match output {
                     RuleOutput::Text => Output::Text,
                     RuleOutput::Json => Output::Json,
@@ -166,6 +206,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Apply { admin, files } => rules::apply(&admin, &files).await,
         Command::Ca { command } => ca::run(command).await,
+        Command::Status(args) => status::run(args).await,
         Command::Delete {
             admin,
             files,

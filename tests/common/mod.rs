@@ -92,7 +92,12 @@ pub async fn wait_ready(admin: SocketAddr) {
 
 /// The stored mappings as the admin port reports them.
 pub async fn admin_mappings(admin: SocketAddr) -> Mappings {
-    let (status, body) = http_get(admin, "/debug/mappings").await;
+    admin_mappings_as(admin, None).await
+}
+
+/// The same, as the identity of `token` (an admin when authentication is configured).
+pub async fn admin_mappings_as(admin: SocketAddr, token: Option<&str>) -> Mappings {
+    let (status, body) = http_send(admin, "GET", "/debug/mappings", "", token).await;
     assert_eq!(status, 200, "{body}");
     let views: Vec<MappingView> = serde_json::from_str(&body).expect("bad /debug/mappings body");
     views

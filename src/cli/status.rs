@@ -1,0 +1,280 @@
+//! `dubbo-cp status` (which clients have which revisions, `/debug/clients`), `status --compare`
+//! (do replicas serve the same state, `/debug/digest`) and the reverse lookups `get mappings
+//! --application` and `get applications` (`/debug/applications`).
+
+use anyhow::Context;
+
+use super::rules::{AdminArg, request};
+use crate::admin::ApplicationView;
+use crate::dds::clients::ClientView;
+use crate::digest::{DigestView, compare};
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub admin: AdminArg,
+    /// Only this kind (e.g. ServiceNameMapping, TagRoute).
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Only clients of this namespace.
+    #[arg(short, long)]
+    pub namespace: Option<String>,
+    /// Only subscriptions whose client has not acknowledged the current revision.
+    #[arg(long)]
+    pub stale: bool,
+    /// Instead: read these replicas' admin ports (host:port) and say which kinds agree.
+    #[arg(long, num_args = 1..)]
+    pub compare: Vec<String>,
+}
+
+pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
+    if !args.compare.is_empty() {
+        return compare_replicas(&args.admin, &args.compare).await;
+    }
+    let answer = request(&args.admin, "GET", "/debug/clients", None).await?;
+    let clients: Vec<ClientView> = serde_json::from_value(answer["clients"].clone())
+        .context("unexpected /debug/clients answer")?;
+    print!("{}", status_table(&clients, &args));
+    Ok(())
+}
+
+/// The rows `status` prints, filtered by its flags.
+fn status_table(clients: &[ClientView], args: &StatusArgs) -> String {
+    let mut out = format!(
+        "{:<48} {:<20} {:<22} {:>8} {:>8} {:>9} SYNCED\n",
+        "CLIENT", "NAMESPACE", "KIND", "SENT", "ACKED", "LAG"
+    );
+    let revision = |r: Option<i64>| r.map_or("-".to_owned(), |r| r.to_string());
+    for client in clients {
+        if args
+            .namespace
+            .as_ref()
+            .is_some_and(|ns| client.namespace.as_ref() != Some(ns))
+        {
+            continue;
+        }
+        let who = match (&client.identity, &client.peer) {
+            (Some(identity), _) => identity.clone(),
+            (None, Some(peer)) => peer.clone(),
+            (None, None) => "-".into(),
+        };
+        let name = format!("#{} {who}", client.id);
+        for kind in &client.kinds {
+            if args
+                .kind
+                .as_ref()
+                .is_some_and(|k| !kind.kind.eq_ignore_ascii_case(k))
+                || (args.stale && kind.synced)
+            {
+                continue;
+            }
+            out.push_str(&format!(
+                "{:<48} {:<20} {:<22} {:>8} {:>8} {:>8.1}s {}\n",
+                name,
+                client.namespace.as_deref().unwrap_or("-"),
+                kind.kind,
+                revision(kind.sent),
+                revision(kind.acked),
+                kind.lag_seconds,
+                if kind.synced { "yes" } else { "NO" }
+            ));
+        }
+    }
+    out
+}
+
+/// Reads every replica's digests and prints per kind whether they agree, naming the objects
+/// that differ. Fails when any kind differs, so scripts can alert on it.
+async fn compare_replicas(admin: &AdminArg, addresses: &[String]) -> anyhow::Result<()> {
+    let mut views = Vec::new();
+    for address in addresses {
+        let replica = AdminArg {
+            admin_address: address.clone(),
+            token: admin.token.clone(),
+        };
+        let answer = request(&replica, "GET", "/debug/digest?objects=true", None)
+            .await
+            .with_context(|| format!("replica {address}"))?;
+        let view: DigestView = serde_json::from_value(answer)
+            .with_context(|| format!("unexpected /debug/digest answer from {address}"))?;
+        views.push(view);
+    }
+    let report = compare(&views);
+    let (text, disagreeing) = comparison_text(addresses, &report);
+    print!("{text}");
+    anyhow::ensure!(
+        disagreeing == 0,
+        "the replicas disagree on {disagreeing} kind(s)"
+    );
+    Ok(())
+}
+
+fn comparison_text(
+    addresses: &[String],
+    report: &[crate::digest::KindComparison],
+) -> (String, usize) {
+    let mut out = format!("{:<22} {:<6} REPLICAS (revision digest)\n", "KIND", "AGREE");
+    let mut disagreeing = 0;
+    for kind in report {
+        let states: Vec<String> = addresses
+            .iter()
+            .zip(&kind.states)
+            .map(|(address, state)| match state {
+                Some((revision, digest)) => {
+                    format!(
+                        "{address} {revision} {}",
+                        digest.get(..12).unwrap_or(digest)
+                    )
+                }
+                None => format!("{address} -"),
+            })
+            .collect();
+        out.push_str(&format!(
+            "{:<22} {:<6} {}\n",
+            kind.kind,
+            if kind.agree { "yes" } else { "NO" },
+            states.join(", ")
+        ));
+        if !kind.agree {
+            disagreeing += 1;
+            for (key, versions) in &kind.differing {
+                let versions: Vec<String> = addresses
+                    .iter()
+                    .zip(versions)
+                    .map(|(address, v)| format!("{address} {}", v.as_deref().unwrap_or("missing")))
+                    .collect();
+                out.push_str(&format!("  differs: {key}: {}\n", versions.join(", ")));
+            }
+        }
+    }
+    (out, disagreeing)
+}
+
+/// `get mappings --application APP` (the interfaces it serves) and `get applications`.
+pub async fn applications(
+    admin: &AdminArg,
+    namespace: Option<&str>,
+    application: Option<&str>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    if let Some(namespace) = namespace {
+        query.append_pair("namespace", namespace);
+    }
+    if let Some(application) = application {
+        query.append_pair("application", application);
+    }
+    let path = format!("/debug/applications?{}", query.finish());
+    let answer = request(admin, "GET", &path, None).await?;
+    let views: Vec<ApplicationView> =
+        serde_json::from_value(answer).context("unexpected /debug/applications answer")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&views)?);
+    } else if application.is_some() {
+        println!("{:<24} {:<40} INTERFACE", "NAMESPACE", "APPLICATION");
+        for view in &views {
+            for interface in &view.interfaces {
+                println!(
+                    "{:<24} {:<40} {interface}",
+                    view.namespace, view.application
+                );
+            }
+        }
+    } else {
+        println!("{:<24} {:<40} INTERFACES", "NAMESPACE", "APPLICATION");
+        for view in &views {
+            println!(
+                "{:<24} {:<40} {}",
+                view.namespace,
+                view.application,
+                view.interfaces.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `dubbo-cp unregister -n NS -a APP [IFACE...]`.
+pub async fn unregister(
+    admin: &AdminArg,
+    namespace: String,
+    application: String,
+    interfaces: Vec<String>,
+) -> anyhow::Result<()> {
+    let body = serde_json::json!({
+        "namespace": namespace, "application": application, "interfaces": interfaces,
+    });
+    let answer = request(admin, "POST", "/api/v1/unregister", Some(body.to_string())).await?;
+    for interface in answer["removed"].as_array().into_iter().flatten() {
+        println!(
+            "{application} removed from {namespace}/{}",
+            interface.as_str().unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dds::clients::KindStatus;
+
+    fn args(kind: Option<&str>, namespace: Option<&str>, stale: bool) -> StatusArgs {
+        StatusArgs {
+            admin: AdminArg {
+                admin_address: String::new(),
+                token: None,
+            },
+            kind: kind.map(Into::into),
+            namespace: namespace.map(Into::into),
+            stale,
+            compare: vec![],
+        }
+    }
+
+    #[test]
+    fn the_table_filters_by_kind_namespace_and_staleness() {
+        let status = |kind: &str, acked, synced| KindStatus {
+            kind: kind.into(),
+            sent: Some(5),
+            acked,
+            current: 5,
+            synced,
+            lag_seconds: if synced { 0.0 } else { 2.5 },
+        };
+        let clients = vec![
+            ClientView {
+                id: 1,
+                identity: Some("demo/sdk".into()),
+                namespace: Some("demo".into()),
+                peer: Some("10.0.0.1:4000".into()),
+                connected_since: "2026-11-23T00:00:00Z".into(),
+                kinds: vec![
+                    status("ServiceNameMapping", Some(5), true),
+                    status("TagRoute", Some(4), false),
+                ],
+            },
+            ClientView {
+                id: 2,
+                identity: None,
+                namespace: None,
+                peer: Some("10.0.0.2:4000".into()),
+                connected_since: "2026-11-23T00:00:00Z".into(),
+                kinds: vec![status("TagRoute", Some(5), true)],
+            },
+        ];
+        let all = status_table(&clients, &args(None, None, false));
+        assert_eq!(all.lines().count(), 4, "{all}");
+        assert!(all.contains("#2 10.0.0.2:4000"), "{all}");
+        let stale = status_table(&clients, &args(None, None, true));
+        let rows: Vec<&str> = stale.lines().skip(1).collect();
+        assert_eq!(rows.len(), 1, "{stale}");
+        assert!(
+            rows[0].contains("TagRoute") && rows[0].contains("2.5s") && rows[0].ends_with("NO")
+        );
+        let tags = status_table(&clients, &args(Some("tagroute"), None, false));
+        assert_eq!(tags.lines().count(), 3, "{tags}");
+        let demo = status_table(&clients, &args(None, Some("demo"), false));
+        assert_eq!(demo.lines().count(), 3, "{demo}");
+    }
+}

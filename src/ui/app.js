@@ -1,0 +1,299 @@
+// dubbo-cp operator dashboard: read-only view over the debug/admin JSON endpoints.
+// All server-provided strings go through textContent/setAttribute: names come from
+// untrusted registrations, so nothing from JSON ever reaches innerHTML.
+'use strict';
+
+const RULE_KINDS = ['TagRoute', 'ConditionRoute', 'DynamicConfig', 'AuthenticationPolicy', 'AuthorizationPolicy'];
+const TOKEN_KEY = 'dubbo-cp-token';
+const FAST_MS = 1000;
+const SLOW_MS = 5000; // background tabs poll less so they do not load the control plane
+const TIMEOUT_MS = 10000; // a hung request must not stall the setTimeout chain forever
+
+const ENDPOINTS = {
+  digest: '/debug/digest',
+  mappings: '/debug/mappings',
+  applications: '/debug/applications',
+  clients: '/debug/clients',
+  ...Object.fromEntries(RULE_KINDS.map((k) => [k, `/api/v1/rules/${k}`])),
+};
+
+const HINTS = { 401: 'send an admin token', 403: 'token is not an admin' };
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const last = {}; // latest good payload per endpoint; filters re-render from it without refetching
+let timer = null;
+let inFlight = false;
+let again = false; // a poll was requested while one was running
+
+// ---------- token ----------
+
+function getToken() {
+  try { return sessionStorage.getItem(TOKEN_KEY) || ''; } catch { return ''; }
+}
+
+function setToken(value) {
+  try {
+    if (value) sessionStorage.setItem(TOKEN_KEY, value);
+    else sessionStorage.removeItem(TOKEN_KEY);
+  } catch { /* storage disabled: nothing we can do */ }
+}
+
+// `#token=XYZ` lets an operator open a ready link; the fragment never reaches the server.
+function takeTokenFromFragment() {
+  const m = /^#token=(.+)$/.exec(location.hash);
+  if (!m) return false;
+  let tok = m[1];
+  try { tok = decodeURIComponent(tok); } catch { /* keep raw */ }
+  setToken(tok);
+  // Drop it from the address bar and history so it is not shared by copy/paste.
+  history.replaceState(null, '', location.pathname + location.search);
+  return true;
+}
+
+function initToken() {
+  const input = $('#token');
+  const showState = () => {
+    input.placeholder = getToken() ? 'token set' : 'admin token';
+    input.title = getToken() ? 'Enter a new token, or save empty to clear it' : 'Admin bearer token';
+  };
+  $('#token-form').addEventListener('submit', (e) => {
+    e.preventDefault();
+    setToken(input.value.trim());
+    input.value = ''; // keep the secret out of the DOM once stored
+    showState();
+    poll();
+  });
+  showState();
+}
+
+// ---------- fetching ----------
+
+class HttpError extends Error {
+  constructor(status, hint) { super(`${status}: ${hint}`); this.status = status; }
+}
+
+async function fetchJson(path) {
+  const headers = { Accept: 'application/json' };
+  const token = getToken();
+  if (token) headers.Authorization = `Bearer ${token}`;
+  let res;
+  try {
+    res = await fetch(path, { headers, cache: 'no-store', signal: AbortSignal.timeout(TIMEOUT_MS) });
+  } catch (e) {
+    throw new Error(`${path}: ${e.name === 'TimeoutError' ? 'timed out' : 'network error'}`);
+  }
+  if (!res.ok) throw new HttpError(res.status, HINTS[res.status] || `${res.statusText || 'error'} (${path})`);
+  try { return await res.json(); } catch { throw new Error(`${path}: invalid JSON`); }
+}
+
+async function poll() {
+  clearTimeout(timer);
+  timer = null;
+  if (inFlight) { again = true; return; }
+  inFlight = true;
+  const names = Object.keys(ENDPOINTS);
+  // allSettled: one failing endpoint should not blank the sections that did load.
+  const results = await Promise.allSettled(names.map((n) => fetchJson(ENDPOINTS[n])));
+  let error = null;
+  results.forEach((r, i) => {
+    if (r.status === 'fulfilled') last[names[i]] = r.value;
+    else error = error || r.reason;
+  });
+  try { render(); } catch (e) { console.error(e); error = error || e; }
+  setStatus(error);
+  if (!error) document.body.dataset.loaded = 'true';
+  inFlight = false;
+  timer = setTimeout(poll, again ? 0 : document.hidden ? SLOW_MS : FAST_MS);
+  again = false;
+}
+
+function setStatus(err) {
+  const s = $('#status');
+  s.textContent = err ? err.message : `updated ${new Date().toTimeString().slice(0, 8)}`;
+  s.classList.toggle('error', Boolean(err));
+}
+
+// ---------- DOM helpers ----------
+
+function el(tag, attrs = {}, text) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text != null) node.textContent = text;
+  return node;
+}
+
+// Only touch the DOM when a value changed, so selections and hover survive polls.
+function setAttr(node, name, value) {
+  if (value == null || value === '') node.removeAttribute(name);
+  else if (node.getAttribute(name) !== String(value)) node.setAttribute(name, value);
+}
+
+function setText(node, text) {
+  if (node.textContent !== text) node.textContent = text;
+}
+
+// Keyed in-place update of parent's children: reuses nodes by key, reorders, removes leftovers.
+function reconcile(parent, items, keyOf, make, update) {
+  const old = new Map(Array.from(parent.children, (c) => [c.itemKey, c]));
+  let cursor = parent.firstElementChild;
+  for (const item of items) {
+    const key = keyOf(item);
+    let node = old.get(key);
+    if (node) old.delete(key);
+    else { node = make(item); node.itemKey = key; }
+    update(node, item);
+    if (node === cursor) cursor = cursor.nextElementSibling;
+    else parent.insertBefore(node, cursor);
+  }
+  old.forEach((n) => n.remove());
+}
+
+// Cell value: plain value, or {text, title, cls}. null/undefined renders as a dash.
+function setCell(td, v) {
+  const c = v !== null && typeof v === 'object' ? v : { text: v };
+  setText(td, c.text == null ? '–' : String(c.text));
+  setAttr(td, 'title', c.title);
+  setAttr(td, 'class', c.cls);
+}
+
+// rowSpec(item) -> {key, cls, data: {name: value}, cells: [...]}
+function syncRows(section, items, rowSpec) {
+  const specs = items.map(rowSpec);
+  reconcile($('tbody', section), specs, (s) => s.key, () => el('tr'), (tr, s) => {
+    setAttr(tr, 'class', s.cls);
+    for (const [k, v] of Object.entries(s.data)) setAttr(tr, `data-${k}`, v);
+    while (tr.cells.length < s.cells.length) tr.insertCell();
+    s.cells.forEach((v, i) => setCell(tr.cells[i], v));
+  });
+  $('.empty', section).hidden = specs.length > 0;
+}
+
+const keyStr = (parts) => parts.map((p) => String(p ?? '')).join('\u0000');
+const sortBy = (arr, keyOf) => [...(arr || [])].sort((a, b) => {
+  const ka = keyStr(keyOf(a));
+  const kb = keyStr(keyOf(b));
+  return ka < kb ? -1 : ka > kb ? 1 : 0;
+});
+const mono = (text, title) => ({ text, title, cls: 'mono' });
+const num = (text, extra = '') => ({ text, cls: `num mono ${extra}`.trim() });
+const fmtTime = (iso) => (iso ? String(iso).replace('T', ' ').replace(/\.\d+/, '') : null);
+
+// ---------- sections ----------
+
+function render() {
+  if (last.digest) renderDigest(last.digest);
+  if (last.mappings) renderMappings();
+  if (last.applications) renderApplications(last.applications);
+  for (const kind of RULE_KINDS) if (last[kind]) renderRules(kind, last[kind]);
+  if (last.clients) renderClients();
+}
+
+function renderDigest(d) {
+  setText($('#replica'), d.replica ?? '–');
+  setText($('#computed-at'), fmtTime(d.computedAt) ?? '–');
+  $('#computed-at').title = d.computedAt ?? '';
+  syncRows($('#kinds'), d.kinds || [], (k) => ({
+    key: k.kind,
+    cls: 'kind',
+    data: { kind: k.kind },
+    cells: [k.kind, num(k.objects), num(k.revision), mono(String(k.digest ?? '').slice(0, 12) || null, k.digest)],
+  }));
+}
+
+function renderMappings() {
+  const q = $('#mapping-search').value.trim().toLowerCase();
+  const all = sortBy(last.mappings, (m) => [m.namespace, m.interfaceName]);
+  const matches = (m) => [m.interfaceName, ...(m.applicationNames || [])]
+    .some((s) => String(s ?? '').toLowerCase().includes(q));
+  const shown = q ? all.filter(matches) : all;
+  syncRows($('#mappings'), shown, (m) => ({
+    key: keyStr([m.namespace, m.interfaceName]),
+    cls: 'mapping',
+    data: { namespace: m.namespace, interface: m.interfaceName },
+    cells: [m.namespace, mono(m.interfaceName), [...(m.applicationNames || [])].sort().join(', ')],
+  }));
+  setText($('#mappings-count'), q ? `${shown.length} of ${all.length}` : `${all.length}`);
+}
+
+function renderApplications(apps) {
+  const rows = sortBy(apps, (a) => [a.application, a.namespace]);
+  syncRows($('#applications'), rows, (a) => ({
+    key: keyStr([a.namespace, a.application]),
+    cls: 'application',
+    data: { namespace: a.namespace, application: a.application },
+    cells: [a.application, a.namespace, { text: (a.interfaces || []).length, cls: 'num mono', title: (a.interfaces || []).join('\n') }],
+  }));
+  setText($('#applications-count'), `${rows.length}`);
+}
+
+function initRules() {
+  const host = $('#rules');
+  for (const kind of RULE_KINDS) {
+    const d = el('details', { class: 'rule-kind', 'data-kind': kind });
+    const summary = el('summary');
+    summary.append(el('span', { class: 'rule-kind-name' }, kind), el('span', { class: 'count mono' }));
+    d.append(summary, el('div', { class: 'rule-list' }));
+    host.append(d);
+  }
+}
+
+function renderRules(kind, list) {
+  const d = $(`#rules details[data-kind="${kind}"]`);
+  const items = sortBy(list.items, (r) => [r.metadata?.namespace, r.metadata?.name]);
+  setText($('.count', d), `${items.length} rule${items.length === 1 ? '' : 's'} · rev ${list.revision ?? '–'}`);
+  const nameOf = (r) => [r.metadata?.namespace, r.metadata?.name].filter((x) => x != null).join('/');
+  reconcile($('.rule-list', d), items, (r) => keyStr([r.metadata?.namespace, r.metadata?.name]), (r) => {
+    const box = el('div', { class: 'rule', 'data-namespace': r.metadata?.namespace ?? '', 'data-name': r.metadata?.name ?? '' });
+    box.append(el('h3', { class: 'mono' }), el('pre'));
+    return box;
+  }, (box, r) => {
+    setText($('h3', box), nameOf(r) || '(unnamed)');
+    setText($('pre', box), JSON.stringify(r.spec ?? null, null, 2));
+  });
+}
+
+function renderClients() {
+  const staleOnly = $('#stale-only').checked;
+  const clients = [...(last.clients.clients || [])].sort((a, b) => Number(a.id) - Number(b.id));
+  const rows = clients.flatMap((c) => (c.kinds || []).map((k) => ({ c, k })));
+  const staleRows = rows.filter((r) => !r.k.synced);
+  const staleClients = new Set(staleRows.map((r) => r.c.id)).size;
+  const shown = staleOnly ? staleRows : rows;
+  // Repeated per-client cells are dimmed so each client's block reads as one group.
+  shown.forEach((r, i) => { r.rep = i > 0 && shown[i - 1].c === r.c; });
+  syncRows($('#clients'), shown, ({ c, k, rep }) => {
+    const dim = rep ? 'rep' : '';
+    return {
+      key: keyStr([c.id, k.kind]),
+      cls: k.synced ? 'client' : 'client stale',
+      data: { 'client-id': c.id, kind: k.kind },
+      cells: [
+        num(c.id, dim),
+        { text: c.identity, title: c.identity, cls: `mono ${dim}`.trim() },
+        { text: c.namespace, cls: dim },
+        { text: c.peer, cls: `mono ${dim}`.trim() },
+        { text: fmtTime(c.connectedSince), title: c.connectedSince, cls: `mono ${dim}`.trim() },
+        k.kind,
+        num(k.sent),
+        num(k.acked),
+        num(k.current),
+        num(k.lagSeconds == null ? null : Number(k.lagSeconds).toFixed(1), k.lagSeconds >= 10 ? 'bad' : ''),
+        { text: k.synced ? 'yes' : 'no', cls: k.synced ? 'ok' : 'bad' },
+      ],
+    };
+  });
+  setText($('#clients-count'), `${clients.length} connected · ${staleClients} stale`);
+}
+
+// ---------- start ----------
+
+takeTokenFromFragment();
+initToken();
+initRules();
+$('#mapping-search').addEventListener('input', () => last.mappings && renderMappings());
+$('#stale-only').addEventListener('change', () => last.clients && renderClients());
+// Coming back to the tab should show fresh data at once instead of after the slow interval.
+document.addEventListener('visibilitychange', () => { if (!document.hidden) poll(); });
+// A pasted `#token=` link in an already open tab is a same-document navigation.
+window.addEventListener('hashchange', () => { if (takeTokenFromFragment()) poll(); });
+poll();

@@ -1,0 +1,635 @@
+//! Seeing into a running control plane: propagation status, replica digests, the reverse
+//! lookup, `unregister`, and the dashboard in a real browser (standalone; the Kubernetes side of
+//! these is in tests/kubernetes.rs).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{Observer, SNP_TYPE, http_get, start, test_config};
+use dubbo_cp::dds::clients::ClientView;
+use dubbo_cp::digest::DigestView;
+use dubbo_cp::server::RunningServer;
+
+/// Runs a client sub-command of the real binary to completion.
+async fn run_client(args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args(args)
+        .output()
+        .await
+        .expect("cannot run dubbo-cp")
+}
+
+fn text(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+async fn register(server: SocketAddr, namespace: &str, application: &str, interfaces: &[&str]) {
+    let reply = common::client(server)
+        .await
+        .register_service_app_mapping(common::request(namespace, application, interfaces))
+        .await;
+    assert!(reply.is_ok_and(|r| r.into_inner().success));
+}
+
+async fn clients(admin: SocketAddr) -> Vec<ClientView> {
+    let (status, body) = http_get(admin, "/debug/clients").await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    serde_json::from_value(answer["clients"].clone()).unwrap()
+}
+
+/// Polls `/debug/clients` until `check` holds (the stream task updates its entry on events).
+async fn wait_for_clients(
+    admin: SocketAddr,
+    check: impl Fn(&[ClientView]) -> bool,
+) -> Vec<ClientView> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let views = clients(admin).await;
+        if check(&views) {
+            return views;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never: {views:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn digests(admin: SocketAddr) -> DigestView {
+    let (status, body) = http_get(admin, "/debug/digest?objects=true").await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+fn digest_of<'a>(view: &'a DigestView, kind: &str) -> &'a str {
+    &view.kinds.iter().find(|k| k.kind == kind).unwrap().digest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_acking_shows_as_not_synced_with_its_revisions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    config.debounce.enable = false;
+    let server = start(config).await;
+    let admin = server.admin_addr;
+
+    let mut observer = Observer::open(server.grpc_addr).await;
+    observer.subscribe(SNP_TYPE).await;
+    let first = observer.next().await;
+    observer.ack(&first).await;
+    let synced = wait_for_clients(admin, |v| {
+        v.len() == 1 && v[0].kinds.len() == 1 && v[0].kinds[0].synced
+    })
+    .await;
+    assert_eq!(synced[0].kinds[0].acked, Some(first.revision));
+    assert!(
+        synced[0]
+            .peer
+            .as_deref()
+            .is_some_and(|p| p.starts_with("127.0.0.1:"))
+    );
+
+    // The next state is sent and never acknowledged; a third waits behind it.
+    register(server.grpc_addr, "demo", "a", &["org.example.A"]).await;
+    let second = observer.next().await;
+    register(server.grpc_addr, "demo", "b", &["org.example.B"]).await;
+    common::wait_published(&server, 2).await;
+    let third = server
+        .index
+        .current(dubbo_cp::index::Kind::ServiceNameMapping)
+        .revision;
+    let stale = wait_for_clients(admin, |v| {
+        v[0].kinds[0].current == third && v[0].kinds[0].sent == Some(second.revision)
+    })
+    .await;
+    let status = &stale[0].kinds[0];
+    assert_eq!(
+        (
+            status.kind.as_str(),
+            status.sent,
+            status.acked,
+            status.synced
+        ),
+        (
+            "ServiceNameMapping",
+            Some(second.revision),
+            Some(first.revision),
+            false
+        )
+    );
+    assert!(status.lag_seconds > 0.0, "{status:?}");
+    assert_eq!(
+        common::metric(
+            admin,
+            "dubbo_cp_dds_streams_not_synced{kind=\"ServiceNameMapping\"}"
+        )
+        .await,
+        1.0
+    );
+
+    let admin_flag = admin.to_string();
+    let table = run_client(&["status", "--admin", &admin_flag, "--stale"]).await;
+    assert!(table.status.success(), "{}", text(&table));
+    let rows: Vec<String> = text(&table).lines().skip(1).map(str::to_owned).collect();
+    assert_eq!(rows.len(), 1, "{}", text(&table));
+    let cells: Vec<&str> = rows[0].split_whitespace().collect();
+    assert_eq!(cells[cells.len() - 1], "NO", "{rows:?}");
+    assert!(
+        cells.contains(&second.revision.to_string().as_str())
+            && cells.contains(&first.revision.to_string().as_str()),
+        "{rows:?}"
+    );
+    let other_kind = run_client(&["status", "--admin", &admin_flag, "--kind", "TagRoute"]).await;
+    assert_eq!(
+        text(&other_kind).lines().count(),
+        1,
+        "{}",
+        text(&other_kind)
+    );
+
+    // Acknowledging catches up: the newest state comes, and its ACK makes the client synced.
+    observer.ack(&second).await;
+    let newest = observer.next().await;
+    assert_eq!(newest.revision, third);
+    observer.ack(&newest).await;
+    wait_for_clients(admin, |v| {
+        v[0].kinds[0].synced && v[0].kinds[0].acked == Some(third)
+    })
+    .await;
+    assert_eq!(
+        common::metric(
+            admin,
+            "dubbo_cp_dds_streams_not_synced{kind=\"ServiceNameMapping\"}"
+        )
+        .await,
+        0.0
+    );
+    assert!(common::metric(admin, "dubbo_cp_dds_ack_delay_seconds_count").await >= 2.0);
+    drop(observer);
+    wait_for_clients(admin, <[ClientView]>::is_empty).await;
+    assert!(server.stop().await.is_ok());
+}
+
+/// Starts a standalone server on `dir` with every registration flushed on its own.
+async fn standalone(dir: &Path) -> RunningServer {
+    let mut config = test_config(dir);
+    config.debounce.enable = false;
+    start(config).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converged_replicas_have_equal_digests_and_a_direct_store_edit_shows_where_they_differ() {
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (
+        standalone(dir_a.path()).await,
+        standalone(dir_b.path()).await,
+    );
+    // The same registrations in a different order: the same state.
+    for (server, order) in [(&a, [0, 1]), (&b, [1, 0])] {
+        let registrations = [
+            ("demo", "a", "org.example.A"),
+            ("demo", "b", "org.example.B"),
+        ];
+        for i in order {
+            let (ns, app, iface) = registrations[i];
+            register(server.grpc_addr, ns, app, &[iface]).await;
+        }
+        common::wait_published(server, 2).await;
+    }
+    let (view_a, view_b) = (digests(a.admin_addr).await, digests(b.admin_addr).await);
+    for kind in &view_a.kinds {
+        assert_eq!(kind.digest, digest_of(&view_b, &kind.kind), "{}", kind.kind);
+    }
+    let addresses = [a.admin_addr.to_string(), b.admin_addr.to_string()];
+    let agree = run_client(&["status", "--compare", &addresses[0], &addresses[1]]).await;
+    assert!(agree.status.success(), "{}", text(&agree));
+    assert!(
+        text(&agree).contains("ServiceNameMapping     yes"),
+        "{}",
+        text(&agree)
+    );
+    let metrics = http_get(a.admin_addr, "/metrics").await.1;
+    let label = format!("digest=\"{}\"", digest_of(&view_a, "ServiceNameMapping"));
+    assert!(metrics.contains(&label), "{metrics}");
+
+    // An operator edits replica b's database by hand while it is stopped.
+    assert!(b.stop().await.is_ok());
+    {
+        let db = rusqlite::Connection::open(dir_b.path().join(dubbo_cp::store::DB_FILE)).unwrap();
+        db.execute(
+            "INSERT INTO mapping (namespace, interface, application) VALUES ('demo', 'org.example.A', 'intruder')",
+            [],
+        )
+        .unwrap();
+    }
+    let b = standalone(dir_b.path()).await;
+    common::wait_published_apps(&b, "org-example-a/demo", 2).await;
+    let view_b = digests(b.admin_addr).await;
+    assert_ne!(
+        digest_of(&view_a, "ServiceNameMapping"),
+        digest_of(&view_b, "ServiceNameMapping")
+    );
+    assert_eq!(
+        digest_of(&view_a, "TagRoute"),
+        digest_of(&view_b, "TagRoute")
+    );
+    let addresses = [a.admin_addr.to_string(), b.admin_addr.to_string()];
+    let differ = run_client(&["status", "--compare", &addresses[0], &addresses[1]]).await;
+    assert!(!differ.status.success(), "{}", text(&differ));
+    let report = text(&differ);
+    assert!(report.contains("ServiceNameMapping     NO"), "{report}");
+    assert!(report.contains("differs: org-example-a/demo"), "{report}");
+    assert!(!report.contains("differs: org-example-b/demo"), "{report}");
+    assert!(report.contains("disagree on 1 kind"), "{report}");
+    assert!(a.stop().await.is_ok());
+    assert!(b.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applications_are_found_by_name_and_unregister_removes_one_durably() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = standalone(dir.path()).await;
+    register(
+        server.grpc_addr,
+        "demo",
+        "app1",
+        &["org.example.X", "org.example.Y"],
+    )
+    .await;
+    register(server.grpc_addr, "demo", "app2", &["org.example.Y"]).await;
+    register(server.grpc_addr, "other", "app1", &["org.example.Z"]).await;
+    common::wait_published_apps(&server, "org-example-y/demo", 2).await;
+    common::wait_published(&server, 3).await;
+    let admin = server.admin_addr.to_string();
+
+    let (_, body) = http_get(server.admin_addr, "/debug/applications?application=app1").await;
+    let found: Vec<dubbo_cp::admin::ApplicationView> = serde_json::from_str(&body).unwrap();
+    let found: Vec<(&str, Vec<&str>)> = found
+        .iter()
+        .map(|v| {
+            (
+                v.namespace.as_str(),
+                v.interfaces.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        vec![
+            ("demo", vec!["org.example.X", "org.example.Y"]),
+            ("other", vec!["org.example.Z"])
+        ]
+    );
+    let lookup = run_client(&[
+        "get", "mappings", "--admin", &admin, "-a", "app1", "-n", "demo",
+    ])
+    .await;
+    assert!(lookup.status.success(), "{}", text(&lookup));
+    let rows: Vec<Vec<String>> = text(&lookup)
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            vec!["demo", "app1", "org.example.X"],
+            vec!["demo", "app1", "org.example.Y"]
+        ]
+    );
+    let apps = run_client(&["get", "applications", "--admin", &admin, "-n", "demo"]).await;
+    let rows: Vec<Vec<String>> = text(&apps)
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect();
+    assert_eq!(
+        rows,
+        vec![vec!["demo", "app1", "2"], vec!["demo", "app2", "1"]]
+    );
+
+    // Unregister from one interface: the stream shows it gone; X loses its last application.
+    let mut observer = Observer::open(server.grpc_addr).await;
+    observer.subscribe(SNP_TYPE).await;
+    let before = observer.next().await;
+    observer.ack(&before).await;
+    let out = run_client(&[
+        "unregister",
+        "--admin",
+        &admin,
+        "-n",
+        "demo",
+        "-a",
+        "app1",
+        "org.example.X",
+    ])
+    .await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("app1 removed from demo/org.example.X"),
+        "{}",
+        text(&out)
+    );
+    let after = observer.next().await;
+    assert!(after.revision > before.revision);
+    let state = common::mappings_of(&after);
+    assert!(!state.contains_key("org-example-x/demo"), "{state:?}");
+    assert_eq!(state["org-example-y/demo"].1.len(), 2);
+    // Nothing to remove is a clear error, and a registration adds it back as usual.
+    let none = run_client(&[
+        "unregister",
+        "--admin",
+        &admin,
+        "-n",
+        "demo",
+        "-a",
+        "nobody",
+    ])
+    .await;
+    assert!(!none.status.success());
+    assert!(text(&none).contains("\"nobody\""), "{}", text(&none));
+    // Without interfaces: every interface of the application in that namespace.
+    let all = run_client(&["unregister", "--admin", &admin, "-n", "demo", "-a", "app1"]).await;
+    assert!(text(&all).contains("demo/org.example.Y"), "{}", text(&all));
+    assert_eq!(
+        common::metric(server.admin_addr, "dubbo_cp_store_pairs_removed_total").await,
+        2.0
+    );
+    let revision = server
+        .index
+        .current(dubbo_cp::index::Kind::ServiceNameMapping)
+        .revision;
+    assert!(server.stop().await.is_ok());
+
+    // Durable: a restart serves the state without app1 in demo, at a higher revision.
+    let server = standalone(dir.path()).await;
+    let state = common::admin_mappings(server.admin_addr).await;
+    let demo: Vec<_> = state.iter().filter(|((ns, _), _)| ns == "demo").collect();
+    assert_eq!(demo.len(), 1, "{state:?}");
+    assert_eq!(demo[0].1.iter().collect::<Vec<_>>(), vec!["app2"]);
+    assert!(
+        server
+            .index
+            .current(dubbo_cp::index::Kind::ServiceNameMapping)
+            .revision
+            > revision
+    );
+    register(server.grpc_addr, "demo", "app1", &["org.example.X"]).await;
+    common::wait_published(&server, 3).await;
+    assert!(server.stop().await.is_ok());
+}
+
+/// Chromium from the distribution: on the PATH, else installed by this setup with apt-get
+/// (the project's own test setup, so a fresh CI machine needs nothing beforehand).
+fn chromium() -> PathBuf {
+    let find = || {
+        ["chromium", "chromium-browser", "google-chrome"]
+            .iter()
+            .flat_map(|name| {
+                std::env::var_os("PATH")
+                    .map(|path| {
+                        std::env::split_paths(&path)
+                            .map(|dir| dir.join(name))
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default()
+            })
+            .find(|path| path.is_file())
+    };
+    if let Some(path) = find() {
+        return path;
+    }
+    let apt = |args: &[&str]| {
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0"));
+        let mut command = if root {
+            std::process::Command::new("apt-get")
+        } else {
+            let mut sudo = std::process::Command::new("sudo");
+            sudo.args(["-n", "apt-get"]);
+            sudo
+        };
+        command
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    eprintln!("installing chromium from the distribution's packages");
+    if !apt(&["install", "-y", "-q", "--no-install-recommends", "chromium"]) {
+        assert!(apt(&["update", "-q"]), "apt-get update failed");
+        assert!(
+            apt(&["install", "-y", "-q", "--no-install-recommends", "chromium"]),
+            "apt-get install chromium failed"
+        );
+    }
+    find().expect("chromium installed but not on the PATH")
+}
+
+/// A headless Chromium and one page of it, driven over the DevTools protocol.
+struct Browser {
+    process: std::process::Child,
+    socket: tungstenite::WebSocket<std::net::TcpStream>,
+    session: String,
+    next_id: u64,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+impl Browser {
+    fn open(url: &str) -> Browser {
+        use std::io::BufRead;
+        let profile = tempfile::tempdir().unwrap();
+        let mut process = std::process::Command::new(chromium())
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--remote-debugging-address=127.0.0.1",
+                "--remote-debugging-port=0",
+                "--window-size=1280,900",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("cannot start chromium");
+        let stderr = process.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(url) = line.split("DevTools listening on ").nth(1) {
+                    let _ = tx.send(url.trim().to_owned());
+                }
+            }
+        });
+        let ws = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("chromium did not start");
+        let address = ws
+            .trim_start_matches("ws://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        let stream = std::net::TcpStream::connect(&address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let (socket, _) = tungstenite::client(ws.as_str(), stream).expect("DevTools handshake");
+        let mut browser = Browser {
+            process,
+            socket,
+            session: String::new(),
+            next_id: 0,
+            _profile: profile,
+        };
+        let target = browser.call("Target.createTarget", serde_json::json!({"url": url}));
+        let attached = browser.call(
+            "Target.attachToTarget",
+            serde_json::json!({"targetId": target["targetId"], "flatten": true}),
+        );
+        browser.session = attached["sessionId"].as_str().unwrap().to_owned();
+        browser
+    }
+
+    /// One command; waits for its answer, skipping events.
+    fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        self.next_id += 1;
+        let mut message =
+            serde_json::json!({"id": self.next_id, "method": method, "params": params});
+        if !self.session.is_empty() {
+            message["sessionId"] = self.session.clone().into();
+        }
+        self.socket
+            .send(tungstenite::Message::text(message.to_string()))
+            .unwrap();
+        loop {
+            let answer = self.socket.read().expect("DevTools connection lost");
+            let Ok(text) = answer.to_text() else { continue };
+            let answer: serde_json::Value = serde_json::from_str(text).unwrap();
+            if answer["id"] == self.next_id {
+                assert!(answer.get("error").is_none(), "{method}: {answer}");
+                return answer["result"].clone();
+            }
+        }
+    }
+
+    fn evaluate(&mut self, expression: &str) -> serde_json::Value {
+        let result = self.call(
+            "Runtime.evaluate",
+            serde_json::json!({"expression": expression, "returnByValue": true}),
+        );
+        result["result"]["value"].clone()
+    }
+
+    /// Evaluates `expression` until it is `true` (the page polls the server once a second).
+    fn wait_for(&mut self, expression: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while self.evaluate(expression) != serde_json::Value::Bool(true) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "page never showed: {expression}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn screenshot(&mut self, path: &Path) {
+        use base64::Engine;
+        let shot = self.call(
+            "Page.captureScreenshot",
+            serde_json::json!({"format": "png"}),
+        );
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap())
+            .unwrap();
+        std::fs::write(path, png).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_a_new_mapping_and_a_stale_client_without_a_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = standalone(dir.path()).await;
+    let url = format!("http://{}/ui", server.admin_addr);
+    let mut browser = tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::open(&url);
+        browser.wait_for("document.body.dataset.loaded === 'true'");
+        // Survives only if the page is never reloaded.
+        browser.evaluate("window.__sameDocument = true");
+        assert_eq!(
+            browser.evaluate("document.querySelectorAll('tr.mapping').length"),
+            serde_json::json!(0)
+        );
+        browser
+    })
+    .await
+    .unwrap();
+
+    // A client that takes the next state and never acknowledges it.
+    let mut observer = Observer::open(server.grpc_addr).await;
+    observer.subscribe(SNP_TYPE).await;
+    let first = observer.next().await;
+    observer.ack(&first).await;
+    register(
+        server.grpc_addr,
+        "demo",
+        "greeter-app",
+        &["org.example.Greeter"],
+    )
+    .await;
+    let _unacked = observer.next().await;
+    register(
+        server.grpc_addr,
+        "demo",
+        "other-app",
+        &["org.example.Other"],
+    )
+    .await;
+
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    let shot_path = shot.clone();
+    tokio::task::spawn_blocking(move || {
+        browser.wait_for(
+            "[...document.querySelectorAll('tr.mapping[data-interface=\"org.example.Greeter\"]')]\
+             .some(row => row.textContent.includes('greeter-app'))",
+        );
+        browser.wait_for(
+            "!!document.querySelector('tr.client.stale[data-kind=\"ServiceNameMapping\"]')",
+        );
+        browser.wait_for("!!document.querySelector('tr.kind[data-kind=\"TagRoute\"]')");
+        assert_eq!(
+            browser.evaluate("window.__sameDocument"),
+            serde_json::json!(true)
+        );
+        browser.screenshot(&shot_path);
+    })
+    .await
+    .unwrap();
+    // Where CI finds the artifact.
+    println!("dashboard screenshot: {}", shot.display());
+    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000));
+    drop(observer);
+    assert!(server.stop().await.is_ok());
+}
