@@ -81,6 +81,28 @@ pub struct Config {
     pub ca: CaConfig,
     #[command(flatten)]
     pub webhook: WebhookConfig,
+    #[command(flatten)]
+    pub mapping: MappingConfig,
+}
+
+/// The lifecycle of mappings (Kubernetes mode).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct MappingConfig {
+    /// An application leaves a mapping once none of the pods that registered it has existed
+    /// for this long (`0` never); applications registered without a pod identity stay.
+    #[arg(id = "mapping.expireAfter", long = "mapping-expire-after",
+          env = "DUBBO_CP_MAPPING_EXPIRE_AFTER", value_parser = parse_duration)]
+    #[serde(with = "duration")]
+    pub expire_after: Duration,
+}
+
+impl Default for MappingConfig {
+    fn default() -> Self {
+        Self {
+            expire_after: Duration::from_secs(24 * 3600),
+        }
+    }
 }
 
 /// The pod admission webhook (Kubernetes mode, with the CA).
@@ -251,6 +273,7 @@ impl Default for Config {
             rules: RulesConfig::default(),
             ca: CaConfig::default(),
             webhook: WebhookConfig::default(),
+            mapping: MappingConfig::default(),
         }
     }
 }

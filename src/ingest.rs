@@ -133,7 +133,7 @@ impl Ingest {
             .and_then(|i| i.pod.as_ref().map(|pod| pod.name.clone()))
             .unwrap_or_default();
         let request = request.into_inner();
-        let registration = match validate_registration(
+        let mut registration = match validate_registration(
             &request.namespace,
             &request.application_name,
             &request.interface_names,
@@ -150,6 +150,12 @@ impl Ingest {
         {
             return self.refuse(refusal);
         }
+        // The pod is recorded so the application can expire once its pods are gone; only a
+        // pod of the registration's own namespace (an admin's pod elsewhere is not tracked).
+        registration.pod = identity
+            .as_ref()
+            .filter(|i| i.namespace == registration.namespace)
+            .and_then(|i| i.pod.as_ref().map(|pod| pod.name.clone()));
         let namespace = registration.namespace.clone();
         let application = registration.application.clone();
         let interfaces = registration.interfaces.len();

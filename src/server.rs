@@ -143,14 +143,21 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     }
 
     let authority = open_ca(&config, kube_client.as_ref(), &mut registry, &mut tasks).await?;
-    let policy = auth_policy(
+    let (policy, pods) = auth_policy(
         &config,
         kube_client.as_ref(),
         &mut registry,
         &mut tasks,
         shutdown_rx.clone(),
-    )?
-    .with_dubbo_jwt(
+    )?;
+    start_expiry(
+        &config,
+        &source,
+        kube_client.as_ref().zip(pods),
+        &mut registry,
+        &mut tasks,
+    );
+    let policy = policy.with_dubbo_jwt(
         authority
             .clone()
             .map(|a| Arc::new(a) as Arc<dyn TokenVerifier>),
@@ -465,13 +472,12 @@ async fn open_kubernetes(
     let (changes_tx, changes) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
     let data_dir = config.data_dir.clone();
     let limits = store_limits(config);
-    let applications = cluster.applications();
-    let (outbox, writer) = tokio::task::spawn_blocking(move || {
-        Outbox::open(&data_dir, applications, limits, changes_tx)
-    })
-    .await
-    .context("outbox open task failed")?
-    .with_context(|| format!("cannot open the outbox in {}", config.data_dir.display()))?;
+    let known = (cluster.applications(), cluster.registrants());
+    let (outbox, writer) =
+        tokio::task::spawn_blocking(move || Outbox::open(&data_dir, known, limits, changes_tx))
+            .await
+            .context("outbox open task failed")?
+            .with_context(|| format!("cannot open the outbox in {}", config.data_dir.display()))?;
     outbox.register_metrics(registry);
     let index = Arc::new(Index::new(outbox.opened_revision()));
 
@@ -613,7 +619,7 @@ fn auth_policy(
     registry: &mut Registry,
     tasks: &mut Supervisor,
     mut shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<Policy> {
+) -> anyhow::Result<(Policy, Option<Arc<PodView>>)> {
     let policy = |authenticator: Option<Arc<dyn Authenticator>>| {
         Policy::new(
             authenticator,
@@ -625,11 +631,11 @@ fn auth_policy(
     if config.uses_token_review() {
         let client =
             kube_client.context("service-account authentication needs a Kubernetes client")?;
-        let authenticator = service_accounts(config, client, registry, tasks);
-        return Ok(policy(Some(authenticator)));
+        let (authenticator, pods) = service_accounts(config, client, registry, tasks);
+        return Ok((policy(Some(authenticator)), Some(pods)));
     }
     let Some(path) = &config.auth.token_file else {
-        return Ok(policy(None));
+        return Ok((policy(None), None));
     };
     let (tokens, modified) = StaticTokens::open(path)?;
     let reload = config.auth.reload_interval;
@@ -641,7 +647,40 @@ fn auth_policy(
         }
         Ok(())
     });
-    Ok(policy(Some(tokens)))
+    Ok((policy(Some(tokens)), None))
+}
+
+/// Kubernetes mode with pod-bound tokens: applications whose registering pods are gone leave
+/// their mappings after `mapping.expireAfter`. Without pod identities nothing can expire.
+fn start_expiry(
+    config: &Config,
+    source: &Source,
+    cluster: Option<(&kube::Client, Arc<PodView>)>,
+    registry: &mut Registry,
+    tasks: &mut Supervisor,
+) {
+    let (Some((client, pods)), Some((_, outbox)), MappingSource::Cluster(view)) =
+        (cluster, &source.kube, &source.mappings)
+    else {
+        return;
+    };
+    if config.mapping.expire_after.is_zero() {
+        tracing::info!("mapping.expireAfter is 0: applications never expire");
+        return;
+    }
+    let expiry = k8s::expiry::Expiry::new(
+        client.clone(),
+        view.clone(),
+        pods,
+        outbox.clone(),
+        config.mapping.expire_after,
+    );
+    expiry.stats().register_metrics(registry);
+    let run = expiry.run(tasks.shutdown_receiver());
+    tasks.spawn("mapping expiry", async move {
+        run.await;
+        Ok(())
+    });
 }
 
 /// Kubernetes authentication: the cluster's token keys and its pods, both kept by background
@@ -651,7 +690,7 @@ fn service_accounts(
     client: &kube::Client,
     registry: &mut Registry,
     tasks: &mut Supervisor,
-) -> Arc<dyn Authenticator> {
+) -> (Arc<dyn Authenticator>, Arc<PodView>) {
     let auth = &config.auth;
     let requests = Arc::new(RateLimiter::new(
         auth.token_reviews_per_second,
@@ -676,7 +715,7 @@ fn service_accounts(
     });
     let authenticator = ServiceAccountAuthenticator::new(
         keys,
-        pods,
+        pods.clone(),
         TokenReviewer::new(client.clone()),
         requests,
         auth.api_audiences.clone(),
@@ -687,7 +726,7 @@ fn service_accounts(
         },
     );
     authenticator.stats().register_metrics(registry);
-    Arc::new(authenticator)
+    (Arc::new(authenticator), pods)
 }
 
 /// Refuses to serve an unauthenticated control plane beyond loopback unless told to.

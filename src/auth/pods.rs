@@ -58,6 +58,12 @@ impl PodView {
         self.synced.load(Ordering::Acquire)
     }
 
+    /// Whether the watch sees pod `namespace/name` now (no API request).
+    pub fn contains(&self, namespace: &str, name: &str) -> bool {
+        self.pods
+            .contains_key(&(namespace.to_owned(), name.to_owned()))
+    }
+
     /// The pod `namespace/name`: from the watch, else one paced GET.
     pub async fn lookup(&self, namespace: &str, name: &str) -> Result<PodLookup, AuthError> {
         if let Some(pod) = self.pods.get(&(namespace.to_owned(), name.to_owned())) {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 
+use crate::mapping::registrants::{Pods, Registrants, SharedRegistrants};
 use crate::mapping::{MappingKey, SharedMappings};
 
 /// One watched object as the control plane understands it.
@@ -14,6 +15,8 @@ use crate::mapping::{MappingKey, SharedMappings};
 pub struct WatchedMapping {
     pub key: MappingKey,
     pub applications: BTreeSet<String>,
+    /// Its registrant record (annotation); empty when it has none or it does not parse.
+    pub registrants: Registrants,
 }
 
 /// The watched mappings; the watch is its only writer.
@@ -25,12 +28,34 @@ pub struct ClusterView {
     applications: Arc<SharedMappings>,
     /// Names of the objects holding each key.
     names: DashMap<MappingKey, BTreeSet<String>>,
+    /// Registering pods per key, merged over every object holding it (pinned wins).
+    registrants: Arc<SharedRegistrants>,
 }
 
 impl ClusterView {
     /// The applications per key, shared with the outbox.
     pub fn applications(&self) -> Arc<SharedMappings> {
         self.applications.clone()
+    }
+
+    /// The registrant records per key, shared with the outbox.
+    pub fn registrants(&self) -> Arc<SharedRegistrants> {
+        self.registrants.clone()
+    }
+
+    /// Every key with a registrant record and its applications, for the expiry loop.
+    pub fn records(&self) -> Vec<(MappingKey, BTreeSet<String>, Registrants)> {
+        self.registrants
+            .iter()
+            .map(|entry| {
+                let applications = self
+                    .applications
+                    .get(entry.key())
+                    .map(|apps| apps.clone())
+                    .unwrap_or_default();
+                (entry.key().clone(), applications, entry.value().clone())
+            })
+            .collect()
     }
 
     /// Names of the objects that hold `key`, sorted.
@@ -71,6 +96,7 @@ impl ClusterView {
         *objects = listed;
         self.applications.clear();
         self.names.clear();
+        self.registrants.clear();
         for (name, mapping) in objects.values() {
             self.applications
                 .entry(mapping.key.clone())
@@ -80,6 +106,12 @@ impl ClusterView {
                 .entry(mapping.key.clone())
                 .or_default()
                 .insert(name.clone());
+            if !mapping.registrants.is_empty() {
+                union(
+                    &mut self.registrants.entry(mapping.key.clone()).or_default(),
+                    &mapping.registrants,
+                );
+            }
         }
     }
 
@@ -88,9 +120,16 @@ impl ClusterView {
         let holding = objects.values().filter(|(_, m)| &m.key == key);
         let mut applications = BTreeSet::new();
         let mut names = BTreeSet::new();
+        let mut registrants = Registrants::new();
         for (name, mapping) in holding {
             applications.extend(mapping.applications.iter().cloned());
             names.insert(name.clone());
+            union(&mut registrants, &mapping.registrants);
+        }
+        if registrants.is_empty() {
+            self.registrants.remove(key);
+        } else {
+            self.registrants.insert(key.clone(), registrants);
         }
         if names.is_empty() {
             self.applications.remove(key);
@@ -98,6 +137,20 @@ impl ClusterView {
         } else {
             self.applications.insert(key.clone(), applications);
             self.names.insert(key.clone(), names);
+        }
+    }
+}
+
+/// Adds `other`'s records to `into`: pods add up, and a pinned application stays pinned.
+fn union(into: &mut Registrants, other: &Registrants) {
+    for (application, pods) in other {
+        match (into.get_mut(application), pods) {
+            (Some(Pods::Pinned), _) => {}
+            (Some(known), Pods::Pinned) => *known = Pods::Pinned,
+            (Some(Pods::Tracked(known)), Pods::Tracked(more)) => known.extend(more.iter().cloned()),
+            (None, pods) => {
+                into.insert(application.clone(), pods.clone());
+            }
         }
     }
 }
@@ -110,6 +163,7 @@ mod tests {
         WatchedMapping {
             key: MappingKey::new("ns", interface),
             applications: apps.iter().map(|a| a.to_string()).collect(),
+            registrants: Registrants::new(),
         }
     }
 

@@ -1,8 +1,10 @@
 //! Kubernetes mode: the custom resources, the per-key queue that writes mappings, and the
-//! watches that feed what is in the cluster to the index (and to the [`cluster::ClusterView`]).
+//! watches that feed what is in the cluster to the index (and to the [`cluster::ClusterView`]),
+//! and the expiry of applications whose registering pods are gone ([`expiry`]).
 
 pub mod cluster;
 pub mod crd;
+pub mod expiry;
 pub mod watch;
 pub mod writer;
 

@@ -347,9 +347,24 @@ impl WatchedKind for MappingKind {
         let spec: ServiceNameMappingSpec =
             serde_json::from_value(spec).map_err(|err| format!("spec: {err}"))?;
         let namespace = object.metadata.namespace.clone().unwrap_or_default();
+        let registrants = object
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::mapping::registrants::ANNOTATION))
+            .and_then(|text| {
+                let parsed = crate::mapping::registrants::parse(text);
+                if parsed.is_none() {
+                    tracing::warn!(namespace, interface = %spec.interface_name,
+                        "unreadable registrant annotation; its applications never expire");
+                }
+                parsed
+            })
+            .unwrap_or_default();
         Ok(WatchedMapping {
             key: MappingKey::new(namespace, spec.interface_name),
             applications: spec.application_names.into_iter().collect(),
+            registrants,
         })
     }
 

@@ -35,6 +35,7 @@ use tokio::time::Instant;
 
 use super::cluster::ClusterView;
 use super::crd::{INTERFACE_LABEL, ServiceNameMapping};
+use crate::mapping::registrants::{self, Pending, Registrants};
 use crate::mapping::{MappingDelta, MappingKey, candidate_names, label_value};
 use crate::metrics::{CodeLabel, latency_histogram};
 use crate::ratelimit::RateLimiter;
@@ -108,6 +109,14 @@ enum Failure {
     Transient(Duration),
     /// Park with this reason.
     Permanent(String),
+}
+
+/// One finished upsert of a key: what it tried to write, and how it went.
+struct Attempt {
+    key: MappingKey,
+    applications: BTreeSet<String>,
+    registrants: Pending,
+    result: Result<(), Failure>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,17 +227,14 @@ impl KubeWriter {
 
     /// Runs the queue until shutdown. What is not written stays in the outbox for the next start.
     pub async fn run(self: Arc<Self>, outbox: Outbox, mut shutdown: watch::Receiver<bool>) {
-        let mut workers: JoinSet<(MappingKey, BTreeSet<String>, Result<(), Failure>)> =
-            JoinSet::new();
+        let mut workers: JoinSet<Attempt> = JoinSet::new();
         loop {
-            let next_deadline = self.start_due(&mut workers);
+            let next_deadline = self.start_due(&mut workers, &outbox);
             tokio::select! {
                 () = crate::shutdown::signalled(&mut shutdown) => break,
                 () = self.wake.notified() => {}
                 Some(done) = workers.join_next(), if !workers.is_empty() => match done {
-                    Ok((key, applications, result)) => {
-                        self.finish(&outbox, key, applications, result).await;
-                    }
+                    Ok(attempt) => self.finish(&outbox, attempt).await,
                     Err(err) => tracing::error!(error = %err, "an upsert task failed"),
                 },
                 () = sleep_until(next_deadline) => {}
@@ -240,7 +246,8 @@ impl KubeWriter {
     /// Starts upserts of due keys while there are free workers; returns the next retry time.
     fn start_due(
         self: &Arc<Self>,
-        workers: &mut JoinSet<(MappingKey, BTreeSet<String>, Result<(), Failure>)>,
+        workers: &mut JoinSet<Attempt>,
+        outbox: &Outbox,
     ) -> Option<Instant> {
         let mut queue = self.queue();
         let next = queue.promote_due(Instant::now());
@@ -253,22 +260,30 @@ impl KubeWriter {
                 continue;
             };
             queue.in_flight.insert(key.clone());
+            // Read now: what is recorded later goes with the next attempt, and only what this
+            // one wrote leaves the outbox.
+            let registrants = outbox.registrants_of(&key);
             let writer = self.clone();
             workers.spawn(async move {
-                let result = writer.upsert(&key, &applications).await;
-                (key, applications, result)
+                let result = writer.upsert(&key, &applications, &registrants).await;
+                Attempt {
+                    key,
+                    applications,
+                    registrants,
+                    result,
+                }
             });
         }
         next
     }
 
-    async fn finish(
-        &self,
-        outbox: &Outbox,
-        key: MappingKey,
-        written: BTreeSet<String>,
-        result: Result<(), Failure>,
-    ) {
+    async fn finish(&self, outbox: &Outbox, attempt: Attempt) {
+        let Attempt {
+            key,
+            applications: written,
+            registrants,
+            result,
+        } = attempt;
         let now = Instant::now();
         let done = {
             let mut queue = self.queue();
@@ -323,7 +338,8 @@ impl KubeWriter {
             for application in written {
                 pairs.add(key.clone(), application);
             }
-            if let Err(err) = outbox.complete(pairs).await {
+            let registrants = BTreeMap::from([(key.clone(), registrants)]);
+            if let Err(err) = outbox.complete(pairs, registrants).await {
                 // As a `dyn Error`, so the log line carries the sources too.
                 let error: &dyn std::error::Error = &err;
                 tracing::warn!(error, %key, "written pairs stay in the outbox");
@@ -336,9 +352,10 @@ impl KubeWriter {
         &self,
         key: &MappingKey,
         applications: &BTreeSet<String>,
+        registrants: &Pending,
     ) -> Result<(), Failure> {
         let attempt = self.queue().attempts.get(key).copied().unwrap_or(0);
-        match self.upsert_once(key, applications).await {
+        match self.upsert_once(key, applications, registrants).await {
             Ok(Upserted::Written) => {
                 self.stats.writes.fetch_add(1, Ordering::Relaxed);
                 Ok(())
@@ -374,6 +391,7 @@ impl KubeWriter {
         &self,
         key: &MappingKey,
         applications: &BTreeSet<String>,
+        pending: &Pending,
     ) -> Result<Upserted, AttemptError> {
         let api: Api<ServiceNameMapping> = Api::namespaced(self.client.clone(), &key.namespace);
         let mut names = self.cluster.names_of(key);
@@ -384,7 +402,14 @@ impl KubeWriter {
         }
         for name in &names {
             let Some(mut existing) = self.request(api.get_opt(name)).await? else {
-                let object = ServiceNameMapping::for_key(name, key, applications);
+                let mut object = ServiceNameMapping::for_key(name, key, applications);
+                let mut record = Registrants::new();
+                if registrants::merge(&mut record, pending) {
+                    object.metadata.annotations = Some(BTreeMap::from([(
+                        registrants::ANNOTATION.to_owned(),
+                        registrants::format(&record),
+                    )]));
+                }
                 return match self
                     .request(api.create(&PostParams::default(), &object))
                     .await
@@ -403,10 +428,29 @@ impl KubeWriter {
                 existing.spec.application_names.iter().cloned().collect();
             let before = union.len();
             union.extend(applications.iter().cloned());
-            if union.len() == before {
+            // An unreadable record is replaced: applications it no longer names never expire.
+            let mut record = existing
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(registrants::ANNOTATION))
+                .and_then(|text| registrants::parse(text))
+                .unwrap_or_default();
+            let recorded = registrants::merge(&mut record, pending);
+            if union.len() == before && !recorded {
                 return Ok(Upserted::AlreadyPresent);
             }
             existing.spec.application_names = union.into_iter().collect();
+            if recorded {
+                existing
+                    .metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert(
+                        registrants::ANNOTATION.to_owned(),
+                        registrants::format(&record),
+                    );
+            }
             existing
                 .metadata
                 .labels
@@ -419,7 +463,11 @@ impl KubeWriter {
                 .await
             {
                 Ok(_) => Ok(Upserted::Written),
-                Err(kube::Error::Api(status)) if status.code == 409 => Err(AttemptError::Conflict),
+                // 404: deleted since the read (kubectl, or an expiry on another replica): the
+                // retry reads again and creates it. Not the permanent 404 of a missing CRD.
+                Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
+                    Err(AttemptError::Conflict)
+                }
                 Err(err) => Err(err.into()),
             };
         }

@@ -2,6 +2,7 @@
 //! interface in a namespace. No I/O, no protobuf, no Kubernetes here.
 
 mod name;
+pub mod registrants;
 mod validate;
 
 pub use name::{candidate_names, client_key, label_value, object_name};
@@ -52,6 +53,9 @@ pub struct Registration {
     pub application: String,
     /// Sorted and free of duplicates.
     pub interfaces: BTreeSet<String>,
+    /// The registering pod, in `namespace` (Kubernetes mode, from the caller's bound token):
+    /// recorded so the application can expire once its pods are gone. `None`: never expires.
+    pub pod: Option<String>,
 }
 
 impl Registration {
@@ -61,6 +65,7 @@ impl Registration {
         OVERHEAD
             + self.namespace.len()
             + self.application.len()
+            + self.pod.as_ref().map_or(0, String::len)
             + self
                 .interfaces
                 .iter()
@@ -165,6 +170,7 @@ mod tests {
             namespace: "ns".into(),
             application: "app".into(),
             interfaces: ["I1", "I2"].iter().map(|s| s.to_string()).collect(),
+            pod: None,
         };
         let keys: Vec<MappingKey> = reg.keys().collect();
         assert_eq!(

@@ -79,6 +79,7 @@ pub fn validate_registration(
         namespace: namespace.to_owned(),
         application: application.to_owned(),
         interfaces: unique,
+        pod: None,
     })
 }
 

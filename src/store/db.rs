@@ -17,9 +17,13 @@ use rusqlite::{Connection, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{RegisterOutcome, StoreError, StoreLimits, StoredChange};
+use crate::mapping::registrants::{self, PODLESS, Pending, SharedRegistrants};
 use crate::mapping::{
     MappingDelta, MappingKey, Registration, SharedMappings, candidate_names, contains_pair,
 };
+
+/// Pending registrant records per key (Kubernetes mode), written with their pairs.
+pub type PendingRegistrants = BTreeMap<MappingKey, Pending>;
 
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "dubbo-cp.db";
@@ -43,15 +47,19 @@ fn restrict_permissions(data_dir: &Path) -> std::io::Result<()> {
 }
 /// Held with an exclusive lock while a process uses the data directory.
 const LOCK_FILE: &str = "dubbo-cp.lock";
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 /// What the table means, and so what the writer does besides committing.
 #[derive(Clone)]
 pub(super) enum Role {
     /// The truth: every new key gets a persisted object name.
     Store,
-    /// Pending writes: pairs stored elsewhere (the watched cluster) need no write.
-    Outbox { elsewhere: Arc<SharedMappings> },
+    /// Pending writes: pairs stored elsewhere (the watched cluster) need no write, nor do
+    /// registering pods the cluster's objects already record.
+    Outbox {
+        elsewhere: Arc<SharedMappings>,
+        recorded: Arc<SharedRegistrants>,
+    },
 }
 
 /// Counters that tests, benchmarks, logs and `/metrics` read.
@@ -152,7 +160,7 @@ enum Command {
         reply: oneshot::Sender<Result<RegisterOutcome, StoreError>>,
     },
     /// Removes pairs that reached their final store (Kubernetes mode).
-    Complete(MappingDelta),
+    Complete(MappingDelta, PendingRegistrants),
     /// An operator removes an application (standalone): from these interfaces, or every one.
     Unregister {
         namespace: String,
@@ -169,6 +177,8 @@ pub(super) struct Known {
     pub committed: Arc<SharedMappings>,
     /// Object name per key (standalone).
     pub names: Arc<DashMap<MappingKey, String>>,
+    /// Registering pods committed here and not yet on the objects (Kubernetes mode).
+    pub registrants: Arc<DashMap<MappingKey, Pending>>,
     pub role: Role,
 }
 
@@ -176,16 +186,35 @@ impl Known {
     fn contains(&self, key: &MappingKey, application: &str) -> bool {
         contains_pair(&self.committed, key, application)
             || match &self.role {
-                Role::Outbox { elsewhere } => contains_pair(elsewhere, key, application),
+                Role::Outbox { elsewhere, .. } => contains_pair(elsewhere, key, application),
                 Role::Store => false,
             }
+    }
+
+    /// Whether `pod` registering `application` for `key` needs no write: the standalone store
+    /// keeps no pods; the outbox has it pending, or the cluster's object records it.
+    fn recorded(&self, key: &MappingKey, application: &str, pod: &str) -> bool {
+        match &self.role {
+            Role::Store => true,
+            Role::Outbox { recorded, .. } => {
+                registrants::is_pending(self.registrants.get(key).as_deref(), application, pod)
+                    || registrants::is_recorded(recorded.get(key).as_deref(), application, pod)
+            }
+        }
+    }
+
+    /// Stored with its pod: nothing to write.
+    fn holds(&self, key: &MappingKey, registration: &Registration) -> bool {
+        let pod = registration.pod.as_deref().unwrap_or(PODLESS);
+        self.contains(key, &registration.application)
+            && self.recorded(key, &registration.application, pod)
     }
 
     /// Applications `key` holds here and elsewhere.
     fn applications_of(&self, key: &MappingKey) -> usize {
         let here = self.committed.get(key);
         let elsewhere = match &self.role {
-            Role::Outbox { elsewhere } => elsewhere.get(key),
+            Role::Outbox { elsewhere, .. } => elsewhere.get(key),
             Role::Store => None,
         };
         match (here, elsewhere) {
@@ -245,6 +274,7 @@ impl Db {
         restrict_permissions(data_dir).map_err(dir_error)?;
         let opened_revision = bump_revision(&mut conn)?;
         let committed = load_all(&conn)?;
+        let pending_registrants = load_registrants(&conn)?;
         let mut taken: HashMap<String, HashSet<String>> = HashMap::new();
         let names = DashMap::new();
         if matches!(role, Role::Store) {
@@ -259,6 +289,7 @@ impl Db {
         let known = Known {
             committed: Arc::new(committed),
             names: Arc::new(names),
+            registrants: Arc::new(pending_registrants),
             role,
         };
 
@@ -344,7 +375,7 @@ impl Db {
     fn is_stored(&self, registration: &Registration) -> bool {
         registration
             .keys()
-            .all(|key| self.known.contains(&key, &registration.application))
+            .all(|key| self.known.holds(&key, registration))
     }
 
     /// Everything committed, sorted.
@@ -380,9 +411,13 @@ impl Db {
 
     /// Removes pairs that have reached their final store. Returns once the removal is queued
     /// behind every registration queued before it.
-    pub async fn complete(&self, pairs: MappingDelta) -> Result<(), StoreError> {
+    pub async fn complete(
+        &self,
+        pairs: MappingDelta,
+        registrants: PendingRegistrants,
+    ) -> Result<(), StoreError> {
         self.queue
-            .send(Command::Complete(pairs))
+            .send(Command::Complete(pairs, registrants))
             .await
             .map_err(|_| StoreError::ShuttingDown)
     }
@@ -441,11 +476,11 @@ impl Writer {
                         self.stats.queued_bytes.fetch_sub(bytes, Ordering::SeqCst);
                         batch.push((registration, reply));
                     }
-                    Command::Complete(pairs) => {
+                    Command::Complete(pairs, registrants) => {
                         // Registrations queued before it are committed first, so a pair
                         // registered again meanwhile is not lost by the removal.
                         self.commit(&mut batch);
-                        self.remove(&pairs);
+                        self.remove(&pairs, &registrants);
                     }
                     Command::Unregister {
                         namespace,
@@ -489,7 +524,8 @@ impl Writer {
         if removed.is_empty() {
             return Ok(removed);
         }
-        if let Err(err) = delete_pairs(&mut self.conn, &removed, Some(self.revision + 1)) {
+        let none = PendingRegistrants::new();
+        if let Err(err) = delete_pairs(&mut self.conn, &removed, &none, Some(self.revision + 1)) {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::CommitFailed(Arc::new(err)));
         }
@@ -508,13 +544,28 @@ impl Writer {
         Ok(removed)
     }
 
-    fn remove(&mut self, pairs: &MappingDelta) {
-        if let Err(err) = delete_pairs(&mut self.conn, pairs, None) {
+    fn remove(&mut self, pairs: &MappingDelta, registrants: &PendingRegistrants) {
+        if let Err(err) = delete_pairs(&mut self.conn, pairs, registrants, None) {
             // They stay in the outbox and are written again (a no-op upsert) after a restart.
             tracing::warn!(error = %err, "cannot remove written pairs from the outbox");
             return;
         }
         self.forget(pairs);
+        for (key, written) in registrants {
+            if let Some(mut pending) = self.known.registrants.get_mut(key) {
+                for (application, pods) in written {
+                    if let Some(left) = pending.get_mut(application) {
+                        left.retain(|pod| !pods.contains(pod));
+                        if left.is_empty() {
+                            pending.remove(application);
+                        }
+                    }
+                }
+            }
+            self.known
+                .registrants
+                .remove_if(key, |_, pending| pending.is_empty());
+        }
     }
 
     /// Drops removed pairs from the in-memory mirror.
@@ -556,19 +607,32 @@ impl Writer {
             return;
         }
         let mut new_pairs = MappingDelta::default();
+        let mut new_registrants = PendingRegistrants::new();
         let mut outcomes: Vec<Result<usize, StoreError>> = Vec::with_capacity(batch.len());
         let limit = self.limits.max_applications_per_key;
+        let tracks_pods = matches!(self.known.role, Role::Outbox { .. });
         for (registration, _) in batch.iter() {
             let application = &registration.application;
+            let pod = registration.pod.as_deref().unwrap_or(PODLESS);
+            // Keys where the pair, or the pod's record of it, is new.
             let fresh: Vec<MappingKey> = registration
                 .keys()
                 .filter(|key| {
-                    !self.known.contains(key, application) && !new_pairs.contains(key, application)
+                    !self.known.holds(key, registration)
+                        && !(new_pairs.contains(key, application)
+                            && (!tracks_pods
+                                || registrants::is_pending(
+                                    new_registrants.get(key),
+                                    application,
+                                    pod,
+                                )))
                 })
                 .collect();
             let full = fresh.iter().find(|key| {
+                let new_application =
+                    !self.known.contains(key, application) && !new_pairs.contains(key, application);
                 let pending = new_pairs.applications(key).map_or(0, BTreeSet::len);
-                self.known.applications_of(key) + pending >= limit
+                new_application && self.known.applications_of(key) + pending >= limit
             });
             if let Some(key) = full {
                 outcomes.push(Err(StoreError::TooManyApplications {
@@ -579,6 +643,13 @@ impl Writer {
             }
             outcomes.push(Ok(fresh.len()));
             for key in fresh {
+                if tracks_pods {
+                    registrants::add_pending(
+                        new_registrants.entry(key.clone()).or_default(),
+                        application,
+                        pod,
+                    );
+                }
                 new_pairs.add(key, application.clone());
             }
         }
@@ -603,7 +674,13 @@ impl Writer {
             Role::Outbox { .. } => Vec::new(),
         };
         let started = std::time::Instant::now();
-        let written = write_pairs(&mut self.conn, &new_pairs, &new_names, self.revision + 1);
+        let written = write_pairs(
+            &mut self.conn,
+            &new_pairs,
+            &new_registrants,
+            &new_names,
+            self.revision + 1,
+        );
         self.stats
             .commit_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -623,6 +700,12 @@ impl Writer {
                         .entry(key.clone())
                         .or_default()
                         .extend(apps.iter().cloned());
+                }
+                for (key, pending) in new_registrants {
+                    let mut known = self.known.registrants.entry(key).or_default();
+                    for (application, pods) in pending {
+                        known.entry(application).or_default().extend(pods);
+                    }
                 }
                 self.answer(batch, outcomes);
                 let change = StoredChange {
@@ -670,14 +753,26 @@ impl Writer {
     }
 }
 
-/// Deletes `pairs`; with `revision`, also moves the stored revision to it (a change clients see).
+/// Deletes `pairs` and written registrant records; with `revision`, also moves the stored
+/// revision to it (a change clients see).
 fn delete_pairs(
     conn: &mut Connection,
     pairs: &MappingDelta,
+    registrants: &PendingRegistrants,
     revision: Option<i64>,
 ) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     {
+        let mut forget = tx.prepare_cached(
+            "DELETE FROM registrant WHERE namespace = ?1 AND interface = ?2 AND application = ?3 AND pod = ?4",
+        )?;
+        for (key, pending) in registrants {
+            for (application, pods) in pending {
+                for pod in pods {
+                    forget.execute(params![key.namespace, key.interface, application, pod])?;
+                }
+            }
+        }
         if let Some(revision) = revision {
             tx.execute(
                 "UPDATE meta SET value = MAX(value, ?1) WHERE name = 'revision'",
@@ -715,6 +810,13 @@ fn prepare_schema(conn: &Connection) -> rusqlite::Result<()> {
              PRIMARY KEY (namespace, interface),
              UNIQUE (namespace, name)
          ) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS registrant (
+             namespace   TEXT NOT NULL,
+             interface   TEXT NOT NULL,
+             application TEXT NOT NULL,
+             pod         TEXT NOT NULL,
+             PRIMARY KEY (namespace, interface, application, pod)
+         ) WITHOUT ROWID;
          CREATE TABLE IF NOT EXISTS meta (
              name  TEXT PRIMARY KEY,
              value INTEGER NOT NULL
@@ -733,6 +835,24 @@ fn bump_revision(conn: &mut Connection) -> rusqlite::Result<i64> {
         [],
         |row| row.get(0),
     )
+}
+
+/// Registering pods committed and not yet written to their objects (Kubernetes mode).
+fn load_registrants(conn: &Connection) -> rusqlite::Result<DashMap<MappingKey, Pending>> {
+    let pending: DashMap<MappingKey, Pending> = DashMap::new();
+    let mut stmt = conn.prepare("SELECT namespace, interface, application, pod FROM registrant")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let key = MappingKey::new(row.get::<_, String>(0)?, row.get::<_, String>(1)?);
+        let application: String = row.get(2)?;
+        let pod: String = row.get(3)?;
+        registrants::add_pending(
+            pending.entry(key).or_default().value_mut(),
+            &application,
+            &pod,
+        );
+    }
+    Ok(pending)
 }
 
 fn load_all(conn: &Connection) -> rusqlite::Result<SharedMappings> {
@@ -804,11 +924,22 @@ fn load_names(
 fn write_pairs(
     conn: &mut Connection,
     pairs: &MappingDelta,
+    registrants: &PendingRegistrants,
     names: &[(MappingKey, String)],
     revision: i64,
 ) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     {
+        let mut record = tx.prepare_cached(
+            "INSERT OR IGNORE INTO registrant (namespace, interface, application, pod) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        for (key, pending) in registrants {
+            for (application, pods) in pending {
+                for pod in pods {
+                    record.execute(params![key.namespace, key.interface, application, pod])?;
+                }
+            }
+        }
         let mut insert = tx.prepare_cached(
             "INSERT OR IGNORE INTO mapping (namespace, interface, application) VALUES (?1, ?2, ?3)",
         )?;

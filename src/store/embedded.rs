@@ -166,6 +166,7 @@ mod tests {
             namespace: ns.into(),
             application: app.into(),
             interfaces: interfaces.iter().map(|s| s.to_string()).collect(),
+            pod: None,
         }
     }
 

@@ -9,8 +9,10 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use super::db::PendingRegistrants;
 use super::db::{Db, Role, StoreWriter};
 use super::{RegisterOutcome, StoreError, StoreLimits, StoreStats, StoredChange};
+use crate::mapping::registrants::{Pending, SharedRegistrants};
 use crate::mapping::{MappingDelta, MappingKey, Registration, SharedMappings};
 
 /// Handle to the outbox; cheap to clone.
@@ -24,11 +26,14 @@ impl Outbox {
     /// cluster: registrations whose pairs are all there need no write.
     pub fn open(
         data_dir: &Path,
-        cluster: Arc<SharedMappings>,
+        cluster: (Arc<SharedMappings>, Arc<SharedRegistrants>),
         limits: StoreLimits,
         changes: mpsc::Sender<StoredChange>,
     ) -> Result<(Outbox, StoreWriter), StoreError> {
-        let role = Role::Outbox { elsewhere: cluster };
+        let role = Role::Outbox {
+            elsewhere: cluster.0,
+            recorded: cluster.1,
+        };
         let (db, writer) = Db::open(data_dir, role, limits, changes)?;
         Ok((Outbox { db }, writer))
     }
@@ -55,9 +60,29 @@ impl Outbox {
             .sum()
     }
 
-    /// Removes pairs that are in the cluster now, so they are not written again after a restart.
-    pub async fn complete(&self, pairs: MappingDelta) -> Result<(), StoreError> {
-        self.db.complete(pairs).await
+    /// Whether `application` waits here to be written to `key`'s object.
+    pub fn holds(&self, key: &MappingKey, application: &str) -> bool {
+        crate::mapping::contains_pair(&self.db.known.committed, key, application)
+    }
+
+    /// The registering pods committed for `key` and not yet on its object.
+    pub fn registrants_of(&self, key: &MappingKey) -> Pending {
+        self.db
+            .known
+            .registrants
+            .get(key)
+            .map(|pending| pending.clone())
+            .unwrap_or_default()
+    }
+
+    /// Removes pairs (and the pods recorded with them) that are in the cluster now, so they are
+    /// not written again after a restart.
+    pub async fn complete(
+        &self,
+        pairs: MappingDelta,
+        registrants: PendingRegistrants,
+    ) -> Result<(), StoreError> {
+        self.db.complete(pairs, registrants).await
     }
 
     /// Bumped at every start, so an index that starts from it does not go backwards as far.
@@ -89,6 +114,7 @@ mod tests {
             namespace: "ns".into(),
             application: app.into(),
             interfaces: interfaces.iter().map(|s| s.to_string()).collect(),
+            pod: None,
         }
     }
 
@@ -98,17 +124,33 @@ mod tests {
             .unwrap();
     }
 
+    fn pinned(key: &MappingKey, app: &str) -> Arc<SharedRegistrants> {
+        let recorded = Arc::new(SharedRegistrants::new());
+        recorded
+            .entry(key.clone())
+            .or_default()
+            .insert(app.into(), crate::mapping::registrants::Pods::Pinned);
+        recorded
+    }
+
     #[tokio::test]
     async fn completed_pairs_leave_and_pairs_in_the_cluster_are_not_written() {
         let dir = tempfile::tempdir().unwrap();
         let cluster = Arc::new(SharedMappings::new());
+        let in_cluster = MappingKey::new("ns", "In-cluster");
         cluster
-            .entry(MappingKey::new("ns", "In-cluster"))
+            .entry(in_cluster.clone())
             .or_default()
             .insert("app".into());
+        let recorded = pinned(&in_cluster, "app");
         let (tx, _rx) = mpsc::channel(16);
-        let (outbox, writer) =
-            Outbox::open(dir.path(), cluster.clone(), StoreLimits::default(), tx).unwrap();
+        let (outbox, writer) = Outbox::open(
+            dir.path(),
+            (cluster.clone(), recorded.clone()),
+            StoreLimits::default(),
+            tx,
+        )
+        .unwrap();
         let present = outbox.register(registration("app", &["In-cluster"])).await;
         assert_eq!(present.ok(), Some(RegisterOutcome::AlreadyStored));
         assert_eq!(
@@ -124,12 +166,15 @@ mod tests {
         assert_eq!(outbox.pending_pairs(), 2);
         let mut written = MappingDelta::default();
         written.add(MappingKey::new("ns", "I1"), "app".into());
-        outbox.complete(written).await.unwrap();
+        outbox
+            .complete(written, PendingRegistrants::new())
+            .await
+            .unwrap();
         close(writer).await;
 
         let (tx, _rx) = mpsc::channel(16);
         let (reopened, writer) =
-            Outbox::open(dir.path(), cluster, StoreLimits::default(), tx).unwrap();
+            Outbox::open(dir.path(), (cluster, recorded), StoreLimits::default(), tx).unwrap();
         let left: Vec<MappingKey> = reopened.pending().into_keys().collect();
         assert_eq!(
             left,
@@ -152,12 +197,76 @@ mod tests {
             ..StoreLimits::default()
         };
         let (tx, _rx) = mpsc::channel(16);
-        let (outbox, writer) = Outbox::open(dir.path(), cluster, limits, tx).unwrap();
+        let recorded = Arc::new(SharedRegistrants::new());
+        let (outbox, writer) = Outbox::open(dir.path(), (cluster, recorded), limits, tx).unwrap();
         let refused = outbox.register(registration("c", &["I"])).await;
         assert!(
             matches!(refused, Err(StoreError::TooManyApplications { .. })),
             "{refused:?}"
         );
         close(writer).await;
+    }
+
+    #[tokio::test]
+    async fn a_new_pod_or_a_podless_caller_of_a_stored_pair_is_recorded_durably_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = MappingKey::new("ns", "I");
+        let cluster = Arc::new(SharedMappings::new());
+        cluster.entry(key.clone()).or_default().insert("app".into());
+        let recorded = Arc::new(SharedRegistrants::new());
+        recorded.entry(key.clone()).or_default().insert(
+            "app".into(),
+            crate::mapping::registrants::Pods::Tracked(["p1".to_string()].into()),
+        );
+        let from = |pod: Option<&str>| Registration {
+            pod: pod.map(Into::into),
+            ..registration("app", &["I"])
+        };
+        let (tx, _rx) = mpsc::channel(16);
+        let (outbox, writer) = Outbox::open(
+            dir.path(),
+            (cluster.clone(), recorded.clone()),
+            StoreLimits::default(),
+            tx,
+        )
+        .unwrap();
+        // The recorded pod: nothing to write.
+        assert_eq!(
+            outbox.register(from(Some("p1"))).await.ok(),
+            Some(RegisterOutcome::AlreadyStored)
+        );
+        // A new pod, and a caller without a pod (which pins the application), are written.
+        assert_eq!(
+            outbox.register(from(Some("p2"))).await.ok(),
+            Some(RegisterOutcome::Stored { added: 1 })
+        );
+        assert_eq!(
+            outbox.register(from(Some("p2"))).await.ok(),
+            Some(RegisterOutcome::AlreadyStored),
+            "pending already"
+        );
+        assert_eq!(
+            outbox.register(from(None)).await.ok(),
+            Some(RegisterOutcome::Stored { added: 1 })
+        );
+        close(writer).await;
+
+        // Durable: the pending record survives a restart, and leaves once written.
+        let (tx, _rx) = mpsc::channel(16);
+        let (reopened, writer) =
+            Outbox::open(dir.path(), (cluster, recorded), StoreLimits::default(), tx).unwrap();
+        let pending = reopened.registrants_of(&key);
+        let pods: Vec<&str> = pending["app"].iter().map(String::as_str).collect();
+        assert_eq!(pods, vec!["", "p2"]);
+        let mut pairs = MappingDelta::default();
+        pairs.add(key.clone(), "app".into());
+        reopened
+            .complete(pairs, BTreeMap::from([(key.clone(), pending)]))
+            .await
+            .unwrap();
+        // The removal is queued; closing the writer finishes it.
+        close(writer).await;
+        assert!(reopened.registrants_of(&key).is_empty());
+        assert_eq!(reopened.pending_pairs(), 0);
     }
 }
