@@ -610,6 +610,15 @@ async fn handle(
         }
         (Method::DELETE, ["namespaces", ns, resource, name]) => {
             let mut inner = server.lock();
+            // DeleteOptions.preconditions, as the API server checks them.
+            let options: Value = serde_json::from_slice(&body).unwrap_or_default();
+            let wanted = &options["preconditions"]["resourceVersion"];
+            if let (Some(wanted), Some(object)) =
+                (wanted.as_str(), inner.objects.get(&key(resource, ns, name)))
+                && object["metadata"]["resourceVersion"].as_str() != Some(wanted)
+            {
+                return status(409, "Conflict", "Precondition failed: resourceVersion");
+            }
             match server.remove(&mut inner, &key(resource, ns, name)) {
                 Some(object) => json_response(StatusCode::OK, &object),
                 None => status(404, "NotFound", "not found"),
