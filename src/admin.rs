@@ -155,9 +155,10 @@ fn views(mappings: BTreeMap<MappingKey, BTreeSet<String>>) -> Json<Vec<MappingVi
 /// The stored mappings: the embedded store, or what the watch sees in the cluster.
 async fn list_mappings(
     State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<Vec<MappingView>>, ApiError> {
-    require_reader(&state.rules.policy, &headers).await?;
+    require_reader(&state.rules.policy, &headers, peer).await?;
     Ok(views(state.mappings.snapshot()))
 }
 
@@ -169,6 +170,11 @@ pub struct ApplicationView {
     pub namespace: String,
     pub application: String,
     pub interfaces: Vec<String>,
+    /// Kubernetes mode: the distinct pods recorded as registering it (see
+    /// [`crate::mapping::registrants`]); `None` where no pod is tracked (standalone, pinned, or
+    /// never registered by a pod).
+    #[serde(default)]
+    pub registering_pods: Option<usize>,
 }
 
 #[derive(serde::Deserialize)]
@@ -180,15 +186,42 @@ struct ApplicationQuery {
 /// `/debug/applications[?namespace=NS][&application=APP]`.
 async fn list_applications(
     State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
     axum::extract::Query(query): axum::extract::Query<ApplicationQuery>,
 ) -> Result<Json<Vec<ApplicationView>>, ApiError> {
-    require_reader(&state.rules.policy, &headers).await?;
-    Ok(Json(applications(
+    require_reader(&state.rules.policy, &headers, peer).await?;
+    let mut views = applications(
         state.mappings.snapshot(),
         query.namespace.as_deref(),
         query.application.as_deref(),
-    )))
+    );
+    if let MappingSource::Cluster(cluster) = &state.mappings {
+        count_pods(&mut views, &cluster.registrants());
+    }
+    Ok(Json(views))
+}
+
+/// Fills in the registering pods of each application from the objects' records.
+fn count_pods(
+    views: &mut [ApplicationView],
+    records: &crate::mapping::registrants::SharedRegistrants,
+) {
+    use crate::mapping::registrants::Pods;
+    for view in views {
+        let mut pods = BTreeSet::new();
+        let mut tracked = false;
+        for interface in &view.interfaces {
+            let key = MappingKey::new(view.namespace.clone(), interface.clone());
+            if let Some(record) = records.get(&key)
+                && let Some(Pods::Tracked(recorded)) = record.get(&view.application)
+            {
+                tracked = true;
+                pods.extend(recorded.iter().cloned());
+            }
+        }
+        view.registering_pods = tracked.then_some(pods.len());
+    }
 }
 
 /// Inverts the mappings: per (namespace, application) the interfaces it serves, sorted.
@@ -218,6 +251,7 @@ pub fn applications(
             namespace,
             application,
             interfaces,
+            registering_pods: None,
         })
         .collect()
 }
@@ -225,9 +259,10 @@ pub fn applications(
 /// `/debug/clients`: every open discovery stream and how far its client has got.
 async fn list_clients(
     State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_reader(&state.rules.policy, &headers).await?;
+    require_reader(&state.rules.policy, &headers, peer).await?;
     Ok(Json(
         serde_json::json!({"clients": state.clients.views(&state.index)}),
     ))
@@ -242,10 +277,11 @@ struct DigestQuery {
 /// `/debug/digest[?objects=true]`: per kind the digest of the served state and its revision.
 async fn digest(
     State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
     axum::extract::Query(query): axum::extract::Query<DigestQuery>,
 ) -> Result<Json<crate::digest::DigestView>, ApiError> {
-    require_reader(&state.rules.policy, &headers).await?;
+    require_reader(&state.rules.policy, &headers, peer).await?;
     let index = state.index.clone();
     // Hashing a large state is CPU work: off the async threads.
     tokio::task::spawn_blocking(move || crate::digest::view(&index, query.objects))
@@ -268,9 +304,10 @@ pub struct OutboxView {
 /// why. Standalone has no outbox: the answer is empty.
 async fn list_outbox(
     State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<OutboxView>, ApiError> {
-    require_reader(&state.rules.policy, &headers).await?;
+    require_reader(&state.rules.policy, &headers, peer).await?;
     let Some((writer, outbox)) = &state.outbox else {
         return Ok(Json(OutboxView::default()));
     };
@@ -324,20 +361,15 @@ async fn require_admin(
     }
 }
 
-/// The read-only views (`/debug/...`, the dashboard's data): an admin identity when
-/// authentication is configured; without it, whoever reaches the admin port, as before (the
-/// port binds to loopback then unless an operator opted out).
-async fn require_reader(policy: &Policy, headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
-    if !policy.is_enabled() {
-        return Ok(());
-    }
-    // Any peer: authentication decides.
-    require_admin(
-        policy,
-        headers,
-        std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
-    )
-    .await
+/// The read-only views (`/debug/...`, the dashboard's data) answer whom the rule API answers:
+/// an admin identity when authentication is configured, else local callers only (they show
+/// identities and addresses of clients).
+async fn require_reader(
+    policy: &Policy,
+    headers: &axum::http::HeaderMap,
+    peer: std::net::SocketAddr,
+) -> Result<(), ApiError> {
+    require_admin(policy, headers, peer).await
 }
 
 /// The kind named in a path: `TagRoute`, `tagroute` or `tagroutes`.
@@ -455,9 +487,10 @@ async fn get_rules(
 /// Objects skipped by a watch (do not deserialize or validate), with why.
 async fn debug_rules(
     State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_reader(&state.rules.policy, &headers).await?;
+    require_reader(&state.rules.policy, &headers, peer).await?;
     Ok(Json(serde_json::json!({
         "invalid": state.rules.catalog.invalid(),
         "files": state.rules.catalog.file_errors(),

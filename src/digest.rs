@@ -151,8 +151,8 @@ pub fn compare(replicas: &[DigestView]) -> Vec<KindComparison> {
         .collect()
 }
 
-/// `index_state_digest_info{kind, revision, digest} 1`, computed at scrape time, so a
-/// dashboard or alert can compare replicas without calling each one.
+/// `index_state_digest_info{kind, digest} 1`, computed at scrape time (once per revision), so
+/// a dashboard or alert can compare replicas without calling each one.
 pub struct DigestMetric(pub Arc<Index>);
 
 impl std::fmt::Debug for DigestMetric {
@@ -165,15 +165,15 @@ impl Collector for DigestMetric {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let mut family = encoder.encode_descriptor(
             "index_state_digest_info",
-            "Digest of each kind's served state (SHA-256 over sorted key and encoded object) with its revision",
+            "Digest of each kind's served state (SHA-256 over sorted key and encoded object)",
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?;
         for kind in Kind::ALL {
             let state = self.0.current(kind);
+            // No revision label: each would be a new series per change.
             let labels = [
                 ("kind", kind.name().to_owned()),
-                ("revision", state.revision.to_string()),
                 ("digest", state.digest().to_owned()),
             ];
             ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;

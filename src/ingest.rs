@@ -155,7 +155,8 @@ impl Ingest {
         registration.pod = identity
             .as_ref()
             .filter(|i| i.namespace == registration.namespace)
-            .and_then(|i| i.pod.as_ref().map(|pod| pod.name.clone()));
+            .and_then(|i| i.pod.as_ref())
+            .map(|pod| crate::mapping::registrants::pod_entry(&pod.name, &pod.uid));
         let namespace = registration.namespace.clone();
         let application = registration.application.clone();
         let interfaces = registration.interfaces.len();

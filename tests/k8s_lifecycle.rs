@@ -27,7 +27,16 @@ fn config(dir: &std::path::Path, api_url: String) -> Config {
     config.kubernetes.api_server = Some(api_url);
     config.shutdown_grace = Duration::from_secs(2);
     config.mapping.expire_after = EXPIRE;
+    config.auth.admins = vec!["demo/ops".into()];
     config
+}
+
+/// A token of the admin identity `demo/ops`, bound to no pod.
+fn admin_token(issuer: &Issuer) -> String {
+    issuer.mint(&Claims {
+        pod: None,
+        ..Claims::bound("demo", "ops", ("", ""))
+    })
 }
 
 /// `app` registers `org.example.Greeter` in `demo` from pod `pod`.
@@ -59,7 +68,14 @@ fn recorded(api: &ApiServer) -> Option<Vec<String>> {
     let object = api.get("demo", OBJECT)?;
     let text = object["metadata"]["annotations"]["dubbo.apache.org/registrants"].as_str()?;
     let record: serde_json::Value = serde_json::from_str(text).ok()?;
-    serde_json::from_value(record["app"].clone()).ok()
+    let entries: Vec<String> = serde_json::from_value(record["app"].clone()).ok()?;
+    // Entries are `<name>/<uid>`; the tests name pods.
+    Some(
+        entries
+            .iter()
+            .map(|e| e.split('/').next().unwrap_or_default().to_owned())
+            .collect(),
+    )
 }
 
 /// Waits until every given replica has scanned `scans` more times (each scan judges every
@@ -138,6 +154,22 @@ async fn an_application_expires_only_after_its_last_pod_is_gone_for_the_period()
     register_from(&server, &issuer, ("provider-2", "uid-2")).await;
     eventually("the new pod recorded", async || {
         recorded(&api) == Some(vec!["provider-1".into(), "provider-2".into()])
+    })
+    .await;
+    // The reverse lookup counts the registering pods the object records.
+    eventually("the lookup counts both pods", async || {
+        let token = admin_token(&issuer);
+        let (_, body) = common::http_send(
+            server.admin_addr,
+            "GET",
+            "/debug/applications?namespace=demo",
+            "",
+            Some(&token),
+        )
+        .await;
+        let views: Vec<dubbo_cp::admin::ApplicationView> =
+            serde_json::from_str(&body).unwrap_or_default();
+        views.len() == 1 && views[0].registering_pods == Some(2)
     })
     .await;
     wait_scans(&[&server], 2.0 * PERIOD_OF_SCANS).await;
@@ -227,6 +259,27 @@ async fn podless_registrations_pin_and_two_replicas_racing_a_removal_keep_the_li
         })
         .await;
     }
+
+    // A pod registering while the write of another's record is in flight is written too
+    // (the in-flight write takes only what it read).
+    for pod in ["during-1", "during-2"] {
+        api.put_pod("demo", pod, pod, json!({}), &["10.0.3.1"]);
+    }
+    // Slow enough that the second registration lands inside the first one's upsert.
+    api.set_latency(Duration::from_millis(400));
+    let requests = api.mapping_object_requests();
+    register_from(&a, &issuer, ("during-1", "during-1")).await;
+    eventually("the first record's write started", async || {
+        api.mapping_object_requests() > requests
+    })
+    .await;
+    register_from(&a, &issuer, ("during-2", "during-2")).await;
+    eventually("both pods recorded", async || {
+        recorded(&api).is_some_and(|pods| {
+            pods.contains(&"during-1".to_owned()) && pods.contains(&"during-2".to_owned())
+        })
+    })
+    .await;
     api.set_latency(Duration::ZERO);
 
     // A registration without a pod identity (an admin's token bound to no pod here) pins
@@ -307,13 +360,15 @@ async fn digest(admin: SocketAddr) -> dubbo_cp::digest::DigestView {
     serde_json::from_str(&body).unwrap()
 }
 
-fn mapping_digest(view: &dubbo_cp::digest::DigestView) -> String {
+fn mappings(view: &dubbo_cp::digest::DigestView) -> &dubbo_cp::digest::KindDigest {
     view.kinds
         .iter()
         .find(|k| k.kind == "ServiceNameMapping")
         .unwrap()
-        .digest
-        .clone()
+}
+
+fn mapping_digest(view: &dubbo_cp::digest::DigestView) -> String {
+    mappings(view).digest.clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,8 +396,8 @@ async fn replicas_agree_until_one_is_partitioned_and_the_reverse_lookup_reads_th
         json!({"interfaceName": "org.example.Other", "applicationNames": ["app1"]}),
     );
     eventually("both replicas see both objects", async || {
-        digest(a.admin_addr).await.kinds[0].objects == 2
-            && digest(b.admin_addr).await.kinds[0].objects == 2
+        mappings(&digest(a.admin_addr).await).objects == 2
+            && mappings(&digest(b.admin_addr).await).objects == 2
     })
     .await;
     assert_eq!(

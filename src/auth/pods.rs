@@ -58,10 +58,13 @@ impl PodView {
         self.synced.load(Ordering::Acquire)
     }
 
-    /// Whether the watch sees pod `namespace/name` now (no API request).
-    pub fn contains(&self, namespace: &str, name: &str) -> bool {
+    /// Whether the watch sees the recorded pod `entry` (`<name>/<uid>`, see
+    /// [`crate::mapping::registrants::pod_entry`]) in `namespace` now: that name with that UID.
+    pub fn contains(&self, namespace: &str, entry: &str) -> bool {
+        let (name, uid) = crate::mapping::registrants::split_entry(entry);
         self.pods
-            .contains_key(&(namespace.to_owned(), name.to_owned()))
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .is_some_and(|pod| uid.is_none_or(|uid| pod.uid == uid))
     }
 
     /// The pod `namespace/name`: from the watch, else one paced GET.

@@ -181,13 +181,18 @@ pub async fn applications(
             }
         }
     } else {
-        println!("{:<24} {:<40} INTERFACES", "NAMESPACE", "APPLICATION");
+        println!(
+            "{:<24} {:<40} {:>10} PODS",
+            "NAMESPACE", "APPLICATION", "INTERFACES"
+        );
         for view in &views {
             println!(
-                "{:<24} {:<40} {}",
+                "{:<24} {:<40} {:>10} {}",
                 view.namespace,
                 view.application,
-                view.interfaces.len()
+                view.interfaces.len(),
+                view.registering_pods
+                    .map_or("-".to_owned(), |pods| pods.to_string())
             );
         }
     }

@@ -10,6 +10,11 @@
 //! this replica's outbox is never removed. Pinned applications (registered without a pod
 //! identity) and applications without a record never expire.
 //!
+//! One window remains: a new pod's registration acknowledged just before the removal's write
+//! lands reaches the object only after it (its write waits for the debounce and one upsert), so
+//! consumers may see the application leave and come back within that time. It is never lost:
+//! the pair stays in the outbox until written, and the writer re-creates what was removed.
+//!
 //! The countdown lives in memory: after a restart it starts again, which only ever delays a
 //! removal.
 
@@ -263,24 +268,31 @@ impl Expiry {
         due
     }
 
-    /// Whether the API server says none of `pods` exists.
-    async fn all_gone(&self, namespace: &str, pods: &BTreeSet<String>) -> bool {
+    /// The recorded pods the API server says are gone (not found, or that name now belongs
+    /// to another pod); any other answer keeps a pod.
+    async fn confirmed_gone(&self, namespace: &str, pods: &BTreeSet<String>) -> BTreeSet<String> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        for pod in pods {
-            match tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(pod)).await {
-                Ok(Ok(None)) => {}
+        let mut gone = BTreeSet::new();
+        for entry in pods {
+            let (name, uid) = registrants::split_entry(entry);
+            match tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(name)).await {
+                Ok(Ok(None)) => {
+                    gone.insert(entry.clone());
+                }
+                Ok(Ok(Some(pod))) if uid.is_some() && pod.metadata.uid.as_deref() != uid => {
+                    gone.insert(entry.clone());
+                }
                 Ok(Ok(Some(_))) => {
                     tracing::info!(
                         namespace,
-                        pod,
+                        pod = entry,
                         "a recorded pod exists though the watch misses it"
                     );
-                    return false;
                 }
-                _ => return false,
+                _ => {}
             }
         }
-        true
+        gone
     }
 
     /// Removes `application` from `key`'s object if, read fresh, it is still due; or drops the
@@ -349,10 +361,15 @@ impl Expiry {
                 }
                 _ => continue,
             };
-            // The watch may lag or be cut: before an application goes, its pods are asked
-            // for one by one, and any answer but "not found" keeps it.
-            if action == Action::Expire && !self.all_gone(&key.namespace, &gone).await {
+            // The watch may lag or be cut: before an application goes, or a pod leaves a
+            // record, the pods are asked for one by one; any answer but "gone" keeps them.
+            let confirmed = self.confirmed_gone(&key.namespace, &gone).await;
+            if confirmed != gone {
                 self.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            // A registration committed here while the pods were asked for: it is coming back.
+            if action == Action::Expire && self.outbox.holds(key, application) {
                 return;
             }
             let annotations = updated.metadata.annotations.get_or_insert_default();

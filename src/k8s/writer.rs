@@ -294,10 +294,27 @@ impl KubeWriter {
                     if queue.parked.remove(&key).is_some() {
                         tracing::info!(%key, "parked key written");
                     }
+                    // Pods recorded while this write was in flight go with the next one.
+                    let unwritten: Vec<String> = outbox
+                        .registrants_of(&key)
+                        .into_iter()
+                        .filter(|(app, pods)| {
+                            let done = registrants.get(app);
+                            pods.iter().any(|pod| done.is_none_or(|d| !d.contains(pod)))
+                        })
+                        .map(|(app, _)| app)
+                        .collect();
                     let left = queue.wanted.get_mut(&key).map(|apps| {
                         apps.retain(|app| !written.contains(app));
                         apps.len()
                     });
+                    let left = if unwritten.is_empty() {
+                        left
+                    } else {
+                        let apps = queue.wanted.entry(key.clone()).or_default();
+                        apps.extend(unwritten);
+                        Some(apps.len())
+                    };
                     match left {
                         Some(0) | None => {
                             queue.wanted.remove(&key);
@@ -405,6 +422,7 @@ impl KubeWriter {
                 let mut object = ServiceNameMapping::for_key(name, key, applications);
                 let mut record = Registrants::new();
                 if registrants::merge(&mut record, pending) {
+                    registrants::fit(&mut record);
                     object.metadata.annotations = Some(BTreeMap::from([(
                         registrants::ANNOTATION.to_owned(),
                         registrants::format(&record),
@@ -437,6 +455,9 @@ impl KubeWriter {
                 .and_then(|text| registrants::parse(text))
                 .unwrap_or_default();
             let recorded = registrants::merge(&mut record, pending);
+            if recorded {
+                registrants::fit(&mut record);
+            }
             if union.len() == before && !recorded {
                 return Ok(Upserted::AlreadyPresent);
             }

@@ -3,7 +3,7 @@
 //!
 //! The record lives on the ServiceNameMapping object, in the annotation [`ANNOTATION`], written
 //! by the same per-key writer as the applications (so replicas agree):
-//! `{"app-a": ["pod-1", "pod-2"], "app-b": []}`. Per application:
+//! `{"app-a": ["pod-1/<uid>", "pod-2/<uid>"], "app-b": []}`. Per application:
 //! - a list of pods: it may expire once none of them has existed for `mapping.expireAfter`;
 //! - an empty list (*pinned*): it was registered without a pod identity (a static token, a
 //!   certificate without a pod), or by more pods than one record holds; it never expires;
@@ -17,8 +17,26 @@ pub const ANNOTATION: &str = "dubbo.apache.org/registrants";
 /// Pods one application's record holds; beyond it the application is pinned (never expires),
 /// which keeps the annotation small and never drops a pod that may be the live one.
 pub const MAX_PODS_PER_APPLICATION: usize = 100;
+/// Bytes the whole record of one object may take (annotations share 256 KiB per object); past
+/// it, the applications with the most pods are pinned until it fits.
+pub const MAX_RECORD_BYTES: usize = 64 * 1024;
+
 /// What a registration without a pod identity records (pod names are never empty).
 pub const PODLESS: &str = "";
+
+/// How a pod is recorded: `<name>/<uid>`, so a pod recreated under the same name (a
+/// StatefulSet's `web-0`) is a different registrant that must be recorded, not a known one.
+pub fn pod_entry(name: &str, uid: &str) -> String {
+    format!("{name}/{uid}")
+}
+
+/// A recorded pod's name and UID (`None` for an entry without one).
+pub fn split_entry(entry: &str) -> (&str, Option<&str>) {
+    match entry.split_once('/') {
+        Some((name, uid)) => (name, Some(uid)),
+        None => (entry, None),
+    }
+}
 
 /// The pods of one application, as recorded on the object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +141,22 @@ pub fn merge(registrants: &mut Registrants, pending: &Pending) -> bool {
     changed
 }
 
+/// Pins the applications with the most pods until the record fits [`MAX_RECORD_BYTES`].
+pub fn fit(registrants: &mut Registrants) {
+    while format(registrants).len() > MAX_RECORD_BYTES {
+        let largest = registrants
+            .iter()
+            .filter_map(|(app, pods)| match pods {
+                Pods::Tracked(pods) => Some((pods.len(), app.clone())),
+                Pods::Pinned => None,
+            })
+            .max();
+        let Some((_, app)) = largest else { return };
+        tracing::info!(application = %app, "the registrant record is too large; the application is pinned");
+        registrants.insert(app, Pods::Pinned);
+    }
+}
+
 /// Adds `pod` (or [`PODLESS`]) for `application` to a pending record.
 pub fn add_pending(pending: &mut Pending, application: &str, pod: &str) {
     pending
@@ -175,6 +209,22 @@ mod tests {
         assert!(is_recorded(Some(&r), "a", "p9"));
         assert!(!merge(&mut r, &pending(&[("a", "p3")])));
         assert!(!is_recorded(None, "a", "p1"));
+    }
+
+    #[test]
+    fn a_record_that_would_not_fit_pins_its_largest_applications() {
+        let mut r = Registrants::new();
+        for app in 0..20 {
+            let pods: BTreeSet<String> = (0..90)
+                .map(|i| pod_entry(&format!("pod-{i}"), "0123456789abcdef0123456789abcdef0123"))
+                .collect();
+            r.insert(format!("app-{app}"), Pods::Tracked(pods));
+        }
+        r.insert("small".into(), Pods::Tracked(["p/u".to_string()].into()));
+        fit(&mut r);
+        assert!(format(&r).len() <= MAX_RECORD_BYTES);
+        assert!(matches!(r["small"], Pods::Tracked(_)));
+        assert!(r.values().any(|p| *p == Pods::Pinned));
     }
 
     #[test]

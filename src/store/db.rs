@@ -545,12 +545,32 @@ impl Writer {
     }
 
     fn remove(&mut self, pairs: &MappingDelta, registrants: &PendingRegistrants) {
-        if let Err(err) = delete_pairs(&mut self.conn, pairs, registrants, None) {
+        // A pod recorded while the write was in flight keeps its pair pending, so the writer
+        // (now, or after a restart) writes it too.
+        let mut done = MappingDelta::default();
+        for (key, apps) in pairs.iter() {
+            let pending = self.known.registrants.get(key);
+            let written = registrants.get(key);
+            for app in apps {
+                let unwritten = pending
+                    .as_ref()
+                    .and_then(|p| p.get(app))
+                    .is_some_and(|pods| {
+                        let written = written.and_then(|w| w.get(app));
+                        pods.iter()
+                            .any(|pod| written.is_none_or(|w| !w.contains(pod)))
+                    });
+                if !unwritten {
+                    done.add(key.clone(), app.clone());
+                }
+            }
+        }
+        if let Err(err) = delete_pairs(&mut self.conn, &done, registrants, None) {
             // They stay in the outbox and are written again (a no-op upsert) after a restart.
             tracing::warn!(error = %err, "cannot remove written pairs from the outbox");
             return;
         }
-        self.forget(pairs);
+        self.forget(&done);
         for (key, written) in registrants {
             if let Some(mut pending) = self.known.registrants.get_mut(key) {
                 for (application, pods) in written {
@@ -644,6 +664,23 @@ impl Writer {
             outcomes.push(Ok(fresh.len()));
             for key in fresh {
                 if tracks_pods {
+                    // While a key cannot be written (parked), pods keep arriving: past what one
+                    // record holds, the application is pinned instead of growing the table.
+                    let waiting = self
+                        .known
+                        .registrants
+                        .get(&key)
+                        .and_then(|p| p.get(application).map(BTreeSet::len))
+                        .unwrap_or(0)
+                        + new_registrants
+                            .get(&key)
+                            .and_then(|p| p.get(application).map(BTreeSet::len))
+                            .unwrap_or(0);
+                    let pod = if waiting >= registrants::MAX_PODS_PER_APPLICATION {
+                        PODLESS
+                    } else {
+                        pod
+                    };
                     registrants::add_pending(
                         new_registrants.entry(key.clone()).or_default(),
                         application,

@@ -165,9 +165,13 @@ mod tests {
         assert_eq!(outcome.ok(), Some(RegisterOutcome::Stored { added: 2 }));
         assert_eq!(outbox.pending_pairs(), 2);
         let mut written = MappingDelta::default();
-        written.add(MappingKey::new("ns", "I1"), "app".into());
+        let i1 = MappingKey::new("ns", "I1");
+        written.add(i1.clone(), "app".into());
+        // With the record the writer read and wrote (a pod-less registration).
+        let record = outbox.registrants_of(&i1);
+        assert_eq!(record["app"].iter().collect::<Vec<_>>(), vec![""]);
         outbox
-            .complete(written, PendingRegistrants::new())
+            .complete(written, BTreeMap::from([(i1, record)]))
             .await
             .unwrap();
         close(writer).await;

@@ -68,6 +68,8 @@ struct Inner {
     missing: std::collections::BTreeSet<String>,
     /// GETs of single pods.
     pod_gets: u64,
+    /// Requests for one ServiceNameMapping object (reads and writes), counted on arrival.
+    mapping_object_requests: u64,
     /// Creates and updates of core objects (the CA's Secret and ConfigMaps) by clients.
     core_writes: BTreeMap<Key, usize>,
 }
@@ -388,6 +390,12 @@ impl ApiServer {
     }
 
     /// GETs of single pods (lookups of pods the watch had not seen).
+    /// Requests for single ServiceNameMapping objects so far, counted when they arrive (before
+    /// any injected latency): a write that has started.
+    pub fn mapping_object_requests(&self) -> u64 {
+        self.lock().mapping_object_requests
+    }
+
     pub fn pod_gets(&self) -> u64 {
         self.lock().pod_gets
     }
@@ -499,6 +507,9 @@ async fn handle(
     let latency = {
         let mut inner = server.lock();
         inner.requests += 1;
+        if uri.path().contains("/servicenamemappings/") {
+            inner.mapping_object_requests += 1;
+        }
         if inner.down {
             return status(503, "ServiceUnavailable", "the API server is down");
         }
