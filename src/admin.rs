@@ -549,10 +549,15 @@ async fn unregister(
         .await
         .map_err(|err| api_error(StatusCode::SERVICE_UNAVAILABLE, err.to_string()))?;
     if removed.is_empty() {
+        let which = if request.interfaces.is_empty() {
+            "no interface".to_owned()
+        } else {
+            format!("none of {:?}", request.interfaces)
+        };
         return Err(api_error(
             StatusCode::NOT_FOUND,
             format!(
-                "application {:?} serves none of those interfaces in namespace {:?}",
+                "application {:?} serves {which} in namespace {:?}",
                 request.application, request.namespace
             ),
         ));

@@ -38,6 +38,9 @@ use crate::store::Outbox;
 /// Removals per scan at most, so a mass expiry (a namespace deleted) does not flood the API
 /// server; the rest are due again at the next scan.
 const MAX_REMOVALS_PER_SCAN: usize = 50;
+/// API requests per second the expiry loop makes at most (reads of objects and pods, writes):
+/// it is background work and must not take the registrations' share of the API server.
+const REQUESTS_PER_SECOND: f64 = 10.0;
 /// Longest wait for one API request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -177,6 +180,7 @@ pub struct Expiry {
     outbox: Outbox,
     expire_after: Duration,
     stats: Arc<ExpiryStats>,
+    limiter: crate::ratelimit::RateLimiter,
 }
 
 impl Expiry {
@@ -194,6 +198,7 @@ impl Expiry {
             outbox,
             expire_after,
             stats: Arc::new(ExpiryStats::default()),
+            limiter: crate::ratelimit::RateLimiter::new(REQUESTS_PER_SECOND, 20),
         }
     }
 
@@ -219,7 +224,12 @@ impl Expiry {
             if !self.pods.is_synced() {
                 continue;
             }
-            let due = self.scan(&mut countdown);
+            let mut due = self.scan(&mut countdown);
+            // Start elsewhere each scan, so entries that keep failing do not starve the rest.
+            if !due.is_empty() {
+                let start = self.stats.scans.load(Ordering::Relaxed) as usize % due.len();
+                due.rotate_left(start);
+            }
             for (key, application) in due.into_iter().take(MAX_REMOVALS_PER_SCAN) {
                 self.remove(&key, &application, &mut countdown).await;
             }
@@ -275,6 +285,7 @@ impl Expiry {
         let mut gone = BTreeSet::new();
         for entry in pods {
             let (name, uid) = registrants::split_entry(entry);
+            self.limiter.acquire().await;
             match tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(name)).await {
                 Ok(Ok(None)) => {
                     gone.insert(entry.clone());
@@ -300,6 +311,7 @@ impl Expiry {
     async fn remove(&self, key: &MappingKey, application: &str, countdown: &mut Countdown) {
         let api: Api<ServiceNameMapping> = Api::namespaced(self.client.clone(), &key.namespace);
         for name in self.cluster.names_of(key) {
+            self.limiter.acquire().await;
             let fresh = match tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(&name)).await {
                 Ok(Ok(Some(object))) => object,
                 Ok(Ok(None)) => continue,
@@ -381,6 +393,7 @@ impl Expiry {
                     registrants::format(&record),
                 );
             }
+            self.limiter.acquire().await;
             let result = if updated.spec.application_names.is_empty() {
                 // Its last application: the object goes, if nobody wrote it since the read.
                 let params = DeleteParams {

@@ -454,7 +454,11 @@ impl KubeWriter {
                 .and_then(|a| a.get(registrants::ANNOTATION))
                 .and_then(|text| registrants::parse(text))
                 .unwrap_or_default();
-            let recorded = registrants::merge(&mut record, pending);
+            let mut recorded = registrants::merge(&mut record, pending);
+            // Entries of applications no longer in the object (a kubectl edit) go too.
+            let before_cleanup = record.len();
+            record.retain(|app, _| union.contains(app));
+            recorded |= record.len() != before_cleanup;
             if recorded {
                 registrants::fit(&mut record);
             }

@@ -62,8 +62,10 @@ pub fn parse(annotation: &str) -> Option<Registrants> {
     Some(
         raw.into_iter()
             .map(|(app, pods)| {
-                let pods: BTreeSet<String> = pods.into_iter().filter(|p| p != PODLESS).collect();
-                let pods = if pods.is_empty() {
+                // A pod-less entry pins, as when it is merged.
+                let podless = pods.iter().any(|p| p == PODLESS);
+                let pods: BTreeSet<String> = pods.into_iter().collect();
+                let pods = if pods.is_empty() || podless {
                     Pods::Pinned
                 } else {
                     Pods::Tracked(pods)
@@ -187,6 +189,7 @@ mod tests {
         );
         assert_eq!(parsed.get("b"), Some(&Pods::Pinned));
         assert_eq!(format(&parsed), text);
+        assert_eq!(parse(r#"{"a":["", "p1"]}"#).unwrap()["a"], Pods::Pinned);
         assert!(parse("not json").is_none());
         assert!(parse(r#"{"a": "p1"}"#).is_none());
     }
