@@ -41,8 +41,17 @@ fn admin_token(issuer: &Issuer) -> String {
 
 /// `app` registers `org.example.Greeter` in `demo` from pod `pod`.
 async fn register_from(server: &RunningServer, issuer: &Issuer, pod: (&str, &str)) {
+    register_app_from(server, issuer, "app", pod).await;
+}
+
+async fn register_app_from(
+    server: &RunningServer,
+    issuer: &Issuer,
+    application: &str,
+    pod: (&str, &str),
+) {
     let token = issuer.mint(&Claims::bound("demo", "provider", pod));
-    let mut call = tonic::Request::new(request("demo", "app", &["org.example.Greeter"]));
+    let mut call = tonic::Request::new(request("demo", application, &["org.example.Greeter"]));
     call.metadata_mut()
         .insert("authorization", format!("Bearer {token}").parse().unwrap());
     let reply = client(server.grpc_addr)
@@ -65,10 +74,14 @@ async fn eventually<F: AsyncFnMut() -> bool>(what: &str, mut condition: F) {
 
 /// The pods the object records for `app`, or `None` without the object or the record.
 fn recorded(api: &ApiServer) -> Option<Vec<String>> {
+    recorded_for(api, "app")
+}
+
+fn recorded_for(api: &ApiServer, application: &str) -> Option<Vec<String>> {
     let object = api.get("demo", OBJECT)?;
     let text = object["metadata"]["annotations"]["dubbo.apache.org/registrants"].as_str()?;
     let record: serde_json::Value = serde_json::from_str(text).ok()?;
-    let entries: Vec<String> = serde_json::from_value(record["app"].clone()).ok()?;
+    let entries: Vec<String> = serde_json::from_value(record[application].clone()).ok()?;
     // Entries are `<name>/<uid>`; the tests name pods.
     Some(
         entries
@@ -306,6 +319,41 @@ async fn podless_registrations_pin_and_two_replicas_racing_a_removal_keep_the_li
     assert_eq!(api.applications("demo", OBJECT), vec!["app"]);
     assert!(a.stop().await.is_ok());
     assert!(b.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_of_another_application_committed_during_a_retry_is_recorded_with_its_pair() {
+    let (api, issuer) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), api.url());
+    // B's registration waits in the debounce while A's write is retried.
+    config.debounce.after = Duration::from_secs(1);
+    config.debounce.max = Duration::from_secs(5);
+    let server = start(config).await;
+    common::wait_ready(server.admin_addr).await;
+    api.put_pod("demo", "pod-a2", "uid-a2", json!({}), &["10.0.4.1"]);
+    api.put_pod("demo", "pod-b", "uid-b", json!({}), &["10.0.4.2"]);
+    register_app_from(&server, &issuer, "a", ("provider-1", "uid-1")).await;
+    eventually("A recorded", async || recorded_for(&api, "a").is_some()).await;
+    // A's next update fails once (its read and its write reach the fixture); B registers
+    // during the retry's backoff.
+    api.fail_next_writes(1);
+    let requests = api.mapping_object_requests();
+    register_app_from(&server, &issuer, "a", ("pod-a2", "uid-a2")).await;
+    eventually("A's update failed", async || {
+        api.mapping_object_requests() >= requests + 2
+    })
+    .await;
+    register_app_from(&server, &issuer, "b", ("pod-b", "uid-b")).await;
+    eventually("B recorded with its pod", async || {
+        recorded_for(&api, "b") == Some(vec!["pod-b".into()])
+    })
+    .await;
+    assert_eq!(
+        recorded_for(&api, "a"),
+        Some(vec!["pod-a2".into(), "provider-1".into()])
+    );
+    assert!(server.stop().await.is_ok());
 }
 
 /// A TCP relay to the fixture that can be cut: one replica's own network partition.

@@ -231,6 +231,9 @@ impl Expiry {
                 due.rotate_left(start);
             }
             for (key, application) in due.into_iter().take(MAX_REMOVALS_PER_SCAN) {
+                if *shutdown.borrow() {
+                    return;
+                }
                 self.remove(&key, &application, &mut countdown).await;
             }
             self.stats.scans.fetch_add(1, Ordering::Relaxed);

@@ -262,7 +262,10 @@ impl KubeWriter {
             queue.in_flight.insert(key.clone());
             // Read now: what is recorded later goes with the next attempt, and only what this
             // one wrote leaves the outbox.
-            let registrants = outbox.registrants_of(&key);
+            // Only the pods of the applications this attempt writes: a pod of another
+            // application (its pair not queued yet) stays pending and goes with that pair.
+            let mut registrants = outbox.registrants_of(&key);
+            registrants.retain(|app, _| applications.contains(app));
             let writer = self.clone();
             workers.spawn(async move {
                 let result = writer.upsert(&key, &applications, &registrants).await;

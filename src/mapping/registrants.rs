@@ -27,13 +27,19 @@ pub const PODLESS: &str = "";
 /// How a pod is recorded: `<name>/<uid>`, so a pod recreated under the same name (a
 /// StatefulSet's `web-0`) is a different registrant that must be recorded, not a known one.
 pub fn pod_entry(name: &str, uid: &str) -> String {
-    format!("{name}/{uid}")
+    if uid.is_empty() {
+        // No UID known (a TokenReview that named only the pod): the name alone.
+        name.to_owned()
+    } else {
+        format!("{name}/{uid}")
+    }
 }
 
 /// A recorded pod's name and UID (`None` for an entry without one).
 pub fn split_entry(entry: &str) -> (&str, Option<&str>) {
     match entry.split_once('/') {
-        Some((name, uid)) => (name, Some(uid)),
+        Some((name, uid)) if !uid.is_empty() => (name, Some(uid)),
+        Some((name, _)) => (name, None),
         None => (entry, None),
     }
 }
@@ -65,7 +71,9 @@ pub fn parse(annotation: &str) -> Option<Registrants> {
                 // A pod-less entry pins, as when it is merged.
                 let podless = pods.iter().any(|p| p == PODLESS);
                 let pods: BTreeSet<String> = pods.into_iter().collect();
-                let pods = if pods.is_empty() || podless {
+                // A hand-edited record longer than any we write is pinned, not judged pod
+                // by pod.
+                let pods = if pods.is_empty() || podless || pods.len() > MAX_PODS_PER_APPLICATION {
                     Pods::Pinned
                 } else {
                     Pods::Tracked(pods)
@@ -190,6 +198,9 @@ mod tests {
         assert_eq!(parsed.get("b"), Some(&Pods::Pinned));
         assert_eq!(format(&parsed), text);
         assert_eq!(parse(r#"{"a":["", "p1"]}"#).unwrap()["a"], Pods::Pinned);
+        assert_eq!(pod_entry("web-0", ""), "web-0");
+        assert_eq!(split_entry("web-0/"), ("web-0", None));
+        assert_eq!(split_entry("web-0/u1"), ("web-0", Some("u1")));
         assert!(parse("not json").is_none());
         assert!(parse(r#"{"a": "p1"}"#).is_none());
     }
