@@ -187,12 +187,7 @@ mod tests {
     use super::*;
     use crate::index::Change;
 
-    fn any(value: &[u8]) -> prost_types::Any {
-        prost_types::Any {
-            type_url: Kind::TagRoute.type_url().to_owned(),
-            value: value.to_vec(),
-        }
-    }
+    use crate::index::test_any as any;
 
     #[test]
     fn equal_states_have_equal_digests_whatever_the_order_and_revision() {

@@ -435,15 +435,21 @@ impl Index {
     }
 }
 
+/// A TagRoute-typed object holding `value`, for tests of the index and what reads it.
+#[cfg(test)]
+pub(crate) fn test_any(value: &[u8]) -> Any {
+    Any {
+        type_url: Kind::TagRoute.type_url().to_owned(),
+        value: value.to_vec(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn any(value: &[u8]) -> Any {
-        Any {
-            type_url: Kind::TagRoute.type_url().to_owned(),
-            value: value.to_vec(),
-        }
+        test_any(value)
     }
 
     #[test]

@@ -64,16 +64,7 @@ async fn wait_until<F: AsyncFnMut() -> bool>(what: &str, mut condition: F) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_verify_locally_and_through_an_api_outage() {
-    let api = ApiServer::start().await;
-    let issuer = Issuer::new("key-1");
-    api.set_jwks(issuer.jwks.clone());
-    api.put_pod(
-        "demo",
-        "provider-1",
-        "uid-1",
-        json!({"app": "provider"}),
-        &["10.0.0.7"],
-    );
+    let (api, issuer) = common::sa_tokens::cluster_with_provider().await;
     let dir = tempfile::tempdir().unwrap();
     let server = start(config(dir.path(), &api)).await;
     let addr = server.grpc_addr;

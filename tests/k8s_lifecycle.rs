@@ -108,17 +108,7 @@ async fn wait_scans(servers: &[&RunningServer], scans: f64) {
 const PERIOD_OF_SCANS: f64 = 6.0;
 
 async fn setup() -> (ApiServer, Issuer) {
-    let api = ApiServer::start().await;
-    let issuer = Issuer::new("key-1");
-    api.set_jwks(issuer.jwks.clone());
-    api.put_pod(
-        "demo",
-        "provider-1",
-        "uid-1",
-        json!({"app": "provider"}),
-        &["10.0.0.7"],
-    );
-    (api, issuer)
+    common::sa_tokens::cluster_with_provider().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -499,6 +499,12 @@ fn the_rbac_grants_exactly_what_the_control_plane_uses() {
     let read = ["get", "list", "watch"];
     let write = ["get", "list", "watch", "create", "update"];
     grant("cluster", "dubbo.apache.org/servicenamemappings[]", &write);
+    // The expiry deletes a mapping whose last application expired.
+    grant(
+        "cluster",
+        "dubbo.apache.org/servicenamemappings[]",
+        &["delete"],
+    );
     for rule in [
         "tagroutes",
         "conditionroutes",

@@ -31,6 +31,15 @@ fn text(output: &std::process::Output) -> String {
     )
 }
 
+/// A table's rows (after its header), split into cells.
+fn rows(output: &std::process::Output) -> Vec<Vec<String>> {
+    text(output)
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
 async fn register(server: SocketAddr, namespace: &str, application: &str, interfaces: &[&str]) {
     let reply = common::client(server)
         .await
@@ -297,26 +306,18 @@ async fn applications_are_found_by_name_and_unregister_removes_one_durably() {
     ])
     .await;
     assert!(lookup.status.success(), "{}", text(&lookup));
-    let rows: Vec<Vec<String>> = text(&lookup)
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().map(str::to_owned).collect())
-        .collect();
+    let lookup_rows = rows(&lookup);
     assert_eq!(
-        rows,
+        lookup_rows,
         vec![
             vec!["demo", "app1", "org.example.X"],
             vec!["demo", "app1", "org.example.Y"]
         ]
     );
     let apps = run_client(&["get", "applications", "--admin", &admin, "-n", "demo"]).await;
-    let rows: Vec<Vec<String>> = text(&apps)
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().map(str::to_owned).collect())
-        .collect();
+    let app_rows = rows(&apps);
     assert_eq!(
-        rows,
+        app_rows,
         vec![
             vec!["demo", "app1", "2", "-"],
             vec!["demo", "app2", "1", "-"]

@@ -41,6 +41,24 @@ impl Progress {
     }
 }
 
+/// The kinds a stream subscribed to, in kind order: a few per stream, so a small vector (a
+/// map's node would cost most of a kilobyte per stream).
+#[derive(Debug, Default)]
+struct Subscribed(Vec<(Kind, Progress)>);
+
+impl Subscribed {
+    fn get_mut(&mut self, kind: &Kind) -> Option<&mut Progress> {
+        self.0
+            .iter_mut()
+            .find(|(k, _)| k == kind)
+            .map(|(_, progress)| progress)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&Kind, &Progress)> {
+        self.0.iter().map(|(kind, progress)| (kind, progress))
+    }
+}
+
 /// One open stream.
 #[derive(Debug)]
 pub struct Client {
@@ -49,24 +67,31 @@ pub struct Client {
     namespace: Option<String>,
     peer: Option<SocketAddr>,
     connected: SystemTime,
-    kinds: Mutex<BTreeMap<Kind, Progress>>,
+    kinds: Mutex<Subscribed>,
     /// Where ACK delays are counted (shared by every client).
     ack_delay: Histogram,
 }
 
 impl Client {
-    fn kinds(&self) -> std::sync::MutexGuard<'_, BTreeMap<Kind, Progress>> {
+    fn kinds(&self) -> std::sync::MutexGuard<'_, Subscribed> {
         self.kinds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn subscribed(&self, kind: Kind) {
-        self.kinds().entry(kind).or_insert(Progress {
-            sent: None,
-            acked: None,
-            behind_since: None,
-            next_behind: None,
-            subscribed: Instant::now(),
-        });
+        let mut kinds = self.kinds();
+        if kinds.get_mut(&kind).is_none() {
+            kinds.0.push((
+                kind,
+                Progress {
+                    sent: None,
+                    acked: None,
+                    behind_since: None,
+                    next_behind: None,
+                    subscribed: Instant::now(),
+                },
+            ));
+            kinds.0.sort_by_key(|(kind, _)| *kind);
+        }
     }
 
     /// The stream learnt of state `revision`, published at `published`.
@@ -237,7 +262,7 @@ impl Clients {
             namespace: identity.map(|i| i.namespace.clone()),
             peer,
             connected: SystemTime::now(),
-            kinds: Mutex::new(BTreeMap::new()),
+            kinds: Mutex::new(Subscribed::default()),
             ack_delay: self.ack_delay.clone(),
         });
         self.lock().insert(client.id, client.clone());
@@ -319,12 +344,7 @@ mod tests {
     use crate::index::Change;
     use std::time::Duration;
 
-    fn any(value: &[u8]) -> prost_types::Any {
-        prost_types::Any {
-            type_url: Kind::TagRoute.type_url().to_owned(),
-            value: value.to_vec(),
-        }
-    }
+    use crate::index::test_any as any;
 
     #[tokio::test(start_paused = true)]
     async fn a_client_that_stops_acking_lags_from_the_first_change_it_missed() {

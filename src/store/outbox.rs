@@ -118,6 +118,22 @@ mod tests {
         }
     }
 
+    /// An outbox in `dir` that sees `cluster` with its `recorded` pods.
+    fn open(
+        dir: &Path,
+        cluster: &Arc<SharedMappings>,
+        recorded: &Arc<SharedRegistrants>,
+    ) -> (Outbox, StoreWriter) {
+        let (tx, _rx) = mpsc::channel(16);
+        Outbox::open(
+            dir,
+            (cluster.clone(), recorded.clone()),
+            StoreLimits::default(),
+            tx,
+        )
+        .unwrap()
+    }
+
     async fn close(writer: StoreWriter) {
         tokio::task::spawn_blocking(move || writer.shutdown())
             .await
@@ -143,14 +159,7 @@ mod tests {
             .or_default()
             .insert("app".into());
         let recorded = pinned(&in_cluster, "app");
-        let (tx, _rx) = mpsc::channel(16);
-        let (outbox, writer) = Outbox::open(
-            dir.path(),
-            (cluster.clone(), recorded.clone()),
-            StoreLimits::default(),
-            tx,
-        )
-        .unwrap();
+        let (outbox, writer) = open(dir.path(), &cluster, &recorded);
         let present = outbox.register(registration("app", &["In-cluster"])).await;
         assert_eq!(present.ok(), Some(RegisterOutcome::AlreadyStored));
         assert_eq!(
@@ -176,9 +185,7 @@ mod tests {
             .unwrap();
         close(writer).await;
 
-        let (tx, _rx) = mpsc::channel(16);
-        let (reopened, writer) =
-            Outbox::open(dir.path(), (cluster, recorded), StoreLimits::default(), tx).unwrap();
+        let (reopened, writer) = open(dir.path(), &cluster, &recorded);
         let left: Vec<MappingKey> = reopened.pending().into_keys().collect();
         assert_eq!(
             left,
@@ -226,14 +233,7 @@ mod tests {
             pod: pod.map(Into::into),
             ..registration("app", &["I"])
         };
-        let (tx, _rx) = mpsc::channel(16);
-        let (outbox, writer) = Outbox::open(
-            dir.path(),
-            (cluster.clone(), recorded.clone()),
-            StoreLimits::default(),
-            tx,
-        )
-        .unwrap();
+        let (outbox, writer) = open(dir.path(), &cluster, &recorded);
         // The recorded pod: nothing to write.
         assert_eq!(
             outbox.register(from(Some("p1"))).await.ok(),
@@ -256,9 +256,7 @@ mod tests {
         close(writer).await;
 
         // Durable: the pending record survives a restart, and leaves once written.
-        let (tx, _rx) = mpsc::channel(16);
-        let (reopened, writer) =
-            Outbox::open(dir.path(), (cluster, recorded), StoreLimits::default(), tx).unwrap();
+        let (reopened, writer) = open(dir.path(), &cluster, &recorded);
         let pending = reopened.registrants_of(&key);
         let pods: Vec<&str> = pending["app"].iter().map(String::as_str).collect();
         assert_eq!(pods, vec!["", "p2"]);

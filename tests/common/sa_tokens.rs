@@ -90,3 +90,19 @@ impl Issuer {
         jsonwebtoken::encode(&header, &body, &self.key).unwrap()
     }
 }
+
+/// The API-server fixture serving `issuer`'s keys, with pod `demo/provider-1` (UID `uid-1`,
+/// `app: provider`, 10.0.0.7) running.
+pub async fn cluster_with_provider() -> (super::apiserver::ApiServer, Issuer) {
+    let api = super::apiserver::ApiServer::start().await;
+    let issuer = Issuer::new("key-1");
+    api.set_jwks(issuer.jwks.clone());
+    api.put_pod(
+        "demo",
+        "provider-1",
+        "uid-1",
+        json!({"app": "provider"}),
+        &["10.0.0.7"],
+    );
+    (api, issuer)
+}
