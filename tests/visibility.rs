@@ -433,7 +433,13 @@ fn chromium() -> PathBuf {
             .status()
             .is_ok_and(|s| s.success())
     };
-    eprintln!("installing chromium from the distribution's packages");
+    {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "installing chromium from the distribution's packages"
+        );
+    }
     if !apt(&["install", "-y", "-q", "--no-install-recommends", "chromium"]) {
         assert!(apt(&["update", "-q"]), "apt-get update failed");
         assert!(
@@ -636,8 +642,16 @@ async fn the_dashboard_shows_a_new_mapping_and_a_stale_client_without_a_reload()
     })
     .await
     .unwrap();
-    // Where CI finds the artifact.
-    println!("dashboard screenshot: {}", shot.display());
+    // Where CI finds the artifact: written to the process's stderr directly, which the test
+    // harness does not capture, so it shows in the output of a passing run too.
+    {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "dashboard screenshot: {}",
+            shot.display()
+        );
+    }
     assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000));
     drop(observer);
     assert!(server.stop().await.is_ok());
