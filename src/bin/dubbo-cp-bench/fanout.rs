@@ -161,6 +161,11 @@ pub struct FanoutResult {
     pub server_cpu: f64,
     pub client_cpu: f64,
     pub received: usize,
+    /// `GET /debug/clients` with every stream open (issue 13), and its size.
+    pub status_read: Duration,
+    pub status_bytes: usize,
+    /// `GET /metrics` then (walks every stream for `dds_streams_not_synced`).
+    pub scrape: Duration,
 }
 
 pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
@@ -169,7 +174,7 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
         args.mappings, args.streams_per_connection
     );
     println!(
-        "{:>8} {:>10} {:>9} {:>9} {:>9} {:>12} {:>13} {:>13} {:>12}",
+        "{:>8} {:>10} {:>9} {:>9} {:>9} {:>12} {:>13} {:>13} {:>12} {:>10} {:>10} {:>9}",
         "streams",
         "connect_s",
         "p50_ms",
@@ -178,12 +183,15 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
         "rss_per_kib",
         "server_cpu_ms",
         "client_cpu_ms",
-        "received"
+        "received",
+        "status_ms",
+        "status_kib",
+        "scrape_ms"
     );
     for &streams in &args.streams {
         let r = measure(streams, args.streams_per_connection, args.mappings).await?;
         println!(
-            "{:>8} {:>10.2} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>13.0} {:>13.0} {:>12}",
+            "{:>8} {:>10.2} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>13.0} {:>13.0} {:>12} {:>10.1} {:>10.0} {:>9.1}",
             r.streams,
             r.connect.as_secs_f64(),
             ms(r.p50),
@@ -192,7 +200,10 @@ pub async fn run(args: FanoutArgs) -> anyhow::Result<()> {
             r.rss_per_stream_kib,
             r.server_cpu * 1000.0,
             r.client_cpu * 1000.0,
-            format!("{}/{}", r.received, r.streams)
+            format!("{}/{}", r.received, r.streams),
+            ms(r.status_read),
+            r.status_bytes as f64 / 1024.0,
+            ms(r.scrape)
         );
     }
     Ok(())
@@ -236,13 +247,24 @@ pub async fn measure(
     let latencies = collect_latencies(&mut open, streams, acked).await;
     let server_cpu = cpu_seconds(&server_pid)? - server_cpu;
     let client_cpu = cpu_seconds("self")? - client_cpu;
+    // What an operator's look costs with every stream open.
+    let started = Instant::now();
+    let (_, status) = admin_request(server.admin_addr, "GET", "/debug/clients", "").await?;
+    let status_read = started.elapsed();
+    let started = Instant::now();
+    admin_request(server.admin_addr, "GET", "/metrics", "").await?;
+    let scrape = started.elapsed();
     drop(server);
-    Ok(open.finish(
+    let mut result = open.finish(
         latencies,
         rss_after.saturating_sub(rss_before),
         server_cpu,
         client_cpu,
-    ))
+    );
+    result.status_read = status_read;
+    result.status_bytes = status.len();
+    result.scrape = scrape;
+    Ok(result)
 }
 
 /// What the load generator reads of a response: the head. The state bytes are received but
@@ -579,6 +601,9 @@ impl OpenStreams {
             server_cpu,
             client_cpu,
             received,
+            status_read: Duration::ZERO,
+            status_bytes: 0,
+            scrape: Duration::ZERO,
         }
     }
 }
