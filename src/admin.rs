@@ -257,15 +257,58 @@ pub fn applications(
 }
 
 /// `/debug/clients`: every open discovery stream and how far its client has got.
+#[derive(serde::Deserialize, Default)]
+struct ClientQuery {
+    namespace: Option<String>,
+    kind: Option<String>,
+    /// Only subscriptions behind the current revision.
+    #[serde(default)]
+    stale: bool,
+    /// At most this many streams in the answer (the counts cover all).
+    limit: Option<usize>,
+}
+
+/// `/debug/clients[?namespace=][&kind=][&stale=true][&limit=N]`: open streams and how far each
+/// client has got; `total` and `stale` count every open stream, `truncated` says the limit cut.
 async fn list_clients(
     State(state): State<AdminState>,
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
+    axum::extract::Query(query): axum::extract::Query<ClientQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     require_reader(&state.rules.policy, &headers, peer).await?;
-    Ok(Json(
-        serde_json::json!({"clients": state.clients.views(&state.index)}),
-    ))
+    let all = state.clients.views(&state.index);
+    let total = all.len();
+    let stale = all
+        .iter()
+        .filter(|c| c.kinds.iter().any(|k| !k.synced))
+        .count();
+    let mut matching: Vec<_> = all
+        .into_iter()
+        .filter(|c| {
+            query
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| c.namespace.as_ref() == Some(ns))
+        })
+        .filter_map(|mut c| {
+            c.kinds.retain(|k| {
+                query
+                    .kind
+                    .as_ref()
+                    .is_none_or(|kind| k.kind.eq_ignore_ascii_case(kind))
+                    && (!query.stale || !k.synced)
+            });
+            (!c.kinds.is_empty() || (query.kind.is_none() && !query.stale)).then_some(c)
+        })
+        .collect();
+    let truncated = query.limit.is_some_and(|limit| matching.len() > limit);
+    if let Some(limit) = query.limit {
+        matching.truncate(limit);
+    }
+    Ok(Json(serde_json::json!({
+        "clients": matching, "total": total, "stale": stale, "truncated": truncated,
+    })))
 }
 
 #[derive(serde::Deserialize)]

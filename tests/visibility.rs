@@ -148,6 +148,26 @@ async fn a_client_that_stops_acking_shows_as_not_synced_with_its_revisions() {
         1.0
     );
 
+    // The server filters and counts: the stale one, none of another kind, a limit that cuts.
+    let filtered = |path: &'static str| async move {
+        let (status, body) = http_get(admin, path).await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let only_stale = filtered("/debug/clients?stale=true").await;
+    assert_eq!(only_stale["clients"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        (only_stale["total"].as_u64(), only_stale["stale"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let other_kind = filtered("/debug/clients?kind=TagRoute").await;
+    assert_eq!(other_kind["clients"].as_array().map(Vec::len), Some(0));
+    let cut = filtered("/debug/clients?limit=0").await;
+    assert_eq!(
+        (cut["truncated"].as_bool(), cut["total"].as_u64()),
+        (Some(true), Some(1))
+    );
+
     let admin_flag = admin.to_string();
     let table = run_client(&["status", "--admin", &admin_flag, "--stale"]).await;
     assert!(table.status.success(), "{}", text(&table));

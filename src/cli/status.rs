@@ -31,7 +31,19 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     if !args.compare.is_empty() {
         return compare_replicas(&args.admin, &args.compare).await;
     }
-    let answer = request(&args.admin, "GET", "/debug/clients", None).await?;
+    // Filtered by the server too, so a large fleet's answer stays small.
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    if let Some(namespace) = &args.namespace {
+        query.append_pair("namespace", namespace);
+    }
+    if let Some(kind) = &args.kind {
+        query.append_pair("kind", kind);
+    }
+    if args.stale {
+        query.append_pair("stale", "true");
+    }
+    let path = format!("/debug/clients?{}", query.finish());
+    let answer = request(&args.admin, "GET", &path, None).await?;
     let clients: Vec<ClientView> = serde_json::from_value(answer["clients"].clone())
         .context("unexpected /debug/clients answer")?;
     print!("{}", status_table(&clients, &args));

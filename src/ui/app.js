@@ -8,12 +8,15 @@ const TOKEN_KEY = 'dubbo-cp-token';
 const FAST_MS = 1000;
 const SLOW_MS = 5000; // background tabs poll less so they do not load the control plane
 const TIMEOUT_MS = 10000; // a hung request must not stall the setTimeout chain forever
+const CLIENT_ROWS = 500;
 
 const ENDPOINTS = {
   digest: '/debug/digest',
   mappings: '/debug/mappings',
   applications: '/debug/applications',
-  clients: '/debug/clients',
+  // At most CLIENT_ROWS streams per poll (a large fleet would be megabytes a second); the
+  // server counts them all, and "stale only" asks it for the stale ones.
+  clients: () => `/debug/clients?limit=${CLIENT_ROWS}${$('#stale-only').checked ? '&stale=true' : ''}`,
   ...Object.fromEntries(RULE_KINDS.map((k) => [k, `/api/v1/rules/${k}`])),
 };
 
@@ -93,7 +96,8 @@ async function poll() {
   inFlight = true;
   const names = Object.keys(ENDPOINTS);
   // allSettled: one failing endpoint should not blank the sections that did load.
-  const results = await Promise.allSettled(names.map((n) => fetchJson(ENDPOINTS[n])));
+  const path = (n) => (typeof ENDPOINTS[n] === 'function' ? ENDPOINTS[n]() : ENDPOINTS[n]);
+  const results = await Promise.allSettled(names.map((n) => fetchJson(path(n))));
   let error = null;
   results.forEach((r, i) => {
     if (r.status === 'fulfilled') last[names[i]] = r.value;
@@ -282,7 +286,10 @@ function renderClients() {
       ],
     };
   });
-  setText($('#clients-count'), `${clients.length} connected · ${staleClients} stale`);
+  const total = last.clients.total ?? clients.length;
+  const stale = last.clients.stale ?? staleClients;
+  const cut = last.clients.truncated ? ` · first ${clients.length} shown` : '';
+  setText($('#clients-count'), `${total} connected · ${stale} stale${cut}`);
 }
 
 // ---------- start ----------
@@ -291,7 +298,10 @@ takeTokenFromFragment();
 initToken();
 initRules();
 $('#mapping-search').addEventListener('input', () => last.mappings && renderMappings());
-$('#stale-only').addEventListener('change', () => last.clients && renderClients());
+$('#stale-only').addEventListener('change', () => {
+  if (last.clients) renderClients();
+  poll(); // the server filters the stale ones
+});
 // Coming back to the tab should show fresh data at once instead of after the slow interval.
 document.addEventListener('visibilitychange', () => { if (!document.hidden) poll(); });
 // A pasted `#token=` link in an already open tab is a same-document navigation.
