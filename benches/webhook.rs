@@ -139,16 +139,24 @@ async fn load(
     Ok((all, started.elapsed()))
 }
 
+/// One line of the table: reviews per second, p50, p99 and max in ms, and the count.
+fn print_row(label: &str, latencies: &mut [Duration], elapsed: Duration) {
+    let count = latencies.len();
+    println!(
+        "{:<26} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>9}",
+        label,
+        count as f64 / elapsed.as_secs_f64(),
+        percentile(latencies, 0.5),
+        percentile(latencies, 0.99),
+        percentile(latencies, 1.0),
+        count
+    );
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let api = ApiServer::start().await;
-    api.put_object(
-        "namespaces",
-        "",
-        "demo",
-        json!({"apiVersion": "v1", "kind": "Namespace",
-               "metadata": {"name": "demo", "labels": {"dubbo-ca.inject": "true"}}}),
-    );
+    api.create_labelled_namespace("demo", json!({"dubbo-ca.inject": "true"}));
     api.put_object(
         "services",
         "demo",
@@ -237,16 +245,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let (mut latencies, elapsed) =
         load(open, CLOSED_LOOP_REVIEWS / CONNECTIONS, None, body.clone()).await?;
-    let count = latencies.len();
-    println!(
-        "{:<26} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>9}",
-        "64 in flight (max rate)",
-        count as f64 / elapsed.as_secs_f64(),
-        percentile(&mut latencies, 0.5),
-        percentile(&mut latencies, 0.99),
-        percentile(&mut latencies, 1.0),
-        count
-    );
+    print_row("64 in flight (max rate)", &mut latencies, elapsed);
     let mut open = Vec::new();
     for _ in 0..CONNECTIONS {
         open.push(Connection::open(webhook, &root).await?);
@@ -254,16 +253,7 @@ async fn main() -> anyhow::Result<()> {
     let per_connection = (STEADY_RATE * STEADY_SECONDS) as usize / CONNECTIONS;
     let pace = Duration::from_secs_f64(CONNECTIONS as f64 / STEADY_RATE as f64);
     let (mut latencies, elapsed) = load(open, per_connection, Some(pace), body.clone()).await?;
-    let count = latencies.len();
-    println!(
-        "{:<26} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>9}",
-        "steady 1,000/s",
-        count as f64 / elapsed.as_secs_f64(),
-        percentile(&mut latencies, 0.5),
-        percentile(&mut latencies, 0.99),
-        percentile(&mut latencies, 1.0),
-        count
-    );
+    print_row("steady 1,000/s", &mut latencies, elapsed);
     server.stop().await?;
     Ok(())
 }

@@ -158,7 +158,7 @@ async fn list_mappings(
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<Vec<MappingView>>, ApiError> {
-    require_reader(&state.rules.policy, &headers, peer).await?;
+    require_admin(&state.rules.policy, &headers, peer).await?;
     Ok(views(state.mappings.snapshot()))
 }
 
@@ -190,7 +190,7 @@ async fn list_applications(
     headers: axum::http::HeaderMap,
     axum::extract::Query(query): axum::extract::Query<ApplicationQuery>,
 ) -> Result<Json<Vec<ApplicationView>>, ApiError> {
-    require_reader(&state.rules.policy, &headers, peer).await?;
+    require_admin(&state.rules.policy, &headers, peer).await?;
     let mut views = applications(
         state.mappings.snapshot(),
         query.namespace.as_deref(),
@@ -276,7 +276,7 @@ async fn list_clients(
     headers: axum::http::HeaderMap,
     axum::extract::Query(query): axum::extract::Query<ClientQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_reader(&state.rules.policy, &headers, peer).await?;
+    require_admin(&state.rules.policy, &headers, peer).await?;
     let all = state.clients.views(&state.index);
     let total = all.len();
     let stale = all
@@ -324,7 +324,7 @@ async fn digest(
     headers: axum::http::HeaderMap,
     axum::extract::Query(query): axum::extract::Query<DigestQuery>,
 ) -> Result<Json<crate::digest::DigestView>, ApiError> {
-    require_reader(&state.rules.policy, &headers, peer).await?;
+    require_admin(&state.rules.policy, &headers, peer).await?;
     let index = state.index.clone();
     // Hashing a large state is CPU work: off the async threads.
     tokio::task::spawn_blocking(move || crate::digest::view(&index, query.objects))
@@ -350,7 +350,7 @@ async fn list_outbox(
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<OutboxView>, ApiError> {
-    require_reader(&state.rules.policy, &headers, peer).await?;
+    require_admin(&state.rules.policy, &headers, peer).await?;
     let Some((writer, outbox)) = &state.outbox else {
         return Ok(Json(OutboxView::default()));
     };
@@ -367,8 +367,9 @@ fn api_error(code: StatusCode, message: impl Into<String>) -> ApiError {
 }
 
 /// Refuses callers that are not admins when authentication is configured; without
-/// authentication only local callers (loopback) may use the rule API, whatever address the
-/// admin port listens on (probes often need it on every address).
+/// authentication only local callers (loopback) may use the rule API and the read-only views
+/// (`/debug/...`, the dashboard's data: they show clients' identities and addresses), whatever
+/// address the admin port listens on (probes often need it on every address).
 async fn require_admin(
     policy: &Policy,
     headers: &axum::http::HeaderMap,
@@ -402,17 +403,6 @@ async fn require_admin(
             "send `Authorization: Bearer <token>` of an admin identity",
         )),
     }
-}
-
-/// The read-only views (`/debug/...`, the dashboard's data) answer whom the rule API answers:
-/// an admin identity when authentication is configured, else local callers only (they show
-/// identities and addresses of clients).
-async fn require_reader(
-    policy: &Policy,
-    headers: &axum::http::HeaderMap,
-    peer: std::net::SocketAddr,
-) -> Result<(), ApiError> {
-    require_admin(policy, headers, peer).await
 }
 
 /// The kind named in a path: `TagRoute`, `tagroute` or `tagroutes`.
@@ -533,7 +523,7 @@ async fn debug_rules(
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_reader(&state.rules.policy, &headers, peer).await?;
+    require_admin(&state.rules.policy, &headers, peer).await?;
     Ok(Json(serde_json::json!({
         "invalid": state.rules.catalog.invalid(),
         "files": state.rules.catalog.file_errors(),

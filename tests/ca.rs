@@ -28,7 +28,7 @@ use common::{
     Observer, SNP_TYPE, channel, http_get, http_send, metric, request, start, test_config,
     wait_ready,
 };
-use dubbo_cp::config::{Config, Mode};
+use dubbo_cp::config::Config;
 use independent::authority_service_client::AuthorityServiceClient;
 use independent::dubbo_certificate_service_client::DubboCertificateServiceClient;
 use independent::{DubboCertificateRequest, IdentityRequest};
@@ -204,10 +204,7 @@ async fn tls_channel(
 
 /// Kubernetes mode; without `authenticate` the admin API answers loopback callers.
 fn k8s_config(dir: &std::path::Path, api: &ApiServer, authenticate: bool) -> Config {
-    let mut config = test_config(dir);
-    config.mode = Mode::Kubernetes;
-    config.kubernetes.api_server = Some(api.url());
-    config.shutdown_grace = Duration::from_secs(2);
+    let mut config = common::kubernetes_config(dir, api.url());
     config.auth.token_review = Some(authenticate);
     config
 }

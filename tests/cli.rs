@@ -166,9 +166,7 @@ async fn register_subcommand_talks_to_a_real_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_mappings_prints_the_state_from_the_discovery_stream() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = test_config(dir.path());
-    config.debounce.enable = false;
-    let server = start(config).await;
+    let server = start(common::undebounced_config(dir.path())).await;
     let mut client = common::client(server.grpc_addr).await;
     for (ns, app) in [("default", "demo-provider"), ("other", "other-provider")] {
         let reply = client

@@ -21,9 +21,7 @@ use tonic::Code;
 
 /// Debounce off, so each registration is published at once and tests need no waiting.
 fn fast_config(dir: &std::path::Path) -> Config {
-    let mut config = test_config(dir);
-    config.debounce.enable = false;
-    config
+    common::undebounced_config(dir)
 }
 
 async fn register(addr: std::net::SocketAddr, namespace: &str, app: &str, interfaces: &[&str]) {

@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use common::apiserver::ApiServer;
 use common::sa_tokens::{Claims, Issuer};
-use common::{client, http_get, metric, request, start, test_config};
+use common::{client, http_get, metric, request, start};
 use dubbo_cp::auth::Authenticator;
 use dubbo_cp::auth::keys::ServiceAccountKeys;
 use dubbo_cp::auth::pods::PodView;
 use dubbo_cp::auth::serviceaccount::{CacheSettings, ServiceAccountAuthenticator};
 use dubbo_cp::auth::tokenreview::TokenReviewer;
-use dubbo_cp::config::{Config, Mode};
+use dubbo_cp::config::Config;
 use dubbo_cp::pb::snp::ServiceMappingResponse;
 use dubbo_cp::ratelimit::RateLimiter;
 use serde_json::json;
@@ -26,10 +26,7 @@ use tonic::Code;
 use tonic::metadata::MetadataMap;
 
 fn config(dir: &std::path::Path, api: &ApiServer) -> Config {
-    let mut config = test_config(dir);
-    config.mode = Mode::Kubernetes;
-    config.kubernetes.api_server = Some(api.url());
-    config.shutdown_grace = Duration::from_secs(2);
+    let mut config = common::kubernetes_config(dir, api.url());
     // Refreshes keep failing through the outage below; the keys must survive them.
     config.auth.keys_refresh_interval = Duration::from_millis(100);
     config

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::apiserver::ApiServer;
 use common::sa_tokens::{Claims, Issuer};
-use common::{Observer, SNP_TYPE, client, http_get, metric, request, start, test_config};
-use dubbo_cp::config::{Config, Mode};
+use common::{Observer, SNP_TYPE, client, http_get, metric, request, start};
+use dubbo_cp::config::Config;
 use dubbo_cp::server::RunningServer;
 use serde_json::json;
 
@@ -22,10 +22,7 @@ const EXPIRE: Duration = Duration::from_secs(1);
 const OBJECT: &str = "org-example-greeter";
 
 fn config(dir: &std::path::Path, api_url: String) -> Config {
-    let mut config = test_config(dir);
-    config.mode = Mode::Kubernetes;
-    config.kubernetes.api_server = Some(api_url);
-    config.shutdown_grace = Duration::from_secs(2);
+    let mut config = common::kubernetes_config(dir, api_url);
     config.mapping.expire_after = EXPIRE;
     config.auth.admins = vec!["demo/ops".into()];
     config

@@ -12,16 +12,13 @@ use std::time::Duration;
 
 use common::apiserver::ApiServer;
 use common::sa_tokens::{Claims, Issuer};
-use common::{Observer, channel, http_get, start, test_config, type_of, wait_ready};
-use dubbo_cp::config::{Config, Mode};
+use common::{Observer, channel, http_get, start, type_of, wait_ready};
+use dubbo_cp::config::Config;
 use prost::Message;
 use serde_json::json;
 
 fn config(dir: &std::path::Path, api: &ApiServer, authenticate: bool) -> Config {
-    let mut config = test_config(dir);
-    config.mode = Mode::Kubernetes;
-    config.kubernetes.api_server = Some(api.url());
-    config.shutdown_grace = Duration::from_secs(2);
+    let mut config = common::kubernetes_config(dir, api.url());
     config.debounce.after = Duration::from_millis(10);
     config.debounce.max = Duration::from_millis(100);
     config.auth.token_review = Some(authenticate);

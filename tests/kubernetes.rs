@@ -9,16 +9,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::apiserver::ApiServer;
-use common::{Observer, SNP_TYPE, client, http_get, mappings_of, request, start, test_config};
-use dubbo_cp::config::{Config, Mode};
+use common::{Observer, SNP_TYPE, client, http_get, mappings_of, request, start};
+use dubbo_cp::config::Config;
 use dubbo_cp::server::RunningServer;
 use serde_json::json;
 
 fn k8s_config(dir: &std::path::Path, api: &ApiServer) -> Config {
-    let mut config = test_config(dir);
-    config.mode = Mode::Kubernetes;
-    config.kubernetes.api_server = Some(api.url());
-    config.shutdown_grace = Duration::from_secs(2);
+    let mut config = common::kubernetes_config(dir, api.url());
     // These tests are about storage; authentication has its own (tests/tokenreview.rs).
     config.auth.token_review = Some(false);
     config

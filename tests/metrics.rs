@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Observer, SNP_TYPE, client, http_get, request, start, test_config};
+use common::{Observer, SNP_TYPE, client, http_get, request, start};
 
 /// The value of the series `name` (with labels, exactly as printed), if present.
 fn value(text: &str, name: &str) -> Option<f64> {
@@ -21,9 +21,7 @@ fn value(text: &str, name: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn documented_series_exist_and_move_with_traffic() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = test_config(dir.path());
-    config.debounce.enable = false;
-    let server = start(config).await;
+    let server = start(common::undebounced_config(dir.path())).await;
 
     let (status, before) = http_get(server.admin_addr, "/metrics").await;
     assert_eq!(status, 200);

@@ -7,17 +7,13 @@ mod common;
 use std::time::Duration;
 
 use common::apiserver::ApiServer;
-use common::{Observer, SNP_TYPE, channel, client, http_get, request, start, test_config};
-use dubbo_cp::config::{Config, Mode};
+use common::{Observer, SNP_TYPE, channel, client, http_get, request, start};
+use dubbo_cp::config::Config;
 use dubbo_cp::pb::snp::ServiceMappingResponse;
 use tonic::Code;
 
 fn config(dir: &std::path::Path, api: &ApiServer) -> Config {
-    let mut config = test_config(dir);
-    config.mode = Mode::Kubernetes;
-    config.kubernetes.api_server = Some(api.url());
-    config.shutdown_grace = Duration::from_secs(2);
-    config
+    common::kubernetes_config(dir, api.url())
 }
 
 async fn register(

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{Observer, SNP_TYPE, http_get, start, test_config};
+use common::{Observer, SNP_TYPE, http_get, start};
 use dubbo_cp::dds::clients::ClientView;
 use dubbo_cp::digest::DigestView;
 use dubbo_cp::server::RunningServer;
@@ -29,6 +29,21 @@ fn text(output: &std::process::Output) -> String {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     )
+}
+
+/// `dubbo-cp unregister -n demo -a APP [IFACE...]` against `admin`.
+async fn unregister(admin: &str, application: &str, interfaces: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "unregister",
+        "--admin",
+        admin,
+        "-n",
+        "demo",
+        "-a",
+        application,
+    ];
+    args.extend_from_slice(interfaces);
+    run_client(&args).await
 }
 
 /// A table's rows (after its header), split into cells.
@@ -89,9 +104,7 @@ fn digest_of<'a>(view: &'a DigestView, kind: &str) -> &'a str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_acking_shows_as_not_synced_with_its_revisions() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = test_config(dir.path());
-    config.debounce.enable = false;
-    let server = start(config).await;
+    let server = standalone(dir.path()).await;
     let admin = server.admin_addr;
 
     let mut observer = Observer::open(server.grpc_addr).await;
@@ -213,9 +226,7 @@ async fn a_client_that_stops_acking_shows_as_not_synced_with_its_revisions() {
 
 /// Starts a standalone server on `dir` with every registration flushed on its own.
 async fn standalone(dir: &Path) -> RunningServer {
-    let mut config = test_config(dir);
-    config.debounce.enable = false;
-    start(config).await
+    start(common::undebounced_config(dir)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -349,17 +360,7 @@ async fn applications_are_found_by_name_and_unregister_removes_one_durably() {
     observer.subscribe(SNP_TYPE).await;
     let before = observer.next().await;
     observer.ack(&before).await;
-    let out = run_client(&[
-        "unregister",
-        "--admin",
-        &admin,
-        "-n",
-        "demo",
-        "-a",
-        "app1",
-        "org.example.X",
-    ])
-    .await;
+    let out = unregister(&admin, "app1", &["org.example.X"]).await;
     assert!(out.status.success(), "{}", text(&out));
     assert!(
         text(&out).contains("app1 removed from demo/org.example.X"),
@@ -372,20 +373,11 @@ async fn applications_are_found_by_name_and_unregister_removes_one_durably() {
     assert!(!state.contains_key("org-example-x/demo"), "{state:?}");
     assert_eq!(state["org-example-y/demo"].1.len(), 2);
     // Nothing to remove is a clear error, and a registration adds it back as usual.
-    let none = run_client(&[
-        "unregister",
-        "--admin",
-        &admin,
-        "-n",
-        "demo",
-        "-a",
-        "nobody",
-    ])
-    .await;
+    let none = unregister(&admin, "nobody", &[]).await;
     assert!(!none.status.success());
     assert!(text(&none).contains("\"nobody\""), "{}", text(&none));
     // Without interfaces: every interface of the application in that namespace.
-    let all = run_client(&["unregister", "--admin", &admin, "-n", "demo", "-a", "app1"]).await;
+    let all = unregister(&admin, "app1", &[]).await;
     assert!(text(&all).contains("demo/org.example.Y"), "{}", text(&all));
     assert_eq!(
         common::metric(server.admin_addr, "dubbo_cp_store_pairs_removed_total").await,

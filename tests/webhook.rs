@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use common::apiserver::ApiServer;
-use common::{start, test_config};
-use dubbo_cp::config::Mode;
+use common::start;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -75,17 +74,7 @@ async fn https(
     tls.write_all(body).await.unwrap();
     let mut response = Vec::new();
     let _ = tls.read_to_end(&mut response).await;
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    common::parse_http_response(&response)
 }
 
 fn pod_review(uid: &str, namespace: &str, pod: &Value) -> Vec<u8> {
@@ -108,13 +97,7 @@ fn root_of(api: &ApiServer) -> String {
 async fn the_configuration_is_kept_and_pods_that_ask_are_injected() {
     let api = ApiServer::start().await;
     api.create_namespace("plain");
-    api.put_object(
-        "namespaces",
-        "",
-        "demo",
-        json!({"apiVersion": "v1", "kind": "Namespace",
-               "metadata": {"name": "demo", "labels": {"dubbo-ca.inject": "true"}}}),
-    );
+    api.create_labelled_namespace("demo", json!({"dubbo-ca.inject": "true"}));
     for name in ["zk-b", "zk-a"] {
         api.put_object(
             "services",
@@ -126,11 +109,8 @@ async fn the_configuration_is_kept_and_pods_that_ask_are_injected() {
         );
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut config = test_config(dir.path());
-    config.mode = Mode::Kubernetes;
-    config.kubernetes.api_server = Some(api.url());
+    let mut config = common::kubernetes_config(dir.path(), api.url());
     config.auth.token_review = Some(false);
-    config.shutdown_grace = Duration::from_secs(2);
     let server = start(config).await;
     let webhook = server
         .webhook_addr
@@ -300,11 +280,8 @@ async fn the_configuration_is_kept_and_pods_that_ask_are_injected() {
 async fn outside_a_cluster_the_configuration_names_webhook_url_and_the_certificate_its_host() {
     let api = ApiServer::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut config = test_config(dir.path());
-    config.mode = Mode::Kubernetes;
-    config.kubernetes.api_server = Some(api.url());
+    let mut config = common::kubernetes_config(dir.path(), api.url());
     config.auth.token_review = Some(false);
-    config.shutdown_grace = Duration::from_secs(2);
     config.webhook.url = Some("https://10.1.2.3:30080".to_owned());
     let server = start(config).await;
     let webhook = server.webhook_addr.unwrap();

@@ -790,6 +790,17 @@ impl Writer {
     }
 }
 
+/// The rows of the `registrant` table `registrants` stands for.
+fn registrant_rows(
+    registrants: &PendingRegistrants,
+) -> impl Iterator<Item = (&MappingKey, &String, &String)> {
+    registrants.iter().flat_map(|(key, pending)| {
+        pending.iter().flat_map(move |(application, pods)| {
+            pods.iter().map(move |pod| (key, application, pod))
+        })
+    })
+}
+
 /// Deletes `pairs` and written registrant records; with `revision`, also moves the stored
 /// revision to it (a change clients see).
 fn delete_pairs(
@@ -803,12 +814,8 @@ fn delete_pairs(
         let mut forget = tx.prepare_cached(
             "DELETE FROM registrant WHERE namespace = ?1 AND interface = ?2 AND application = ?3 AND pod = ?4",
         )?;
-        for (key, pending) in registrants {
-            for (application, pods) in pending {
-                for pod in pods {
-                    forget.execute(params![key.namespace, key.interface, application, pod])?;
-                }
-            }
+        for (key, application, pod) in registrant_rows(registrants) {
+            forget.execute(params![key.namespace, key.interface, application, pod])?;
         }
         if let Some(revision) = revision {
             tx.execute(
@@ -970,12 +977,8 @@ fn write_pairs(
         let mut record = tx.prepare_cached(
             "INSERT OR IGNORE INTO registrant (namespace, interface, application, pod) VALUES (?1, ?2, ?3, ?4)",
         )?;
-        for (key, pending) in registrants {
-            for (application, pods) in pending {
-                for pod in pods {
-                    record.execute(params![key.namespace, key.interface, application, pod])?;
-                }
-            }
+        for (key, application, pod) in registrant_rows(registrants) {
+            record.execute(params![key.namespace, key.interface, application, pod])?;
         }
         let mut insert = tx.prepare_cached(
             "INSERT OR IGNORE INTO mapping (namespace, interface, application) VALUES (?1, ?2, ?3)",

@@ -347,11 +347,17 @@ impl ApiServer {
 
     /// A namespace, as `kubectl create namespace` makes it.
     pub fn create_namespace(&self, name: &str) {
+        self.create_labelled_namespace(name, json!({}));
+    }
+
+    /// A namespace carrying `labels` (e.g. the webhook's opt-in `dubbo-ca.inject: "true"`).
+    pub fn create_labelled_namespace(&self, name: &str, labels: Value) {
         self.put_object(
             "namespaces",
             "",
             name,
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name},
+            json!({"apiVersion": "v1", "kind": "Namespace",
+                   "metadata": {"name": name, "labels": labels},
                    "status": {"phase": "Active"}}),
         );
     }

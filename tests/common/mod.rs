@@ -41,6 +41,39 @@ pub fn test_config(data_dir: &Path) -> Config {
     }
 }
 
+/// [`test_config`] with every registration flushed on its own (debounce off), so tests wait on
+/// the publication, not on a timer.
+pub fn undebounced_config(data_dir: &Path) -> Config {
+    let mut config = test_config(data_dir);
+    config.debounce.enable = false;
+    config
+}
+
+/// [`test_config`] in Kubernetes mode against the API server at `api_url` (the fixture), with a
+/// short shutdown grace.
+pub fn kubernetes_config(data_dir: &Path, api_url: String) -> Config {
+    let mut config = test_config(data_dir);
+    config.mode = dubbo_cp::config::Mode::Kubernetes;
+    config.kubernetes.api_server = Some(api_url);
+    config.shutdown_grace = Duration::from_secs(2);
+    config
+}
+
+/// An HTTP/1.1 response read to its end: the status code (0 if unreadable) and the body.
+pub fn parse_http_response(response: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(response).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
 pub async fn start(config: Config) -> RunningServer {
     server::start(config).await.expect("server did not start")
 }
@@ -351,17 +384,7 @@ pub async fn http_send(
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await.unwrap();
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    parse_http_response(&response)
 }
 
 /// The type name clients subscribe to for `kind` (`TagRoute` -> `dubbo.apache.org/v1alpha1/TagRoute`).
