@@ -50,6 +50,11 @@ async fn main() -> anyhow::Result<()> {
                 api_server: Some(api.url()),
                 ..Config::default().kubernetes
             },
+            // The canary controller's Lease would add requests to the count.
+            canary: dubbo_cp::config::CanaryConfig {
+                enabled: false,
+                ..Config::default().canary
+            },
             ..Config::default()
         };
         planes.push(dubbo_cp::server::start(config).await?);

@@ -38,6 +38,7 @@
 //! - [`ca`]: the certificate authority (roots, issuing, rotation, the published ConfigMaps);
 //!   [`tls`]: the TLS port, with a certificate from the CA renewed while it serves;
 //!   [`webhook`]: the pod admission webhook (Kubernetes mode) and its configuration object.
+//! - [`canary`]: progressive delivery, the `Canary` controller (Kubernetes mode).
 //! - [`supervisor`]: every long-lived task; a fault stops the process.
 //! - [`server`]: all wiring, as named steps.
 //! - [`config`], [`telemetry`], [`metrics`], [`admin`], [`cli`]: settings, logs, metrics,
@@ -47,6 +48,7 @@
 pub mod admin;
 pub mod auth;
 pub mod ca;
+pub mod canary;
 pub mod cli;
 pub mod config;
 pub mod dds;

@@ -157,6 +157,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         &mut registry,
         &mut tasks,
     );
+    if let Some(client) = &kube_client {
+        start_canaries(&config, client, &mut registry, &mut tasks);
+    }
     let policy = policy.with_dubbo_jwt(
         authority
             .clone()
@@ -678,6 +681,46 @@ fn start_expiry(
     expiry.stats().register_metrics(registry);
     let run = expiry.run(tasks.shutdown_receiver());
     tasks.spawn("mapping expiry", async move {
+        run.await;
+        Ok(())
+    });
+}
+
+/// Kubernetes mode: the canary controller, behind its Lease.
+fn start_canaries(
+    config: &Config,
+    client: &kube::Client,
+    registry: &mut Registry,
+    tasks: &mut Supervisor,
+) {
+    let settings = &config.canary;
+    if !settings.enabled {
+        return;
+    }
+    let identity = settings.identity.clone().unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "dubbo-cp".to_owned());
+        format!("{host}-{}", std::process::id())
+    });
+    let elector = crate::canary::lease::Elector::new(
+        client.clone(),
+        &settings.lease_namespace,
+        "dubbo-cp-canary",
+        &identity,
+        settings.lease_duration,
+    );
+    let stats = Arc::new(crate::canary::stats::CanaryStats::default());
+    stats.register_metrics(registry);
+    let run = crate::canary::controller::run(
+        client.clone(),
+        elector,
+        crate::canary::reconcile::Settings {
+            prometheus: settings.prometheus.clone(),
+            query_timeout: settings.query_timeout,
+        },
+        stats,
+        tasks.shutdown_receiver(),
+    );
+    tasks.spawn("canary controller", async move {
         run.await;
         Ok(())
     });

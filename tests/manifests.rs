@@ -508,12 +508,40 @@ fn the_rbac_grants_exactly_what_the_control_plane_uses() {
     for rule in [
         "tagroutes",
         "conditionroutes",
-        "dynamicconfigs",
         "authenticationpolicies",
         "authorizationpolicies",
     ] {
         grant("cluster", &format!("dubbo.apache.org/{rule}[]"), &read);
     }
+    // The canary controller: its weights as DynamicConfigs, the Canaries, the Deployments,
+    // revisions, Events and its Lease.
+    grant("cluster", "dubbo.apache.org/dynamicconfigs[]", &write);
+    grant("cluster", "dubbo.apache.org/dynamicconfigs[]", &["delete"]);
+    grant(
+        "cluster",
+        "dubbo.apache.org/canaries[]",
+        &["get", "list", "watch", "update", "patch"],
+    );
+    grant(
+        "cluster",
+        "dubbo.apache.org/canaries/status[]",
+        &["get", "update", "patch"],
+    );
+    grant("cluster", "apps/deployments[]", &write);
+    grant("cluster", "apps/deployments[]", &["patch"]);
+    grant("cluster", "apps/controllerrevisions[]", &read);
+    grant(
+        "cluster",
+        "apps/controllerrevisions[]",
+        &["create", "delete"],
+    );
+    grant("cluster", "events.k8s.io/events[]", &["create", "patch"]);
+    grant("dubbo-system", "coordination.k8s.io/leases[]", &["create"]);
+    grant(
+        "dubbo-system",
+        "coordination.k8s.io/leases[dubbo-cp-canary]",
+        &["get", "update"],
+    );
     grant(
         "cluster",
         "authentication.k8s.io/tokenreviews[]",

@@ -59,7 +59,7 @@ impl ServiceNameMapping {
     }
 }
 
-/// Every CRD (ServiceNameMapping, then the five rule kinds) as multi-document YAML, as
+/// Every CRD (ServiceNameMapping, the five rule kinds, then Canary) as multi-document YAML, as
 /// `dubbo-cp crd` prints it and `deploy/crd.yaml` holds it.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     use kube::CustomResourceExt;
@@ -67,6 +67,7 @@ pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     for crd in crate::rules::crds() {
         documents.push(serde_yaml::to_string(&crd)?);
     }
+    documents.push(serde_yaml::to_string(&crate::canary::Canary::crd())?);
     Ok(documents.join("---\n"))
 }
 

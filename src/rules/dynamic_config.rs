@@ -58,8 +58,8 @@ pub struct OverrideConfig {
     /// At least one; values are strings (quote numbers in YAML: `weight: "50"`).
     #[schemars(extend("minProperties" = 1))]
     #[x_kube(validation = Rule::new(
-        "!has(self.weight) || (int(self.weight) >= 0 && int(self.weight) <= 100)"
-    ).message("weight must be an integer from 0 to 100"))]
+        "!has(self.weight) || (int(self.weight) >= 0 && int(self.weight) <= 1000000)"
+    ).message("weight must be an integer from 0 to 1000000"))]
     pub parameters: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub applications: Vec<String>,
@@ -76,7 +76,8 @@ pub struct OverrideConfig {
 
 /// Parameters whose values clients parse as integers, and the range each must be in.
 const INTEGER_PARAMETERS: [(&str, i64, i64); 4] = [
-    ("weight", 0, 100),
+    // Dubbo's default is 100; a canary pod among many primaries needs more (canary::weight).
+    ("weight", 0, 1_000_000),
     ("timeout", 0, i32::MAX as i64),
     ("retries", 0, i32::MAX as i64),
     ("warmup", 0, i32::MAX as i64),

@@ -521,9 +521,9 @@ fn an_invalid_manifest_of_each_kind_is_refused_with_the_field_named() {
         ),
         (
             edited(DYNAMIC_CONFIG, |s| {
-                s["configs"][0]["parameters"]["weight"] = json!("150")
+                s["configs"][0]["parameters"]["weight"] = json!("1000001")
             }),
-            r#"document 1 (DynamicConfig demo/shop-weight): spec.configs[0].parameters.weight: must be an integer from 0 to 100 (got "150")"#,
+            r#"document 1 (DynamicConfig demo/shop-weight): spec.configs[0].parameters.weight: must be an integer from 0 to 1000000 (got "1000001")"#,
         ),
         (
             edited(AUTHENTICATION_POLICY, |s| {
@@ -752,15 +752,15 @@ fn dynamic_config_rules() {
         ),
         (
             dynamic_config(|s| s["configs"][0]["parameters"]["weight"] = json!("-1")),
-            r#"spec.configs[0].parameters.weight: must be an integer from 0 to 100 (got "-1")"#,
+            r#"spec.configs[0].parameters.weight: must be an integer from 0 to 1000000 (got "-1")"#,
         ),
         (
             dynamic_config(|s| s["configs"][0]["parameters"]["weight"] = json!("+50")),
-            r#"spec.configs[0].parameters.weight: must be an integer from 0 to 100 (got "+50")"#,
+            r#"spec.configs[0].parameters.weight: must be an integer from 0 to 1000000 (got "+50")"#,
         ),
         (
             dynamic_config(|s| s["configs"][0]["parameters"]["weight"] = json!("12.5")),
-            r#"spec.configs[0].parameters.weight: must be an integer from 0 to 100 (got "12.5")"#,
+            r#"spec.configs[0].parameters.weight: must be an integer from 0 to 1000000 (got "12.5")"#,
         ),
         (
             dynamic_config(|s| s["configs"][0]["parameters"]["timeout"] = json!("3s")),
@@ -1326,9 +1326,9 @@ mod cel {
             ),
             (
                 edited(DYNAMIC_CONFIG, |s| {
-                    s["configs"][0]["parameters"]["weight"] = json!("150")
+                    s["configs"][0]["parameters"]["weight"] = json!("1000001")
                 }),
-                "weight must be an integer from 0 to 100",
+                "weight must be an integer from 0 to 1000000",
             ),
             (
                 edited(DYNAMIC_CONFIG, |s| {

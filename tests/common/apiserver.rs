@@ -22,6 +22,12 @@ use tokio::sync::{mpsc, watch};
 const GROUP_PATH: &str = "/apis/dubbo.apache.org/v1alpha1";
 const CORE_PATH: &str = "/api/v1";
 const ADMISSION_PATH: &str = "/apis/admissionregistration.k8s.io/v1";
+/// Deployments, ControllerRevisions, Leases and Events (the canary controller's).
+const OTHER_GROUP_PATHS: [&str; 3] = [
+    "/apis/apps/v1",
+    "/apis/coordination.k8s.io/v1",
+    "/apis/events.k8s.io/v1",
+];
 const SNP: &str = "servicenamemappings";
 /// The issuer of the service-account tokens the fixture's keys sign.
 pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
@@ -275,6 +281,145 @@ impl ApiServer {
         self.lock().objects.keys().filter(|k| k.0 == SNP).count()
     }
 
+    // ---- Deployments, as the Deployment controller and the kubelet keep them ----
+
+    /// Creates Deployment `name` with `replicas` pods of `image`, selected by `app: <name>`.
+    pub fn put_deployment(&self, namespace: &str, name: &str, replicas: i64, image: &str) {
+        let object = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"app": name},
+                         "generation": 1},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [{"name": "app", "image": image}]}}},
+        });
+        let mut inner = self.lock();
+        self.store(
+            &mut inner,
+            key("deployments", namespace, name),
+            object,
+            "ADDED",
+        );
+    }
+
+    /// Sets the image of Deployment `name` (a new pod template), as `kubectl set image` would.
+    pub fn set_image(&self, namespace: &str, name: &str, image: &str) {
+        let mut inner = self.lock();
+        let key = key("deployments", namespace, name);
+        let mut object = inner
+            .objects
+            .get(&key)
+            .cloned()
+            .expect("no such deployment");
+        object["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
+        let generation = object["metadata"]["generation"].as_i64().unwrap_or(1);
+        object["metadata"]["generation"] = json!(generation + 1);
+        self.store(&mut inner, key, object, "MODIFIED");
+    }
+
+    /// Plays the Deployment controller and the kubelet for `name`: its status says rolled out
+    /// and healthy, and exactly `spec.replicas` ready pods run its template, with IPs
+    /// `<ip_prefix><n>`. Returns the pods' IPs.
+    pub fn roll_out(&self, namespace: &str, name: &str, ip_prefix: &str) -> Vec<String> {
+        let (replicas, labels, generation) = {
+            let inner = self.lock();
+            let object = inner
+                .objects
+                .get(&key("deployments", namespace, name))
+                .cloned()
+                .expect("no such deployment");
+            (
+                object["spec"]["replicas"].as_i64().unwrap_or(1),
+                object["spec"]["template"]["metadata"]["labels"].clone(),
+                object["metadata"]["generation"].as_i64().unwrap_or(1),
+            )
+        };
+        self.set_deployment_status(
+            namespace,
+            name,
+            json!({"observedGeneration": generation, "replicas": replicas,
+                   "updatedReplicas": replicas, "readyReplicas": replicas,
+                   "availableReplicas": replicas}),
+        );
+        let mut inner = self.lock();
+        let stale: Vec<Key> = inner
+            .objects
+            .keys()
+            .filter(|k| k.0 == "pods" && k.1 == namespace && k.2.starts_with(&format!("{name}-x")))
+            .cloned()
+            .collect();
+        for pod in stale {
+            self.remove(&mut inner, &pod);
+        }
+        let mut ips = Vec::new();
+        for i in 0..replicas {
+            let ip = format!("{ip_prefix}{}", i + 1);
+            let pod = format!("{name}-x{generation}-p{i}");
+            let object = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "namespace": namespace, "labels": labels.clone(),
+                             "uid": format!("{pod}-uid")},
+                "status": {"podIP": ip, "phase": "Running",
+                           "conditions": [{"type": "Ready", "status": "True"}]},
+            });
+            self.store(&mut inner, key("pods", namespace, &pod), object, "ADDED");
+            ips.push(ip);
+        }
+        ips
+    }
+
+    /// Replaces Deployment `name`'s status (the Deployment controller's view).
+    pub fn set_deployment_status(&self, namespace: &str, name: &str, status: Value) {
+        let mut inner = self.lock();
+        let key = key("deployments", namespace, name);
+        let mut object = inner
+            .objects
+            .get(&key)
+            .cloned()
+            .expect("no such deployment");
+        object["status"] = status;
+        self.store(&mut inner, key, object, "MODIFIED");
+    }
+
+    /// Objects of `resource` in `namespace`.
+    pub fn objects_of(&self, resource: &str, namespace: &str) -> Vec<Value> {
+        self.lock()
+            .objects
+            .iter()
+            .filter(|(k, _)| k.0 == resource && k.1 == namespace)
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    /// Waits until `check` holds for object `name` of `resource` (None: absent).
+    pub async fn wait_for_object(
+        &self,
+        resource: &str,
+        namespace: &str,
+        name: &str,
+        limit: Duration,
+        check: impl Fn(Option<&Value>) -> bool,
+    ) -> Option<Value> {
+        let mut latest = self.shared.latest.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            latest.borrow_and_update();
+            let object = self.object(resource, namespace, name);
+            if check(object.as_ref()) {
+                return object;
+            }
+            if tokio::time::timeout_at(deadline, latest.changed())
+                .await
+                .is_err()
+            {
+                panic!(
+                    "{resource} {namespace}/{name} did not reach the expected state within {limit:?}: {}",
+                    serde_json::to_string_pretty(&object).unwrap_or_default()
+                );
+            }
+        }
+    }
+
     // ---- service-account tokens and pods ----
 
     /// Serves `jwks` as the cluster's service-account keys (OIDC discovery names [`ISSUER`]).
@@ -504,6 +649,7 @@ async fn handle(
     State(shared): State<Arc<Shared>>,
     method: Method,
     uri: Uri,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
     let server = ApiServer {
@@ -563,7 +709,11 @@ async fn handle(
         .path()
         .strip_prefix(GROUP_PATH)
         .or_else(|| uri.path().strip_prefix(ADMISSION_PATH))
-    {
+        .or_else(|| {
+            OTHER_GROUP_PATHS
+                .iter()
+                .find_map(|prefix| uri.path().strip_prefix(prefix))
+        }) {
         Some(rest) => rest,
         None => match uri.path().strip_prefix(CORE_PATH) {
             Some(rest)
@@ -625,8 +775,36 @@ async fn handle(
         (Method::PUT, ["namespaces", ns, resource, name]) => {
             replace(&server, resource, ns, name, &body)
         }
+        (Method::PUT, ["namespaces", ns, resource, name, "status"]) => {
+            replace_status(&server, resource, ns, name, &body)
+        }
+        (Method::PATCH, ["namespaces", ns, resource, name]) => {
+            let content_type = headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            patch(&server, resource, ns, name, content_type, &body)
+        }
         (Method::DELETE, ["namespaces", ns, resource, name]) => {
             let mut inner = server.lock();
+            // An object with finalizers is only marked; the last finalizer's removal deletes it.
+            if let Some(object) = inner.objects.get(&key(resource, ns, name)).cloned()
+                && object["metadata"]["finalizers"]
+                    .as_array()
+                    .is_some_and(|f| !f.is_empty())
+            {
+                let mut marked = object;
+                if marked["metadata"]["deletionTimestamp"].is_null() {
+                    marked["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+                    server.store(
+                        &mut inner,
+                        key(resource, ns, name),
+                        marked.clone(),
+                        "MODIFIED",
+                    );
+                }
+                return json_response(StatusCode::OK, &marked);
+            }
             // DeleteOptions.preconditions, as the API server checks them.
             let options: Value = serde_json::from_slice(&body).unwrap_or_default();
             let wanted = &options["preconditions"]["resourceVersion"];
@@ -711,13 +889,18 @@ fn count_write(inner: &mut Inner, key: &Key) {
         .or_default() += 1;
 }
 
-const CORE_RESOURCES: [&str; 6] = [
+const CORE_RESOURCES: [&str; 11] = [
     "secrets",
     "configmaps",
     "namespaces",
     "pods",
     "services",
     "mutatingwebhookconfigurations",
+    "deployments",
+    "controllerrevisions",
+    "leases",
+    "events",
+    "canaries",
 ];
 
 fn create(server: &ApiServer, resource: &str, namespace: &str, body: &Bytes) -> Response {
@@ -738,6 +921,10 @@ fn create(server: &ApiServer, resource: &str, namespace: &str, body: &Bytes) -> 
             "AlreadyExists",
             &format!("{resource} \"{name}\" already exists"),
         );
+    }
+    let mut object = object;
+    if matches!(resource, "deployments" | "canaries") {
+        object["metadata"]["generation"] = json!(1);
     }
     server.store(&mut inner, key.clone(), object, "ADDED");
     count_write(&mut inner, &key);
@@ -781,7 +968,105 @@ fn replace(
     }
     object["metadata"]["uid"] = existing["metadata"]["uid"].clone();
     object["metadata"]["creationTimestamp"] = existing["metadata"]["creationTimestamp"].clone();
+    with_subresources(resource, existing, &mut object);
     server.store(&mut inner, key.clone(), object, "MODIFIED");
+    count_write(&mut inner, &key);
+    let stored = inner.objects.get(&key).cloned().unwrap_or_default();
+    json_response(StatusCode::OK, &stored)
+}
+
+/// Status is a subresource of Deployments and Canaries: a write of the object keeps the stored
+/// status, and a Deployment's `generation` moves when its spec does, as the API server does.
+fn with_subresources(resource: &str, existing: &Value, object: &mut Value) {
+    if !matches!(resource, "deployments" | "canaries") {
+        return;
+    }
+    object["status"] = existing["status"].clone();
+    let generation = existing["metadata"]["generation"].as_i64().unwrap_or(1);
+    object["metadata"]["generation"] = if object["spec"] == existing["spec"] {
+        json!(generation)
+    } else {
+        json!(generation + 1)
+    };
+    // Finalizers and deletion are the object's own: a status write cannot change them.
+    if object["metadata"]["deletionTimestamp"].is_null()
+        && !existing["metadata"]["deletionTimestamp"].is_null()
+    {
+        object["metadata"]["deletionTimestamp"] = existing["metadata"]["deletionTimestamp"].clone();
+    }
+}
+
+/// PUT .../status: only the status changes (with the resourceVersion check).
+fn replace_status(
+    server: &ApiServer,
+    resource: &str,
+    namespace: &str,
+    name: &str,
+    body: &Bytes,
+) -> Response {
+    let Ok(object) = serde_json::from_slice::<Value>(body) else {
+        return status(400, "BadRequest", "invalid JSON");
+    };
+    let mut inner = server.lock();
+    let key = key(resource, namespace, name);
+    let Some(existing) = inner.objects.get(&key).cloned() else {
+        return status(404, "NotFound", "not found");
+    };
+    if object["metadata"]["resourceVersion"] != existing["metadata"]["resourceVersion"] {
+        return status(409, "Conflict", "the object has been modified");
+    }
+    let mut updated = existing;
+    updated["status"] = object["status"].clone();
+    server.store(&mut inner, key.clone(), updated, "MODIFIED");
+    count_write(&mut inner, &key);
+    let stored = inner.objects.get(&key).cloned().unwrap_or_default();
+    json_response(StatusCode::OK, &stored)
+}
+
+/// PATCH: JSON merge patch (and strategic merge, taken as merge) or JSON patch (RFC 6902).
+fn patch(
+    server: &ApiServer,
+    resource: &str,
+    namespace: &str,
+    name: &str,
+    content_type: &str,
+    body: &Bytes,
+) -> Response {
+    let mut inner = server.lock();
+    let key = key(resource, namespace, name);
+    let Some(existing) = inner.objects.get(&key).cloned() else {
+        return status(404, "NotFound", "not found");
+    };
+    let mut updated = existing.clone();
+    if content_type.starts_with("application/json-patch+json") {
+        let Ok(operations) = serde_json::from_slice::<json_patch::Patch>(body) else {
+            return status(400, "BadRequest", "invalid JSON patch");
+        };
+        // The API server's `test` takes a missing member as null (kube's finalizer helper
+        // relies on it); json_patch does not, so an absent list is made an explicit null.
+        if updated["metadata"].get("finalizers").is_none() {
+            updated["metadata"]["finalizers"] = Value::Null;
+        }
+        if let Err(error) = json_patch::patch(&mut updated, &operations) {
+            return status(422, "Invalid", &format!("patch failed: {error}"));
+        }
+    } else {
+        let Ok(merge) = serde_json::from_slice::<Value>(body) else {
+            return status(400, "BadRequest", "invalid JSON");
+        };
+        json_patch::merge(&mut updated, &merge);
+    }
+    updated["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"].clone();
+    with_subresources(resource, &existing, &mut updated);
+    // Removing the last finalizer of an object being deleted deletes it.
+    let finalizers_left = updated["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| !f.is_empty());
+    if !updated["metadata"]["deletionTimestamp"].is_null() && !finalizers_left {
+        server.remove(&mut inner, &key);
+        return json_response(StatusCode::OK, &updated);
+    }
+    server.store(&mut inner, key.clone(), updated, "MODIFIED");
     count_write(&mut inner, &key);
     let stored = inner.objects.get(&key).cloned().unwrap_or_default();
     json_response(StatusCode::OK, &stored)
@@ -807,6 +1092,11 @@ fn list_or_watch(
             "admissionregistration.k8s.io/v1",
             "MutatingWebhookConfiguration",
         ),
+        "deployments" => ("apps/v1", "Deployment"),
+        "controllerrevisions" => ("apps/v1", "ControllerRevision"),
+        "leases" => ("coordination.k8s.io/v1", "Lease"),
+        "events" => ("events.k8s.io/v1", "Event"),
+        "canaries" => ("dubbo.apache.org/v1alpha1", "Canary"),
         "tagroutes" => ("dubbo.apache.org/v1alpha1", "TagRoute"),
         "conditionroutes" => ("dubbo.apache.org/v1alpha1", "ConditionRoute"),
         "dynamicconfigs" => ("dubbo.apache.org/v1alpha1", "DynamicConfig"),

@@ -56,6 +56,9 @@ pub fn kubernetes_config(data_dir: &Path, api_url: String) -> Config {
     config.mode = dubbo_cp::config::Mode::Kubernetes;
     config.kubernetes.api_server = Some(api_url);
     config.shutdown_grace = Duration::from_secs(2);
+    // Only the canary tests (tests/canary.rs) run the canary controller: elsewhere its Lease
+    // and watches would be requests the tests do not count on.
+    config.canary.enabled = false;
     config
 }
 

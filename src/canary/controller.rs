@@ -1,0 +1,214 @@
+//! The kube-runtime Controller for Canaries: one watch per kind shared between the triggers and
+//! the reads (reflector stores), reconciles per Canary in parallel, and only while this control
+//! plane holds the Lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use tokio::sync::watch;
+use tokio_stream::StreamExt;
+
+use super::crd::Canary;
+use super::deployments::PRIMARY_SUFFIX;
+use super::lease::Elector;
+use super::reconcile::{Context, Settings, error_policy, reconcile};
+use super::stats::CanaryStats;
+use crate::rules::DynamicConfig;
+
+/// Runs the controller whenever this process holds the lease, until `shutdown`; releases the
+/// lease on the way out so another replica takes over at once.
+pub async fn run(
+    client: kube::Client,
+    elector: Elector,
+    settings: Settings,
+    stats: Arc<CanaryStats>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        // Wait for the lease (or shutdown).
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            match elector.try_acquire().await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(error) => tracing::warn!(%error, "canary lease: cannot read or take it"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(elector.renew_every()) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+        tracing::info!(
+            identity = elector.identity(),
+            "canary lease held: driving Canaries"
+        );
+        let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
+        let renew = {
+            let elector = elector.clone();
+            let mut shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = tokio::time::sleep(elector.renew_every()) => {}
+                        _ = shutdown.changed() => {
+                            let _ = lost_tx.send(());
+                            return;
+                        }
+                    }
+                    if *shutdown.borrow() {
+                        let _ = lost_tx.send(());
+                        return;
+                    }
+                    match elector.try_acquire().await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!("canary lease lost to another control plane");
+                            let _ = lost_tx.send(());
+                            return;
+                        }
+                        // Cannot tell: keep driving until the lease would have expired.
+                        Err(error) => tracing::warn!(%error, "canary lease: renewal failed"),
+                    }
+                }
+            })
+        };
+        drive(
+            client.clone(),
+            settings.clone(),
+            stats.clone(),
+            async move {
+                let _ = lost_rx.await;
+            },
+        )
+        .await;
+        renew.abort();
+        if *shutdown.borrow() {
+            if let Err(error) = elector.release().await {
+                tracing::warn!(%error, "canary lease: cannot release it");
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The controller itself, until `stop` completes.
+pub async fn drive(
+    client: kube::Client,
+    settings: Settings,
+    stats: Arc<CanaryStats>,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (deployments, deployments_writer) = reflector::store::<Deployment>();
+    let (pods, pods_writer) = reflector::store::<Pod>();
+    let (configs, configs_writer) = reflector::store::<DynamicConfig>();
+    let deployment_events = watcher(
+        Api::<Deployment>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(deployments_writer)
+    .touched_objects();
+    let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(pods_writer)
+        .touched_objects();
+    let config_events = watcher(
+        Api::<DynamicConfig>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(configs_writer)
+    .touched_objects();
+
+    let controller = Controller::new(
+        Api::<Canary>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let canaries = controller.store();
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), Reporter::from("dubbo-cp-canary")),
+        client,
+        deployments: deployments.clone(),
+        pods,
+        configs,
+        prometheus: Default::default(),
+        http: Default::default(),
+        settings,
+        stats,
+    });
+    let by_deployment = canaries.clone();
+    let by_pod = (canaries.clone(), deployments.clone());
+    let controller = controller
+        .watches_stream(deployment_events, move |d: Deployment| {
+            for_deployment(&by_deployment, &d)
+        })
+        .watches_stream(pod_events, move |pod: Pod| {
+            for_pod(&by_pod.0, &by_pod.1, &pod)
+        })
+        .watches_stream(config_events, |config: DynamicConfig| {
+            let namespace = config.namespace().unwrap_or_default();
+            config
+                .name_any()
+                .strip_suffix("-canary")
+                .map(|name| ObjectRef::new(name).within(&namespace))
+        })
+        .graceful_shutdown_on(stop);
+    let results = controller.run(reconcile, error_policy, ctx);
+    tokio::pin!(results);
+    while let Some(result) = results.next().await {
+        if let Err(error) = result {
+            tracing::debug!(%error, "canary controller");
+        }
+    }
+}
+
+/// The Canaries a Deployment event concerns: those targeting it or its primary.
+fn for_deployment(canaries: &Store<Canary>, deployment: &Deployment) -> Vec<ObjectRef<Canary>> {
+    let namespace = deployment.namespace();
+    let name = deployment.name_any();
+    let target = name.strip_suffix(PRIMARY_SUFFIX).unwrap_or(&name);
+    canaries
+        .state()
+        .iter()
+        .filter(|c| c.namespace() == namespace && c.spec.target_ref.name == target)
+        .map(|c| ObjectRef::from(c.as_ref()))
+        .collect()
+}
+
+/// The Canaries a pod event concerns: those whose target or primary selects it.
+fn for_pod(
+    canaries: &Store<Canary>,
+    deployments: &Store<Deployment>,
+    pod: &Pod,
+) -> Vec<ObjectRef<Canary>> {
+    let namespace = pod.namespace().unwrap_or_default();
+    let labels = pod.labels();
+    let selects = |name: &str| {
+        deployments
+            .get(&ObjectRef::new(name).within(&namespace))
+            .and_then(|d| d.spec.selector.match_labels.clone())
+            .is_some_and(|selector| {
+                !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+            })
+    };
+    canaries
+        .state()
+        .iter()
+        .filter(|c| c.namespace().as_deref() == Some(namespace.as_str()))
+        .filter(|c| {
+            let target = &c.spec.target_ref.name;
+            selects(target) || selects(&format!("{target}{PRIMARY_SUFFIX}"))
+        })
+        .map(|c| ObjectRef::from(c.as_ref()))
+        .collect()
+}

@@ -1,0 +1,364 @@
+//! The `Canary` custom resource (rollout.md): field names follow Flagger's wherever they mean the
+//! same thing, so Flagger users read it without a glossary.
+
+use std::collections::BTreeMap;
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// A progressive rollout of one Deployment's pod template, traffic moved by provider weights.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "dubbo.apache.org",
+    version = "v1alpha1",
+    kind = "Canary",
+    doc = "A canary release of a Dubbo application: analysis, promotion and rollback by weight",
+    namespaced,
+    plural = "canaries",
+    singular = "canary",
+    category = "dubbo",
+    status = "CanaryStatus",
+    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.targetRef.name"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Weight","type":"integer","jsonPath":".status.canaryWeight"}"#,
+    printcolumn = r#"{"name":"FailedChecks","type":"integer","jsonPath":".status.failedChecks"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CanarySpec {
+    pub target_ref: TargetRef,
+    /// The Dubbo application whose provider weights move; the target's name when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub application: Option<String>,
+    /// No progress for this long rolls the run back.
+    #[serde(default = "default_deadline")]
+    #[schemars(range(min = 1))]
+    pub progress_deadline_seconds: u32,
+    /// Promote the next change without analysis.
+    #[serde(default)]
+    pub skip_analysis: bool,
+    #[serde(default = "default_history")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub revision_history_limit: u32,
+    /// The Prometheus to query; the server's `canary.prometheus` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusRef>,
+    pub analysis: Analysis,
+}
+
+fn default_deadline() -> u32 {
+    600
+}
+
+fn default_history() -> u32 {
+    10
+}
+
+/// The Deployment the canary rolls out (only `apps/v1` `Deployment`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRef {
+    #[serde(default = "apps_v1")]
+    #[schemars(extend("enum" = ["apps/v1"]))]
+    pub api_version: String,
+    #[serde(default = "deployment")]
+    #[schemars(extend("enum" = ["Deployment"]))]
+    pub kind: String,
+    #[schemars(length(min = 1, max = 200))]
+    pub name: String,
+}
+
+fn apps_v1() -> String {
+    "apps/v1".to_owned()
+}
+
+fn deployment() -> String {
+    "Deployment".to_owned()
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+pub struct PrometheusRef {
+    #[schemars(length(min = 1))]
+    pub address: String,
+}
+
+/// The analysis: how often, how much traffic per step, what must hold, who is asked.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "!has(self.stepWeight) || self.stepWeight <= self.maxWeight"
+).message("stepWeight must not exceed maxWeight"))]
+#[x_kube(validation = Rule::new(
+    "!has(self.stepWeights) || self.stepWeights.all(w, w <= self.maxWeight)"
+).message("every stepWeights entry must be at most maxWeight"))]
+#[x_kube(validation = Rule::new("has(self.stepWeight) || has(self.stepWeights)")
+    .message("set stepWeight or stepWeights"))]
+pub struct Analysis {
+    /// One iteration per interval (`1m`, `30s`).
+    #[serde(default = "one_minute")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub interval: String,
+    /// Failed checks before rollback.
+    #[serde(default = "default_threshold")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub threshold: u32,
+    /// Percent of traffic the canary reaches before promotion.
+    #[serde(default = "default_max_weight")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_weight: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub step_weight: Option<u32>,
+    /// Explicit steps, ascending; used instead of `stepWeight` when set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100), inner(range(min = 0, max = 100)))]
+    pub step_weights: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
+    pub metrics: Vec<MetricCheck>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
+    pub webhooks: Vec<Webhook>,
+}
+
+fn one_minute() -> String {
+    "1m".to_owned()
+}
+
+fn default_threshold() -> u32 {
+    5
+}
+
+fn default_max_weight() -> u32 {
+    50
+}
+
+/// A metric that must stay in range: a built-in (`request-success-rate`, `request-duration`) or
+/// any name with a `query`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetricCheck {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 10000))]
+    pub query: Option<String>,
+    #[serde(default)]
+    pub threshold_range: ThresholdRange,
+    /// The `{{ interval }}` of the query; the analysis interval when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub interval: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+pub struct ThresholdRange {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+}
+
+/// The eight hook types of rollout.md; no type means `rollout`.
+pub const HOOK_TYPES: [&str; 8] = [
+    "confirm-rollout",
+    "pre-rollout",
+    "rollout",
+    "confirm-traffic-increase",
+    "confirm-promotion",
+    "post-rollout",
+    "rollback",
+    "event",
+];
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Webhook {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = HOOK_TYPES))]
+    pub r#type: Option<String>,
+    #[schemars(regex(pattern = r"^https?://"))]
+    pub url: String,
+    /// Default 60s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub timeout: Option<String>,
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 10))]
+    pub retries: u32,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// What the controller observed and decided, for `kubectl get`, the CLI and the dashboard.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryStatus {
+    #[serde(default)]
+    pub phase: String,
+    #[serde(default)]
+    pub canary_weight: u32,
+    #[serde(default)]
+    pub failed_checks: u32,
+    #[serde(default)]
+    pub iterations: u32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_applied_spec: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_promoted_spec: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub current_revision: String,
+    /// When the phase or weight last moved: the progress deadline counts from here (RFC 3339).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_transition_time: String,
+    /// When the last analysis iteration ran (RFC 3339): iterations are `interval` apart however
+    /// often the Canary is reconciled.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_analysis_time: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<CanaryCondition>,
+    /// The weight over the current run, one entry per step (at most 100).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Step>,
+    /// The last answer of each hook (by name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<HookResult>,
+    /// The last `dubbo-cp canary promote|abort` request handled (its annotation value).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub handled_action: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryCondition {
+    #[serde(rename = "type")]
+    pub r#type: String,
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    pub last_transition_time: String,
+}
+
+/// One analysis iteration: the weight it left and each metric's value against its range.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Step {
+    pub time: String,
+    pub weight: u32,
+    pub phase: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metrics: Vec<MetricResult>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetricResult {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HookResult {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub r#type: String,
+    pub ok: bool,
+    pub message: String,
+    pub time: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+    use kube::core::cel::Validator;
+    use serde_json::json;
+
+    fn schema() -> serde_json::Value {
+        let crd = Canary::crd();
+        let schema = crd.spec.versions[0].schema.as_ref().unwrap();
+        serde_json::to_value(schema.open_api_v3_schema.as_ref().unwrap()).unwrap()
+    }
+
+    fn failures(analysis: serde_json::Value) -> Vec<String> {
+        let object = json!({
+            "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
+            "metadata": {"name": "podinfo", "namespace": "test"},
+            "spec": {"targetRef": {"name": "podinfo"}, "analysis": analysis},
+        });
+        match Validator::new().validate(&schema(), &object, None) {
+            Ok(()) => vec![],
+            Err(errors) => errors.iter().map(|e| e.message.clone()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_crd_matches_the_contract() {
+        let crd = Canary::crd();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("canaries.dubbo.apache.org")
+        );
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1alpha1");
+        assert!(version.subresources.as_ref().unwrap().status.is_some());
+        let columns: Vec<&str> = version
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            columns,
+            ["Target", "Phase", "Weight", "FailedChecks", "Age"]
+        );
+    }
+
+    #[test]
+    fn the_api_server_refuses_inconsistent_weights() {
+        assert_eq!(
+            failures(json!({"maxWeight": 50, "stepWeight": 10})),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            failures(json!({"maxWeight": 50, "stepWeights": [1, 5, 10, 50]})),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            failures(json!({"maxWeight": 30, "stepWeight": 40})),
+            ["stepWeight must not exceed maxWeight"]
+        );
+        assert_eq!(
+            failures(json!({"maxWeight": 30, "stepWeights": [10, 60]})),
+            ["every stepWeights entry must be at most maxWeight"]
+        );
+        assert_eq!(
+            failures(json!({"maxWeight": 30})),
+            ["set stepWeight or stepWeights"]
+        );
+    }
+
+    #[test]
+    fn ranges_are_in_the_schema() {
+        let schema = schema();
+        let analysis = &schema["properties"]["spec"]["properties"]["analysis"]["properties"];
+        assert_eq!(analysis["threshold"]["minimum"], 1.0);
+        assert_eq!(analysis["maxWeight"]["maximum"], 100.0);
+        assert_eq!(analysis["stepWeight"]["maximum"], 100.0);
+        assert_eq!(analysis["stepWeights"]["items"]["maximum"], 100.0);
+        let hook_type = &analysis["webhooks"]["items"]["properties"]["type"]["enum"];
+        assert_eq!(hook_type.as_array().unwrap().len(), HOOK_TYPES.len());
+    }
+}

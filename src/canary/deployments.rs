@@ -1,0 +1,298 @@
+//! What the controller reads from and makes of Deployments and pods: the primary made from the
+//! target, readiness as `kubectl rollout status` reads it, the spec hash, the ready pods.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use kube::Resource;
+use kube::api::ObjectMeta;
+
+use super::crd::Canary;
+
+pub const PRIMARY_SUFFIX: &str = "-primary";
+
+pub fn primary_name(target: &str) -> String {
+    format!("{target}{PRIMARY_SUFFIX}")
+}
+
+/// Labels whose value names the target get the `-primary` suffix, so the primary's pods are
+/// told apart from the canary's (`app: podinfo` -> `app: podinfo-primary`).
+fn suffixed(labels: &BTreeMap<String, String>, target: &str) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .map(|(k, v)| {
+            let v = if v == target {
+                primary_name(target)
+            } else {
+                v.clone()
+            };
+            (k.clone(), v)
+        })
+        .collect()
+}
+
+/// The target's pod template as the primary runs it (labels suffixed).
+pub fn primary_template(target: &Deployment, target_name: &str) -> PodTemplateSpec {
+    let mut template = target.spec.template.clone();
+    let metadata = template.metadata.get_or_insert_with(ObjectMeta::default);
+    if let Some(labels) = &metadata.labels {
+        metadata.labels = Some(suffixed(labels, target_name));
+    }
+    template
+}
+
+/// The primary's pod template as the target runs it again (the suffix taken off), for the
+/// restore when the Canary is deleted.
+pub fn target_template(primary: &Deployment, target_name: &str) -> PodTemplateSpec {
+    let mut template = primary.spec.template.clone();
+    let primary = primary_name(target_name);
+    if let Some(labels) = template.metadata.as_mut().and_then(|m| m.labels.as_mut()) {
+        for value in labels.values_mut() {
+            if *value == primary {
+                *value = target_name.to_owned();
+            }
+        }
+    }
+    template
+}
+
+/// The primary Deployment for `target`, owned by `canary` (so it goes when the Canary does).
+pub fn primary_from(target: &Deployment, target_name: &str, canary: &Canary) -> Deployment {
+    let mut spec = target.spec.clone();
+    spec.template = primary_template(target, target_name);
+    if let Some(labels) = &spec.selector.match_labels {
+        spec.selector.match_labels = Some(suffixed(labels, target_name));
+    }
+    if spec.replicas == Some(0) {
+        spec.replicas = Some(1);
+    }
+    let labels = target
+        .metadata
+        .labels
+        .as_ref()
+        .map(|labels| suffixed(labels, target_name));
+    Deployment {
+        metadata: ObjectMeta {
+            name: Some(primary_name(target_name)),
+            namespace: target.metadata.namespace.clone(),
+            labels,
+            owner_references: canary.controller_owner_ref(&()).map(|r| vec![r]),
+            ..ObjectMeta::default()
+        },
+        spec,
+        status: None,
+    }
+}
+
+/// Why `deployment` is not rolled out and healthy, or `None` when it is: the Deployment
+/// controller's own rules, as `kubectl rollout status` reads them.
+pub fn not_ready(deployment: &Deployment) -> Option<String> {
+    let name = deployment.metadata.name.as_deref().unwrap_or_default();
+    let generation = deployment.metadata.generation.unwrap_or(0);
+    let wanted = deployment.spec.replicas.unwrap_or(1);
+    let status = deployment.status.clone().unwrap_or_default();
+    if status.conditions.iter().flatten().any(|c| {
+        c.type_.as_deref() == Some("Progressing")
+            && c.status.as_deref() == Some("False")
+            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+    }) {
+        return Some(format!("deployment {name} exceeded its progress deadline"));
+    }
+    if status.observed_generation.unwrap_or(0) < generation {
+        return Some(format!(
+            "waiting for deployment {name} spec update to be observed"
+        ));
+    }
+    let updated = status.updated_replicas.unwrap_or(0);
+    if updated < wanted {
+        return Some(format!(
+            "deployment {name}: {updated} of {wanted} updated replicas are available"
+        ));
+    }
+    let replicas = status.replicas.unwrap_or(0);
+    if replicas > updated {
+        return Some(format!(
+            "deployment {name}: {} old replicas are pending termination",
+            replicas - updated
+        ));
+    }
+    let available = status.available_replicas.unwrap_or(0);
+    if available < updated {
+        return Some(format!(
+            "deployment {name}: {available} of {updated} updated replicas are available"
+        ));
+    }
+    None
+}
+
+/// A stable hash of `template` (and whatever else the run depends on), short enough for names.
+pub fn spec_hash(template: &PodTemplateSpec) -> String {
+    let json = serde_json::to_vec(template).unwrap_or_default();
+    let digest = ring::digest::digest(&ring::digest::SHA256, &json);
+    digest.as_ref()[..5]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The IPs of the ready, running pods `deployment` selects, sorted (the weights follow them).
+pub fn ready_pod_ips<'a>(
+    deployment: &Deployment,
+    pods: impl Iterator<Item = &'a Pod>,
+) -> Vec<String> {
+    let namespace = deployment.metadata.namespace.as_deref();
+    let selector = deployment
+        .spec
+        .selector
+        .match_labels
+        .clone()
+        .unwrap_or_default();
+    if selector.is_empty() {
+        // An empty selector would take every pod of the namespace.
+        return Vec::new();
+    }
+    let mut ips: Vec<String> = pods
+        .filter(|pod| pod.metadata.namespace.as_deref() == namespace)
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| {
+            let labels = pod.metadata.labels.as_ref();
+            selector
+                .iter()
+                .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        })
+        .filter_map(|pod| {
+            let status = pod.status.as_ref()?;
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            ready.then(|| status.pod_ip.clone()).flatten()
+        })
+        .collect();
+    ips.sort();
+    ips.dedup();
+    ips
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn deployment(value: serde_json::Value) -> Deployment {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn target() -> Deployment {
+        deployment(json!({
+            "metadata": {"name": "podinfo", "namespace": "test", "labels": {"app": "podinfo"},
+                         "resourceVersion": "7", "uid": "u1"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "podinfo"}},
+                     "template": {"metadata": {"labels": {"app": "podinfo", "tier": "backend"}},
+                                  "spec": {"containers": [{"name": "app", "image": "podinfo:1"}]}}},
+        }))
+    }
+
+    fn canary() -> Canary {
+        serde_json::from_value(json!({
+            "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
+            "metadata": {"name": "podinfo", "namespace": "test", "uid": "c1"},
+            "spec": {"targetRef": {"name": "podinfo"}, "analysis": {"stepWeight": 10}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_primary_takes_the_suffix_where_labels_name_the_target() {
+        let primary = primary_from(&target(), "podinfo", &canary());
+        assert_eq!(primary.metadata.name.as_deref(), Some("podinfo-primary"));
+        assert_eq!(primary.metadata.resource_version, None);
+        let spec = &primary.spec;
+        assert_eq!(
+            spec.selector.match_labels.as_ref().unwrap()["app"],
+            "podinfo-primary"
+        );
+        let labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap();
+        assert_eq!(labels["app"], "podinfo-primary");
+        assert_eq!(labels["tier"], "backend");
+        assert_eq!(spec.replicas, Some(3));
+        let owner = &primary.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("Canary", "c1"));
+        // And back again.
+        let back = target_template(&primary, "podinfo");
+        assert_eq!(back, target().spec.template);
+    }
+
+    #[test]
+    fn readiness_follows_the_deployment_controller() {
+        let mut d = target();
+        d.metadata.generation = Some(2);
+        assert!(not_ready(&d).unwrap().contains("observed"));
+        d.status = Some(
+            serde_json::from_value(json!({
+                "observedGeneration": 2, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3
+            }))
+            .unwrap(),
+        );
+        assert_eq!(not_ready(&d), None);
+        d.status.as_mut().unwrap().available_replicas = Some(2);
+        assert!(not_ready(&d).unwrap().contains("2 of 3"));
+        d.status.as_mut().unwrap().updated_replicas = Some(1);
+        assert!(not_ready(&d).unwrap().contains("1 of 3 updated"));
+        d.status = Some(
+            serde_json::from_value(json!({
+                "observedGeneration": 2, "replicas": 4, "updatedReplicas": 3, "availableReplicas": 3
+            }))
+            .unwrap(),
+        );
+        assert!(not_ready(&d).unwrap().contains("pending termination"));
+        d.status = Some(serde_json::from_value(json!({
+            "observedGeneration": 2, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3,
+            "conditions": [{"type": "Progressing", "status": "False",
+                            "reason": "ProgressDeadlineExceeded"}]
+        })).unwrap());
+        assert!(not_ready(&d).unwrap().contains("progress deadline"));
+    }
+
+    #[test]
+    fn the_hash_moves_with_the_template_only() {
+        let a = target();
+        let mut b = target();
+        b.spec.replicas = Some(0);
+        let hash = |d: &Deployment| spec_hash(&d.spec.template);
+        assert_eq!(hash(&a), hash(&b));
+        assert_eq!(hash(&a).len(), 10);
+        b.spec.template.spec.as_mut().unwrap().containers[0].image = Some("podinfo:2".to_owned());
+        assert_ne!(hash(&a), hash(&b));
+    }
+
+    #[test]
+    fn only_ready_selected_pods_count() {
+        let pod = |name: &str, app: &str, ip: &str, ready: &str| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "test", "labels": {"app": app}},
+                "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": ready}]},
+            }))
+            .unwrap()
+        };
+        let pods = [
+            pod("podinfo-a", "podinfo", "10.0.0.2", "True"),
+            pod("podinfo-b", "podinfo", "10.0.0.1", "True"),
+            pod("podinfo-c", "podinfo", "10.0.0.3", "False"),
+            pod("podinfo-primary-a", "podinfo-primary", "10.0.1.1", "True"),
+        ];
+        assert_eq!(
+            ready_pod_ips(&target(), pods.iter()),
+            vec!["10.0.0.1".to_owned(), "10.0.0.2".to_owned()]
+        );
+    }
+}

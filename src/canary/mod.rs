@@ -1,0 +1,21 @@
+//! Progressive delivery (rollout.md): the `Canary` resource and the controller that runs
+//! Flagger's analysis loop itself, moving traffic with provider weights pushed as a
+//! `DynamicConfig` over the discovery stream. Kubernetes mode only.
+//!
+//! - [`crd`]: the resource; [`weight`]: the formula and the DynamicConfig it makes;
+//!   [`deployments`]: the primary, readiness, the spec hash, ready pods (no I/O).
+//! - [`prometheus`], [`hooks`] over [`http`]: the outside calls of an analysis.
+//! - [`reconcile`]: one step of the loop; [`controller`]: the watches and the Lease around it.
+
+pub mod controller;
+pub mod crd;
+pub mod deployments;
+pub mod hooks;
+pub mod http;
+pub mod lease;
+pub mod prometheus;
+pub mod reconcile;
+pub mod stats;
+pub mod weight;
+
+pub use crd::{Canary, CanarySpec, CanaryStatus};

@@ -1,0 +1,1222 @@
+//! One reconcile of one Canary: read the Deployments and pods from the shared stores, decide the
+//! next step of rollout.md's loop, write only what differs, record the step in status.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use super::crd::{Canary, CanaryCondition, CanaryStatus, HookResult, MetricResult, Step};
+use super::deployments::{
+    not_ready, primary_from, primary_name, primary_template, ready_pod_ips, spec_hash,
+    target_template,
+};
+use super::hooks;
+use super::http::HttpClient;
+use super::prometheus::{Placeholders, Prometheus};
+use super::stats::{CanaryLabels, CanaryStats};
+use super::weight;
+use crate::rules::{DynamicConfig, DynamicConfigSpec};
+
+/// Annotation `dubbo-cp canary promote|abort` sets: `promote:<nonce>` or `abort:<nonce>`.
+pub const ACTION_ANNOTATION: &str = "dubbo.apache.org/canary-action";
+/// Label of the ControllerRevisions of a Canary.
+pub const REVISION_LABEL: &str = "dubbo.apache.org/canary";
+pub const FINALIZER: &str = "canaries.dubbo.apache.org/restore";
+/// Weight history kept in status (the dashboard's chart, `canary status`).
+const HISTORY: usize = 100;
+/// A halted run looks again this soon (a Deployment change wakes it sooner).
+const HALT_RETRY: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Initializing,
+    Initialized,
+    Waiting,
+    Progressing,
+    WaitingPromotion,
+    Promoting,
+    Finalising,
+    Succeeded,
+    Failed,
+    Terminating,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Initializing => "Initializing",
+            Phase::Initialized => "Initialized",
+            Phase::Waiting => "Waiting",
+            Phase::Progressing => "Progressing",
+            Phase::WaitingPromotion => "WaitingPromotion",
+            Phase::Promoting => "Promoting",
+            Phase::Finalising => "Finalising",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+            Phase::Terminating => "Terminating",
+        }
+    }
+
+    pub fn parse(phase: &str) -> Phase {
+        match phase {
+            "Initialized" => Phase::Initialized,
+            "Waiting" => Phase::Waiting,
+            "Progressing" => Phase::Progressing,
+            "WaitingPromotion" => Phase::WaitingPromotion,
+            "Promoting" => Phase::Promoting,
+            "Finalising" => Phase::Finalising,
+            "Succeeded" => Phase::Succeeded,
+            "Failed" => Phase::Failed,
+            "Terminating" => Phase::Terminating,
+            _ => Phase::Initializing,
+        }
+    }
+
+    /// `dubbo_cp_canary_status`: Flagger's 0 running, 1 succeeded, 2 failed.
+    pub fn metric(self) -> i64 {
+        match self {
+            Phase::Initialized | Phase::Succeeded => 1,
+            Phase::Failed => 2,
+            _ => 0,
+        }
+    }
+
+    /// Phases in which the canary takes traffic and `rollback` hooks are polled.
+    fn analysing(self) -> bool {
+        matches!(
+            self,
+            Phase::Waiting | Phase::Progressing | Phase::WaitingPromotion
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Settings of the controller (config `canary.*`).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The Prometheus of Canaries that name none.
+    pub prometheus: Option<String>,
+    pub query_timeout: Duration,
+}
+
+/// What every reconcile shares: the client, the stores the watches keep, the outside clients.
+pub struct Context {
+    pub client: kube::Client,
+    pub deployments: Store<Deployment>,
+    pub pods: Store<Pod>,
+    pub configs: Store<DynamicConfig>,
+    pub recorder: Recorder,
+    pub prometheus: Prometheus,
+    pub http: HttpClient,
+    pub settings: Settings,
+    pub stats: Arc<CanaryStats>,
+}
+
+/// The Canary's spec, checked: durations parsed, defaults applied.
+#[derive(Debug)]
+struct Plan {
+    interval: Duration,
+    deadline: Duration,
+    application: String,
+    target: String,
+}
+
+fn plan(canary: &Canary) -> Result<Plan, String> {
+    let spec = &canary.spec;
+    let interval = humantime::parse_duration(&spec.analysis.interval)
+        .map_err(|e| format!("spec.analysis.interval {:?}: {e}", spec.analysis.interval))?;
+    if interval.is_zero() {
+        return Err("spec.analysis.interval must be positive".to_owned());
+    }
+    if spec.analysis.step_weight.is_none() && spec.analysis.step_weights.is_empty() {
+        return Err("spec.analysis: set stepWeight or stepWeights".to_owned());
+    }
+    if spec.target_ref.kind != "Deployment" {
+        return Err(format!(
+            "spec.targetRef.kind {:?}: only Deployment is supported",
+            spec.target_ref.kind
+        ));
+    }
+    for metric in &spec.analysis.metrics {
+        super::prometheus::query_of(metric)
+            .map_err(|e| format!("spec.analysis.metrics[{}]: {e}", metric.name))?;
+    }
+    Ok(Plan {
+        interval,
+        deadline: Duration::from_secs(u64::from(spec.progress_deadline_seconds)),
+        application: spec
+            .application
+            .clone()
+            .unwrap_or_else(|| spec.target_ref.name.clone()),
+        target: spec.target_ref.name.clone(),
+    })
+}
+
+/// The weight after `current`: the next `stepWeights` entry, or `current + stepWeight`, capped at
+/// `maxWeight`. `None` at the top.
+pub fn next_weight(canary: &Canary, current: u32) -> Option<u32> {
+    let analysis = &canary.spec.analysis;
+    let max = analysis.max_weight.min(100);
+    let next = if analysis.step_weights.is_empty() {
+        current.saturating_add(analysis.step_weight.unwrap_or(max.max(1)))
+    } else {
+        analysis
+            .step_weights
+            .iter()
+            .copied()
+            .find(|w| *w > current)?
+    };
+    (current < max).then_some(next.min(max))
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+fn since(time: &str) -> Option<Duration> {
+    let then = humantime::parse_rfc3339(time).ok()?;
+    SystemTime::now().duration_since(then).ok()
+}
+
+/// One reconcile's working state: the status it will write and the events it will emit.
+struct Run<'a> {
+    canary: &'a Canary,
+    ctx: &'a Context,
+    plan: Plan,
+    status: CanaryStatus,
+    events: Vec<(EventType, &'static str, String)>,
+    namespace: String,
+    name: String,
+}
+
+pub async fn reconcile(canary: Arc<Canary>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    ctx.stats
+        .reconciles
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let namespace = canary.namespace().unwrap_or_default();
+    let api: Api<Canary> = Api::namespaced(ctx.client.clone(), &namespace);
+    let result = kube::runtime::finalizer(&api, FINALIZER, canary, |event| async {
+        match event {
+            kube::runtime::finalizer::Event::Apply(canary) => apply(&canary, &ctx).await,
+            kube::runtime::finalizer::Event::Cleanup(canary) => cleanup(&canary, &ctx).await,
+        }
+    })
+    .await;
+    ctx.stats.duration.observe(started.elapsed().as_secs_f64());
+    result.map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        kube::runtime::finalizer::Error::AddFinalizer(e)
+        | kube::runtime::finalizer::Error::RemoveFinalizer(e) => Error::Kube(e),
+        other => Error::Invalid(other.to_string()),
+    })
+}
+
+pub fn error_policy(canary: Arc<Canary>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(
+        canary = %canary.name_any(),
+        namespace = canary.namespace().unwrap_or_default(),
+        %error,
+        "canary reconcile failed; retrying"
+    );
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
+    // Reads come from the watches' stores: wait for their first lists (the watches run with
+    // the controller, so this resolves as soon as they have listed).
+    let _ = ctx.deployments.wait_until_ready().await;
+    let _ = ctx.pods.wait_until_ready().await;
+    let _ = ctx.configs.wait_until_ready().await;
+    let namespace = canary.namespace().unwrap_or_default();
+    let name = canary.name_any();
+    let status = canary.status.clone().unwrap_or_default();
+    let plan = match plan(canary) {
+        Ok(plan) => plan,
+        Err(message) => {
+            let mut run = Run {
+                canary,
+                ctx,
+                plan: Plan {
+                    interval: Duration::from_secs(60),
+                    deadline: Duration::from_secs(600),
+                    application: String::new(),
+                    target: String::new(),
+                },
+                status,
+                events: Vec::new(),
+                namespace,
+                name,
+            };
+            run.condition("False", "InvalidSpec", &message);
+            run.event(EventType::Warning, "InvalidSpec", message);
+            run.finish().await?;
+            // A spec change wakes it; nothing else can fix the spec.
+            return Ok(Action::await_change());
+        }
+    };
+    let mut run = Run {
+        canary,
+        ctx,
+        plan,
+        status,
+        events: Vec::new(),
+        namespace,
+        name,
+    };
+    let action = run.step().await;
+    run.finish().await?;
+    action
+}
+
+impl Run<'_> {
+    fn deployment(&self, name: &str) -> Option<Arc<Deployment>> {
+        self.ctx
+            .deployments
+            .get(&ObjectRef::new(name).within(&self.namespace))
+    }
+
+    fn phase(&self) -> Phase {
+        Phase::parse(&self.status.phase)
+    }
+
+    fn set_phase(&mut self, phase: Phase) {
+        if self.status.phase != phase.as_str() {
+            self.status.phase = phase.as_str().to_owned();
+            self.status.last_transition_time = now();
+        }
+    }
+
+    fn event(&mut self, kind: EventType, reason: &'static str, note: String) {
+        self.events.push((kind, reason, note));
+    }
+
+    fn condition(&mut self, status: &str, reason: &str, message: &str) {
+        let conditions = &mut self.status.conditions;
+        let time = conditions
+            .iter()
+            .find(|c| c.r#type == "Promoted" && c.status == status)
+            .map_or_else(now, |c| c.last_transition_time.clone());
+        conditions.retain(|c| c.r#type != "Promoted");
+        conditions.push(CanaryCondition {
+            r#type: "Promoted".to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            last_transition_time: time,
+        });
+    }
+
+    fn record_step(&mut self, metrics: Vec<MetricResult>) {
+        self.status.history.push(Step {
+            time: now(),
+            weight: self.status.canary_weight,
+            phase: self.status.phase.clone(),
+            metrics,
+        });
+        let excess = self.status.history.len().saturating_sub(HISTORY);
+        self.status.history.drain(..excess);
+    }
+
+    fn wrote(&self) {
+        self.ctx
+            .stats
+            .writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Decides and does the next step; the status is written by [`Run::finish`].
+    async fn step(&mut self) -> Result<Action, Error> {
+        let Some(target) = self.deployment(&self.plan.target) else {
+            let message = format!(
+                "target deployment {}/{} not found",
+                self.namespace, self.plan.target
+            );
+            self.condition("False", "TargetNotFound", &message);
+            self.event(EventType::Warning, "TargetNotFound", message);
+            return Ok(Action::requeue(self.plan.interval));
+        };
+        let primary = self.deployment(&primary_name(&self.plan.target));
+        let hash = spec_hash(&target.spec.template.clone());
+        let phase = self.phase();
+
+        // Initialisation: the primary takes over, the target idles at zero.
+        let Some(primary) = primary else {
+            let object = primary_from(&target, &self.plan.target, self.canary);
+            self.api::<Deployment>()
+                .create(&PostParams::default(), &object)
+                .await?;
+            self.wrote();
+            self.set_phase(Phase::Initializing);
+            self.event(
+                EventType::Normal,
+                "Initializing",
+                format!(
+                    "created deployment {} from {}; waiting for it to be ready",
+                    primary_name(&self.plan.target),
+                    self.plan.target
+                ),
+            );
+            return Ok(Action::requeue(HALT_RETRY));
+        };
+        if phase == Phase::Initializing {
+            if let Some(reason) = not_ready(&primary) {
+                self.event(
+                    EventType::Normal,
+                    "Halted",
+                    format!("initialisation: {reason}"),
+                );
+                return Ok(Action::requeue(HALT_RETRY));
+            }
+            self.scale(&self.plan.target.clone(), 0).await?;
+            self.status.last_applied_spec = hash.clone();
+            self.status.last_promoted_spec = hash.clone();
+            self.record_revision(&target, &hash).await?;
+            self.set_phase(Phase::Initialized);
+            self.condition("True", "Initialized", "the primary serves all traffic");
+            self.event(
+                EventType::Normal,
+                "Initialized",
+                format!(
+                    "initialization done: {} serves all traffic, {} scaled to zero",
+                    primary_name(&self.plan.target),
+                    self.plan.target
+                ),
+            );
+            return Ok(Action::requeue(self.plan.interval));
+        }
+
+        // A new template starts a run, whatever the run in flight was doing.
+        if hash != self.status.last_applied_spec && phase != Phase::Terminating {
+            self.start_run(&target, &hash).await?;
+            if self.canary.spec.skip_analysis {
+                self.event(
+                    EventType::Normal,
+                    "Promoting",
+                    "skipAnalysis is set: promoting without analysis".to_owned(),
+                );
+                self.set_phase(Phase::Promoting);
+                return self.promote(&target, &primary).await;
+            }
+        }
+
+        if self.phase().analysing() {
+            if let Some(action) = self.manual_action() {
+                match action {
+                    ManualAction::Abort => {
+                        self.rollback("aborted by dubbo-cp canary abort").await;
+                        return self.sync_traffic(&target, &primary).await;
+                    }
+                    ManualAction::Promote => {
+                        self.event(
+                            EventType::Normal,
+                            "Promoting",
+                            "promotion requested by dubbo-cp canary promote".to_owned(),
+                        );
+                        self.set_phase(Phase::Promoting);
+                        return self.promote(&target, &primary).await;
+                    }
+                }
+            }
+            if let Some(hook) = self.rollback_requested().await {
+                self.rollback(&format!("rollback hook {hook} answered 2xx"))
+                    .await;
+                return self.sync_traffic(&target, &primary).await;
+            }
+        }
+
+        match self.phase() {
+            Phase::Initialized | Phase::Succeeded | Phase::Failed => {
+                if self.phase() == Phase::Failed
+                    && let Some(left) = self.draining()
+                {
+                    self.sync_traffic(&target, &primary).await?;
+                    return Ok(Action::requeue(left));
+                }
+                self.idle(&target).await?;
+                Ok(Action::requeue(self.plan.interval))
+            }
+            Phase::Waiting => {
+                if !self.run_hooks("confirm-rollout").await {
+                    self.event(
+                        EventType::Normal,
+                        "Waiting",
+                        "waiting for confirm-rollout hooks to approve the rollout".to_owned(),
+                    );
+                    return Ok(Action::requeue(self.plan.interval));
+                }
+                let replicas = primary.spec.replicas.unwrap_or(1).max(1);
+                self.scale(&self.plan.target.clone(), replicas).await?;
+                self.set_phase(Phase::Progressing);
+                self.status.last_analysis_time = now();
+                self.event(
+                    EventType::Normal,
+                    "Progressing",
+                    format!(
+                        "starting the analysis of {} (revision {}): canary scaled to {replicas}",
+                        self.plan.target, self.status.current_revision
+                    ),
+                );
+                self.sync_traffic(&target, &primary).await
+            }
+            Phase::Progressing | Phase::WaitingPromotion => self.analyse(&target, &primary).await,
+            Phase::Promoting => self.promote(&target, &primary).await,
+            Phase::Finalising => {
+                if let Some(left) = self.draining() {
+                    self.sync_traffic(&target, &primary).await?;
+                    return Ok(Action::requeue(left));
+                }
+                self.scale(&self.plan.target.clone(), 0).await?;
+                self.status.last_promoted_spec = self.status.last_applied_spec.clone();
+                self.set_phase(Phase::Succeeded);
+                self.condition("True", "Succeeded", "the canary was promoted");
+                self.record_step(Vec::new());
+                self.event(
+                    EventType::Normal,
+                    "Succeeded",
+                    format!(
+                        "promotion completed: {} runs revision {}",
+                        primary_name(&self.plan.target),
+                        self.status.current_revision
+                    ),
+                );
+                self.run_hooks("post-rollout").await;
+                self.idle(&target).await?;
+                Ok(Action::requeue(self.plan.interval))
+            }
+            Phase::Initializing | Phase::Terminating => Ok(Action::requeue(HALT_RETRY)),
+        }
+    }
+
+    /// A new template: record its revision, reset the run, wait for approval.
+    async fn start_run(&mut self, target: &Deployment, hash: &str) -> Result<(), Error> {
+        self.status.last_applied_spec = hash.to_owned();
+        self.status.canary_weight = 0;
+        self.status.failed_checks = 0;
+        self.status.iterations = 0;
+        self.status.history.clear();
+        self.status.hooks.clear();
+        self.record_revision(target, hash).await?;
+        self.set_phase(Phase::Waiting);
+        self.condition("False", "Progressing", "a new revision is under analysis");
+        self.event(
+            EventType::Normal,
+            "NewRevision",
+            format!(
+                "new revision {} of {} detected; starting the canary analysis",
+                self.status.current_revision, self.plan.target
+            ),
+        );
+        Ok(())
+    }
+
+    /// One analysis iteration per interval; otherwise only the weights follow the pods.
+    async fn analyse(
+        &mut self,
+        target: &Deployment,
+        primary: &Deployment,
+    ) -> Result<Action, Error> {
+        let halted = not_ready(primary).or_else(|| not_ready(target));
+        if let Some(reason) = halted {
+            let stalled = since(&self.status.last_transition_time).unwrap_or_default();
+            if stalled > self.plan.deadline {
+                self.rollback(&format!(
+                    "progress deadline exceeded ({}s without progress): {reason}",
+                    self.plan.deadline.as_secs()
+                ))
+                .await;
+                return self.sync_traffic(target, primary).await;
+            }
+            self.event(
+                EventType::Normal,
+                "Halted",
+                format!("advancement halted: {reason}"),
+            );
+            self.sync_traffic(target, primary).await?;
+            return Ok(Action::requeue(HALT_RETRY.min(self.plan.interval)));
+        }
+        let elapsed = since(&self.status.last_analysis_time).unwrap_or(self.plan.interval);
+        if elapsed < self.plan.interval {
+            self.sync_traffic(target, primary).await?;
+            return Ok(Action::requeue(self.plan.interval - elapsed));
+        }
+        self.status.last_analysis_time = now();
+
+        let mut failed = false;
+        if self.status.canary_weight == 0
+            && self.status.iterations == 0
+            && !self.run_hooks("pre-rollout").await
+        {
+            failed = true;
+        }
+        if !self.run_hooks("rollout").await {
+            failed = true;
+        }
+        let metrics = self.check_metrics(target).await;
+        if metrics.iter().any(|m| !m.ok) {
+            failed = true;
+        }
+        self.status.iterations += 1;
+        if failed {
+            self.status.failed_checks += 1;
+            let message = metrics
+                .iter()
+                .filter(|m| !m.ok)
+                .map(|m| m.message.clone())
+                .chain(
+                    self.status
+                        .hooks
+                        .iter()
+                        .filter(|h| !h.ok && h.time == self.status.last_analysis_time)
+                        .map(|h| format!("hook {} failed: {}", h.name, h.message)),
+                )
+                .collect::<Vec<_>>()
+                .join("; ");
+            self.event(
+                EventType::Warning,
+                "CheckFailed",
+                format!(
+                    "failed check {} of {} at weight {}: {message}",
+                    self.status.failed_checks,
+                    self.canary.spec.analysis.threshold,
+                    self.status.canary_weight
+                ),
+            );
+        }
+        self.record_step(metrics);
+        if self.status.failed_checks >= self.canary.spec.analysis.threshold {
+            let message = format!(
+                "canary failed {} checks (threshold {})",
+                self.status.failed_checks, self.canary.spec.analysis.threshold
+            );
+            self.rollback(&message).await;
+            return self.sync_traffic(target, primary).await;
+        }
+        if failed {
+            return self
+                .sync_traffic(target, primary)
+                .await
+                .map(|_| self.requeue());
+        }
+        match next_weight(self.canary, self.status.canary_weight) {
+            Some(next) => {
+                if self.has_hooks("confirm-traffic-increase")
+                    && !self.run_hooks("confirm-traffic-increase").await
+                {
+                    self.event(
+                        EventType::Normal,
+                        "Waiting",
+                        format!("waiting for confirm-traffic-increase hooks before weight {next}"),
+                    );
+                } else {
+                    self.status.canary_weight = next;
+                    self.status.last_transition_time = now();
+                    if let Some(last) = self.status.history.last_mut() {
+                        last.weight = next;
+                    }
+                    self.event(
+                        EventType::Normal,
+                        "WeightIncreased",
+                        format!("advance {} canary weight {next}", self.plan.target),
+                    );
+                }
+            }
+            None => {
+                if self.run_hooks("confirm-promotion").await {
+                    self.set_phase(Phase::Promoting);
+                    self.event(
+                        EventType::Normal,
+                        "Promoting",
+                        format!(
+                            "copying {} template to {}",
+                            self.plan.target,
+                            primary_name(&self.plan.target)
+                        ),
+                    );
+                    return self.promote(target, primary).await;
+                }
+                self.set_phase(Phase::WaitingPromotion);
+                self.event(
+                    EventType::Normal,
+                    "WaitingPromotion",
+                    "waiting for confirm-promotion hooks to approve the promotion".to_owned(),
+                );
+            }
+        }
+        self.sync_traffic(target, primary).await?;
+        Ok(self.requeue())
+    }
+
+    /// After a run, the canary pods keep weight 0 for one interval before they are scaled
+    /// down, so callers move off them first: the time left, if any.
+    fn draining(&self) -> Option<Duration> {
+        let elapsed = since(&self.status.last_transition_time).unwrap_or(self.plan.interval);
+        (elapsed < self.plan.interval).then(|| self.plan.interval - elapsed)
+    }
+
+    fn requeue(&self) -> Action {
+        Action::requeue(self.plan.interval)
+    }
+
+    /// Copies the canary's template to the primary, then waits for its rolling update.
+    async fn promote(
+        &mut self,
+        target: &Deployment,
+        primary: &Deployment,
+    ) -> Result<Action, Error> {
+        let wanted = primary_template(target, &self.plan.target);
+        let current = primary.spec.template.clone();
+        if current != wanted {
+            let mut updated = primary.clone();
+            updated.spec.template = wanted;
+            updated.status = None;
+            self.api::<Deployment>()
+                .replace(
+                    &primary_name(&self.plan.target),
+                    &PostParams::default(),
+                    &updated,
+                )
+                .await?;
+            self.wrote();
+            self.sync_traffic(target, primary).await?;
+            return Ok(Action::requeue(HALT_RETRY));
+        }
+        if let Some(reason) = not_ready(primary) {
+            let stalled = since(&self.status.last_transition_time).unwrap_or_default();
+            if stalled > self.plan.deadline {
+                self.rollback(&format!("promotion did not finish: {reason}"))
+                    .await;
+            } else {
+                self.event(EventType::Normal, "Halted", format!("promotion: {reason}"));
+            }
+            self.sync_traffic(target, primary).await?;
+            return Ok(Action::requeue(HALT_RETRY.min(self.plan.interval)));
+        }
+        // The primary runs the new template: traffic goes back to it before the canary stops.
+        self.status.canary_weight = 0;
+        self.set_phase(Phase::Finalising);
+        self.record_step(Vec::new());
+        self.sync_traffic(target, primary).await?;
+        Ok(self.requeue())
+    }
+
+    /// Weight 0, phase Failed; the idle phase then scales the canary down.
+    async fn rollback(&mut self, reason: &str) {
+        self.status.canary_weight = 0;
+        self.set_phase(Phase::Failed);
+        self.condition("False", "Failed", reason);
+        self.record_step(Vec::new());
+        self.event(
+            EventType::Warning,
+            "RolledBack",
+            format!("rolling back {}: {reason}", self.plan.target),
+        );
+        self.run_hooks("post-rollout").await;
+    }
+
+    /// Idle: the canary at zero and no weights.
+    async fn idle(&mut self, target: &Deployment) -> Result<(), Error> {
+        let replicas = target.spec.replicas.unwrap_or(1);
+        if replicas != 0
+            && self.status.last_applied_spec == spec_hash(&target.spec.template.clone())
+        {
+            self.scale(&self.plan.target.clone(), 0).await?;
+        }
+        self.write_config(None).await
+    }
+
+    /// Writes the weights the phase asks for, only when they differ from what is stored.
+    async fn sync_traffic(
+        &mut self,
+        target: &Deployment,
+        primary: &Deployment,
+    ) -> Result<Action, Error> {
+        let wanted = match self.phase() {
+            Phase::Progressing
+            | Phase::WaitingPromotion
+            | Phase::Promoting
+            | Phase::Finalising
+            | Phase::Failed => {
+                let pods = self.ctx.pods.state();
+                let canary_ips = ready_pod_ips(target, pods.iter().map(|p| p.as_ref()));
+                let primaries = ready_pod_ips(primary, pods.iter().map(|p| p.as_ref())).len();
+                weight::dynamic_config(
+                    &self.plan.application,
+                    self.status.canary_weight,
+                    primaries,
+                    &canary_ips,
+                )
+            }
+            _ => None,
+        };
+        self.write_config(wanted).await?;
+        Ok(self.requeue())
+    }
+
+    fn config_name(&self) -> String {
+        format!("{}-canary", self.name)
+    }
+
+    async fn write_config(&mut self, wanted: Option<DynamicConfigSpec>) -> Result<(), Error> {
+        let name = self.config_name();
+        let stored = self
+            .ctx
+            .configs
+            .get(&ObjectRef::new(&name).within(&self.namespace));
+        let api = self.api::<DynamicConfig>();
+        match (wanted, stored) {
+            (None, None) => Ok(()),
+            (None, Some(_)) => {
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+                self.wrote();
+                Ok(())
+            }
+            (Some(spec), Some(stored)) if stored.spec == spec => Ok(()),
+            (Some(spec), stored) => {
+                let mut object = DynamicConfig::new(&name, spec);
+                object.metadata.namespace = Some(self.namespace.clone());
+                object.metadata.labels = Some(BTreeMap::from([(
+                    REVISION_LABEL.to_owned(),
+                    self.name.clone(),
+                )]));
+                object.metadata.owner_references =
+                    self.canary.controller_owner_ref(&()).map(|r| vec![r]);
+                match stored {
+                    Some(stored) => {
+                        object.metadata.resource_version = stored.resource_version();
+                        api.replace(&name, &PostParams::default(), &object).await?;
+                    }
+                    None => match api.create(&PostParams::default(), &object).await {
+                        Ok(_) => {}
+                        // The store has not seen it yet; the watch event retries.
+                        Err(kube::Error::Api(e)) if e.code == 409 => {}
+                        Err(e) => return Err(e.into()),
+                    },
+                }
+                self.wrote();
+                Ok(())
+            }
+        }
+    }
+
+    async fn scale(&mut self, deployment: &str, replicas: i32) -> Result<(), Error> {
+        let current = self.deployment(deployment).and_then(|d| d.spec.replicas);
+        if current == Some(replicas) {
+            return Ok(());
+        }
+        self.api::<Deployment>()
+            .patch(
+                deployment,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await?;
+        self.wrote();
+        Ok(())
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.ctx.client.clone(), &self.namespace)
+    }
+
+    /// Records a ControllerRevision for `hash` (once per distinct template) and prunes the
+    /// history to `revisionHistoryLimit`.
+    async fn record_revision(&mut self, target: &Deployment, hash: &str) -> Result<(), Error> {
+        let api = self.api::<ControllerRevision>();
+        let name = format!("{}-{hash}", self.name);
+        let mut revisions = revisions_of(&api, &self.name).await?;
+        if !revisions.iter().any(|r| r.name_any() == name) {
+            let number = revisions
+                .iter()
+                .filter_map(|r| r.revision)
+                .max()
+                .unwrap_or(0)
+                + 1;
+            let template = target.spec.template.clone();
+            let revision = ControllerRevision {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(self.namespace.clone()),
+                    labels: Some(BTreeMap::from([(
+                        REVISION_LABEL.to_owned(),
+                        self.name.clone(),
+                    )])),
+                    owner_references: self.canary.controller_owner_ref(&()).map(|r| vec![r]),
+                    ..Default::default()
+                },
+                data: k8s_openapi::apimachinery::pkg::runtime::RawExtension(
+                    json!({"template": template}),
+                ),
+                revision: Some(number),
+            };
+            match api.create(&PostParams::default(), &revision).await {
+                Ok(created) => revisions.push(created),
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+            self.wrote();
+        }
+        self.status.current_revision = name;
+        revisions.sort_by_key(|r| r.revision);
+        let limit = self.canary.spec.revision_history_limit.max(1) as usize;
+        let excess = revisions.len().saturating_sub(limit);
+        for old in revisions.iter().take(excess) {
+            if old.name_any() == self.status.current_revision {
+                continue;
+            }
+            match api.delete(&old.name_any(), &DeleteParams::default()).await {
+                Ok(_) => self.wrote(),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn has_hooks(&self, kind: &str) -> bool {
+        hooks::of_type(self.canary, kind).next().is_some()
+    }
+
+    /// Calls every hook of `kind`, records each answer; true when all succeeded (or none exist).
+    async fn run_hooks(&mut self, kind: &str) -> bool {
+        let body = hooks::payload(self.canary, &self.status.phase, &BTreeMap::new());
+        let mut all = true;
+        let called: Vec<_> = hooks::of_type(self.canary, kind).cloned().collect();
+        for hook in called {
+            let mut body = body.clone();
+            body["metadata"] = json!(hook.metadata);
+            let outcome = hooks::call(&self.ctx.http, &hook, &body).await;
+            all &= outcome.ok;
+            if !outcome.ok && kind != "rollback" {
+                self.event(
+                    EventType::Warning,
+                    "HookFailed",
+                    format!("{kind} hook {} failed: {}", hook.name, outcome.message),
+                );
+            }
+            self.status.hooks.retain(|h| h.name != hook.name);
+            self.status.hooks.push(HookResult {
+                name: hook.name.clone(),
+                r#type: kind.to_owned(),
+                ok: outcome.ok,
+                message: outcome.message,
+                time: self.status.last_analysis_time.clone(),
+            });
+        }
+        all
+    }
+
+    /// The first `rollback` hook that answers 2xx, if any.
+    async fn rollback_requested(&mut self) -> Option<String> {
+        let body = hooks::payload(self.canary, &self.status.phase, &BTreeMap::new());
+        for hook in hooks::of_type(self.canary, "rollback") {
+            let mut body = body.clone();
+            body["metadata"] = json!(hook.metadata);
+            // One attempt per reconcile: this is a poll, not a call that must get through.
+            let once = super::crd::Webhook {
+                retries: 0,
+                ..hook.clone()
+            };
+            if hooks::call(&self.ctx.http, &once, &body).await.ok {
+                return Some(hook.name.clone());
+            }
+        }
+        None
+    }
+
+    async fn check_metrics(&mut self, _target: &Deployment) -> Vec<MetricResult> {
+        let checks = self.canary.spec.analysis.metrics.clone();
+        if checks.is_empty() {
+            return Vec::new();
+        }
+        let address = self
+            .canary
+            .spec
+            .prometheus
+            .as_ref()
+            .map(|p| p.address.clone())
+            .or_else(|| self.ctx.settings.prometheus.clone());
+        let mut results = Vec::with_capacity(checks.len());
+        for check in &checks {
+            let Some(address) = &address else {
+                results.push(MetricResult {
+                    name: check.name.clone(),
+                    value: None,
+                    min: check.threshold_range.min,
+                    max: check.threshold_range.max,
+                    ok: false,
+                    message: "no Prometheus: set spec.prometheus.address or the server's canary.prometheus".to_owned(),
+                });
+                continue;
+            };
+            let interval = check
+                .interval
+                .clone()
+                .unwrap_or_else(|| self.canary.spec.analysis.interval.clone());
+            let values = Placeholders {
+                namespace: &self.namespace,
+                target: &self.plan.target,
+                application: &self.plan.application,
+                interval: &interval,
+            };
+            results.push(
+                self.ctx
+                    .prometheus
+                    .check(address, check, &values, self.ctx.settings.query_timeout)
+                    .await,
+            );
+        }
+        results
+    }
+
+    fn manual_action(&mut self) -> Option<ManualAction> {
+        let value = self.canary.annotations().get(ACTION_ANNOTATION)?.clone();
+        if value == self.status.handled_action {
+            return None;
+        }
+        self.status.handled_action = value.clone();
+        match value.split(':').next() {
+            Some("promote") => Some(ManualAction::Promote),
+            Some("abort") => Some(ManualAction::Abort),
+            _ => {
+                self.event(
+                    EventType::Warning,
+                    "InvalidAction",
+                    format!("annotation {ACTION_ANNOTATION}={value:?}: expected promote:<id> or abort:<id>"),
+                );
+                None
+            }
+        }
+    }
+
+    /// Writes the status if it changed, updates the metrics, emits the events (and `event`
+    /// hooks) in order.
+    async fn finish(&mut self) -> Result<(), Error> {
+        let labels = CanaryLabels {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        };
+        let stats = &self.ctx.stats;
+        stats
+            .weight
+            .get_or_create(&labels)
+            .set(i64::from(self.status.canary_weight));
+        stats
+            .status
+            .get_or_create(&labels)
+            .set(self.phase().metric());
+        if self.canary.status.as_ref() != Some(&self.status) {
+            let mut object = self.canary.clone();
+            object.status = Some(self.status.clone());
+            self.api::<Canary>()
+                .replace_status(&self.name, &PostParams::default(), &object)
+                .await?;
+            self.wrote();
+        }
+        let events = std::mem::take(&mut self.events);
+        let reference = self.canary.object_ref(&());
+        let event_hooks: Vec<_> = hooks::of_type(self.canary, "event").cloned().collect();
+        for (kind, reason, note) in events {
+            let event = Event {
+                type_: kind,
+                reason: reason.to_owned(),
+                note: Some(note.clone()),
+                action: "Reconcile".to_owned(),
+                secondary: None,
+            };
+            if let Err(error) = self.ctx.recorder.publish(&event, &reference).await {
+                tracing::warn!(%error, canary = %self.name, "cannot record an event");
+            }
+            self.wrote();
+            for hook in &event_hooks {
+                let extra = BTreeMap::from([
+                    ("eventMessage".to_owned(), note.clone()),
+                    (
+                        "eventType".to_owned(),
+                        match kind {
+                            EventType::Normal => "Normal".to_owned(),
+                            EventType::Warning => "Warning".to_owned(),
+                        },
+                    ),
+                    ("timestamp".to_owned(), now()),
+                ]);
+                let mut metadata = hook.metadata.clone();
+                metadata.extend(extra);
+                let body = hooks::payload(self.canary, &self.status.phase, &metadata);
+                let outcome = hooks::call(&self.ctx.http, hook, &body).await;
+                if !outcome.ok {
+                    tracing::warn!(hook = %hook.name, message = %outcome.message, "event hook failed");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+enum ManualAction {
+    Promote,
+    Abort,
+}
+
+/// The ControllerRevisions of Canary `name`, oldest first.
+pub async fn revisions_of(
+    api: &Api<ControllerRevision>,
+    name: &str,
+) -> Result<Vec<ControllerRevision>, kube::Error> {
+    let selector = format!("{REVISION_LABEL}={name}");
+    let mut revisions: Vec<ControllerRevision> = api
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items
+        .into_iter()
+        // A server that ignores the selector still gives the right answer.
+        .filter(|r| r.labels().get(REVISION_LABEL).map(String::as_str) == Some(name))
+        .collect();
+    revisions.sort_by_key(|r| r.revision);
+    Ok(revisions)
+}
+
+/// Deletion: the target serves again with the primary's template, and no weights remain.
+async fn cleanup(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
+    let namespace = canary.namespace().unwrap_or_default();
+    let name = canary.name_any();
+    let target_name = canary.spec.target_ref.name.clone();
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
+    let primary = deployments.get_opt(&primary_name(&target_name)).await?;
+    if let (Some(primary), Some(mut target)) = (primary, deployments.get_opt(&target_name).await?) {
+        let template = target_template(&primary, &target_name);
+        let replicas = primary.spec.replicas.unwrap_or(1);
+        let spec = &mut target.spec;
+        if spec.template != template || spec.replicas != Some(replicas) {
+            spec.template = template;
+            spec.replicas = Some(replicas);
+            target.status = None;
+            deployments
+                .replace(&target_name, &PostParams::default(), &target)
+                .await?;
+            ctx.stats
+                .writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let configs: Api<DynamicConfig> = Api::namespaced(ctx.client.clone(), &namespace);
+    match configs
+        .delete(&format!("{name}-canary"), &DeleteParams::default())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    ctx.stats.forget(&CanaryLabels { namespace, name });
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "Terminating".to_owned(),
+        note: Some(format!(
+            "canary deleted: {target_name} restored with the primary's template"
+        )),
+        action: "Cleanup".to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = ctx.recorder.publish(&event, &canary.object_ref(&())).await {
+        tracing::warn!(%error, "cannot record an event");
+    }
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canary(analysis: serde_json::Value) -> Canary {
+        serde_json::from_value(json!({
+            "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
+            "metadata": {"name": "podinfo", "namespace": "test"},
+            "spec": {"targetRef": {"name": "podinfo"}, "analysis": analysis},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn weights_step_up_to_the_maximum() {
+        let c = canary(json!({"maxWeight": 50, "stepWeight": 10}));
+        let mut weights = vec![0];
+        while let Some(next) = next_weight(&c, *weights.last().unwrap()) {
+            weights.push(next);
+        }
+        assert_eq!(weights, [0, 10, 20, 30, 40, 50]);
+        let c = canary(json!({"maxWeight": 50, "stepWeight": 20}));
+        assert_eq!(next_weight(&c, 40), Some(50));
+        assert_eq!(next_weight(&c, 50), None);
+    }
+
+    #[test]
+    fn explicit_steps_are_followed() {
+        let c = canary(json!({"maxWeight": 50, "stepWeights": [1, 5, 10, 50]}));
+        let mut weights = vec![0];
+        while let Some(next) = next_weight(&c, *weights.last().unwrap()) {
+            weights.push(next);
+        }
+        assert_eq!(weights, [0, 1, 5, 10, 50]);
+    }
+
+    #[test]
+    fn the_spec_is_checked_with_clear_messages() {
+        let c = canary(json!({"stepWeight": 10, "interval": "soon"}));
+        assert!(
+            plan(&c)
+                .unwrap_err()
+                .contains("spec.analysis.interval \"soon\"")
+        );
+        let c = canary(json!({}));
+        assert!(plan(&c).unwrap_err().contains("stepWeight or stepWeights"));
+        let c = canary(json!({"stepWeight": 10, "metrics": [{"name": "latency"}]}));
+        assert!(plan(&c).unwrap_err().contains("give it a query"));
+        let c = canary(json!({"stepWeight": 10, "interval": "1m30s"}));
+        assert_eq!(plan(&c).unwrap().interval, Duration::from_secs(90));
+        assert_eq!(plan(&c).unwrap().application, "podinfo");
+    }
+
+    #[test]
+    fn phases_round_trip() {
+        for phase in [
+            Phase::Initializing,
+            Phase::Initialized,
+            Phase::Waiting,
+            Phase::Progressing,
+            Phase::WaitingPromotion,
+            Phase::Promoting,
+            Phase::Finalising,
+            Phase::Succeeded,
+            Phase::Failed,
+            Phase::Terminating,
+        ] {
+            assert_eq!(Phase::parse(phase.as_str()), phase);
+        }
+        assert_eq!(Phase::parse(""), Phase::Initializing);
+    }
+}

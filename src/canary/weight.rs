@@ -1,0 +1,156 @@
+//! Traffic by weight: the `DynamicConfig <canary>-canary` that gives the ready canary pods
+//! `p` percent of the calls while primary pods keep Dubbo's default weight 100 (rollout.md).
+
+use std::collections::BTreeMap;
+
+use crate::rules::{DynamicConfigSpec, OverrideConfig};
+
+/// Dubbo's default provider weight, which primary pods keep.
+pub const DEFAULT_WEIGHT: u64 = 100;
+
+/// The largest weight written. At 100 % the formula has no finite answer; this one gives the
+/// canary all but about one call in ten thousand per primary pod.
+pub const MAX_WEIGHT: u64 = 1_000_000;
+
+/// The weight of each ready canary pod for `percent` of the calls, with `primaries` and
+/// `canaries` ready pods: `round(100 * p * Np / ((100 - p) * Nc))`, 0 at 0 %.
+/// `None` when there is no canary pod to weigh.
+pub fn canary_pod_weight(percent: u32, primaries: usize, canaries: usize) -> Option<u64> {
+    if canaries == 0 {
+        return None;
+    }
+    let p = u64::from(percent.min(100));
+    if p == 0 {
+        return Some(0);
+    }
+    if primaries == 0 {
+        // Only canary pods serve: any positive weight gives them everything.
+        return Some(DEFAULT_WEIGHT);
+    }
+    if p == 100 {
+        return Some(MAX_WEIGHT);
+    }
+    let numerator = DEFAULT_WEIGHT * p * primaries as u64;
+    let denominator = (100 - p) * canaries as u64;
+    // Rounded half up, in integers.
+    Some(((2 * numerator + denominator) / (2 * denominator)).min(MAX_WEIGHT))
+}
+
+/// The DynamicConfig spec for `application` with one provider override per canary pod IP, or
+/// `None` when no canary pod is ready (nothing to weigh: the object is removed).
+pub fn dynamic_config(
+    application: &str,
+    percent: u32,
+    primaries: usize,
+    canary_ips: &[String],
+) -> Option<DynamicConfigSpec> {
+    let weight = canary_pod_weight(percent, primaries, canary_ips.len())?;
+    let configs = canary_ips
+        .iter()
+        .map(|ip| OverrideConfig {
+            side: "provider".to_owned(),
+            addresses: vec![ip.clone()],
+            provider_addresses: Vec::new(),
+            parameters: BTreeMap::from([("weight".to_owned(), weight.to_string())]),
+            applications: Vec::new(),
+            services: Vec::new(),
+            r#type: String::new(),
+            enabled: true,
+            r#match: None,
+        })
+        .collect();
+    Some(DynamicConfigSpec {
+        key: application.to_owned(),
+        scope: "application".to_owned(),
+        config_version: "v3.0".to_owned(),
+        enabled: true,
+        configs,
+    })
+}
+
+/// The share of calls the canary pods get with `weight` each: what the formula aims at, for
+/// the tests and the dashboard.
+pub fn canary_share(weight: u64, primaries: usize, canaries: usize) -> f64 {
+    let canary = weight as f64 * canaries as f64;
+    let total = canary + DEFAULT_WEIGHT as f64 * primaries as f64;
+    if total == 0.0 { 0.0 } else { canary / total }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_percent_is_weight_zero() {
+        assert_eq!(canary_pod_weight(0, 3, 1), Some(0));
+        assert_eq!(canary_pod_weight(0, 0, 2), Some(0));
+    }
+
+    #[test]
+    fn equal_pods_at_half_keep_the_default_weight() {
+        assert_eq!(canary_pod_weight(50, 2, 2), Some(100));
+        assert_eq!(canary_pod_weight(10, 1, 1), Some(11)); // 1000/90 = 11.1
+        assert_eq!(canary_pod_weight(20, 4, 4), Some(25));
+    }
+
+    #[test]
+    fn one_canary_pod_against_many_primaries_weighs_more() {
+        // 50 % against ten primaries: one pod must weigh as much as the ten together.
+        assert_eq!(canary_pod_weight(50, 10, 1), Some(1000));
+        let w = canary_pod_weight(10, 20, 1).unwrap();
+        assert_eq!(w, 222); // 100*10*20/90 = 222.2
+        assert!((canary_share(w, 20, 1) - 0.10).abs() < 0.001);
+    }
+
+    #[test]
+    fn uneven_readiness_divides_the_share_among_the_ready_pods() {
+        // Three canary pods of which two are ready, five primaries of which four are ready: the
+        // caller passes the ready counts, and the two pods together get the percentage.
+        let w = canary_pod_weight(30, 4, 2).unwrap();
+        assert_eq!(w, 86); // 100*30*4/(70*2) = 85.7
+        assert!((canary_share(w, 4, 2) - 0.30).abs() < 0.005);
+    }
+
+    #[test]
+    fn the_share_matches_the_percentage_at_every_step() {
+        for primaries in 1..12 {
+            for canaries in 1..6 {
+                for percent in (5..=95).step_by(5) {
+                    let w = canary_pod_weight(percent, primaries, canaries).unwrap();
+                    let share = canary_share(w, primaries, canaries);
+                    // Rounding the weight moves the share by at most one weight unit's worth.
+                    let tolerance = canary_share(w + 1, primaries, canaries)
+                        - canary_share(w.saturating_sub(1), primaries, canaries);
+                    assert!(
+                        (share - f64::from(percent) / 100.0).abs() <= tolerance,
+                        "{percent}% {primaries}/{canaries}: w={w} share={share}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn edges_are_finite() {
+        assert_eq!(canary_pod_weight(100, 3, 1), Some(MAX_WEIGHT));
+        assert_eq!(canary_pod_weight(40, 0, 2), Some(DEFAULT_WEIGHT));
+        assert_eq!(canary_pod_weight(40, 3, 0), None);
+        assert_eq!(canary_pod_weight(99, 10_000, 1), Some(MAX_WEIGHT));
+    }
+
+    #[test]
+    fn the_config_has_one_provider_override_per_ready_pod() {
+        let ips = vec!["10.0.0.7".to_owned(), "10.0.0.8".to_owned()];
+        let spec = dynamic_config("podinfo", 50, 2, &ips).unwrap();
+        assert_eq!(spec.key, "podinfo");
+        assert_eq!(spec.scope, "application");
+        assert!(spec.enabled);
+        assert_eq!(spec.configs.len(), 2);
+        for (config, ip) in spec.configs.iter().zip(&ips) {
+            assert_eq!(config.side, "provider");
+            assert_eq!(config.addresses, vec![ip.clone()]);
+            assert_eq!(config.parameters["weight"], "100");
+        }
+        assert!(dynamic_config("podinfo", 50, 2, &[]).is_none());
+    }
+}

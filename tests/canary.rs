@@ -1,0 +1,560 @@
+//! The canary controller (rollout.md) against the API-server fixture. The tests play the
+//! Deployment controller and the kubelet (a task that rolls out every Deployment whose spec
+//! moved, with ready pods and IPs), run a Prometheus stub answering `/api/v1/query` from a table
+//! they control, and local HTTP hook receivers.
+
+// Tests: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, Uri};
+use common::apiserver::ApiServer;
+use common::{Observer, start, type_of, wait_ready};
+use dubbo_cp::config::Config;
+use prost::Message;
+use serde_json::{Value, json};
+
+const NS: &str = "test";
+const WAIT: Duration = Duration::from_secs(20);
+
+// ---- the Prometheus stub ----
+
+/// Answers instant queries: the first table entry whose key the query contains gives the
+/// value; `None` (or no entry) answers an empty vector, "no data".
+/// (a substring of the query, the value it answers).
+type Table = Vec<(String, Option<f64>)>;
+
+#[derive(Clone, Default)]
+struct PrometheusStub {
+    table: Arc<Mutex<Table>>,
+    queries: Arc<Mutex<Vec<String>>>,
+}
+
+impl PrometheusStub {
+    async fn start(&self) -> SocketAddr {
+        async fn query(
+            State(stub): State<PrometheusStub>,
+            Query(params): Query<BTreeMap<String, String>>,
+        ) -> axum::Json<Value> {
+            let query = params.get("query").cloned().unwrap_or_default();
+            stub.queries.lock().unwrap().push(query.clone());
+            let value = stub
+                .table
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(key, _)| query.contains(key.as_str()))
+                .and_then(|(_, value)| *value);
+            let result = match value {
+                Some(v) => json!([{"metric": {}, "value": [1_700_000_000.0, v.to_string()]}]),
+                None => json!([]),
+            };
+            axum::Json(
+                json!({"status": "success", "data": {"resultType": "vector", "result": result}}),
+            )
+        }
+        let app = axum::Router::new()
+            .route("/api/v1/query", axum::routing::get(query))
+            .with_state(self.clone());
+        serve(app).await
+    }
+
+    fn set(&self, key: &str, value: Option<f64>) {
+        let mut table = self.table.lock().unwrap();
+        table.retain(|(k, _)| k != key);
+        table.push((key.to_owned(), value));
+    }
+}
+
+// ---- hook receivers ----
+
+/// Records every POST by path and answers each path with the status the test set (200 by
+/// default); a path set to hang never answers.
+#[derive(Clone, Default)]
+struct Hooks {
+    calls: Arc<Mutex<Vec<(String, Value)>>>,
+    answers: Arc<Mutex<BTreeMap<String, u16>>>,
+    hanging: Arc<Mutex<Vec<String>>>,
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl Hooks {
+    async fn start(&self) -> SocketAddr {
+        async fn hook(State(hooks): State<Hooks>, uri: Uri, body: Bytes) -> StatusCode {
+            let path = uri.path().to_owned();
+            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            hooks.calls.lock().unwrap().push((path.clone(), body));
+            hooks.changed.notify_waiters();
+            if hooks.hanging.lock().unwrap().contains(&path) {
+                std::future::pending::<()>().await;
+            }
+            let code = hooks
+                .answers
+                .lock()
+                .unwrap()
+                .get(&path)
+                .copied()
+                .unwrap_or(200);
+            StatusCode::from_u16(code).unwrap()
+        }
+        let app = axum::Router::new()
+            .fallback(axum::routing::post(hook))
+            .with_state(self.clone());
+        serve(app).await
+    }
+
+    fn answer(&self, path: &str, code: u16) {
+        self.answers.lock().unwrap().insert(path.to_owned(), code);
+    }
+
+    fn calls_to(&self, path: &str) -> Vec<Value> {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, body)| body.clone())
+            .collect()
+    }
+
+    async fn wait_for_call(&self, path: &str) -> Value {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let notified = self.changed.notified();
+                if let Some(body) = self.calls_to(path).last() {
+                    return body.clone();
+                }
+                notified.await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no call to {path}"))
+    }
+}
+
+async fn serve(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+// ---- the Deployment controller and kubelet ----
+
+/// Rolls out every Deployment of [`NS`] whose spec moved, while `running`: status caught up,
+/// ready pods with IPs (`10.0.0.x` for the target, `10.1.0.x` for the primary).
+fn kubelet(api: &ApiServer, running: Arc<AtomicBool>) {
+    let api = api.clone();
+    tokio::spawn(async move {
+        loop {
+            if running.load(Ordering::SeqCst) {
+                for deployment in api.objects_of("deployments", NS) {
+                    let generation = deployment["metadata"]["generation"].as_i64();
+                    let status = &deployment["status"];
+                    let behind = status["observedGeneration"].as_i64() != generation
+                        || status["replicas"] != deployment["spec"]["replicas"];
+                    if behind {
+                        let name = deployment["metadata"]["name"].as_str().unwrap();
+                        let prefix = if name.ends_with("-primary") {
+                            "10.1.0."
+                        } else {
+                            "10.0.0."
+                        };
+                        api.roll_out(NS, name, prefix);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+// ---- the control plane ----
+
+fn config(dir: &std::path::Path, api: &ApiServer, prometheus: SocketAddr) -> Config {
+    let mut config = common::kubernetes_config(dir, api.url());
+    config.debounce.after = Duration::from_millis(10);
+    config.debounce.max = Duration::from_millis(50);
+    config.auth.token_review = Some(false);
+    config.canary.enabled = true;
+    config.canary.prometheus = Some(format!("http://{prometheus}"));
+    config.canary.query_timeout = Duration::from_secs(2);
+    config.canary.lease_duration = Duration::from_secs(2);
+    config
+}
+
+fn canary_object(analysis: Value) -> Value {
+    json!({
+        "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
+        "metadata": {"name": "podinfo", "namespace": NS},
+        "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "podinfo"},
+                 "progressDeadlineSeconds": 60, "analysis": analysis},
+    })
+}
+
+struct Setup {
+    api: ApiServer,
+    prometheus: PrometheusStub,
+    hooks: Hooks,
+    hooks_addr: SocketAddr,
+    kubelet: Arc<AtomicBool>,
+    server: dubbo_cp::server::RunningServer,
+    _dir: tempfile::TempDir,
+}
+
+impl Setup {
+    /// A cluster with Deployment podinfo (2 replicas of podinfo:1, rolled out), the stubs, and
+    /// a control plane; the Canary is made by `canary(hooks address)`.
+    async fn start(canary: impl FnOnce(SocketAddr) -> Value) -> Setup {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let api = ApiServer::start().await;
+        api.create_namespace(NS);
+        api.put_deployment(NS, "podinfo", 2, "podinfo:1");
+        let running = Arc::new(AtomicBool::new(true));
+        kubelet(&api, running.clone());
+        let prometheus = PrometheusStub::default();
+        prometheus.set("dubbo_provider_requests_succeed_total", Some(100.0));
+        prometheus.set("dubbo_provider_rt_milliseconds_p99", Some(20.0));
+        let prometheus_addr = prometheus.start().await;
+        let hooks = Hooks::default();
+        let hooks_addr = hooks.start().await;
+        api.put_object("canaries", NS, "podinfo", canary(hooks_addr));
+        let dir = tempfile::tempdir().unwrap();
+        let server = start(config(dir.path(), &api, prometheus_addr)).await;
+        wait_ready(server.admin_addr).await;
+        Setup {
+            api,
+            prometheus,
+            hooks,
+            hooks_addr,
+            kubelet: running,
+            server,
+            _dir: dir,
+        }
+    }
+
+    async fn wait_phase(&self, phase: &str) -> Value {
+        self.api
+            .wait_for_object("canaries", NS, "podinfo", WAIT, |c| {
+                c.is_some_and(|c| c["status"]["phase"] == phase)
+            })
+            .await
+            .unwrap()
+    }
+
+    fn deployment(&self, name: &str) -> Value {
+        self.api.object("deployments", NS, name).unwrap()
+    }
+
+    fn events(&self) -> Vec<(String, String)> {
+        self.api
+            .objects_of("events", NS)
+            .iter()
+            .map(|e| {
+                (
+                    e["reason"].as_str().unwrap_or_default().to_owned(),
+                    e["note"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn image(deployment: &Value) -> &str {
+    deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap()
+}
+
+/// The canary weight a discovery client sees: `Some(weights of the canary pods)` while
+/// `podinfo-canary` exists, `None` once it is gone.
+fn seen_weights(response: &dubbo_cp::dds::ObserveResponse) -> Option<Vec<String>> {
+    let objects = response.data.decode().unwrap();
+    let config = objects.iter().find_map(|any| {
+        let config =
+            dubbo_cp::pb::rules::DynamicConfigToClient::decode(any.value.as_slice()).unwrap();
+        config.key.starts_with("podinfo-canary").then_some(config)
+    })?;
+    let spec = config.spec.unwrap();
+    assert_eq!(
+        (spec.key.as_str(), spec.scope.as_str()),
+        ("podinfo", "application")
+    );
+    Some(
+        spec.configs
+            .iter()
+            .map(|c| {
+                assert_eq!(c.side, "provider");
+                format!("{}={}", c.addresses.join(","), c.parameters["weight"])
+            })
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_good_release_steps_up_to_max_weight_and_is_promoted() {
+    let setup = Setup::start(|hooks| {
+        canary_object(json!({
+            "interval": "300ms", "threshold": 2, "maxWeight": 50, "stepWeight": 10,
+            "metrics": [
+                {"name": "request-success-rate", "thresholdRange": {"min": 99}, "interval": "1m"},
+                {"name": "request-duration", "thresholdRange": {"max": 500}},
+            ],
+            "webhooks": [
+                {"name": "gate", "type": "confirm-rollout", "url": format!("http://{hooks}/gate"), "timeout": "2s"},
+                {"name": "smoke", "type": "pre-rollout", "url": format!("http://{hooks}/pre"),
+                 "metadata": {"cmd": "curl -s http://podinfo-canary.test/"}},
+                {"name": "load", "url": format!("http://{hooks}/load")},
+                {"name": "promote", "type": "confirm-promotion", "url": format!("http://{hooks}/promote")},
+                {"name": "after", "type": "post-rollout", "url": format!("http://{hooks}/post")},
+                {"name": "events", "type": "event", "url": format!("http://{hooks}/events")},
+            ],
+        }))
+    })
+    .await;
+    let api = &setup.api;
+
+    // Initialisation: the primary serves, the target idles at zero.
+    let status = setup.wait_phase("Initialized").await;
+    let primary = setup.deployment("podinfo-primary");
+    assert_eq!(image(&primary), "podinfo:1");
+    assert_eq!(primary["spec"]["replicas"], 2);
+    assert_eq!(
+        primary["spec"]["selector"]["matchLabels"]["app"],
+        "podinfo-primary"
+    );
+    assert_eq!(primary["metadata"]["ownerReferences"][0]["kind"], "Canary");
+    assert_eq!(setup.deployment("podinfo")["spec"]["replicas"], 0);
+    assert_eq!(
+        status["status"]["currentRevision"],
+        format!(
+            "podinfo-{}",
+            status["status"]["lastAppliedSpec"].as_str().unwrap()
+        )
+    );
+
+    let mut observer = Observer::open(setup.server.grpc_addr).await;
+    observer.subscribe(&type_of("DynamicConfig")).await;
+    let first = observer.next().await;
+    assert_eq!(seen_weights(&first), None);
+    observer.ack(&first).await;
+
+    // The gate holds the new release in Waiting until it says yes.
+    setup.hooks.answer("/gate", 403);
+    api.set_image(NS, "podinfo", "podinfo:2");
+    setup.wait_phase("Waiting").await;
+    let gate = setup.hooks.wait_for_call("/gate").await;
+    assert_eq!(gate["name"], "podinfo");
+    assert_eq!(gate["namespace"], NS);
+    assert_eq!(gate["phase"], "Waiting");
+    assert_eq!(setup.deployment("podinfo")["spec"]["replicas"], 0);
+    setup.hooks.answer("/gate", 200);
+
+    // Then the weights move step by step, as a discovery client sees them.
+    let mut seen: Vec<Option<Vec<String>>> = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let response = observer.next().await;
+            let weights = seen_weights(&response);
+            observer.ack(&response).await;
+            if seen.last() != Some(&weights) {
+                seen.push(weights.clone());
+            }
+            if weights.is_none() && seen.len() > 1 {
+                break;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the run did not finish; seen {seen:?}"));
+    // Two canary pods against two primaries: w = round(100 p / (100 - p)).
+    let expected: Vec<Option<Vec<String>>> = [0, 11, 25, 43, 67, 100, 0]
+        .iter()
+        .map(|w| Some(vec![format!("10.0.0.1={w}"), format!("10.0.0.2={w}")]))
+        .chain([None])
+        .collect();
+    assert_eq!(seen, expected);
+
+    let status = setup.wait_phase("Succeeded").await["status"].clone();
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
+    assert_eq!(setup.deployment("podinfo")["spec"]["replicas"], 0);
+    assert_eq!(status["canaryWeight"], 0);
+    assert_eq!(status["failedChecks"], 0);
+    assert_eq!(status["lastPromotedSpec"], status["lastAppliedSpec"]);
+    let promoted = &status["conditions"][0];
+    assert_eq!(
+        (promoted["type"].as_str(), promoted["status"].as_str()),
+        (Some("Promoted"), Some("True"))
+    );
+    // Each step's metric results are in the history.
+    let steps = status["history"].as_array().unwrap();
+    let analysed: Vec<&Value> = steps.iter().filter(|s| s["metrics"].is_array()).collect();
+    assert!(analysed.len() >= 5, "{steps:?}");
+    assert_eq!(analysed[0]["metrics"][0]["name"], "request-success-rate");
+    assert_eq!(analysed[0]["metrics"][0]["value"], 100.0);
+    assert_eq!(analysed[0]["metrics"][0]["ok"], true);
+    // The built-in queries read the canary's pods with the metric's own interval.
+    let queries = setup.prometheus.queries.lock().unwrap().clone();
+    assert!(
+        queries.iter().any(|q| q.contains("namespace=\"test\"")
+            && q.contains("[1m]")
+            && q.contains("pod=~\"podinfo-[0-9a-zA-Z]+(-[0-9a-zA-Z]+)\"")),
+        "{queries:?}"
+    );
+    assert!(queries.iter().any(|q| q.contains("[300ms]")), "{queries:?}");
+
+    // Hooks: pre-rollout once with its metadata, rollout hooks at every iteration, promotion
+    // confirmed, post-rollout after the outcome, and every Event sent to the event hook.
+    let pre = setup.hooks.calls_to("/pre");
+    assert_eq!(pre.len(), 1);
+    assert_eq!(
+        pre[0]["metadata"]["cmd"],
+        "curl -s http://podinfo-canary.test/"
+    );
+    assert!(setup.hooks.calls_to("/load").len() >= 5);
+    assert!(!setup.hooks.calls_to("/promote").is_empty());
+    let post = setup.hooks.wait_for_call("/post").await;
+    assert_eq!(post["phase"], "Succeeded");
+    let events = setup.events();
+    let reasons: Vec<&str> = events.iter().map(|(r, _)| r.as_str()).collect();
+    for reason in [
+        "Initialized",
+        "NewRevision",
+        "Waiting",
+        "Progressing",
+        "WeightIncreased",
+        "Promoting",
+        "Succeeded",
+    ] {
+        assert!(
+            reasons.contains(&reason),
+            "{reason} missing from {events:?}"
+        );
+    }
+    let event_hook = setup.hooks.calls_to("/events");
+    for reason_note in events.iter().map(|(_, note)| note) {
+        assert!(
+            event_hook
+                .iter()
+                .any(|call| call["metadata"]["eventMessage"] == reason_note.as_str()),
+            "event hook missed {reason_note:?}"
+        );
+    }
+    assert!(
+        event_hook
+            .iter()
+            .all(|c| c["metadata"]["eventType"].is_string()
+                && c["metadata"]["timestamp"].is_string())
+    );
+
+    // Metrics of rollout.md.
+    let (_, metrics) = common::http_get(setup.server.admin_addr, "/metrics").await;
+    assert!(
+        metrics.contains("dubbo_cp_canary_weight{namespace=\"test\",name=\"podinfo\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("dubbo_cp_canary_status{namespace=\"test\",name=\"podinfo\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("dubbo_cp_canary_duration_seconds_count"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_metric_rolls_back_after_threshold_checks_and_no_data_counts_as_failed() {
+    let setup = Setup::start(|hooks| {
+        canary_object(json!({
+            "interval": "200ms", "threshold": 3, "maxWeight": 50, "stepWeight": 10,
+            "metrics": [
+                {"name": "request-success-rate", "thresholdRange": {"min": 99}},
+                {"name": "error-budget", "thresholdRange": {"max": 1},
+                 "query": "sum(my_errors_total{namespace=\"{{ namespace }}\",app=\"{{ application }}\"})"},
+            ],
+            "webhooks": [
+                {"name": "after", "type": "post-rollout", "url": format!("http://{hooks}/post")},
+            ],
+        }))
+    })
+    .await;
+    setup.wait_phase("Initialized").await;
+    // A success rate below the range, and a custom query with no samples at all.
+    setup
+        .prometheus
+        .set("dubbo_provider_requests_succeed_total", Some(90.0));
+    setup.prometheus.set("my_errors_total", None);
+    setup.api.set_image(NS, "podinfo", "podinfo:bad");
+    let status = setup.wait_phase("Failed").await["status"].clone();
+    assert_eq!(status["failedChecks"], 3);
+    assert_eq!(status["canaryWeight"], 0);
+    let condition = &status["conditions"][0];
+    assert_eq!(condition["status"], "False");
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("failed 3 checks"),
+        "{condition}"
+    );
+    // Each failed check held the weight at 0 and said why.
+    let metrics = &status["history"].as_array().unwrap()[0]["metrics"];
+    assert_eq!(metrics[0]["value"], 90.0);
+    assert_eq!(metrics[0]["ok"], false);
+    assert!(
+        metrics[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("outside [99, +inf]"),
+        "{metrics}"
+    );
+    assert_eq!(metrics[1]["ok"], false);
+    assert!(
+        metrics[1]["message"].as_str().unwrap().contains("no data"),
+        "{metrics}"
+    );
+    let failures: Vec<String> = setup
+        .events()
+        .into_iter()
+        .filter(|(reason, _)| reason == "CheckFailed")
+        .map(|(_, note)| note)
+        .collect();
+    assert!(!failures.is_empty());
+    assert!(failures[0].contains("no data"), "{failures:?}");
+    let queries = setup.prometheus.queries.lock().unwrap().clone();
+    assert!(
+        queries.contains(&"sum(my_errors_total{namespace=\"test\",app=\"podinfo\"})".to_owned()),
+        "{queries:?}"
+    );
+    // Rolled back: the primary never got the bad template, the canary is scaled to zero, the
+    // weights are gone, post-rollout ran after the failure.
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:1");
+    setup
+        .api
+        .wait_for_object("deployments", NS, "podinfo", WAIT, |d| {
+            d.is_some_and(|d| d["spec"]["replicas"] == 0)
+        })
+        .await;
+    setup
+        .api
+        .wait_for_object("dynamicconfigs", NS, "podinfo-canary", WAIT, |c| {
+            c.is_none()
+        })
+        .await;
+    assert_eq!(setup.hooks.wait_for_call("/post").await["phase"], "Failed");
+    let _ = &setup.hooks_addr;
+    let _ = &setup.kubelet;
+}
