@@ -164,18 +164,24 @@ fn kubelet(api: &ApiServer, running: Arc<AtomicBool>) {
                         || status["replicas"] != deployment["spec"]["replicas"];
                     if behind {
                         let name = deployment["metadata"]["name"].as_str().unwrap();
-                        let prefix = if name.ends_with("-primary") {
-                            "10.1.0."
-                        } else {
-                            "10.0.0."
-                        };
-                        api.roll_out(NS, name, prefix);
+                        api.roll_out(NS, name, ip_prefix(name));
                     }
                 }
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
+}
+
+/// Pod IPs per Deployment: `10.0.0.x` podinfo, `10.1.0.x` its primary, `10.2.0.x` / `10.3.0.x`
+/// for a second canary's.
+fn ip_prefix(deployment: &str) -> &'static str {
+    match deployment {
+        "podinfo" => "10.0.0.",
+        "podinfo-primary" => "10.1.0.",
+        "other" => "10.2.0.",
+        _ => "10.3.0.",
+    }
 }
 
 // ---- the control plane ----
@@ -205,9 +211,9 @@ struct Setup {
     api: ApiServer,
     prometheus: PrometheusStub,
     hooks: Hooks,
-    hooks_addr: SocketAddr,
     kubelet: Arc<AtomicBool>,
     server: dubbo_cp::server::RunningServer,
+    prometheus_addr: SocketAddr,
     _dir: tempfile::TempDir,
 }
 
@@ -232,26 +238,55 @@ impl Setup {
         let hooks_addr = hooks.start().await;
         api.put_object("canaries", NS, "podinfo", canary(hooks_addr));
         let dir = tempfile::tempdir().unwrap();
-        let server = start(config(dir.path(), &api, prometheus_addr)).await;
+        let mut config = config(dir.path(), &api, prometheus_addr);
+        config.canary.identity = Some("plane-a".to_owned());
+        let server = start(config).await;
         wait_ready(server.admin_addr).await;
         Setup {
             api,
             prometheus,
             hooks,
-            hooks_addr,
             kubelet: running,
             server,
+            prometheus_addr,
             _dir: dir,
         }
     }
 
     async fn wait_phase(&self, phase: &str) -> Value {
+        self.wait_phase_of("podinfo", phase).await
+    }
+
+    async fn wait_phase_of(&self, canary: &str, phase: &str) -> Value {
         self.api
-            .wait_for_object("canaries", NS, "podinfo", WAIT, |c| {
+            .wait_for_object("canaries", NS, canary, WAIT, |c| {
                 c.is_some_and(|c| c["status"]["phase"] == phase)
             })
             .await
             .unwrap()
+    }
+
+    async fn wait_status(&self, check: impl Fn(&Value) -> bool) -> Value {
+        self.api
+            .wait_for_object("canaries", NS, "podinfo", WAIT, |c| {
+                c.is_some_and(|c| check(&c["status"]))
+            })
+            .await
+            .unwrap()["status"]
+            .clone()
+    }
+
+    /// Waits for an Event with `reason` whose note contains `text`.
+    async fn wait_event(&self, reason: &str, text: &str) {
+        let setup = self;
+        self.api
+            .wait_for(&format!("event {reason} ({text})"), WAIT, |_| {
+                setup
+                    .events()
+                    .iter()
+                    .any(|(r, note)| r == reason && note.contains(text))
+            })
+            .await;
     }
 
     fn deployment(&self, name: &str) -> Value {
@@ -427,6 +462,7 @@ async fn a_good_release_steps_up_to_max_weight_and_is_promoted() {
     assert!(!setup.hooks.calls_to("/promote").is_empty());
     let post = setup.hooks.wait_for_call("/post").await;
     assert_eq!(post["phase"], "Succeeded");
+    setup.wait_event("Succeeded", "promotion completed").await;
     let events = setup.events();
     let reasons: Vec<&str> = events.iter().map(|(r, _)| r.as_str()).collect();
     for reason in [
@@ -526,6 +562,9 @@ async fn a_failing_metric_rolls_back_after_threshold_checks_and_no_data_counts_a
         metrics[1]["message"].as_str().unwrap().contains("no data"),
         "{metrics}"
     );
+    setup
+        .wait_event("RolledBack", "canary failed 3 checks")
+        .await;
     let failures: Vec<String> = setup
         .events()
         .into_iter()
@@ -555,6 +594,342 @@ async fn a_failing_metric_rolls_back_after_threshold_checks_and_no_data_counts_a
         })
         .await;
     assert_eq!(setup.hooks.wait_for_call("/post").await["phase"], "Failed");
-    let _ = &setup.hooks_addr;
-    let _ = &setup.kubelet;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_gate_each_stage_and_a_gate_that_never_answers_holds_only_its_canary() {
+    let setup = Setup::start(|hooks| {
+        canary_object(json!({
+            "interval": "200ms", "threshold": 5, "maxWeight": 50, "stepWeight": 10,
+            "webhooks": [
+                {"name": "gate", "type": "confirm-rollout", "url": format!("http://{hooks}/gate"), "timeout": "300ms"},
+                {"name": "smoke", "type": "pre-rollout", "url": format!("http://{hooks}/pre")},
+                {"name": "more", "type": "confirm-traffic-increase", "url": format!("http://{hooks}/more")},
+                {"name": "stop", "type": "rollback", "url": format!("http://{hooks}/rollback")},
+                {"name": "after", "type": "post-rollout", "url": format!("http://{hooks}/post")},
+            ],
+        }))
+    })
+    .await;
+    let api = &setup.api;
+    // A second canary with no hooks, in the same control plane.
+    api.put_deployment(NS, "other", 1, "other:1");
+    let mut other = canary_object(json!({"interval": "200ms", "maxWeight": 50, "stepWeight": 50}));
+    other["metadata"]["name"] = json!("other");
+    other["spec"]["targetRef"]["name"] = json!("other");
+    api.put_object("canaries", NS, "other", other);
+    setup.wait_phase("Initialized").await;
+    setup.wait_phase_of("other", "Initialized").await;
+
+    // The gate never answers: podinfo waits, other goes all the way.
+    setup.hooks.hanging.lock().unwrap().push("/gate".to_owned());
+    setup.hooks.answer("/rollback", 404);
+    setup.hooks.answer("/pre", 500);
+    setup.hooks.answer("/more", 403);
+    api.set_image(NS, "podinfo", "podinfo:2");
+    api.set_image(NS, "other", "other:2");
+    setup.wait_phase_of("other", "Succeeded").await;
+    assert_eq!(image(&setup.deployment("other-primary")), "other:2");
+    let status = setup.wait_phase("Waiting").await["status"].clone();
+    assert_eq!(setup.deployment("podinfo")["spec"]["replicas"], 0);
+    assert!(
+        setup.hooks.calls_to("/gate").len() >= 2,
+        "the gate is asked again"
+    );
+    let gate = status["hooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == "gate")
+        .unwrap()
+        .clone();
+    assert_eq!(gate["ok"], false);
+    assert!(
+        gate["message"]
+            .as_str()
+            .unwrap()
+            .contains("no answer within 300ms"),
+        "{gate}"
+    );
+
+    // The gate opens; a failing pre-rollout hook counts a failed check and is asked again.
+    setup.hooks.hanging.lock().unwrap().clear();
+    let status = setup.wait_status(|s| s["failedChecks"] == 1).await;
+    assert_eq!(status["phase"], "Progressing");
+    assert_eq!(status["canaryWeight"], 0);
+    setup
+        .wait_event("HookFailed", "pre-rollout hook smoke failed: HTTP 500")
+        .await;
+    setup
+        .wait_event(
+            "CheckFailed",
+            "failed check 1 of 5 at weight 0: hook smoke failed",
+        )
+        .await;
+    setup.hooks.answer("/pre", 200);
+    // confirm-traffic-increase says no: the weight holds, checks do not fail.
+    let waiting = setup
+        .wait_status(|s| s["iterations"].as_u64() >= Some(4))
+        .await;
+    assert_eq!(waiting["canaryWeight"], 0);
+    assert_eq!(waiting["failedChecks"], 1);
+    setup
+        .wait_event(
+            "Waiting",
+            "waiting for confirm-traffic-increase hooks before weight 10",
+        )
+        .await;
+    setup.hooks.answer("/more", 200);
+    setup.wait_status(|s| s["canaryWeight"] == 20).await;
+    // The rollback hook aborts the run.
+    setup.hooks.answer("/rollback", 200);
+    let status = setup.wait_phase("Failed").await["status"].clone();
+    assert!(
+        status["conditions"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("rollback hook stop"),
+        "{status}"
+    );
+    assert_eq!(setup.hooks.wait_for_call("/post").await["phase"], "Failed");
+    assert_eq!(
+        setup
+            .hooks
+            .calls_to("/pre")
+            .iter()
+            .filter(|c| c["phase"] == "Progressing")
+            .count(),
+        setup.hooks.calls_to("/pre").len()
+    );
+    setup
+        .api
+        .wait_for_object("deployments", NS, "podinfo", WAIT, |d| {
+            d.is_some_and(|d| d["spec"]["replicas"] == 0)
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_mid_rollout_halts_advancement_and_the_progress_deadline_rolls_back() {
+    let setup = Setup::start(|_| {
+        let mut canary =
+            canary_object(json!({"interval": "200ms", "maxWeight": 50, "stepWeight": 10}));
+        canary["spec"]["progressDeadlineSeconds"] = json!(2);
+        canary
+    })
+    .await;
+    setup.wait_phase("Initialized").await;
+    setup.api.set_image(NS, "podinfo", "podinfo:2");
+    setup.wait_status(|s| s["canaryWeight"] == 10).await;
+    // The canary Deployment goes mid-rollout (one of two replicas updated) and stays there.
+    setup.kubelet.store(false, Ordering::SeqCst);
+    let generation = setup.deployment("podinfo")["metadata"]["generation"].clone();
+    setup.api.set_deployment_status(
+        NS,
+        "podinfo",
+        json!({"observedGeneration": generation, "replicas": 2, "updatedReplicas": 1,
+               "availableReplicas": 1}),
+    );
+    let status = setup.wait_phase("Failed").await["status"].clone();
+    // While halted it did not step; then the deadline rolled it back.
+    assert_eq!(
+        status["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["weight"].as_u64() > Some(10))
+            .count(),
+        0,
+        "{status}"
+    );
+    setup.wait_event("Halted", "1 of 2 updated replicas").await;
+    let message = status["conditions"][0]["message"].as_str().unwrap();
+    assert!(message.contains("progress deadline exceeded"), "{message}");
+    assert!(message.contains("1 of 2 updated replicas"), "{message}");
+}
+
+/// Runs the CLI against the fixture.
+fn cli(api: &ApiServer, args: &[&str]) -> (bool, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args(["canary"])
+        .args(args)
+        .args(["-n", NS, "--kube-api-server", &api.url()])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revisions_are_recorded_a_rollback_restores_one_and_deleting_the_canary_restores_the_target()
+ {
+    let setup = Setup::start(|_| {
+        let mut canary =
+            canary_object(json!({"interval": "100ms", "maxWeight": 50, "stepWeight": 50}));
+        canary["spec"]["revisionHistoryLimit"] = json!(2);
+        canary
+    })
+    .await;
+    let api = &setup.api;
+    setup.wait_phase("Initialized").await;
+    api.set_image(NS, "podinfo", "podinfo:2");
+    setup.wait_status(|s| s["phase"] == "Succeeded").await;
+    let (ok, history) = cli(api, &["history", "podinfo"]);
+    assert!(ok, "{history}");
+    let rows: Vec<&str> = history.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{history}");
+    assert!(
+        rows[0].starts_with("1 ") && rows[0].contains("podinfo:1") && !rows[0].ends_with('*'),
+        "{history}"
+    );
+    assert!(
+        rows[1].starts_with("2 ") && rows[1].contains("podinfo:2") && rows[1].ends_with('*'),
+        "{history}"
+    );
+    let revisions = api.objects_of("controllerrevisions", NS);
+    assert!(
+        revisions.iter().all(
+            |r| r["metadata"]["labels"]["dubbo.apache.org/canary"] == "podinfo"
+                && r["metadata"]["ownerReferences"][0]["kind"] == "Canary"
+        )
+    );
+
+    // Back to revision 1: the target takes its template and a new run promotes it.
+    let (ok, out) = cli(api, &["rollback", "podinfo", "--to-revision", "1"]);
+    assert!(ok, "{out}");
+
+    assert_eq!(image(&setup.deployment("podinfo")), "podinfo:1");
+    let first = revisions.iter().find(|r| r["revision"] == 1).unwrap()["metadata"]["name"].clone();
+    setup
+        .wait_status(|s| s["phase"] == "Succeeded" && s["currentRevision"] == first)
+        .await;
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:1");
+    let (ok, out) = cli(api, &["rollback", "podinfo", "--to-revision", "9"]);
+    assert!(!ok && out.contains("has no revision 9"), "{out}");
+
+    // A third template: revision 3, and the oldest goes past revisionHistoryLimit 2.
+    api.set_image(NS, "podinfo", "podinfo:3");
+    setup
+        .api
+        .wait_for_object("deployments", NS, "podinfo-primary", WAIT, |d| {
+            d.is_some_and(|d| image(d) == "podinfo:3")
+        })
+        .await;
+    let status = setup.wait_status(|s| s["phase"] == "Succeeded").await;
+    let mut numbers: Vec<i64> = api
+        .objects_of("controllerrevisions", NS)
+        .iter()
+        .map(|r| r["revision"].as_i64().unwrap())
+        .collect();
+    numbers.sort();
+    assert_eq!(numbers, [2, 3], "{status}");
+    let (ok, out) = cli(api, &["status", "podinfo"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("phase Succeeded"), "{out}");
+    assert!(out.contains("weight history:"), "{out}");
+
+    // Deleting the Canary restores the target with the primary's template and replicas.
+    let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+    let canaries: kube::Api<dubbo_cp::canary::Canary> = kube::Api::namespaced(client, NS);
+    canaries
+        .delete("podinfo", &Default::default())
+        .await
+        .unwrap();
+    api.wait_for_object("canaries", NS, "podinfo", WAIT, |c| c.is_none())
+        .await;
+    let target = setup.deployment("podinfo");
+    assert_eq!(image(&target), "podinfo:3");
+    assert_eq!(target["spec"]["replicas"], 2);
+    assert_eq!(
+        target["spec"]["template"]["metadata"]["labels"]["app"],
+        "podinfo"
+    );
+    assert!(api.object("dynamicconfigs", NS, "podinfo-canary").is_none());
+    setup
+        .wait_event("Terminating", "restored with the primary's template")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_lease_holder_drives_canaries_and_another_takes_over_when_it_stops() {
+    let setup = Setup::start(|_| {
+        canary_object(json!({"interval": "100ms", "maxWeight": 50, "stepWeight": 50}))
+    })
+    .await;
+    let api = &setup.api;
+    setup.wait_phase("Initialized").await;
+    let lease = api
+        .object("leases", "dubbo-system", "dubbo-cp-canary")
+        .unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "plane-a");
+
+    // A second control plane on the same cluster stays passive while the first holds the lease.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), api, setup.prometheus_addr);
+    config.canary.identity = Some("plane-b".to_owned());
+    let second = start(config).await;
+    wait_ready(second.admin_addr).await;
+    api.set_image(NS, "podinfo", "podinfo:2");
+    setup.wait_phase("Succeeded").await;
+    assert_eq!(
+        common::metric(second.admin_addr, "dubbo_cp_canary_reconciles_total").await,
+        0.0
+    );
+    assert!(
+        common::metric(setup.server.admin_addr, "dubbo_cp_canary_reconciles_total").await > 0.0
+    );
+
+    // The holder stops (releasing the lease): the second takes over and runs the next release.
+    setup.server.stop().await.unwrap();
+    let lease = api
+        .wait_for_object("leases", "dubbo-system", "dubbo-cp-canary", WAIT, |l| {
+            l.is_some_and(|l| l["spec"]["holderIdentity"] == "plane-b")
+        })
+        .await
+        .unwrap();
+    assert_eq!(lease["spec"]["leaseTransitions"], 1);
+    api.set_image(NS, "podinfo", "podinfo:3");
+    api.wait_for_object("deployments", NS, "podinfo-primary", WAIT, |d| {
+        d.is_some_and(|d| image(d) == "podinfo:3")
+    })
+    .await;
+    assert!(common::metric(second.admin_addr, "dubbo_cp_canary_reconciles_total").await > 0.0);
+    second.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_is_taken_over() {
+    let api = ApiServer::start().await;
+    // A holder that stopped renewing without releasing (a crashed replica).
+    let renewed = k8s_openapi::jiff::Timestamp::now();
+    api.put_object(
+        "leases",
+        "dubbo-system",
+        "dubbo-cp-canary",
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": "dubbo-cp-canary", "namespace": "dubbo-system"},
+               "spec": {"holderIdentity": "crashed", "leaseDurationSeconds": 1,
+                        "renewTime": renewed.to_string(), "leaseTransitions": 3}}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), &api, "127.0.0.1:9".parse().unwrap());
+    config.canary.identity = Some("plane-b".to_owned());
+    let server = start(config).await;
+    let lease = api
+        .wait_for_object("leases", "dubbo-system", "dubbo-cp-canary", WAIT, |l| {
+            l.is_some_and(|l| l["spec"]["holderIdentity"] == "plane-b")
+        })
+        .await
+        .unwrap();
+    assert_eq!(lease["spec"]["leaseTransitions"], 4);
+    let taken = k8s_openapi::jiff::Timestamp::now();
+    assert!(
+        taken.as_second() - renewed.as_second() >= 1,
+        "taken over before expiry"
+    );
+    server.stop().await.unwrap();
 }

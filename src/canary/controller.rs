@@ -8,7 +8,6 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::Controller;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
@@ -83,6 +82,7 @@ pub async fn run(
         };
         drive(
             client.clone(),
+            elector.identity().to_owned(),
             settings.clone(),
             stats.clone(),
             async move {
@@ -104,6 +104,7 @@ pub async fn run(
 /// The controller itself, until `stop` completes.
 pub async fn drive(
     client: kube::Client,
+    identity: String,
     settings: Settings,
     stats: Arc<CanaryStats>,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -136,7 +137,7 @@ pub async fn drive(
     );
     let canaries = controller.store();
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), Reporter::from("dubbo-cp-canary")),
+        events: super::events::Events::new(client.clone(), &identity),
         client,
         deployments: deployments.clone(),
         pods,

@@ -10,9 +10,11 @@
 pub mod controller;
 pub mod crd;
 pub mod deployments;
+pub mod events;
 pub mod hooks;
 pub mod http;
 pub mod lease;
+pub mod ops;
 pub mod prometheus;
 pub mod reconcile;
 pub mod stats;

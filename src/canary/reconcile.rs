@@ -9,7 +9,6 @@ use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -19,6 +18,7 @@ use super::deployments::{
     not_ready, primary_from, primary_name, primary_template, ready_pod_ips, spec_hash,
     target_template,
 };
+use super::events::{Events, Kind as EventType};
 use super::hooks;
 use super::http::HttpClient;
 use super::prometheus::{Placeholders, Prometheus};
@@ -121,7 +121,7 @@ pub struct Context {
     pub deployments: Store<Deployment>,
     pub pods: Store<Pod>,
     pub configs: Store<DynamicConfig>,
-    pub recorder: Recorder,
+    pub events: Events,
     pub prometheus: Prometheus,
     pub http: HttpClient,
     pub settings: Settings,
@@ -560,8 +560,9 @@ impl Run<'_> {
         self.status.last_analysis_time = now();
 
         let mut failed = false;
+        // pre-rollout hooks gate the first step: retried each iteration until they pass.
         if self.status.canary_weight == 0
-            && self.status.iterations == 0
+            && !self.passed("pre-rollout")
             && !self.run_hooks("pre-rollout").await
         {
             failed = true;
@@ -897,6 +898,16 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Whether every hook of `kind` answered 2xx in this run.
+    fn passed(&self, kind: &str) -> bool {
+        hooks::of_type(self.canary, kind).all(|hook| {
+            self.status
+                .hooks
+                .iter()
+                .any(|h| h.name == hook.name && h.r#type == kind && h.ok)
+        })
+    }
+
     fn has_hooks(&self, kind: &str) -> bool {
         hooks::of_type(self.canary, kind).next().is_some()
     }
@@ -1041,27 +1052,19 @@ impl Run<'_> {
         let reference = self.canary.object_ref(&());
         let event_hooks: Vec<_> = hooks::of_type(self.canary, "event").cloned().collect();
         for (kind, reason, note) in events {
-            let event = Event {
-                type_: kind,
-                reason: reason.to_owned(),
-                note: Some(note.clone()),
-                action: "Reconcile".to_owned(),
-                secondary: None,
-            };
-            if let Err(error) = self.ctx.recorder.publish(&event, &reference).await {
+            if let Err(error) = self
+                .ctx
+                .events
+                .publish(&reference, kind, reason, &note)
+                .await
+            {
                 tracing::warn!(%error, canary = %self.name, "cannot record an event");
             }
             self.wrote();
             for hook in &event_hooks {
                 let extra = BTreeMap::from([
                     ("eventMessage".to_owned(), note.clone()),
-                    (
-                        "eventType".to_owned(),
-                        match kind {
-                            EventType::Normal => "Normal".to_owned(),
-                            EventType::Warning => "Warning".to_owned(),
-                        },
-                    ),
+                    ("eventType".to_owned(), kind.as_str().to_owned()),
                     ("timestamp".to_owned(), now()),
                 ]);
                 let mut metadata = hook.metadata.clone();
@@ -1105,6 +1108,16 @@ async fn cleanup(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
     let namespace = canary.namespace().unwrap_or_default();
     let name = canary.name_any();
     let target_name = canary.spec.target_ref.name.clone();
+    if canary.status.as_ref().map(|s| s.phase.as_str()) != Some(Phase::Terminating.as_str()) {
+        let mut object = canary.clone();
+        let status = object.status.get_or_insert_with(CanaryStatus::default);
+        status.phase = Phase::Terminating.as_str().to_owned();
+        status.canary_weight = 0;
+        status.last_transition_time = now();
+        Api::<Canary>::namespaced(ctx.client.clone(), &namespace)
+            .replace_status(&name, &PostParams::default(), &object)
+            .await?;
+    }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
     let primary = deployments.get_opt(&primary_name(&target_name)).await?;
     if let (Some(primary), Some(mut target)) = (primary, deployments.get_opt(&target_name).await?) {
@@ -1133,16 +1146,17 @@ async fn cleanup(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
         Err(e) => return Err(e.into()),
     }
     ctx.stats.forget(&CanaryLabels { namespace, name });
-    let event = Event {
-        type_: EventType::Normal,
-        reason: "Terminating".to_owned(),
-        note: Some(format!(
-            "canary deleted: {target_name} restored with the primary's template"
-        )),
-        action: "Cleanup".to_owned(),
-        secondary: None,
-    };
-    if let Err(error) = ctx.recorder.publish(&event, &canary.object_ref(&())).await {
+    let note = format!("canary deleted: {target_name} restored with the primary's template");
+    if let Err(error) = ctx
+        .events
+        .publish(
+            &canary.object_ref(&()),
+            EventType::Normal,
+            "Terminating",
+            &note,
+        )
+        .await
+    {
         tracing::warn!(%error, "cannot record an event");
     }
     Ok(Action::await_change())

@@ -11,6 +11,7 @@ use crate::pb::snp::service_name_mapping_service_client::ServiceNameMappingServi
 use crate::{server, telemetry};
 
 mod ca;
+mod canary;
 mod rules;
 mod status;
 mod watch;
@@ -61,7 +62,7 @@ pub enum Command {
         application: String,
         interfaces: Vec<String>,
     },
-    /// Print the CustomResourceDefinitions (ServiceNameMapping and the five rule kinds) as YAML.
+    /// Print the CustomResourceDefinitions (ServiceNameMapping, the five rule kinds, Canary) as YAML.
     Crd,
     /// Subscribe to the discovery stream like a data-plane client and print every state.
     Watch {
@@ -108,6 +109,11 @@ pub enum Command {
     Ca {
         #[command(subcommand)]
         command: ca::CaCommand,
+    },
+    /// Canaries (Kubernetes): `status`, `promote`, `abort`, `history`, `rollback --to-revision`.
+    Canary {
+        #[command(subcommand)]
+        command: canary::CanaryCommand,
     },
     /// Delete rules: those named by manifests (`-f`), or `<kind> <name> -n <namespace>`.
     Delete {
@@ -206,6 +212,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Apply { admin, files } => rules::apply(&admin, &files).await,
         Command::Ca { command } => ca::run(command).await,
+        Command::Canary { command } => canary::run(command).await,
         Command::Status(args) => status::run(args).await,
         Command::Delete {
             admin,

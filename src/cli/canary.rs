@@ -1,0 +1,245 @@
+//! `dubbo-cp canary status|promote|abort|history|rollback`: talk to the API server (like
+//! kubectl), not to the control plane, since Canaries live there.
+
+use anyhow::Context;
+
+use crate::canary::crd::{Canary, CanaryStatus};
+use crate::canary::ops;
+
+#[derive(Debug, clap::Args)]
+pub struct Target {
+    /// The Canary's name.
+    pub name: String,
+    #[arg(short, long, default_value = "default")]
+    pub namespace: String,
+    /// API server URL (unset: KUBECONFIG, ~/.kube/config or in-cluster).
+    #[arg(long = "kube-api-server", env = "DUBBO_CP_KUBE_API_SERVER")]
+    pub api_server: Option<String>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum CanaryCommand {
+    /// The current run: phase, weight history, each metric's last value against its range,
+    /// the hooks' last answers.
+    Status {
+        #[command(flatten)]
+        target: Target,
+        /// Print the Canary's status as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Skip the remaining steps of the run in flight and promote it.
+    Promote {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Roll the run in flight back now.
+    Abort {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// The recorded revisions (ControllerRevisions), oldest first.
+    History {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Set the target's pod template to revision N, which starts a new run.
+    Rollback {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long = "to-revision")]
+        to_revision: i64,
+    },
+}
+
+pub async fn run(command: CanaryCommand) -> anyhow::Result<()> {
+    match command {
+        CanaryCommand::Status { target, json } => {
+            let client = client(&target).await?;
+            let canary = ops::canary(&client, &target.namespace, &target.name).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&canary.status)?);
+            } else {
+                print!("{}", render_status(&canary));
+            }
+            Ok(())
+        }
+        CanaryCommand::Promote { target } => {
+            let client = client(&target).await?;
+            ops::request_action(&client, &target.namespace, &target.name, "promote").await?;
+            println!(
+                "promotion of {}/{} requested",
+                target.namespace, target.name
+            );
+            Ok(())
+        }
+        CanaryCommand::Abort { target } => {
+            let client = client(&target).await?;
+            ops::request_action(&client, &target.namespace, &target.name, "abort").await?;
+            println!("abort of {}/{} requested", target.namespace, target.name);
+            Ok(())
+        }
+        CanaryCommand::History { target } => {
+            let client = client(&target).await?;
+            let current = ops::canary(&client, &target.namespace, &target.name)
+                .await?
+                .status
+                .unwrap_or_default()
+                .current_revision;
+            println!("{:<10} {:<30} {:<40} CURRENT", "REVISION", "NAME", "IMAGES");
+            for revision in ops::history(&client, &target.namespace, &target.name).await? {
+                let name = revision.metadata.name.clone().unwrap_or_default();
+                let images = ops::template_of(&revision)
+                    .and_then(|t| t.spec)
+                    .map(|spec| {
+                        spec.containers
+                            .iter()
+                            .filter_map(|c| c.image.clone())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .unwrap_or_default();
+                let marker = if name == current { "*" } else { "" };
+                println!(
+                    "{:<10} {:<30} {:<40} {marker}",
+                    revision.revision.unwrap_or_default(),
+                    name,
+                    images
+                );
+            }
+            Ok(())
+        }
+        CanaryCommand::Rollback {
+            target,
+            to_revision,
+        } => {
+            let client = client(&target).await?;
+            let name =
+                ops::rollback_to(&client, &target.namespace, &target.name, to_revision).await?;
+            println!(
+                "{}/{}: target set to revision {to_revision} ({name}); a new run starts",
+                target.namespace, target.name
+            );
+            Ok(())
+        }
+    }
+}
+
+async fn client(target: &Target) -> anyhow::Result<kube::Client> {
+    crate::k8s::client(target.api_server.as_deref())
+        .await
+        .context("cannot reach the API server")
+}
+
+/// The status as a person reads it.
+pub fn render_status(canary: &Canary) -> String {
+    use std::fmt::Write;
+    let status: CanaryStatus = canary.status.clone().unwrap_or_default();
+    let analysis = &canary.spec.analysis;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "canary {}/{}: phase {}, weight {}% (max {}%), failed checks {}/{}, iterations {}",
+        canary.metadata.namespace.as_deref().unwrap_or_default(),
+        canary.metadata.name.as_deref().unwrap_or_default(),
+        if status.phase.is_empty() {
+            "Initializing"
+        } else {
+            &status.phase
+        },
+        status.canary_weight,
+        analysis.max_weight,
+        status.failed_checks,
+        analysis.threshold,
+        status.iterations,
+    );
+    let _ = writeln!(
+        out,
+        "target {}, revision {}, last transition {}",
+        canary.spec.target_ref.name,
+        if status.current_revision.is_empty() {
+            "-"
+        } else {
+            &status.current_revision
+        },
+        if status.last_transition_time.is_empty() {
+            "-"
+        } else {
+            &status.last_transition_time
+        },
+    );
+    for condition in &status.conditions {
+        let _ = writeln!(
+            out,
+            "{}={} ({}): {}",
+            condition.r#type, condition.status, condition.reason, condition.message
+        );
+    }
+    if !status.history.is_empty() {
+        let _ = writeln!(out, "\nweight history:");
+        let _ = writeln!(
+            out,
+            "  {:<26} {:>6}  {:<17} METRICS",
+            "TIME", "WEIGHT", "PHASE"
+        );
+        for step in &status.history {
+            let metrics: Vec<String> = step
+                .metrics
+                .iter()
+                .map(|m| {
+                    format!(
+                        "{}={}{}",
+                        m.name,
+                        m.value.map_or("none".to_owned(), |v| format!("{v}")),
+                        if m.ok { "" } else { " FAIL" }
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "  {:<26} {:>5}%  {:<17} {}",
+                step.time,
+                step.weight,
+                step.phase,
+                metrics.join(", ")
+            );
+        }
+    }
+    if let Some(last) = status.history.iter().rev().find(|s| !s.metrics.is_empty()) {
+        let _ = writeln!(out, "\nmetrics (last check):");
+        for m in &last.metrics {
+            let range = format!(
+                "[{}, {}]",
+                m.min.map_or("-inf".to_owned(), |v| v.to_string()),
+                m.max.map_or("+inf".to_owned(), |v| v.to_string())
+            );
+            let _ = writeln!(
+                out,
+                "  {:<24} {:>12} in {:<16} {}{}",
+                m.name,
+                m.value.map_or("no data".to_owned(), |v| v.to_string()),
+                range,
+                if m.ok { "ok" } else { "FAILED" },
+                if m.message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", m.message)
+                }
+            );
+        }
+    }
+    if !status.hooks.is_empty() {
+        let _ = writeln!(out, "\nhooks (last answer):");
+        for hook in &status.hooks {
+            let _ = writeln!(
+                out,
+                "  {:<20} {:<26} {:<6} {}",
+                hook.name,
+                hook.r#type,
+                if hook.ok { "ok" } else { "FAILED" },
+                hook.message
+            );
+        }
+    }
+    out
+}
