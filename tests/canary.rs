@@ -933,3 +933,169 @@ async fn an_expired_lease_is_taken_over() {
     );
     server.stop().await.unwrap();
 }
+
+// ---- a real Prometheus ----
+
+/// Dubbo's provider metrics for one canary pod, as its exporter shows them: every scrape adds
+/// ten calls, all successful while `healthy`, half of them otherwise.
+async fn exporter(healthy: Arc<AtomicBool>) -> SocketAddr {
+    #[derive(Clone)]
+    struct Counters {
+        healthy: Arc<AtomicBool>,
+        calls: Arc<Mutex<(u64, u64)>>,
+    }
+    async fn metrics(State(counters): State<Counters>) -> String {
+        let (total, succeeded) = {
+            let mut calls = counters.calls.lock().unwrap();
+            calls.0 += 10;
+            calls.1 += if counters.healthy.load(Ordering::SeqCst) {
+                10
+            } else {
+                5
+            };
+            *calls
+        };
+        let labels = r#"namespace="test",pod="podinfo-x2-p0",application_name="podinfo""#;
+        format!(
+            "# TYPE dubbo_provider_requests_total counter\n\
+             dubbo_provider_requests_total{{{labels}}} {total}\n\
+             # TYPE dubbo_provider_requests_succeed_total counter\n\
+             dubbo_provider_requests_succeed_total{{{labels}}} {succeeded}\n\
+             # TYPE dubbo_provider_rt_milliseconds_p99 gauge\n\
+             dubbo_provider_rt_milliseconds_p99{{{labels}}} 20\n"
+        )
+    }
+    let counters = Counters {
+        healthy,
+        calls: Arc::default(),
+    };
+    serve(
+        axum::Router::new()
+            .route("/metrics", axum::routing::get(metrics))
+            .with_state(counters),
+    )
+    .await
+}
+
+/// Debian's Prometheus, scraping `target` every second; killed when dropped.
+struct RealPrometheus {
+    process: std::process::Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for RealPrometheus {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+impl RealPrometheus {
+    async fn start(target: SocketAddr) -> RealPrometheus {
+        let binary = common::distribution_binary(&["prometheus"], "prometheus");
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+                 scrape_configs:\n\
+                 - job_name: dubbo\n  honor_labels: true\n  static_configs:\n  - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let addr = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap()
+        };
+        let process = std::process::Command::new(binary)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        RealPrometheus {
+            process,
+            addr,
+            _dir: dir,
+        }
+    }
+
+    /// Waits until the exporter's calls have a rate: two scrapes in the window.
+    async fn wait_for_samples(&self) {
+        let client = dubbo_cp::canary::prometheus::Prometheus::default();
+        let address = format!("http://{}", self.addr);
+        let query = "sum(rate(dubbo_provider_requests_total[5s]))";
+        tokio::time::timeout(Duration::from_secs(60), async {
+            // Polling an outside process: it says nothing when it has scraped.
+            while client
+                .query(&address, query, Duration::from_secs(2))
+                .await
+                .is_err()
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await
+        .expect("Prometheus never had two scrapes of the exporter");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_real_prometheus_a_good_release_is_promoted_and_a_bad_one_rolled_back() {
+    let healthy = Arc::new(AtomicBool::new(true));
+    let prometheus = RealPrometheus::start(exporter(healthy.clone()).await).await;
+    let address = format!("http://{}", prometheus.addr);
+    let setup = Setup::start(move |_| {
+        let mut canary = canary_object(json!({
+            "interval": "1s", "threshold": 2, "maxWeight": 50, "stepWeight": 25,
+            "metrics": [
+                {"name": "request-success-rate", "thresholdRange": {"min": 99}, "interval": "5s"},
+                {"name": "request-duration", "thresholdRange": {"max": 500}, "interval": "5s"},
+            ],
+        }));
+        canary["spec"]["prometheus"] = json!({"address": address});
+        canary
+    })
+    .await;
+    setup.wait_phase("Initialized").await;
+    prometheus.wait_for_samples().await;
+
+    setup.api.set_image(NS, "podinfo", "podinfo:2");
+    let status = setup
+        .api
+        .wait_for_object("canaries", NS, "podinfo", Duration::from_secs(40), |c| {
+            c.is_some_and(|c| c["status"]["phase"] == "Succeeded")
+        })
+        .await
+        .unwrap()["status"]
+        .clone();
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
+    assert_eq!(status["failedChecks"], 0, "{status}");
+    let checked = &status["history"][0]["metrics"];
+    assert_eq!(checked[0]["value"], 100.0, "{status}");
+    assert_eq!(checked[1]["value"], 20.0, "{status}");
+
+    // Half the calls fail from now on: the next release is rolled back.
+    healthy.store(false, Ordering::SeqCst);
+    setup.api.set_image(NS, "podinfo", "podinfo:3");
+    let status = setup
+        .api
+        .wait_for_object("canaries", NS, "podinfo", Duration::from_secs(40), |c| {
+            c.is_some_and(|c| c["status"]["phase"] == "Failed")
+        })
+        .await
+        .unwrap()["status"]
+        .clone();
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
+    let rate = status["history"][0]["metrics"][0]["value"]
+        .as_f64()
+        .unwrap();
+    assert!(rate < 99.0, "{status}");
+}

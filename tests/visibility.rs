@@ -407,59 +407,12 @@ async fn applications_are_found_by_name_and_unregister_removes_one_durably() {
     assert!(server.stop().await.is_ok());
 }
 
-/// Chromium from the distribution: on the PATH, else installed by this setup with apt-get
-/// (the project's own test setup, so a fresh CI machine needs nothing beforehand).
+/// Chromium from the distribution (installed by the test setup when missing).
 fn chromium() -> PathBuf {
-    let find = || {
-        ["chromium", "chromium-browser", "google-chrome"]
-            .iter()
-            .flat_map(|name| {
-                std::env::var_os("PATH")
-                    .map(|path| {
-                        std::env::split_paths(&path)
-                            .map(|dir| dir.join(name))
-                            .collect::<Vec<_>>()
-                    })
-                    .unwrap_or_default()
-            })
-            .find(|path| path.is_file())
-    };
-    if let Some(path) = find() {
-        return path;
-    }
-    let apt = |args: &[&str]| {
-        let root = std::process::Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| o.stdout.starts_with(b"0"));
-        let mut command = if root {
-            std::process::Command::new("apt-get")
-        } else {
-            let mut sudo = std::process::Command::new("sudo");
-            sudo.args(["-n", "apt-get"]);
-            sudo
-        };
-        command
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "installing chromium from the distribution's packages"
-        );
-    }
-    if !apt(&["install", "-y", "-q", "--no-install-recommends", "chromium"]) {
-        assert!(apt(&["update", "-q"]), "apt-get update failed");
-        assert!(
-            apt(&["install", "-y", "-q", "--no-install-recommends", "chromium"]),
-            "apt-get install chromium failed"
-        );
-    }
-    find().expect("chromium installed but not on the PATH")
+    common::distribution_binary(
+        &["chromium", "chromium-browser", "google-chrome"],
+        "chromium",
+    )
 }
 
 /// A headless Chromium and one page of it, driven over the DevTools protocol.

@@ -394,3 +394,58 @@ pub async fn http_send(
 pub fn type_of(kind: &str) -> String {
     format!("dubbo.apache.org/v1alpha1/{kind}")
 }
+
+/// A program from the distribution: the first of `names` on the PATH, else `package`
+/// installed by this setup with apt-get (as root, or with password-less sudo), so a fresh CI
+/// machine needs nothing beforehand.
+pub fn distribution_binary(names: &[&str], package: &str) -> std::path::PathBuf {
+    let find = || {
+        names
+            .iter()
+            .flat_map(|name| {
+                std::env::var_os("PATH")
+                    .map(|path| {
+                        std::env::split_paths(&path)
+                            .map(|dir| dir.join(name))
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default()
+            })
+            .find(|path| path.is_file())
+    };
+    if let Some(path) = find() {
+        return path;
+    }
+    let apt = |args: &[&str]| {
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0"));
+        let mut command = if root {
+            std::process::Command::new("apt-get")
+        } else {
+            let mut sudo = std::process::Command::new("sudo");
+            sudo.args(["-n", "apt-get"]);
+            sudo
+        };
+        command
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    {
+        // Straight to stderr: a passing test's captured output is not shown.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "installing {package} from the distribution's packages"
+        );
+    }
+    let install = ["install", "-y", "-q", "--no-install-recommends", package];
+    if !apt(&install) {
+        assert!(apt(&["update", "-q"]), "apt-get update failed");
+        assert!(apt(&install), "apt-get install {package} failed");
+    }
+    find().unwrap_or_else(|| panic!("{package} installed but none of {names:?} is on the PATH"))
+}
