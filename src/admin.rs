@@ -69,6 +69,8 @@ pub struct AdminState {
     pub ca: Option<crate::ca::Authority>,
     /// The open discovery streams and how far each client has got.
     pub clients: Arc<crate::dds::clients::Clients>,
+    /// Kubernetes mode with the canary controller: the client `/debug/canaries` lists with.
+    pub canaries: Option<kube::Client>,
 }
 
 /// What the rule API reads and writes.
@@ -92,6 +94,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/debug/rules", get(debug_rules))
         .route("/debug/clients", get(list_clients))
         .route("/debug/digest", get(digest))
+        .route("/debug/canaries", get(list_canaries))
         .route("/api/v1/unregister", post(unregister))
         .route("/api/v1/apply", post(apply_rules))
         .route("/api/v1/delete", post(delete_rules))
@@ -358,6 +361,63 @@ async fn list_outbox(
         pending: views(outbox.pending()).0,
         parked: writer.parked(),
     }))
+}
+
+/// At most this many Canaries per `/debug/canaries` answer.
+const CANARY_LIMIT: u32 = 200;
+
+/// `/debug/canaries[?namespace=]`: each Canary's run, weight history and metric results, read
+/// from the API server (the dashboard's chart).
+async fn list_canaries(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+    axum::extract::Query(query): axum::extract::Query<ClientQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_admin(&state.rules.policy, &headers, peer).await?;
+    let Some(client) = state.canaries.clone() else {
+        return Err(api_error(
+            StatusCode::NOT_FOUND,
+            "canaries run in Kubernetes mode with canary.enabled",
+        ));
+    };
+    let api: kube::Api<crate::canary::Canary> = match &query.namespace {
+        Some(namespace) => kube::Api::namespaced(client, namespace),
+        None => kube::Api::all(client),
+    };
+    let list = api
+        .list(&kube::api::ListParams::default().limit(CANARY_LIMIT))
+        .await
+        .map_err(|e| api_error(StatusCode::BAD_GATEWAY, format!("listing canaries: {e}")))?;
+    let truncated = list
+        .metadata
+        .continue_
+        .as_ref()
+        .is_some_and(|c| !c.is_empty());
+    let canaries: Vec<serde_json::Value> = list
+        .items
+        .iter()
+        .map(|canary| {
+            let status = canary.status.clone().unwrap_or_default();
+            serde_json::json!({
+                "namespace": canary.metadata.namespace,
+                "name": canary.metadata.name,
+                "target": canary.spec.target_ref.name,
+                "phase": status.phase,
+                "weight": status.canary_weight,
+                "maxWeight": canary.spec.analysis.max_weight,
+                "failedChecks": status.failed_checks,
+                "threshold": canary.spec.analysis.threshold,
+                "revision": status.current_revision,
+                "lastTransitionTime": status.last_transition_time,
+                "history": status.history,
+                "hooks": status.hooks,
+            })
+        })
+        .collect();
+    Ok(Json(
+        serde_json::json!({"canaries": canaries, "truncated": truncated}),
+    ))
 }
 
 type ApiError = (StatusCode, Json<serde_json::Value>);

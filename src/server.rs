@@ -281,6 +281,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         },
         ca: authority.clone(),
         clients,
+        canaries: kube_client.clone().filter(|_| config.canary.enabled),
     };
     let admin_listener = admin_listener.tap_io(|tcp| {
         // Small responses (probes, /metrics) should not wait for Nagle.

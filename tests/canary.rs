@@ -307,6 +307,16 @@ impl Setup {
     }
 }
 
+/// The metric results of the run's first analysed step.
+fn first_checked(status: &Value) -> &Value {
+    &status["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|step| step["metrics"].is_array())
+        .unwrap_or_else(|| panic!("no analysed step: {status}"))["metrics"]
+}
+
 fn image(deployment: &Value) -> &str {
     deployment["spec"]["template"]["spec"]["containers"][0]["image"]
         .as_str()
@@ -495,6 +505,47 @@ async fn a_good_release_steps_up_to_max_weight_and_is_promoted() {
                 && c["metadata"]["timestamp"].is_string())
     );
 
+    // The dashboard charts the run: a dot per step, up to 50 %, each with its metric results.
+    let (code, body) = common::http_get(setup.server.admin_addr, "/debug/canaries").await;
+    assert_eq!(code, 200, "{body}");
+    let listed: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(listed["canaries"][0]["phase"], "Succeeded");
+    let admin = setup.server.admin_addr;
+    tokio::task::spawn_blocking(move || {
+        let mut browser = common::browser::Browser::open(&format!("http://{admin}/ui"));
+        let canary =
+            r#"document.querySelector('div.canary[data-namespace="test"][data-name="podinfo"]')"#;
+        browser.wait_for(&format!(
+            "{canary} !== null && {canary}.querySelectorAll('circle.step').length >= 6"
+        ));
+        let weights = browser.evaluate(&format!(
+            "Array.from({canary}.querySelectorAll('circle.step'), c => Number(c.dataset.weight))"
+        ));
+        let weights: Vec<u64> = serde_json::from_value(weights).unwrap();
+        assert_eq!(weights.iter().max(), Some(&50), "{weights:?}");
+        assert!(
+            weights.windows(2).any(|w| w[0] == 10 && w[1] == 20),
+            "{weights:?}"
+        );
+        let analysed = browser.evaluate(&format!(
+            "{canary}.querySelectorAll('circle.step[data-ok=\"true\"]').length"
+        ));
+        assert!(analysed.as_u64() >= Some(5), "{analysed}");
+        let text = browser.evaluate(&format!("{canary}.textContent"));
+        assert!(text.as_str().unwrap().contains("Succeeded"), "{text}");
+        let shot =
+            std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("canary-dashboard.png");
+        browser.screenshot(&shot);
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "canary dashboard screenshot: {}",
+            shot.display()
+        );
+    })
+    .await
+    .unwrap();
+
     // Metrics of rollout.md.
     let (_, metrics) = common::http_get(setup.server.admin_addr, "/metrics").await;
     assert!(
@@ -547,7 +598,7 @@ async fn a_failing_metric_rolls_back_after_threshold_checks_and_no_data_counts_a
         "{condition}"
     );
     // Each failed check held the weight at 0 and said why.
-    let metrics = &status["history"].as_array().unwrap()[0]["metrics"];
+    let metrics = first_checked(&status);
     assert_eq!(metrics[0]["value"], 90.0);
     assert_eq!(metrics[0]["ok"], false);
     assert!(
@@ -1078,7 +1129,7 @@ async fn with_a_real_prometheus_a_good_release_is_promoted_and_a_bad_one_rolled_
         .clone();
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
     assert_eq!(status["failedChecks"], 0, "{status}");
-    let checked = &status["history"][0]["metrics"];
+    let checked = first_checked(&status);
     assert_eq!(checked[0]["value"], 100.0, "{status}");
     assert_eq!(checked[1]["value"], 20.0, "{status}");
 
@@ -1094,8 +1145,6 @@ async fn with_a_real_prometheus_a_good_release_is_promoted_and_a_bad_one_rolled_
         .unwrap()["status"]
         .clone();
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
-    let rate = status["history"][0]["metrics"][0]["value"]
-        .as_f64()
-        .unwrap();
+    let rate = first_checked(&status)[0]["value"].as_f64().unwrap();
     assert!(rate < 99.0, "{status}");
 }

@@ -466,6 +466,8 @@ impl Run<'_> {
                 self.scale(&self.plan.target.clone(), replicas).await?;
                 self.set_phase(Phase::Progressing);
                 self.status.last_analysis_time = now();
+                // The chart starts at 0 %.
+                self.record_step(Vec::new());
                 self.event(
                     EventType::Normal,
                     "Progressing",

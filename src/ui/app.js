@@ -18,7 +18,10 @@ const ENDPOINTS = {
   // server counts them all, and "stale only" asks it for the stale ones.
   clients: () => `/debug/clients?limit=${CLIENT_ROWS}${$('#stale-only').checked ? '&stale=true' : ''}`,
   ...Object.fromEntries(RULE_KINDS.map((k) => [k, `/api/v1/rules/${k}`])),
+  canaries: '/debug/canaries',
 };
+// Endpoints a control plane may not have (404): their section is hidden, not an error.
+const OPTIONAL = new Set(['canaries']);
 
 const HINTS = { 401: 'send an admin token', 403: 'token is not an admin' };
 
@@ -101,6 +104,7 @@ async function poll() {
   let error = null;
   results.forEach((r, i) => {
     if (r.status === 'fulfilled') last[names[i]] = r.value;
+    else if (OPTIONAL.has(names[i]) && r.reason && r.reason.status === 404) last[names[i]] = null;
     else error = error || r.reason;
   });
   try { render(); } catch (e) { console.error(e); error = error || e; }
@@ -190,6 +194,7 @@ function render() {
   if (last.applications) renderApplications(last.applications);
   for (const kind of RULE_KINDS) if (last[kind]) renderRules(kind, last[kind]);
   if (last.clients) renderClients();
+  renderCanaries();
 }
 
 function renderDigest(d) {
@@ -290,6 +295,80 @@ function renderClients() {
   const stale = last.clients.stale ?? staleClients;
   const cut = last.clients.truncated ? ` · first ${clients.length} shown` : '';
   setText($('#clients-count'), `${total} connected · ${stale} stale${cut}`);
+}
+
+const SVG = 'http://www.w3.org/2000/svg';
+
+function svg(tag, attrs = {}) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  return node;
+}
+
+// The weight of one run over time: a step line, a dot per analysis step coloured by its
+// metric results (hover for the values), the dashed line at maxWeight.
+function weightChart(c) {
+  const W = 600;
+  const H = 120;
+  const pad = { l: 30, r: 8, t: 8, b: 16 };
+  const chart = svg('svg', { class: 'weight-chart', viewBox: `0 0 ${W} ${H}`, role: 'img' });
+  const steps = c.history || [];
+  const times = steps.map((s) => Date.parse(s.time)).filter((t) => !Number.isNaN(t));
+  const t0 = times.length ? Math.min(...times) : 0;
+  const t1 = times.length ? Math.max(...times) : 1;
+  const x = (t) => pad.l + ((t - t0) / Math.max(t1 - t0, 1)) * (W - pad.l - pad.r);
+  const y = (w) => H - pad.b - (w / 100) * (H - pad.t - pad.b);
+  chart.append(svg('line', { class: 'axis', x1: pad.l, x2: W - pad.r, y1: y(0), y2: y(0) }));
+  chart.append(svg('line', { class: 'max', x1: pad.l, x2: W - pad.r, y1: y(c.maxWeight), y2: y(c.maxWeight) }));
+  for (const w of [0, 50, 100]) {
+    const label = svg('text', { x: 2, y: y(w) + 3 });
+    label.textContent = `${w}%`;
+    chart.append(label);
+  }
+  let points = '';
+  let prev = null;
+  steps.forEach((s) => {
+    const px = x(Date.parse(s.time));
+    if (prev !== null) points += ` ${px},${y(prev)}`;
+    points += ` ${px},${y(s.weight)}`;
+    prev = s.weight;
+  });
+  chart.append(svg('polyline', { class: 'line', points: points.trim() }));
+  steps.forEach((s) => {
+    const metrics = s.metrics || [];
+    const ok = metrics.length ? String(metrics.every((m) => m.ok)) : '';
+    const dot = svg('circle', { class: 'step', cx: x(Date.parse(s.time)), cy: y(s.weight), r: 4, 'data-weight': s.weight, 'data-ok': ok });
+    const title = svg('title');
+    title.textContent = `${s.time} ${s.phase} weight ${s.weight}%` + metrics.map((m) => `\n${m.name}: ${m.value ?? 'no data'}${m.ok ? '' : ' FAILED'}${m.message ? ` (${m.message})` : ''}`).join('');
+    dot.append(title);
+    chart.append(dot);
+  });
+  return chart;
+}
+
+function renderCanaries() {
+  const section = $('#canaries');
+  if (!last.canaries) { section.hidden = true; return; }
+  section.hidden = false;
+  const list = sortBy(last.canaries.canaries || [], (c) => [c.namespace, c.name]);
+  reconcile($('.canary-list', section), list, (c) => keyStr([c.namespace, c.name]), () => el('div', { class: 'canary' }), (div, c) => {
+    setAttr(div, 'data-namespace', c.namespace);
+    setAttr(div, 'data-name', c.name);
+    // Rebuilt only when the canary changed: a chart is a few dozen nodes.
+    const sig = JSON.stringify([c.phase, c.weight, c.failedChecks, c.history]);
+    if (div.sig === sig) return;
+    div.sig = sig;
+    div.replaceChildren();
+    const h = el('h3', {}, `${c.namespace}/${c.name} → ${c.target}`);
+    h.append(el('span', { class: `phase ${c.phase || 'Initializing'}` }, `${c.phase || 'Initializing'} · weight ${c.weight}% of ${c.maxWeight}% · failed checks ${c.failedChecks}/${c.threshold}`));
+    div.append(h, weightChart(c));
+    const lastStep = [...(c.history || [])].reverse().find((s) => (s.metrics || []).length);
+    if (lastStep) {
+      div.append(el('p', { class: 'results' }, lastStep.metrics.map((m) => `${m.name} ${m.value ?? 'no data'} ${m.ok ? 'ok' : 'FAILED'}`).join(' · ')));
+    }
+  });
+  $('.empty', section).hidden = list.length > 0;
+  setText($('#canaries-count'), `${list.length}${last.canaries.truncated ? '+' : ''}`);
 }
 
 // ---------- start ----------

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod apiserver;
+pub mod browser;
 pub mod sa_tokens;
 
 use std::collections::{BTreeMap, BTreeSet};
