@@ -221,6 +221,14 @@ impl Setup {
     /// A cluster with Deployment podinfo (2 replicas of podinfo:1, rolled out), the stubs, and
     /// a control plane; the Canary is made by `canary(hooks address)`.
     async fn start(canary: impl FnOnce(SocketAddr) -> Value) -> Setup {
+        Setup::start_with(|_| {}, canary).await
+    }
+
+    /// As [`Setup::start`], with `prepare` run on the cluster before the Canary exists.
+    async fn start_with(
+        prepare: impl FnOnce(&ApiServer),
+        canary: impl FnOnce(SocketAddr) -> Value,
+    ) -> Setup {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
@@ -236,6 +244,7 @@ impl Setup {
         let prometheus_addr = prometheus.start().await;
         let hooks = Hooks::default();
         let hooks_addr = hooks.start().await;
+        prepare(&api);
         api.put_object("canaries", NS, "podinfo", canary(hooks_addr));
         let dir = tempfile::tempdir().unwrap();
         let mut config = config(dir.path(), &api, prometheus_addr);
@@ -1147,4 +1156,81 @@ async fn with_a_real_prometheus_a_good_release_is_promoted_and_a_bad_one_rolled_
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
     let rate = first_checked(&status)[0]["value"].as_f64().unwrap();
     assert!(rate < 99.0, "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_config_map_or_secret_starts_a_run_and_reaches_the_primary_only_when_promoted() {
+    let config = |mode: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "podinfo-config", "namespace": NS}, "data": {"mode": mode}})
+    };
+    let setup = Setup::start_with(
+        |api| {
+            api.put_object("configmaps", NS, "podinfo-config", config("a"));
+            api.put_object(
+                "secrets",
+                NS,
+                "podinfo-token",
+                json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                       "metadata": {"name": "podinfo-token", "namespace": NS},
+                       "data": {"token": "czNjcjN0"}}),
+            );
+            let mut deployment = api.object("deployments", NS, "podinfo").unwrap();
+            let spec = &mut deployment["spec"]["template"]["spec"];
+            spec["containers"][0]["envFrom"] =
+                json!([{"configMapRef": {"name": "podinfo-config"}}]);
+            spec["volumes"] = json!([{"name": "token", "secret": {"secretName": "podinfo-token"}}]);
+            api.put_object("deployments", NS, "podinfo", deployment);
+        },
+        |_| canary_object(json!({"interval": "300ms", "maxWeight": 50, "stepWeight": 50})),
+    )
+    .await;
+    let api = &setup.api;
+    setup.wait_phase("Initialized").await;
+    // The primary runs on copies, owned by the Canary.
+    let primary = setup.deployment("podinfo-primary");
+    let spec = &primary["spec"]["template"]["spec"];
+    assert_eq!(
+        spec["containers"][0]["envFrom"][0]["configMapRef"]["name"],
+        "podinfo-config-primary"
+    );
+    assert_eq!(
+        spec["volumes"][0]["secret"]["secretName"],
+        "podinfo-token-primary"
+    );
+    let copy = api
+        .object("configmaps", NS, "podinfo-config-primary")
+        .unwrap();
+    assert_eq!(copy["data"]["mode"], "a");
+    assert_eq!(copy["metadata"]["ownerReferences"][0]["kind"], "Canary");
+    let secret = api.object("secrets", NS, "podinfo-token-primary").unwrap();
+    assert_eq!(
+        (secret["data"]["token"].as_str(), secret["type"].as_str()),
+        (Some("czNjcjN0"), Some("Opaque"))
+    );
+    let applied = setup.wait_status(|_| true).await["lastAppliedSpec"].clone();
+
+    // kubectl edits the ConfigMap only: a new run, and the primary's copy changes at promotion.
+    api.put_object("configmaps", NS, "podinfo-config", config("b"));
+    let running = setup.wait_status(|s| s["phase"] == "Progressing").await;
+    assert_ne!(running["lastAppliedSpec"], applied);
+    assert_eq!(
+        api.object("configmaps", NS, "podinfo-config-primary")
+            .unwrap()["data"]["mode"],
+        "a"
+    );
+    setup.wait_phase("Succeeded").await;
+    assert_eq!(
+        api.object("configmaps", NS, "podinfo-config-primary")
+            .unwrap()["data"]["mode"],
+        "b"
+    );
+    // The primary's pods roll to read it: its template moved (the configs' annotation).
+    let annotation = |d: &Value| {
+        d["spec"]["template"]["metadata"]["annotations"]["dubbo.apache.org/configs"].clone()
+    };
+    let promoted = setup.deployment("podinfo-primary");
+    assert!(annotation(&promoted).is_string());
+    assert_ne!(annotation(&promoted), annotation(&primary));
+    assert_eq!(image(&promoted), "podinfo:1");
 }

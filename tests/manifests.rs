@@ -536,6 +536,8 @@ fn the_rbac_grants_exactly_what_the_control_plane_uses() {
         &["create", "delete"],
     );
     grant("cluster", "events.k8s.io/events[]", &["create", "patch"]);
+    grant("cluster", "/configmaps[]", &write);
+    grant("cluster", "/secrets[]", &write);
     grant("dubbo-system", "coordination.k8s.io/leases[]", &["create"]);
     grant(
         "dubbo-system",

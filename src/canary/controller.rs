@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -14,6 +15,7 @@ use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
+use super::configs::{ConfigKind, references};
 use super::crd::Canary;
 use super::deployments::PRIMARY_SUFFIX;
 use super::lease::Elector;
@@ -131,6 +133,24 @@ pub async fn drive(
     .reflect(configs_writer)
     .touched_objects();
 
+    // Metadata only: versions are enough to notice a change, and no Secret data is held.
+    let (config_maps, config_maps_writer) = reflector::store::<PartialObjectMeta<ConfigMap>>();
+    let (secrets, secrets_writer) = reflector::store::<PartialObjectMeta<Secret>>();
+    let config_map_events = watcher(
+        Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(config_maps_writer)
+    .touched_objects();
+    let secret_events = watcher(
+        Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(secrets_writer)
+    .touched_objects();
+
     let controller = Controller::new(
         Api::<Canary>::all(client.clone()),
         watcher::Config::default(),
@@ -142,6 +162,8 @@ pub async fn drive(
         deployments: deployments.clone(),
         pods,
         configs,
+        config_maps,
+        secrets,
         prometheus: Default::default(),
         http: Default::default(),
         settings,
@@ -149,6 +171,8 @@ pub async fn drive(
     });
     let by_deployment = canaries.clone();
     let by_pod = (canaries.clone(), deployments.clone());
+    let by_config_map = (canaries.clone(), deployments.clone());
+    let by_secret = (canaries.clone(), deployments.clone());
     let controller = controller
         .watches_stream(deployment_events, move |d: Deployment| {
             for_deployment(&by_deployment, &d)
@@ -162,6 +186,25 @@ pub async fn drive(
                 .name_any()
                 .strip_suffix("-canary")
                 .map(|name| ObjectRef::new(name).within(&namespace))
+        })
+        .watches_stream(
+            config_map_events,
+            move |object: PartialObjectMeta<ConfigMap>| {
+                for_config(
+                    &by_config_map.0,
+                    &by_config_map.1,
+                    ConfigKind::ConfigMap,
+                    &object.metadata,
+                )
+            },
+        )
+        .watches_stream(secret_events, move |object: PartialObjectMeta<Secret>| {
+            for_config(
+                &by_secret.0,
+                &by_secret.1,
+                ConfigKind::Secret,
+                &object.metadata,
+            )
         })
         .graceful_shutdown_on(stop);
     let results = controller.run(reconcile, error_policy, ctx);
@@ -182,6 +225,28 @@ fn for_deployment(canaries: &Store<Canary>, deployment: &Deployment) -> Vec<Obje
         .state()
         .iter()
         .filter(|c| c.namespace() == namespace && c.spec.target_ref.name == target)
+        .map(|c| ObjectRef::from(c.as_ref()))
+        .collect()
+}
+
+/// The Canaries whose target uses a changed ConfigMap or Secret.
+fn for_config(
+    canaries: &Store<Canary>,
+    deployments: &Store<Deployment>,
+    kind: ConfigKind,
+    metadata: &kube::api::ObjectMeta,
+) -> Vec<ObjectRef<Canary>> {
+    let namespace = metadata.namespace.clone().unwrap_or_default();
+    let used = (kind, metadata.name.clone().unwrap_or_default());
+    canaries
+        .state()
+        .iter()
+        .filter(|c| c.namespace().as_deref() == Some(namespace.as_str()))
+        .filter(|c| {
+            deployments
+                .get(&ObjectRef::new(&c.spec.target_ref.name).within(&namespace))
+                .is_some_and(|target| references(&target.spec.template).contains(&used))
+        })
         .map(|c| ObjectRef::from(c.as_ref()))
         .collect()
 }

@@ -32,12 +32,24 @@ fn suffixed(labels: &BTreeMap<String, String>, target: &str) -> BTreeMap<String,
         .collect()
 }
 
-/// The target's pod template as the primary runs it (labels suffixed).
-pub fn primary_template(target: &Deployment, target_name: &str) -> PodTemplateSpec {
-    let mut template = target.spec.template.clone();
+/// Pod-template annotation of the primary: the versions of the configs its copies hold, so a
+/// config-only change rolls the primary's pods at promotion (env from a ConfigMap is read at
+/// start).
+pub const CONFIGS_ANNOTATION: &str = "dubbo.apache.org/configs";
+
+/// The target's pod template as the primary runs it (labels suffixed, ConfigMaps and Secrets
+/// the `-primary` copies, annotated with `configs`, their versions' hash; empty: none used).
+pub fn primary_template(target: &Deployment, target_name: &str, configs: &str) -> PodTemplateSpec {
+    let mut template = super::configs::renamed(&target.spec.template, true);
     let metadata = template.metadata.get_or_insert_with(ObjectMeta::default);
     if let Some(labels) = &metadata.labels {
         metadata.labels = Some(suffixed(labels, target_name));
+    }
+    if !configs.is_empty() {
+        metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(CONFIGS_ANNOTATION.to_owned(), configs.to_owned());
     }
     template
 }
@@ -45,7 +57,15 @@ pub fn primary_template(target: &Deployment, target_name: &str) -> PodTemplateSp
 /// The primary's pod template as the target runs it again (the suffix taken off), for the
 /// restore when the Canary is deleted.
 pub fn target_template(primary: &Deployment, target_name: &str) -> PodTemplateSpec {
-    let mut template = primary.spec.template.clone();
+    let mut template = super::configs::renamed(&primary.spec.template, false);
+    if let Some(metadata) = template.metadata.as_mut()
+        && let Some(annotations) = metadata.annotations.as_mut()
+    {
+        annotations.remove(CONFIGS_ANNOTATION);
+        if annotations.is_empty() {
+            metadata.annotations = None;
+        }
+    }
     let primary = primary_name(target_name);
     if let Some(labels) = template.metadata.as_mut().and_then(|m| m.labels.as_mut()) {
         for value in labels.values_mut() {
@@ -58,9 +78,14 @@ pub fn target_template(primary: &Deployment, target_name: &str) -> PodTemplateSp
 }
 
 /// The primary Deployment for `target`, owned by `canary` (so it goes when the Canary does).
-pub fn primary_from(target: &Deployment, target_name: &str, canary: &Canary) -> Deployment {
+pub fn primary_from(
+    target: &Deployment,
+    target_name: &str,
+    configs: &str,
+    canary: &Canary,
+) -> Deployment {
     let mut spec = target.spec.clone();
-    spec.template = primary_template(target, target_name);
+    spec.template = primary_template(target, target_name, configs);
     if let Some(labels) = &spec.selector.match_labels {
         spec.selector.match_labels = Some(suffixed(labels, target_name));
     }
@@ -126,10 +151,15 @@ pub fn not_ready(deployment: &Deployment) -> Option<String> {
     None
 }
 
-/// A stable hash of `template` (and whatever else the run depends on), short enough for names.
-pub fn spec_hash(template: &PodTemplateSpec) -> String {
-    let json = serde_json::to_vec(template).unwrap_or_default();
-    let digest = ring::digest::digest(&ring::digest::SHA256, &json);
+/// A stable hash of `template` and the versions of the ConfigMaps and Secrets it uses (`tracked`,
+/// one line each), short enough for names.
+pub fn spec_hash(template: &PodTemplateSpec, tracked: &[String]) -> String {
+    let mut bytes = serde_json::to_vec(template).unwrap_or_default();
+    for line in tracked {
+        bytes.push(b'\n');
+        bytes.extend_from_slice(line.as_bytes());
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
     digest.as_ref()[..5]
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -206,7 +236,7 @@ mod tests {
 
     #[test]
     fn the_primary_takes_the_suffix_where_labels_name_the_target() {
-        let primary = primary_from(&target(), "podinfo", &canary());
+        let primary = primary_from(&target(), "podinfo", "", &canary());
         assert_eq!(primary.metadata.name.as_deref(), Some("podinfo-primary"));
         assert_eq!(primary.metadata.resource_version, None);
         let spec = &primary.spec;
@@ -268,11 +298,15 @@ mod tests {
         let a = target();
         let mut b = target();
         b.spec.replicas = Some(0);
-        let hash = |d: &Deployment| spec_hash(&d.spec.template);
+        let hash = |d: &Deployment| spec_hash(&d.spec.template, &[]);
         assert_eq!(hash(&a), hash(&b));
         assert_eq!(hash(&a).len(), 10);
         b.spec.template.spec.as_mut().unwrap().containers[0].image = Some("podinfo:2".to_owned());
         assert_ne!(hash(&a), hash(&b));
+        let with =
+            |version: &str| spec_hash(&a.spec.template, &[format!("ConfigMap/env@{version}")]);
+        assert_ne!(with("1"), with("2"));
+        assert_ne!(with("1"), hash(&a));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! - [`prometheus`], [`hooks`] over [`http`]: the outside calls of an analysis.
 //! - [`reconcile`]: one step of the loop; [`controller`]: the watches and the Lease around it.
 
+pub mod configs;
 pub mod controller;
 pub mod crd;
 pub mod deployments;

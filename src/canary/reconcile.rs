@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplateSpec, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
+use super::configs::{ConfigKind, references};
 use super::crd::{Canary, CanaryCondition, CanaryStatus, HookResult, MetricResult, Step};
 use super::deployments::{
     not_ready, primary_from, primary_name, primary_template, ready_pod_ips, spec_hash,
@@ -121,6 +123,9 @@ pub struct Context {
     pub deployments: Store<Deployment>,
     pub pods: Store<Pod>,
     pub configs: Store<DynamicConfig>,
+    /// Versions (metadata only: no Secret data is held) of the ConfigMaps and Secrets.
+    pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
+    pub secrets: Store<PartialObjectMeta<Secret>>,
     pub events: Events,
     pub prometheus: Prometheus,
     pub http: HttpClient,
@@ -245,6 +250,8 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
     let _ = ctx.deployments.wait_until_ready().await;
     let _ = ctx.pods.wait_until_ready().await;
     let _ = ctx.configs.wait_until_ready().await;
+    let _ = ctx.config_maps.wait_until_ready().await;
+    let _ = ctx.secrets.wait_until_ready().await;
     let namespace = canary.namespace().unwrap_or_default();
     let name = canary.name_any();
     let status = canary.status.clone().unwrap_or_default();
@@ -354,12 +361,20 @@ impl Run<'_> {
             return Ok(Action::requeue(self.plan.interval));
         };
         let primary = self.deployment(&primary_name(&self.plan.target));
-        let hash = spec_hash(&target.spec.template.clone());
+        let hash = self.hash(&target);
         let phase = self.phase();
 
         // Initialisation: the primary takes over, the target idles at zero.
         let Some(primary) = primary else {
-            let object = primary_from(&target, &self.plan.target, self.canary);
+            if !self.copy_configs(&target.spec.template).await? {
+                return Ok(Action::requeue(HALT_RETRY));
+            }
+            let object = primary_from(
+                &target,
+                &self.plan.target,
+                &self.configs_hash(&target),
+                self.canary,
+            );
             self.api::<Deployment>()
                 .create(&PostParams::default(), &object)
                 .await?;
@@ -684,9 +699,12 @@ impl Run<'_> {
         target: &Deployment,
         primary: &Deployment,
     ) -> Result<Action, Error> {
-        let wanted = primary_template(target, &self.plan.target);
+        let wanted = primary_template(target, &self.plan.target, &self.configs_hash(target));
         let current = primary.spec.template.clone();
         if current != wanted {
+            if !self.copy_configs(&target.spec.template).await? {
+                return Ok(Action::requeue(HALT_RETRY));
+            }
             let mut updated = primary.clone();
             updated.spec.template = wanted;
             updated.status = None;
@@ -737,9 +755,7 @@ impl Run<'_> {
     /// Idle: the canary at zero and no weights.
     async fn idle(&mut self, target: &Deployment) -> Result<(), Error> {
         let replicas = target.spec.replicas.unwrap_or(1);
-        if replicas != 0
-            && self.status.last_applied_spec == spec_hash(&target.spec.template.clone())
-        {
+        if replicas != 0 && self.status.last_applied_spec == self.hash(target) {
             self.scale(&self.plan.target.clone(), 0).await?;
         }
         self.write_config(None).await
@@ -784,6 +800,19 @@ impl Run<'_> {
             .configs
             .get(&ObjectRef::new(&name).within(&self.namespace));
         let api = self.api::<DynamicConfig>();
+        if let Some(stored) = &stored
+            && stored.labels().get(REVISION_LABEL) != Some(&self.name)
+        {
+            // Someone else's rule of that name: never overwritten or deleted.
+            if wanted.is_some() {
+                let message = format!(
+                    "DynamicConfig {name} exists and is not this canary's (no label {REVISION_LABEL}={}); weights are not applied",
+                    self.name
+                );
+                self.event(EventType::Warning, "WeightsConflict", message);
+            }
+            return Ok(());
+        }
         match (wanted, stored) {
             (None, None) => Ok(()),
             (None, Some(_)) => {
@@ -908,6 +937,118 @@ impl Run<'_> {
                 .iter()
                 .any(|h| h.name == hook.name && h.r#type == kind && h.ok)
         })
+    }
+
+    /// The versions of the ConfigMaps and Secrets the target uses, one line each.
+    fn tracked(&self, target: &Deployment) -> Vec<String> {
+        references(&target.spec.template)
+            .into_iter()
+            .map(|(kind, name)| {
+                let at = ObjectRef::new(&name).within(&self.namespace);
+                let version = match kind {
+                    ConfigKind::ConfigMap => self
+                        .ctx
+                        .config_maps
+                        .get(&at)
+                        .and_then(|o| o.metadata.resource_version.clone()),
+                    ConfigKind::Secret => self
+                        .ctx
+                        .secrets
+                        .get(&ObjectRef::new(&name).within(&self.namespace))
+                        .and_then(|o| o.metadata.resource_version.clone()),
+                };
+                format!(
+                    "{kind:?}/{name}@{}",
+                    version.unwrap_or_else(|| "absent".to_owned())
+                )
+            })
+            .collect()
+    }
+
+    /// The hash of the target's template and the versions of the configs it uses.
+    fn hash(&self, target: &Deployment) -> String {
+        spec_hash(&target.spec.template, &self.tracked(target))
+    }
+
+    /// The hash of the configs' versions alone (empty when it uses none): the primary's
+    /// annotation.
+    fn configs_hash(&self, target: &Deployment) -> String {
+        let tracked = self.tracked(target);
+        if tracked.is_empty() {
+            return String::new();
+        }
+        spec_hash(&PodTemplateSpec::default(), &tracked)
+    }
+
+    /// Copies every ConfigMap and Secret `template` uses to `<name>-primary` (owned by the
+    /// Canary), writing only those that differ. False (with an Event) when one is missing.
+    async fn copy_configs(&mut self, template: &PodTemplateSpec) -> Result<bool, Error> {
+        for (kind, name) in references(template) {
+            let copied = match kind {
+                ConfigKind::ConfigMap => self.copy_config::<ConfigMap>(&name).await?,
+                ConfigKind::Secret => self.copy_config::<Secret>(&name).await?,
+            };
+            if !copied {
+                let message = format!(
+                    "{kind:?} {name} used by {} not found; waiting for it",
+                    self.plan.target
+                );
+                self.event(EventType::Warning, "ConfigNotFound", message);
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    async fn copy_config<K>(&mut self, name: &str) -> Result<bool, Error>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + std::fmt::Debug
+            + serde::Serialize
+            + serde::de::DeserializeOwned,
+    {
+        const CONTENT: [&str; 3] = ["data", "binaryData", "type"];
+        let api = self.api::<K>();
+        let Some(source) = api.get_opt(name).await? else {
+            return Ok(false);
+        };
+        let source = serde_json::to_value(&source).map_err(|e| Error::Invalid(e.to_string()))?;
+        let copy_name = format!("{name}{}", super::deployments::PRIMARY_SUFFIX);
+        let mut copy = json!({
+            "apiVersion": K::api_version(&()), "kind": K::kind(&()),
+            "metadata": {
+                "name": copy_name, "namespace": self.namespace,
+                "labels": {REVISION_LABEL: self.name},
+                "ownerReferences": self.canary.controller_owner_ref(&()).map(|r| vec![r]),
+            },
+        });
+        for field in CONTENT {
+            if let Some(value) = source.get(field) {
+                copy[field] = value.clone();
+            }
+        }
+        let existing = api.get_opt(&copy_name).await?;
+        if let Some(existing) = &existing {
+            let existing =
+                serde_json::to_value(existing).map_err(|e| Error::Invalid(e.to_string()))?;
+            if CONTENT.iter().all(|f| existing.get(*f) == copy.get(*f)) {
+                return Ok(true);
+            }
+            copy["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"].clone();
+        }
+        let object: K = serde_json::from_value(copy).map_err(|e| Error::Invalid(e.to_string()))?;
+        match existing {
+            Some(_) => {
+                api.replace(&copy_name, &PostParams::default(), &object)
+                    .await?;
+            }
+            None => {
+                api.create(&PostParams::default(), &object).await?;
+            }
+        }
+        self.wrote();
+        Ok(true)
     }
 
     fn has_hooks(&self, kind: &str) -> bool {
