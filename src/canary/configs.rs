@@ -35,7 +35,11 @@ fn walk(value: &mut Value, visit: &mut impl FnMut(ConfigKind, &mut Value)) {
     match value {
         Value::Object(map) => {
             for (key, child) in map.iter_mut() {
+                // An optional reference to something missing is fine for the kubelet; tracking
+                // it would block on an object that need not exist.
+                let optional = child.get("optional") == Some(&Value::Bool(true));
                 if let Some((kind, field)) = reference(key, child)
+                    && !optional
                     && let Some(name) = child.get_mut(field)
                 {
                     visit(kind, name);
@@ -104,6 +108,7 @@ mod tests {
                         {"configMap": {"name": "projected-cm"}}, {"secret": {"name": "projected-secret"}}]}},
                 ],
                 "imagePullSecrets": [{"name": "registry"}],
+                "initContainers": [{"name": "init", "envFrom": [{"configMapRef": {"name": "maybe", "optional": true}}]}],
             }
         }))
         .unwrap()

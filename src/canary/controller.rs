@@ -25,6 +25,10 @@ use crate::rules::DynamicConfig;
 
 /// Runs the controller whenever this process holds the lease, until `shutdown`; releases the
 /// lease on the way out so another replica takes over at once.
+///
+/// The controller is dropped (in-flight reconciles cancelled, not finished) the moment the lease
+/// is lost, or when renewals have failed for so long that another replica may already hold it:
+/// two replicas must not drive the same Canary.
 pub async fn run(
     client: kube::Client,
     elector: Elector,
@@ -32,13 +36,22 @@ pub async fn run(
     stats: Arc<CanaryStats>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    // One call may take no longer than a renewal period (kube's own timeouts are minutes).
+    let attempt = |elector: &Elector| {
+        let elector = elector.clone();
+        async move {
+            tokio::time::timeout(elector.renew_every(), elector.try_acquire())
+                .await
+                .unwrap_or(Ok(false))
+        }
+    };
     loop {
         // Wait for the lease (or shutdown).
         loop {
             if *shutdown.borrow() {
                 return;
             }
-            match elector.try_acquire().await {
+            match attempt(&elector).await {
                 Ok(true) => break,
                 Ok(false) => {}
                 Err(error) => tracing::warn!(%error, "canary lease: cannot read or take it"),
@@ -52,50 +65,46 @@ pub async fn run(
             identity = elector.identity(),
             "canary lease held: driving Canaries"
         );
-        let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
-        let renew = {
-            let elector = elector.clone();
-            let mut shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        () = tokio::time::sleep(elector.renew_every()) => {}
-                        _ = shutdown.changed() => {
-                            let _ = lost_tx.send(());
-                            return;
-                        }
-                    }
-                    if *shutdown.borrow() {
-                        let _ = lost_tx.send(());
+        let holding = async {
+            let mut renewed = tokio::time::Instant::now();
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(elector.renew_every()) => {}
+                    _ = shutdown.changed() => return,
+                }
+                if *shutdown.borrow() {
+                    return;
+                }
+                match attempt(&elector).await {
+                    Ok(true) => renewed = tokio::time::Instant::now(),
+                    Ok(false) => {
+                        tracing::warn!("canary lease lost to another control plane");
                         return;
                     }
-                    match elector.try_acquire().await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            tracing::warn!("canary lease lost to another control plane");
-                            let _ = lost_tx.send(());
-                            return;
-                        }
-                        // Cannot tell: keep driving until the lease would have expired.
-                        Err(error) => tracing::warn!(%error, "canary lease: renewal failed"),
-                    }
+                    Err(error) => tracing::warn!(%error, "canary lease: renewal failed"),
                 }
-            })
+                // Another replica may take it once it expires: stop a renewal period before.
+                if renewed.elapsed() + elector.renew_every() >= elector.duration() {
+                    tracing::warn!("canary lease not renewed in time: stopping");
+                    return;
+                }
+            }
         };
-        drive(
-            client.clone(),
-            elector.identity().to_owned(),
-            settings.clone(),
-            stats.clone(),
-            async move {
-                let _ = lost_rx.await;
-            },
-        )
-        .await;
-        renew.abort();
+        tokio::select! {
+            () = drive(
+                client.clone(),
+                elector.identity().to_owned(),
+                settings.clone(),
+                stats.clone(),
+                std::future::pending(),
+            ) => {}
+            () = holding => {}
+        }
         if *shutdown.borrow() {
-            if let Err(error) = elector.release().await {
-                tracing::warn!(%error, "canary lease: cannot release it");
+            match tokio::time::timeout(elector.renew_every(), elector.release()).await {
+                Ok(Ok(())) => tracing::info!("canary lease released"),
+                Ok(Err(error)) => tracing::warn!(%error, "canary lease: cannot release it"),
+                Err(_) => tracing::warn!("canary lease: release timed out"),
             }
             return;
         }
@@ -168,6 +177,7 @@ pub async fn drive(
         http: Default::default(),
         settings,
         stats,
+        written: Default::default(),
     });
     let by_deployment = canaries.clone();
     let by_pod = (canaries.clone(), deployments.clone());

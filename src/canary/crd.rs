@@ -220,7 +220,7 @@ pub struct CanaryStatus {
     pub last_analysis_time: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<CanaryCondition>,
-    /// The weight over the current run, one entry per step (at most 100).
+    /// The weight over the current run, one entry per step (at most 60).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<Step>,
     /// The last answer of each hook (by name).

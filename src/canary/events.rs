@@ -62,6 +62,8 @@ impl Events {
         reason: &str,
         note: &str,
     ) -> Result<(), kube::Error> {
+        // The API server refuses notes over 1 KiB.
+        let note = &super::reconcile::clip_to(note, 1000);
         let namespace = regarding.namespace.clone().unwrap_or_default();
         let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         let key = (

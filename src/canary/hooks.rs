@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::crd::{Canary, Webhook};
+use super::crd::{Canary, CanaryStatus, Webhook};
 use super::http::HttpClient;
 
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -26,16 +26,18 @@ pub fn of_type<'a>(canary: &'a Canary, kind: &'a str) -> impl Iterator<Item = &'
 }
 
 /// The body every hook receives.
+/// `status` is the run's as this reconcile sees it: the checksum of a revision that has just
+/// started is already its own.
 pub fn payload(
     canary: &Canary,
-    phase: &str,
+    status: &CanaryStatus,
     extra: &BTreeMap<String, String>,
 ) -> serde_json::Value {
     json!({
         "name": canary.metadata.name.clone().unwrap_or_default(),
         "namespace": canary.metadata.namespace.clone().unwrap_or_default(),
-        "phase": phase,
-        "checksum": canary.status.as_ref().map(|s| s.last_applied_spec.clone()).unwrap_or_default(),
+        "phase": status.phase,
+        "checksum": status.last_applied_spec,
         "metadata": extra,
     })
 }

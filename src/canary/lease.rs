@@ -38,6 +38,10 @@ impl Elector {
         &self.identity
     }
 
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
     /// How often the holder renews (a third of the lease, as client-go's defaults).
     pub fn renew_every(&self) -> Duration {
         self.duration / 3

@@ -19,6 +19,8 @@ pub enum OpsError {
     NoRevision(String, i64),
     #[error("revision {0} holds no pod template")]
     BadRevision(String),
+    #[error("canary {0} has no run in flight (phase {1}); nothing to promote or abort")]
+    NotRunning(String, String),
     #[error("target deployment {0} not found")]
     NoTarget(String),
     #[error(transparent)]
@@ -47,7 +49,21 @@ pub async fn request_action(
     name: &str,
     action: &str,
 ) -> Result<(), OpsError> {
-    canary(client, namespace, name).await?;
+    let current = canary(client, namespace, name).await?;
+    let status = current.status.unwrap_or_default();
+    if !matches!(
+        status.phase.as_str(),
+        "Waiting" | "Progressing" | "WaitingPromotion"
+    ) {
+        return Err(OpsError::NotRunning(
+            format!("{namespace}/{name}"),
+            if status.phase.is_empty() {
+                "Initializing".to_owned()
+            } else {
+                status.phase
+            },
+        ));
+    }
     let id = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())

@@ -34,7 +34,7 @@ pub const ACTION_ANNOTATION: &str = "dubbo.apache.org/canary-action";
 pub const REVISION_LABEL: &str = "dubbo.apache.org/canary";
 pub const FINALIZER: &str = "canaries.dubbo.apache.org/restore";
 /// Weight history kept in status (the dashboard's chart, `canary status`).
-const HISTORY: usize = 100;
+const HISTORY: usize = 60;
 /// A halted run looks again this soon (a Deployment change wakes it sooner).
 const HALT_RETRY: Duration = Duration::from_secs(10);
 
@@ -107,6 +107,9 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Invalid(String),
+    /// Nothing wrong: a step waits for the cluster (retried shortly).
+    #[error("{0}")]
+    Waiting(String),
 }
 
 /// Settings of the controller (config `canary.*`).
@@ -131,6 +134,9 @@ pub struct Context {
     pub http: HttpClient,
     pub settings: Settings,
     pub stats: Arc<CanaryStats>,
+    /// Per Canary (uid): the resourceVersion this controller last wrote status over, and the
+    /// one it got back. One entry per Canary, removed when it is deleted.
+    pub written: dashmap::DashMap<String, (String, String)>,
 }
 
 /// The Canary's spec, checked: durations parsed, defaults applied.
@@ -199,6 +205,49 @@ fn since(time: &str) -> Option<Duration> {
     SystemTime::now().duration_since(then).ok()
 }
 
+/// Why the primary could not be told apart from the target, if so: its selector is the
+/// target's with the `-primary` suffix on labels whose value is the target's name, so one such
+/// label is needed, and `matchExpressions` cannot be rewritten.
+fn selector_problem(target: &Deployment, name: &str) -> Option<String> {
+    let selector = &target.spec.selector;
+    if selector
+        .match_expressions
+        .as_ref()
+        .is_some_and(|e| !e.is_empty())
+    {
+        return Some(format!(
+            "deployment {name}: selector.matchExpressions is not supported; select with matchLabels"
+        ));
+    }
+    let labels = selector.match_labels.clone().unwrap_or_default();
+    if !labels.values().any(|v| v == name) {
+        return Some(format!(
+            "deployment {name}: no selector label has the value {name:?} (e.g. app: {name}), so the primary's pods could not be told apart from the canary's"
+        ));
+    }
+    None
+}
+
+/// At most this many bytes of an outside answer or message are kept (status, Events).
+const MESSAGE_BYTES: usize = 300;
+
+/// `text` cut to [`MESSAGE_BYTES`] on a character boundary.
+pub fn clip(text: &str) -> String {
+    clip_to(text, MESSAGE_BYTES)
+}
+
+/// `text` cut to `bytes` on a character boundary, marked with an ellipsis.
+pub fn clip_to(text: &str, bytes: usize) -> String {
+    if text.len() <= bytes {
+        return text.to_owned();
+    }
+    let mut end = bytes.saturating_sub(3);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 /// One reconcile's working state: the status it will write and the events it will emit.
 struct Run<'a> {
     canary: &'a Canary,
@@ -235,6 +284,10 @@ pub async fn reconcile(canary: Arc<Canary>, ctx: Arc<Context>) -> Result<Action,
 }
 
 pub fn error_policy(canary: Arc<Canary>, error: &Error, _ctx: Arc<Context>) -> Action {
+    if let Error::Waiting(message) = error {
+        tracing::debug!(%message, "canary waits");
+        return Action::requeue(Duration::from_secs(2));
+    }
     tracing::warn!(
         canary = %canary.name_any(),
         namespace = canary.namespace().unwrap_or_default(),
@@ -252,6 +305,16 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
     let _ = ctx.configs.wait_until_ready().await;
     let _ = ctx.config_maps.wait_until_ready().await;
     let _ = ctx.secrets.wait_until_ready().await;
+    // The controller hands over its cached object, which may predate this controller's own
+    // last status write: acting on it would repeat or undo a step. Wait for the watch.
+    if let (Some(uid), Some(version)) = (canary.uid(), canary.resource_version())
+        && ctx
+            .written
+            .get(&uid)
+            .is_some_and(|entry| entry.0 == version)
+    {
+        return Ok(Action::requeue(Duration::from_millis(50)));
+    }
     let namespace = canary.namespace().unwrap_or_default();
     let name = canary.name_any();
     let status = canary.status.clone().unwrap_or_default();
@@ -265,7 +328,7 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
                     interval: Duration::from_secs(60),
                     deadline: Duration::from_secs(600),
                     application: String::new(),
-                    target: String::new(),
+                    target: canary.spec.target_ref.name.clone(),
                 },
                 status,
                 events: Vec::new(),
@@ -273,7 +336,12 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
                 name,
             };
             run.condition("False", "InvalidSpec", &message);
-            run.event(EventType::Warning, "InvalidSpec", message);
+            run.event(EventType::Warning, "InvalidSpec", clip(&message));
+            if run.phase().analysing() || run.phase() == Phase::Promoting {
+                // A run in flight cannot go on without a valid spec: its pods get weight 0 and
+                // stop, and it counts as failed.
+                run.stop_run_in_flight(&message).await?;
+            }
             run.finish().await?;
             // A spec change wakes it; nothing else can fix the spec.
             return Ok(Action::await_change());
@@ -360,12 +428,27 @@ impl Run<'_> {
             self.event(EventType::Warning, "TargetNotFound", message);
             return Ok(Action::requeue(self.plan.interval));
         };
+        if let Some(problem) = selector_problem(&target, &self.plan.target) {
+            self.condition("False", "InvalidTarget", &problem);
+            self.event(EventType::Warning, "InvalidTarget", problem);
+            return Ok(Action::requeue(self.plan.interval));
+        }
         let primary = self.deployment(&primary_name(&self.plan.target));
         let hash = self.hash(&target);
         let phase = self.phase();
 
         // Initialisation: the primary takes over, the target idles at zero.
         let Some(primary) = primary else {
+            if !self.status.last_promoted_spec.is_empty() {
+                // Rebuilding it from the target would serve a template nobody analysed.
+                let message = format!(
+                    "deployment {} is gone; restore it, or delete and recreate the Canary to initialise again",
+                    primary_name(&self.plan.target)
+                );
+                self.condition("False", "PrimaryMissing", &message);
+                self.event(EventType::Warning, "PrimaryMissing", message);
+                return Ok(Action::requeue(self.plan.interval));
+            }
             if !self.copy_configs(&target.spec.template).await? {
                 return Ok(Action::requeue(HALT_RETRY));
             }
@@ -430,10 +513,15 @@ impl Run<'_> {
                 self.set_phase(Phase::Promoting);
                 return self.promote(&target, &primary).await;
             }
+            // Waiting is written before any gate is asked (a gate may take its whole timeout).
+            self.sync_traffic(&target, &primary).await?;
+            return Ok(Action::requeue(Duration::from_millis(10)));
         }
 
+        // Every request is consumed whatever the phase, so none waits for a later run.
+        let action = self.manual_action();
         if self.phase().analysing() {
-            if let Some(action) = self.manual_action() {
+            if let Some(action) = action {
                 match action {
                     ManualAction::Abort => {
                         self.rollback("aborted by dubbo-cp canary abort").await;
@@ -475,6 +563,7 @@ impl Run<'_> {
                         "Waiting",
                         "waiting for confirm-rollout hooks to approve the rollout".to_owned(),
                     );
+                    self.sync_traffic(&target, &primary).await?;
                     return Ok(Action::requeue(self.plan.interval));
                 }
                 let replicas = primary.spec.replicas.unwrap_or(1).max(1);
@@ -531,6 +620,11 @@ impl Run<'_> {
         self.status.history.clear();
         self.status.hooks.clear();
         self.record_revision(target, hash).await?;
+        // A run replacing one in flight: the canary's pods (old template, or old config read at
+        // start) stop first; Waiting keeps them at weight 0 until they are gone, and approval
+        // starts fresh pods.
+        self.scale(&target.metadata.name.clone().unwrap_or_default(), 0)
+            .await?;
         self.set_phase(Phase::Waiting);
         self.condition("False", "Progressing", "a new revision is under analysis");
         self.event(
@@ -703,6 +797,12 @@ impl Run<'_> {
         let current = primary.spec.template.clone();
         if current != wanted {
             if !self.copy_configs(&target.spec.template).await? {
+                let stalled = since(&self.status.last_transition_time).unwrap_or_default();
+                if stalled > self.plan.deadline {
+                    self.rollback("promotion could not copy the configs the target uses")
+                        .await;
+                    self.sync_traffic(target, primary).await?;
+                }
                 return Ok(Action::requeue(HALT_RETRY));
             }
             let mut updated = primary.clone();
@@ -738,8 +838,22 @@ impl Run<'_> {
         Ok(self.requeue())
     }
 
-    /// Weight 0, phase Failed; the idle phase then scales the canary down.
+    /// Weight 0, phase Failed; the idle phase then scales the canary down. A rollback during
+    /// promotion also puts the last promoted template back on the primary.
     async fn rollback(&mut self, reason: &str) {
+        if self.phase() == Phase::Promoting
+            && let Err(error) = self.restore_primary().await
+        {
+            self.event(
+                EventType::Warning,
+                "RestoreFailed",
+                clip(&format!(
+                    "cannot put revision {} back on {}: {error}",
+                    self.status.last_promoted_spec,
+                    primary_name(&self.plan.target)
+                )),
+            );
+        }
         self.status.canary_weight = 0;
         self.set_phase(Phase::Failed);
         self.condition("False", "Failed", reason);
@@ -750,6 +864,73 @@ impl Run<'_> {
             format!("rolling back {}: {reason}", self.plan.target),
         );
         self.run_hooks("post-rollout").await;
+    }
+
+    /// The spec turned invalid mid-run: weights to 0 (the stored override, rewritten), the
+    /// canary scaled to zero, phase Failed.
+    async fn stop_run_in_flight(&mut self, reason: &str) -> Result<(), Error> {
+        let stored = self
+            .ctx
+            .configs
+            .get(&ObjectRef::new(&self.config_name()).within(&self.namespace));
+        if let Some(stored) = stored {
+            let mut spec = stored.spec.clone();
+            for config in &mut spec.configs {
+                config
+                    .parameters
+                    .insert("weight".to_owned(), "0".to_owned());
+            }
+            self.write_config(Some(spec)).await?;
+        }
+        self.scale(&self.plan.target.clone(), 0).await?;
+        self.status.canary_weight = 0;
+        self.set_phase(Phase::Failed);
+        self.condition("False", "InvalidSpec", reason);
+        self.event(
+            EventType::Warning,
+            "RolledBack",
+            clip(&format!(
+                "rolling back {}: the spec is invalid: {reason}",
+                self.plan.target
+            )),
+        );
+        Ok(())
+    }
+
+    /// Sets the primary's template back to the last promoted revision's.
+    async fn restore_primary(&mut self) -> Result<(), Error> {
+        let revision_name = format!("{}-{}", self.name, self.status.last_promoted_spec);
+        let revision = self
+            .api::<ControllerRevision>()
+            .get_opt(&revision_name)
+            .await?
+            .ok_or_else(|| Error::Invalid(format!("revision {revision_name} not found")))?;
+        let template = super::ops::template_of(&revision)
+            .ok_or_else(|| Error::Invalid(format!("revision {revision_name} holds no template")))?;
+        let deployments = self.api::<Deployment>();
+        let Some(mut primary) = deployments
+            .get_opt(&primary_name(&self.plan.target))
+            .await?
+        else {
+            return Ok(());
+        };
+        let mut recorded = primary.clone();
+        recorded.spec.template = template;
+        // The revision holds the target's form; the primary runs it suffixed, on its copies.
+        let wanted = primary_template(&recorded, &self.plan.target, "");
+        if primary.spec.template != wanted {
+            primary.spec.template = wanted;
+            primary.status = None;
+            deployments
+                .replace(
+                    &primary_name(&self.plan.target),
+                    &PostParams::default(),
+                    &primary,
+                )
+                .await?;
+            self.wrote();
+        }
+        Ok(())
     }
 
     /// Idle: the canary at zero and no weights.
@@ -768,7 +949,9 @@ impl Run<'_> {
         primary: &Deployment,
     ) -> Result<Action, Error> {
         let wanted = match self.phase() {
-            Phase::Progressing
+            // Waiting: any canary pod still up (a run replaced mid-way) stays at weight 0.
+            Phase::Waiting
+            | Phase::Progressing
             | Phase::WaitingPromotion
             | Phase::Promoting
             | Phase::Finalising
@@ -913,18 +1096,34 @@ impl Run<'_> {
             self.wrote();
         }
         self.status.current_revision = name;
+        self.prune_revisions(revisions).await
+    }
+
+    /// Deletes the oldest revisions past `revisionHistoryLimit`, never the one under analysis
+    /// nor the one the primary runs (a rollback during promotion restores it).
+    async fn prune_revisions(
+        &mut self,
+        mut revisions: Vec<ControllerRevision>,
+    ) -> Result<(), Error> {
         revisions.sort_by_key(|r| r.revision);
         let limit = self.canary.spec.revision_history_limit.max(1) as usize;
-        let excess = revisions.len().saturating_sub(limit);
-        for old in revisions.iter().take(excess) {
-            if old.name_any() == self.status.current_revision {
+        let promoted = format!("{}-{}", self.name, self.status.last_promoted_spec);
+        let api = self.api::<ControllerRevision>();
+        let mut left = revisions.len();
+        for old in &revisions {
+            if left <= limit {
+                break;
+            }
+            let name = old.name_any();
+            if name == self.status.current_revision || name == promoted {
                 continue;
             }
-            match api.delete(&old.name_any(), &DeleteParams::default()).await {
+            match api.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => self.wrote(),
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(e.into()),
             }
+            left -= 1;
         }
         Ok(())
     }
@@ -1030,6 +1229,15 @@ impl Run<'_> {
         }
         let existing = api.get_opt(&copy_name).await?;
         if let Some(existing) = &existing {
+            if existing.labels().get(REVISION_LABEL) != Some(&self.name) {
+                // Someone's own object of that name: never overwritten (nor garbage-collected
+                // with the Canary, which an owner reference would do).
+                return Err(Error::Invalid(format!(
+                    "{} {copy_name} exists and is not this canary's copy (no label {REVISION_LABEL}={}); rename it",
+                    K::kind(&()),
+                    self.name
+                )));
+            }
             let existing =
                 serde_json::to_value(existing).map_err(|e| Error::Invalid(e.to_string()))?;
             if CONTENT.iter().all(|f| existing.get(*f) == copy.get(*f)) {
@@ -1057,7 +1265,7 @@ impl Run<'_> {
 
     /// Calls every hook of `kind`, records each answer; true when all succeeded (or none exist).
     async fn run_hooks(&mut self, kind: &str) -> bool {
-        let body = hooks::payload(self.canary, &self.status.phase, &BTreeMap::new());
+        let body = hooks::payload(self.canary, &self.status, &BTreeMap::new());
         let mut all = true;
         let called: Vec<_> = hooks::of_type(self.canary, kind).cloned().collect();
         for hook in called {
@@ -1077,7 +1285,7 @@ impl Run<'_> {
                 name: hook.name.clone(),
                 r#type: kind.to_owned(),
                 ok: outcome.ok,
-                message: outcome.message,
+                message: clip(&outcome.message),
                 time: self.status.last_analysis_time.clone(),
             });
         }
@@ -1086,7 +1294,7 @@ impl Run<'_> {
 
     /// The first `rollback` hook that answers 2xx, if any.
     async fn rollback_requested(&mut self) -> Option<String> {
-        let body = hooks::payload(self.canary, &self.status.phase, &BTreeMap::new());
+        let body = hooks::payload(self.canary, &self.status, &BTreeMap::new());
         for hook in hooks::of_type(self.canary, "rollback") {
             let mut body = body.clone();
             body["metadata"] = json!(hook.metadata);
@@ -1137,34 +1345,53 @@ impl Run<'_> {
                 application: &self.plan.application,
                 interval: &interval,
             };
-            results.push(
-                self.ctx
-                    .prometheus
-                    .check(address, check, &values, self.ctx.settings.query_timeout)
-                    .await,
-            );
+            let mut result = self
+                .ctx
+                .prometheus
+                .check(address, check, &values, self.ctx.settings.query_timeout)
+                .await;
+            result.message = clip(&result.message);
+            results.push(result);
         }
         results
     }
 
+    /// A `promote:<revision>:<id>` or `abort:<revision>:<id>` request not handled yet, for the
+    /// run of that revision while it is analysed; any other is consumed with an Event.
     fn manual_action(&mut self) -> Option<ManualAction> {
         let value = self.canary.annotations().get(ACTION_ANNOTATION)?.clone();
         if value == self.status.handled_action {
             return None;
         }
         self.status.handled_action = value.clone();
-        match value.split(':').next() {
-            Some("promote") => Some(ManualAction::Promote),
-            Some("abort") => Some(ManualAction::Abort),
+        let mut parts = value.splitn(3, ':');
+        let (verb, revision) = (parts.next(), parts.next());
+        let action = match verb {
+            Some("promote") => ManualAction::Promote,
+            Some("abort") => ManualAction::Abort,
             _ => {
                 self.event(
                     EventType::Warning,
                     "InvalidAction",
-                    format!("annotation {ACTION_ANNOTATION}={value:?}: expected promote:<id> or abort:<id>"),
+                    clip(&format!("annotation {ACTION_ANNOTATION}={value:?}: expected promote:<revision>:<id> or abort:<revision>:<id>")),
                 );
-                None
+                return None;
             }
+        };
+        if revision != Some(self.status.current_revision.as_str()) || !self.phase().analysing() {
+            self.event(
+                EventType::Warning,
+                "ActionIgnored",
+                clip(&format!(
+                    "{value:?} ignored: it names revision {:?}, the run is {} of {}",
+                    revision.unwrap_or_default(),
+                    self.status.phase,
+                    self.status.current_revision
+                )),
+            );
+            return None;
         }
+        Some(action)
     }
 
     /// Writes the status if it changed, updates the metrics, emits the events (and `event`
@@ -1183,14 +1410,7 @@ impl Run<'_> {
             .status
             .get_or_create(&labels)
             .set(self.phase().metric());
-        if self.canary.status.as_ref() != Some(&self.status) {
-            let mut object = self.canary.clone();
-            object.status = Some(self.status.clone());
-            self.api::<Canary>()
-                .replace_status(&self.name, &PostParams::default(), &object)
-                .await?;
-            self.wrote();
-        }
+        // Events first: what they tell happened even if the status write below loses a race.
         let events = std::mem::take(&mut self.events);
         let reference = self.canary.object_ref(&());
         let event_hooks: Vec<_> = hooks::of_type(self.canary, "event").cloned().collect();
@@ -1212,11 +1432,27 @@ impl Run<'_> {
                 ]);
                 let mut metadata = hook.metadata.clone();
                 metadata.extend(extra);
-                let body = hooks::payload(self.canary, &self.status.phase, &metadata);
+                let body = hooks::payload(self.canary, &self.status, &metadata);
                 let outcome = hooks::call(&self.ctx.http, hook, &body).await;
                 if !outcome.ok {
                     tracing::warn!(hook = %hook.name, message = %outcome.message, "event hook failed");
                 }
+            }
+        }
+        if self.canary.status.as_ref() != Some(&self.status) {
+            let mut object = self.canary.clone();
+            object.status = Some(self.status.clone());
+            let written = self
+                .api::<Canary>()
+                .replace_status(&self.name, &PostParams::default(), &object)
+                .await?;
+            self.wrote();
+            if let (Some(uid), Some(before), Some(after)) = (
+                self.canary.uid(),
+                self.canary.resource_version(),
+                written.resource_version(),
+            ) {
+                self.ctx.written.insert(uid, (before, after));
             }
         }
         Ok(())
@@ -1279,6 +1515,26 @@ async fn cleanup(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
+    // The primary goes with the Canary (its owner): keep the Canary until the restored target
+    // serves, at most its progress deadline after the deletion.
+    if let Some(target) = ctx
+        .deployments
+        .get(&ObjectRef::new(&target_name).within(&namespace))
+        && let Some(reason) = not_ready(&target)
+    {
+        let deleted = canary
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second())
+            .unwrap_or_default();
+        let waited = k8s_openapi::jiff::Timestamp::now().as_second() - deleted;
+        if waited < i64::from(canary.spec.progress_deadline_seconds) {
+            return Err(Error::Waiting(format!(
+                "canary {namespace}/{name} deleted; waiting for {target_name} to serve again: {reason}"
+            )));
+        }
+    }
     let configs: Api<DynamicConfig> = Api::namespaced(ctx.client.clone(), &namespace);
     match configs
         .delete(&format!("{name}-canary"), &DeleteParams::default())
@@ -1289,6 +1545,9 @@ async fn cleanup(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
         Err(e) => return Err(e.into()),
     }
     ctx.stats.forget(&CanaryLabels { namespace, name });
+    if let Some(uid) = canary.uid() {
+        ctx.written.remove(&uid);
+    }
     let note = format!("canary deleted: {target_name} restored with the primary's template");
     if let Err(error) = ctx
         .events

@@ -74,6 +74,8 @@ struct Inner {
     missing: std::collections::BTreeSet<String>,
     /// GETs of single pods.
     pod_gets: u64,
+    /// Requests per resource (plural), counted on arrival.
+    requests_per_resource: BTreeMap<String, u64>,
     /// Requests for one ServiceNameMapping object (reads and writes), counted on arrival.
     mapping_object_requests: u64,
     /// Creates and updates of core objects (the CA's Secret and ConfigMaps) by clients.
@@ -259,6 +261,11 @@ impl ApiServer {
 
     pub fn gone_served(&self) -> u64 {
         self.lock().gone
+    }
+
+    /// Requests so far per resource (plural).
+    pub fn requests_per_resource(&self) -> BTreeMap<String, u64> {
+        self.lock().requests_per_resource.clone()
     }
 
     pub fn requests(&self) -> u64 {
@@ -734,6 +741,13 @@ async fn handle(
         ["namespaces", _, resource, ..] => Some(*resource),
         _ => None,
     };
+    if let Some(resource) = resource {
+        *server
+            .lock()
+            .requests_per_resource
+            .entry(resource.to_owned())
+            .or_default() += 1;
+    }
     if resource.is_some_and(|r| server.lock().missing.contains(r)) {
         return status(
             404,
@@ -795,7 +809,9 @@ async fn handle(
             {
                 let mut marked = object;
                 if marked["metadata"]["deletionTimestamp"].is_null() {
-                    marked["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+                    marked["metadata"]["deletionTimestamp"] = json!(
+                        humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+                    );
                     server.store(
                         &mut inner,
                         key(resource, ns, name),
