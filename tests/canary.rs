@@ -1250,3 +1250,156 @@ async fn a_changed_config_map_or_secret_starts_a_run_and_reaches_the_primary_onl
     assert_ne!(annotation(&promoted), annotation(&primary));
     assert_eq!(image(&promoted), "podinfo:1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promote_and_abort_act_on_the_run_in_flight_only() {
+    let setup = Setup::start(|hooks| {
+        canary_object(json!({
+            "interval": "200ms", "maxWeight": 50, "stepWeight": 10,
+            "webhooks": [
+                {"name": "gate", "type": "confirm-traffic-increase", "url": format!("http://{hooks}/more")},
+            ],
+        }))
+    })
+    .await;
+    let api = &setup.api;
+    setup.wait_phase("Initialized").await;
+    // Nothing to promote while idle: refused, and nothing is left behind for the next run.
+    let (ok, out) = cli(api, &["promote", "podinfo"]);
+    assert!(
+        !ok && out.contains("no run in flight (phase Initialized)"),
+        "{out}"
+    );
+
+    // A run held at weight 0 by its traffic gate: promote skips the remaining steps.
+    setup.hooks.answer("/more", 403);
+    api.set_image(NS, "podinfo", "podinfo:2");
+    setup.wait_status(|s| s["phase"] == "Progressing").await;
+    setup
+        .wait_event("Waiting", "confirm-traffic-increase")
+        .await;
+    let (ok, out) = cli(api, &["promote", "podinfo"]);
+    assert!(ok, "{out}");
+    let status = setup.wait_phase("Succeeded").await["status"].clone();
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
+    assert!(
+        status["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["weight"].as_u64() < Some(10)),
+        "promoted without stepping: {status}"
+    );
+    setup
+        .wait_event(
+            "Promoting",
+            "promotion requested by dubbo-cp canary promote",
+        )
+        .await;
+
+    // The next run: abort rolls it back.
+    api.set_image(NS, "podinfo", "podinfo:3");
+    setup.wait_status(|s| s["phase"] == "Progressing").await;
+    let (ok, out) = cli(api, &["abort", "podinfo"]);
+    assert!(ok, "{out}");
+    let status = setup.wait_phase("Failed").await["status"].clone();
+    assert!(
+        status["conditions"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("aborted by dubbo-cp canary abort"),
+        "{status}"
+    );
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
+
+    // A request naming another revision (left over from an earlier run) is ignored.
+    let mut canary = api.object("canaries", NS, "podinfo").unwrap();
+    canary["metadata"]["annotations"] =
+        json!({"dubbo.apache.org/canary-action": "promote:podinfo-0000000000:1"});
+    api.put_object("canaries", NS, "podinfo", canary);
+    setup
+        .wait_event("ActionIgnored", "podinfo-0000000000")
+        .await;
+    api.set_image(NS, "podinfo", "podinfo:4");
+    setup.wait_status(|s| s["phase"] == "Progressing").await;
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_revision_mid_run_takes_the_old_canary_out_of_traffic_until_approved() {
+    let setup = Setup::start(|hooks| {
+        canary_object(json!({
+            "interval": "200ms", "maxWeight": 50, "stepWeight": 10,
+            "webhooks": [
+                {"name": "gate", "type": "confirm-rollout", "url": format!("http://{hooks}/gate")},
+            ],
+        }))
+    })
+    .await;
+    let api = &setup.api;
+    setup.wait_phase("Initialized").await;
+    api.set_image(NS, "podinfo", "podinfo:2");
+    setup.wait_status(|s| s["canaryWeight"] == 30).await;
+    // v3 arrives mid-run while the gate says no.
+    setup.hooks.answer("/gate", 403);
+    api.set_image(NS, "podinfo", "podinfo:3");
+    setup
+        .wait_event("Waiting", "waiting for confirm-rollout hooks")
+        .await;
+    let status = setup.wait_status(|s| s["phase"] == "Waiting").await;
+    assert_eq!(status["canaryWeight"], 0);
+    // The canary is scaled to zero, and whatever of it still runs has weight 0.
+    api.wait_for_object("deployments", NS, "podinfo", WAIT, |d| {
+        d.is_some_and(|d| d["spec"]["replicas"] == 0)
+    })
+    .await;
+    api.wait_for_object("dynamicconfigs", NS, "podinfo-canary", WAIT, |c| {
+        c.is_none_or(|c| {
+            c["spec"]["configs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|o| o["parameters"]["weight"] == "0")
+        })
+    })
+    .await;
+    setup.hooks.answer("/gate", 200);
+    setup.wait_phase("Succeeded").await;
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_made_invalid_mid_run_stops_the_run_at_weight_zero() {
+    let setup = Setup::start(|_| {
+        canary_object(json!({"interval": "200ms", "maxWeight": 50, "stepWeight": 10}))
+    })
+    .await;
+    let api = &setup.api;
+    setup.wait_phase("Initialized").await;
+    api.set_image(NS, "podinfo", "podinfo:2");
+    setup.wait_status(|s| s["canaryWeight"] == 20).await;
+    // A metric the CRD accepts but no built-in answers.
+    let mut canary = api.object("canaries", NS, "podinfo").unwrap();
+    canary["spec"]["analysis"]["metrics"] = json!([{"name": "latency"}]);
+    api.put_object("canaries", NS, "podinfo", canary);
+    let status = setup.wait_phase("Failed").await["status"].clone();
+    assert_eq!(status["canaryWeight"], 0);
+    assert_eq!(status["conditions"][0]["reason"], "InvalidSpec");
+    api.wait_for_object("deployments", NS, "podinfo", WAIT, |d| {
+        d.is_some_and(|d| d["spec"]["replicas"] == 0)
+    })
+    .await;
+    let weights = api.object("dynamicconfigs", NS, "podinfo-canary");
+    assert!(
+        weights.as_ref().is_none_or(|c| c["spec"]["configs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["parameters"]["weight"] == "0")),
+        "{weights:?}"
+    );
+    setup
+        .wait_event("InvalidSpec", "metric \"latency\" is not built in")
+        .await;
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:1");
+}

@@ -72,9 +72,10 @@ pub async fn request_action(
         .patch(
             name,
             &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {ACTION_ANNOTATION: format!("{action}:{id}")}}}),
-            ),
+            // Bound to the run's revision: a request that arrives late cannot act on the next.
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                ACTION_ANNOTATION: format!("{action}:{}:{id}", status.current_revision)
+            }}})),
         )
         .await?;
     Ok(())

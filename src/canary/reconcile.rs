@@ -1618,6 +1618,53 @@ mod tests {
     }
 
     #[test]
+    fn outside_messages_are_clipped_on_a_character_boundary() {
+        assert_eq!(clip_to("short", 10), "short");
+        let long = "é".repeat(600);
+        let clipped = clip(&long);
+        assert!(
+            clipped.len() <= MESSAGE_BYTES + "…".len(),
+            "{}",
+            clipped.len()
+        );
+        assert!(clipped.ends_with('…'));
+        assert_eq!(clip_to("abcdefghij", 6), "abc…");
+    }
+
+    #[test]
+    fn selectors_the_primary_cannot_tell_apart_are_refused() {
+        let deployment = |selector: serde_json::Value| -> Deployment {
+            serde_json::from_value(json!({"metadata": {"name": "provider"},
+                "spec": {"selector": selector, "template": {}}}))
+            .unwrap()
+        };
+        assert_eq!(
+            selector_problem(
+                &deployment(json!({"matchLabels": {"app": "provider"}})),
+                "provider"
+            ),
+            None
+        );
+        assert!(
+            selector_problem(
+                &deployment(json!({"matchLabels": {"app": "dubbo"}})),
+                "provider"
+            )
+            .unwrap()
+            .contains("no selector label has the value \"provider\"")
+        );
+        assert!(
+            selector_problem(
+                &deployment(json!({"matchLabels": {"app": "provider"},
+                    "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a"]}]})),
+                "provider"
+            )
+            .unwrap()
+            .contains("matchExpressions")
+        );
+    }
+
+    #[test]
     fn phases_round_trip() {
         for phase in [
             Phase::Initializing,
