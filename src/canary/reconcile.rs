@@ -505,13 +505,8 @@ impl Run<'_> {
         if hash != self.status.last_applied_spec && phase != Phase::Terminating {
             self.start_run(&target, &hash).await?;
             if self.canary.spec.skip_analysis {
-                self.event(
-                    EventType::Normal,
-                    "Promoting",
-                    "skipAnalysis is set: promoting without analysis".to_owned(),
-                );
-                self.set_phase(Phase::Promoting);
-                return self.promote(&target, &primary).await;
+                let why = "skipAnalysis is set: promoting without analysis".to_owned();
+                return self.start_promotion(&target, &primary, why).await;
             }
             // Waiting is written before any gate is asked (a gate may take its whole timeout).
             self.sync_traffic(&target, &primary).await?;
@@ -528,13 +523,8 @@ impl Run<'_> {
                         return self.sync_traffic(&target, &primary).await;
                     }
                     ManualAction::Promote => {
-                        self.event(
-                            EventType::Normal,
-                            "Promoting",
-                            "promotion requested by dubbo-cp canary promote".to_owned(),
-                        );
-                        self.set_phase(Phase::Promoting);
-                        return self.promote(&target, &primary).await;
+                        let why = "promotion requested by dubbo-cp canary promote".to_owned();
+                        return self.start_promotion(&target, &primary, why).await;
                     }
                 }
             }
@@ -752,17 +742,12 @@ impl Run<'_> {
             }
             None => {
                 if self.run_hooks("confirm-promotion").await {
-                    self.set_phase(Phase::Promoting);
-                    self.event(
-                        EventType::Normal,
-                        "Promoting",
-                        format!(
-                            "copying {} template to {}",
-                            self.plan.target,
-                            primary_name(&self.plan.target)
-                        ),
+                    let why = format!(
+                        "copying {} template to {}",
+                        self.plan.target,
+                        primary_name(&self.plan.target)
                     );
-                    return self.promote(target, primary).await;
+                    return self.start_promotion(target, primary, why).await;
                 }
                 self.set_phase(Phase::WaitingPromotion);
                 self.event(
@@ -785,6 +770,17 @@ impl Run<'_> {
 
     fn requeue(&self) -> Action {
         Action::requeue(self.plan.interval)
+    }
+
+    async fn start_promotion(
+        &mut self,
+        target: &Deployment,
+        primary: &Deployment,
+        why: String,
+    ) -> Result<Action, Error> {
+        self.event(EventType::Normal, "Promoting", why);
+        self.set_phase(Phase::Promoting);
+        self.promote(target, primary).await
     }
 
     /// Copies the canary's template to the primary, then waits for its rolling update.

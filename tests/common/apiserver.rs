@@ -919,6 +919,25 @@ const CORE_RESOURCES: [&str; 11] = [
     "canaries",
 ];
 
+/// Stores a client's write, counts it, and answers with the stored object (201 for a create).
+fn commit(
+    server: &ApiServer,
+    inner: &mut Inner,
+    key: Key,
+    object: Value,
+    kind: &'static str,
+) -> Response {
+    server.store(inner, key.clone(), object, kind);
+    count_write(inner, &key);
+    let stored = inner.objects.get(&key).cloned().unwrap_or_default();
+    let code = if kind == "ADDED" {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    json_response(code, &stored)
+}
+
 fn create(server: &ApiServer, resource: &str, namespace: &str, body: &Bytes) -> Response {
     let Ok(object) = serde_json::from_slice::<Value>(body) else {
         return status(400, "BadRequest", "invalid JSON");
@@ -942,10 +961,7 @@ fn create(server: &ApiServer, resource: &str, namespace: &str, body: &Bytes) -> 
     if matches!(resource, "deployments" | "canaries") {
         object["metadata"]["generation"] = json!(1);
     }
-    server.store(&mut inner, key.clone(), object, "ADDED");
-    count_write(&mut inner, &key);
-    let stored = inner.objects.get(&key).cloned().unwrap_or_default();
-    json_response(StatusCode::CREATED, &stored)
+    commit(server, &mut inner, key, object, "ADDED")
 }
 
 fn replace(
@@ -985,10 +1001,7 @@ fn replace(
     object["metadata"]["uid"] = existing["metadata"]["uid"].clone();
     object["metadata"]["creationTimestamp"] = existing["metadata"]["creationTimestamp"].clone();
     with_subresources(resource, existing, &mut object);
-    server.store(&mut inner, key.clone(), object, "MODIFIED");
-    count_write(&mut inner, &key);
-    let stored = inner.objects.get(&key).cloned().unwrap_or_default();
-    json_response(StatusCode::OK, &stored)
+    commit(server, &mut inner, key, object, "MODIFIED")
 }
 
 /// Status is a subresource of Deployments and Canaries: a write of the object keeps the stored
@@ -1033,10 +1046,7 @@ fn replace_status(
     }
     let mut updated = existing;
     updated["status"] = object["status"].clone();
-    server.store(&mut inner, key.clone(), updated, "MODIFIED");
-    count_write(&mut inner, &key);
-    let stored = inner.objects.get(&key).cloned().unwrap_or_default();
-    json_response(StatusCode::OK, &stored)
+    commit(server, &mut inner, key, updated, "MODIFIED")
 }
 
 /// PATCH: JSON merge patch (and strategic merge, taken as merge) or JSON patch (RFC 6902).
@@ -1082,10 +1092,7 @@ fn patch(
         server.remove(&mut inner, &key);
         return json_response(StatusCode::OK, &updated);
     }
-    server.store(&mut inner, key.clone(), updated, "MODIFIED");
-    count_write(&mut inner, &key);
-    let stored = inner.objects.get(&key).cloned().unwrap_or_default();
-    json_response(StatusCode::OK, &stored)
+    commit(server, &mut inner, key, updated, "MODIFIED")
 }
 
 fn in_namespace(object: &Value, namespace: Option<&str>) -> bool {
@@ -1193,8 +1200,10 @@ fn list_or_watch(
             // Events and the resourceVersion they lead up to, read together.
             let (pending, rv) = {
                 let inner = server.lock();
-                let pending: Vec<(u64, &'static str, Value)> = inner
-                    .events
+                // Events are in resourceVersion order: start past the ones already sent
+                // (a scan of the whole history per change made big runs quadratic).
+                let first = inner.events.partition_point(|(rv, ..)| *rv <= sent);
+                let pending: Vec<(u64, &'static str, Value)> = inner.events[first..]
                     .iter()
                     .filter(|(rv, _, of, object)| {
                         *rv > sent
