@@ -163,6 +163,11 @@ fn report(label: &str, before: &Snapshot, after: &Snapshot) {
             .map_or(f64::NAN, |(le, _)| le)
     };
     let (p50, p99) = (quantile(0.5), quantile(0.99));
+    if std::env::var_os("CANARY_BENCH_BUCKETS").is_some() {
+        for (le, n) in &after.buckets {
+            eprintln!("le {le}: {}", n - count(before, *le));
+        }
+    }
     let requests: u64 = after
         .requests
         .iter()

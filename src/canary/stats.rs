@@ -29,7 +29,12 @@ impl Default for CanaryStats {
         CanaryStats {
             weight: Family::default(),
             status: Family::default(),
-            duration: Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0]),
+            // Fine at the low end (a reconcile with nothing to do is well under a millisecond),
+            // up to hooks that time out.
+            duration: Histogram::new([
+                0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                5.0, 10.0, 30.0, 120.0,
+            ]),
             reconciles: AtomicU64::new(0),
             writes: AtomicU64::new(0),
         }
