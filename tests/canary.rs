@@ -84,6 +84,8 @@ struct Hooks {
     calls: Arc<Mutex<Vec<(String, Value)>>>,
     answers: Arc<Mutex<BTreeMap<String, u16>>>,
     hanging: Arc<Mutex<Vec<String>>>,
+    /// Paths whose next calls fail with 500, and how many.
+    failing: Arc<Mutex<BTreeMap<String, u32>>>,
     released: Arc<tokio::sync::Notify>,
     changed: Arc<tokio::sync::Notify>,
 }
@@ -101,6 +103,12 @@ impl Hooks {
                 if hooks.hanging.lock().unwrap().contains(&path) {
                     released.await;
                 }
+            }
+            if let Some(left) = hooks.failing.lock().unwrap().get_mut(&path)
+                && *left > 0
+            {
+                *left -= 1;
+                return StatusCode::INTERNAL_SERVER_ERROR;
             }
             let code = hooks
                 .answers
@@ -1402,4 +1410,72 @@ async fn a_spec_made_invalid_mid_run_stops_the_run_at_weight_zero() {
         .wait_event("InvalidSpec", "metric \"latency\" is not built in")
         .await;
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_hooks_pass_and_confirm_promotion_holds_at_max_weight_while_analysis_goes_on() {
+    let setup = Setup::start(|hooks| {
+        canary_object(json!({
+            "interval": "200ms", "threshold": 3, "maxWeight": 20, "stepWeight": 10,
+            "metrics": [{"name": "request-success-rate", "thresholdRange": {"min": 99}}],
+            "webhooks": [
+                {"name": "smoke", "type": "pre-rollout", "url": format!("http://{hooks}/pre"), "retries": 2},
+                {"name": "promote", "type": "confirm-promotion", "url": format!("http://{hooks}/promote")},
+                {"name": "events", "type": "event", "url": format!("http://{hooks}/events")},
+            ],
+        }))
+    })
+    .await;
+    let api = &setup.api;
+    setup.wait_phase("Initialized").await;
+    // Two failures then a success: within the hook's two retries, so no failed check.
+    setup
+        .hooks
+        .failing
+        .lock()
+        .unwrap()
+        .insert("/pre".to_owned(), 2);
+    setup.hooks.answer("/promote", 403);
+    api.set_image(NS, "podinfo", "podinfo:2");
+    let held = setup
+        .wait_status(|s| s["phase"] == "WaitingPromotion" && s["iterations"].as_u64() >= Some(5))
+        .await;
+    assert_eq!(setup.hooks.calls_to("/pre").len(), 3);
+    assert_eq!(held["failedChecks"], 0, "{held}");
+    assert_eq!(held["canaryWeight"], 20);
+    // Metrics keep being checked while promotion waits.
+    let checked = held["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["phase"] == "WaitingPromotion" && s["metrics"].is_array())
+        .count();
+    assert!(checked >= 2, "{held}");
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:1");
+    setup.hooks.answer("/promote", 200);
+    setup.wait_phase("Succeeded").await;
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
+
+    // Deleting the Canary: its Terminating Event reaches the event hook too.
+    let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+    let canaries: kube::Api<dubbo_cp::canary::Canary> = kube::Api::namespaced(client, NS);
+    canaries
+        .delete("podinfo", &Default::default())
+        .await
+        .unwrap();
+    api.wait_for_object("canaries", NS, "podinfo", WAIT, |c| c.is_none())
+        .await;
+    let last = setup.hooks.wait_for_call("/events").await;
+    assert!(
+        setup
+            .hooks
+            .calls_to("/events")
+            .iter()
+            .any(|c| c["phase"] == "Terminating"
+                && c["metadata"]["eventMessage"]
+                    .as_str()
+                    .unwrap()
+                    .contains("restored with the primary's template")),
+        "{last}"
+    );
 }

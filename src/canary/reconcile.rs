@@ -1408,32 +1408,8 @@ impl Run<'_> {
             .set(self.phase().metric());
         // Events first: what they tell happened even if the status write below loses a race.
         let events = std::mem::take(&mut self.events);
-        let reference = self.canary.object_ref(&());
-        let event_hooks: Vec<_> = hooks::of_type(self.canary, "event").cloned().collect();
         for (kind, reason, note) in events {
-            if let Err(error) = self
-                .ctx
-                .events
-                .publish(&reference, kind, reason, &note)
-                .await
-            {
-                tracing::warn!(%error, canary = %self.name, "cannot record an event");
-            }
-            self.wrote();
-            for hook in &event_hooks {
-                let extra = BTreeMap::from([
-                    ("eventMessage".to_owned(), note.clone()),
-                    ("eventType".to_owned(), kind.as_str().to_owned()),
-                    ("timestamp".to_owned(), now()),
-                ]);
-                let mut metadata = hook.metadata.clone();
-                metadata.extend(extra);
-                let body = hooks::payload(self.canary, &self.status, &metadata);
-                let outcome = hooks::call(&self.ctx.http, hook, &body).await;
-                if !outcome.ok {
-                    tracing::warn!(hook = %hook.name, message = %outcome.message, "event hook failed");
-                }
-            }
+            emit(self.ctx, self.canary, &self.status, kind, reason, &note).await;
         }
         if self.canary.status.as_ref() != Some(&self.status) {
             let mut object = self.canary.clone();
@@ -1452,6 +1428,40 @@ impl Run<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// Records an Event on `canary` and sends it to its `event` hooks.
+async fn emit(
+    ctx: &Context,
+    canary: &Canary,
+    status: &CanaryStatus,
+    kind: EventType,
+    reason: &str,
+    note: &str,
+) {
+    if let Err(error) = ctx
+        .events
+        .publish(&canary.object_ref(&()), kind, reason, note)
+        .await
+    {
+        tracing::warn!(%error, canary = %canary.name_any(), "cannot record an event");
+    }
+    ctx.stats
+        .writes
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    for hook in hooks::of_type(canary, "event") {
+        let mut metadata = hook.metadata.clone();
+        metadata.extend([
+            ("eventMessage".to_owned(), note.to_owned()),
+            ("eventType".to_owned(), kind.as_str().to_owned()),
+            ("timestamp".to_owned(), now()),
+        ]);
+        let body = hooks::payload(canary, status, &metadata);
+        let outcome = hooks::call(&ctx.http, hook, &body).await;
+        if !outcome.ok {
+            tracing::warn!(hook = %hook.name, message = %outcome.message, "event hook failed");
+        }
     }
 }
 
@@ -1545,18 +1555,17 @@ async fn cleanup(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
         ctx.written.remove(&uid);
     }
     let note = format!("canary deleted: {target_name} restored with the primary's template");
-    if let Err(error) = ctx
-        .events
-        .publish(
-            &canary.object_ref(&()),
-            EventType::Normal,
-            "Terminating",
-            &note,
-        )
-        .await
-    {
-        tracing::warn!(%error, "cannot record an event");
-    }
+    let mut status = canary.status.clone().unwrap_or_default();
+    status.phase = Phase::Terminating.as_str().to_owned();
+    emit(
+        ctx,
+        canary,
+        &status,
+        EventType::Normal,
+        "Terminating",
+        &note,
+    )
+    .await;
     Ok(Action::await_change())
 }
 
