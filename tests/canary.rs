@@ -304,6 +304,25 @@ impl Setup {
             .clone()
     }
 
+    async fn wait_target_scaled_to_zero(&self) {
+        self.api
+            .wait_for_object("deployments", NS, "podinfo", WAIT, |d| {
+                d.is_some_and(|d| d["spec"]["replicas"] == 0)
+            })
+            .await;
+    }
+
+    /// Deletes the Canary as kubectl does (its finalizer keeps it until the controller is done).
+    async fn delete_canary(&self) {
+        let client =
+            kube::Client::try_from(kube::Config::new(self.api.url().parse().unwrap())).unwrap();
+        let canaries: kube::Api<dubbo_cp::canary::Canary> = kube::Api::namespaced(client, NS);
+        canaries
+            .delete("podinfo", &Default::default())
+            .await
+            .unwrap();
+    }
+
     /// Waits for an Event with `reason` whose note contains `text`.
     async fn wait_event(&self, reason: &str, text: &str) {
         let setup = self;
@@ -669,12 +688,7 @@ async fn a_failing_metric_rolls_back_after_threshold_checks_and_no_data_counts_a
     // Rolled back: the primary never got the bad template, the canary is scaled to zero, the
     // weights are gone, post-rollout ran after the failure.
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:1");
-    setup
-        .api
-        .wait_for_object("deployments", NS, "podinfo", WAIT, |d| {
-            d.is_some_and(|d| d["spec"]["replicas"] == 0)
-        })
-        .await;
+    setup.wait_target_scaled_to_zero().await;
     setup
         .api
         .wait_for_object("dynamicconfigs", NS, "podinfo-canary", WAIT, |c| {
@@ -778,12 +792,7 @@ async fn hooks_gate_each_stage_and_a_gate_that_never_answers_holds_only_its_cana
             .count(),
         setup.hooks.calls_to("/pre").len()
     );
-    setup
-        .api
-        .wait_for_object("deployments", NS, "podinfo", WAIT, |d| {
-            d.is_some_and(|d| d["spec"]["replicas"] == 0)
-        })
-        .await;
+    setup.wait_target_scaled_to_zero().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -912,12 +921,7 @@ async fn revisions_are_recorded_a_rollback_restores_one_and_deleting_the_canary_
     assert!(out.contains("weight history:"), "{out}");
 
     // Deleting the Canary restores the target with the primary's template and replicas.
-    let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
-    let canaries: kube::Api<dubbo_cp::canary::Canary> = kube::Api::namespaced(client, NS);
-    canaries
-        .delete("podinfo", &Default::default())
-        .await
-        .unwrap();
+    setup.delete_canary().await;
     api.wait_for_object("canaries", NS, "podinfo", WAIT, |c| c.is_none())
         .await;
     let target = setup.deployment("podinfo");
@@ -1357,10 +1361,7 @@ async fn a_new_revision_mid_run_takes_the_old_canary_out_of_traffic_until_approv
     let status = setup.wait_status(|s| s["phase"] == "Waiting").await;
     assert_eq!(status["canaryWeight"], 0);
     // The canary is scaled to zero, and whatever of it still runs has weight 0.
-    api.wait_for_object("deployments", NS, "podinfo", WAIT, |d| {
-        d.is_some_and(|d| d["spec"]["replicas"] == 0)
-    })
-    .await;
+    setup.wait_target_scaled_to_zero().await;
     api.wait_for_object("dynamicconfigs", NS, "podinfo-canary", WAIT, |c| {
         c.is_none_or(|c| {
             c["spec"]["configs"]
@@ -1393,10 +1394,7 @@ async fn a_spec_made_invalid_mid_run_stops_the_run_at_weight_zero() {
     let status = setup.wait_phase("Failed").await["status"].clone();
     assert_eq!(status["canaryWeight"], 0);
     assert_eq!(status["conditions"][0]["reason"], "InvalidSpec");
-    api.wait_for_object("deployments", NS, "podinfo", WAIT, |d| {
-        d.is_some_and(|d| d["spec"]["replicas"] == 0)
-    })
-    .await;
+    setup.wait_target_scaled_to_zero().await;
     let weights = api.object("dynamicconfigs", NS, "podinfo-canary");
     assert!(
         weights.as_ref().is_none_or(|c| c["spec"]["configs"]
@@ -1457,12 +1455,7 @@ async fn retried_hooks_pass_and_confirm_promotion_holds_at_max_weight_while_anal
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
 
     // Deleting the Canary: its Terminating Event reaches the event hook too.
-    let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
-    let canaries: kube::Api<dubbo_cp::canary::Canary> = kube::Api::namespaced(client, NS);
-    canaries
-        .delete("podinfo", &Default::default())
-        .await
-        .unwrap();
+    setup.delete_canary().await;
     api.wait_for_object("canaries", NS, "podinfo", WAIT, |c| c.is_none())
         .await;
     let last = setup.hooks.wait_for_call("/events").await;
