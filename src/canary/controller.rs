@@ -96,7 +96,6 @@ pub async fn run(
                 elector.identity().to_owned(),
                 settings.clone(),
                 stats.clone(),
-                std::future::pending(),
             ) => {}
             () = holding => {}
         }
@@ -112,13 +111,12 @@ pub async fn run(
     }
 }
 
-/// The controller itself, until `stop` completes.
+/// The controller itself; it runs until dropped (the lease holder drops it on loss or shutdown).
 pub async fn drive(
     client: kube::Client,
     identity: String,
     settings: Settings,
     stats: Arc<CanaryStats>,
-    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (deployments, deployments_writer) = reflector::store::<Deployment>();
     let (pods, pods_writer) = reflector::store::<Pod>();
@@ -215,8 +213,7 @@ pub async fn drive(
                 ConfigKind::Secret,
                 &object.metadata,
             )
-        })
-        .graceful_shutdown_on(stop);
+        });
     let results = controller.run(reconcile, error_policy, ctx);
     tokio::pin!(results);
     while let Some(result) = results.next().await {

@@ -671,7 +671,7 @@ impl Run<'_> {
         if !self.run_hooks("rollout").await {
             failed = true;
         }
-        let metrics = self.check_metrics(target).await;
+        let metrics = self.check_metrics().await;
         if metrics.iter().any(|m| !m.ok) {
             failed = true;
         }
@@ -719,9 +719,8 @@ impl Run<'_> {
         }
         match next_weight(self.canary, self.status.canary_weight) {
             Some(next) => {
-                if self.has_hooks("confirm-traffic-increase")
-                    && !self.run_hooks("confirm-traffic-increase").await
-                {
+                // No such hook: run_hooks answers true without a call.
+                if !self.run_hooks("confirm-traffic-increase").await {
                     self.event(
                         EventType::Normal,
                         "Waiting",
@@ -1255,10 +1254,6 @@ impl Run<'_> {
         Ok(true)
     }
 
-    fn has_hooks(&self, kind: &str) -> bool {
-        hooks::of_type(self.canary, kind).next().is_some()
-    }
-
     /// Calls every hook of `kind`, records each answer; true when all succeeded (or none exist).
     async fn run_hooks(&mut self, kind: &str) -> bool {
         let body = hooks::payload(self.canary, &self.status, &BTreeMap::new());
@@ -1306,7 +1301,7 @@ impl Run<'_> {
         None
     }
 
-    async fn check_metrics(&mut self, _target: &Deployment) -> Vec<MetricResult> {
+    async fn check_metrics(&mut self) -> Vec<MetricResult> {
         let checks = self.canary.spec.analysis.metrics.clone();
         if checks.is_empty() {
             return Vec::new();

@@ -68,9 +68,9 @@ pub fn dynamic_config(
     })
 }
 
-/// The share of calls the canary pods get with `weight` each: what the formula aims at, for
-/// the tests and the dashboard.
-pub fn canary_share(weight: u64, primaries: usize, canaries: usize) -> f64 {
+/// The share of calls the canary pods get with `weight` each: what the formula aims at.
+#[cfg(test)]
+fn canary_share(weight: u64, primaries: usize, canaries: usize) -> f64 {
     let canary = weight as f64 * canaries as f64;
     let total = canary + DEFAULT_WEIGHT as f64 * primaries as f64;
     if total == 0.0 { 0.0 } else { canary / total }

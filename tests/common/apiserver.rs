@@ -309,8 +309,8 @@ impl ApiServer {
         );
     }
 
-    /// Sets the image of Deployment `name` (a new pod template), as `kubectl set image` would.
-    pub fn set_image(&self, namespace: &str, name: &str, image: &str) {
+    /// Changes Deployment `name` in place (a MODIFIED event), as its owner would.
+    fn edit_deployment(&self, namespace: &str, name: &str, edit: impl FnOnce(&mut Value)) {
         let mut inner = self.lock();
         let key = key("deployments", namespace, name);
         let mut object = inner
@@ -318,10 +318,17 @@ impl ApiServer {
             .get(&key)
             .cloned()
             .expect("no such deployment");
-        object["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
-        let generation = object["metadata"]["generation"].as_i64().unwrap_or(1);
-        object["metadata"]["generation"] = json!(generation + 1);
+        edit(&mut object);
         self.store(&mut inner, key, object, "MODIFIED");
+    }
+
+    /// Sets the image of Deployment `name` (a new pod template), as `kubectl set image` would.
+    pub fn set_image(&self, namespace: &str, name: &str, image: &str) {
+        self.edit_deployment(namespace, name, |object| {
+            object["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
+            let generation = object["metadata"]["generation"].as_i64().unwrap_or(1);
+            object["metadata"]["generation"] = json!(generation + 1);
+        });
     }
 
     /// Plays the Deployment controller and the kubelet for `name`: its status says rolled out
@@ -377,15 +384,7 @@ impl ApiServer {
 
     /// Replaces Deployment `name`'s status (the Deployment controller's view).
     pub fn set_deployment_status(&self, namespace: &str, name: &str, status: Value) {
-        let mut inner = self.lock();
-        let key = key("deployments", namespace, name);
-        let mut object = inner
-            .objects
-            .get(&key)
-            .cloned()
-            .expect("no such deployment");
-        object["status"] = status;
-        self.store(&mut inner, key, object, "MODIFIED");
+        self.edit_deployment(namespace, name, |object| object["status"] = status);
     }
 
     /// Objects of `resource` in `namespace`.
