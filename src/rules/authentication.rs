@@ -11,6 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{Checked, FieldError, PolicySelector, field, item, one_of};
+use super::limits;
 use crate::pb::rules as pb;
 
 /// What the Java SDK's `AuthenticationAction` takes.
@@ -33,14 +34,16 @@ pub const AUTHENTICATION_ACTIONS: [&str; 4] = ["NONE", "DISABLED", "PERMISSIVE",
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AuthenticationPolicySpec {
-    #[schemars(extend("enum" = ["NONE", "DISABLED", "PERMISSIVE", "STRICT"]))]
+    #[schemars(extend("enum" = ["NONE", "DISABLED", "PERMISSIVE", "STRICT"]), length(max = limits::ENUM))]
     pub action: String,
     /// Which endpoints the policy applies to: all of them must match; none means every endpoint
     /// (of the policy's namespace, unless it is in the root namespace).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::MATCHERS))]
     pub selector: Vec<PolicySelector>,
     /// Per-port exceptions to `action`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::MATCHERS))]
     pub port_level: Vec<PortLevel>,
 }
 
@@ -49,7 +52,7 @@ pub struct AuthenticationPolicySpec {
 pub struct PortLevel {
     #[schemars(range(min = 1, max = 65535))]
     pub port: i32,
-    #[schemars(extend("enum" = ["NONE", "DISABLED", "PERMISSIVE", "STRICT"]))]
+    #[schemars(extend("enum" = ["NONE", "DISABLED", "PERMISSIVE", "STRICT"]), length(max = limits::ENUM))]
     pub action: String,
 }
 

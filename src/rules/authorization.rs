@@ -8,6 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{Checked, FieldError, PolicySelector, field, item, non_empty, one_of};
+use super::limits;
 use crate::pb::rules as pb;
 
 /// What the Java SDK's `AuthorizationAction` takes (`ADULT` is its spelling of audit).
@@ -33,10 +34,11 @@ pub const MATCH_TYPES: [&str; 2] = ["ANY_MATCH", "ALL_MATCH"];
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AuthorizationPolicySpec {
-    #[schemars(extend("enum" = ["ALLOW", "DENY", "ADULT"]))]
+    #[schemars(extend("enum" = ["ALLOW", "DENY", "ADULT"]), length(max = limits::ENUM))]
     pub action: String,
     /// None: the policy applies to its whole namespace (or everyone, in the root namespace).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::MATCHERS))]
     pub rules: Vec<AuthorizationRule>,
     /// Percentage of requests checked.
     #[serde(default)]
@@ -45,7 +47,7 @@ pub struct AuthorizationPolicySpec {
     #[serde(default)]
     pub order: f32,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(extend("enum" = ["ANY_MATCH", "ALL_MATCH"]))]
+    #[schemars(extend("enum" = ["ANY_MATCH", "ALL_MATCH"]), length(max = limits::ENUM))]
     pub match_type: String,
 }
 
@@ -65,11 +67,13 @@ pub struct AuthorizationRule {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Condition {
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::NAME))]
     pub key: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::SELECTOR_ENTRIES))]
     pub values: Vec<Match>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::SELECTOR_ENTRIES))]
     pub not_values: Vec<Match>,
 }
 
@@ -78,8 +82,9 @@ pub struct Condition {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Match {
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = limits::NAME))]
     pub r#type: String,
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::KEY))]
     pub value: String,
 }
 

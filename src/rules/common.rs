@@ -3,11 +3,11 @@
 
 use std::fmt::Display;
 
-use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::cidr::Cidr;
+use super::limits;
 use crate::mapping::quote;
 use crate::pb::rules as pb;
 
@@ -158,31 +158,31 @@ pub(crate) fn cidr(path: &str, value: &str) -> Checked {
 
 /// How a string is matched; exactly one field is set. Proto3 drops empty strings, so an empty
 /// field is the same as an absent one: match an empty value with `empty: "true"`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+// "Exactly one" is said structurally (`minProperties`/`maxProperties` of 1 over optional
+// non-empty strings), which costs the API server's CEL budget nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[x_kube(validation = Rule::new(
-    "[has(self.exact), has(self.prefix), has(self.regex), has(self.noempty), has(self.empty), has(self.wildcard)].filter(x, x).size() == 1"
-).message("exactly one of exact, prefix, regex, noempty, empty, wildcard must be set"))]
+#[schemars(extend("minProperties" = 1, "maxProperties" = 1))]
 pub struct StringMatch {
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::KEY))]
     pub exact: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::KEY))]
     pub prefix: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::REGEX))]
     pub regex: String,
     /// Any non-empty text: matches a value that is present and not empty.
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::KEY))]
     pub noempty: String,
     /// Any non-empty text: matches an absent or empty value.
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::KEY))]
     pub empty: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::KEY))]
     pub wildcard: String,
 }
 
@@ -236,7 +236,7 @@ impl StringMatch {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ParamMatch {
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::NAME))]
     pub key: String,
     pub value: StringMatch,
 }
@@ -263,21 +263,20 @@ pub(crate) fn check_params(path: &str, name: &str, params: &[ParamMatch]) -> Che
 }
 
 /// How an address is matched; exactly one field is set. (`cird` is spelled so on the wire.)
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+// Said structurally, as for `StringMatch`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[x_kube(validation = Rule::new(
-    "[has(self.wildcard), has(self.cird), has(self.exact)].filter(x, x).size() == 1"
-).message("exactly one of wildcard, cird, exact must be set"))]
+#[schemars(extend("minProperties" = 1, "maxProperties" = 1))]
 pub struct AddressMatch {
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::KEY))]
     pub wildcard: String,
     /// A CIDR block, `10.0.0.0/8`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::NAME))]
     pub cird: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::KEY))]
     pub exact: String,
 }
 
@@ -318,7 +317,7 @@ impl AddressMatch {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ListStringMatch {
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::MATCHERS))]
     pub oneof: Vec<StringMatch>,
 }
 
@@ -349,6 +348,7 @@ pub struct ConditionMatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub application: Option<ListStringMatch>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::MATCHERS))]
     pub param: Vec<ParamMatch>,
 }
 
@@ -383,22 +383,30 @@ impl ConditionMatch {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PolicySelector {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::SELECTOR_ENTRIES), inner(length(max = 63)))]
     pub namespaces: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::SELECTOR_ENTRIES), inner(length(max = 63)))]
     pub not_namespaces: Vec<String>,
     /// CIDR blocks one of the endpoint's IPs must lie in.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::SELECTOR_ENTRIES), inner(length(max = limits::NAME)))]
     pub ip_blocks: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::SELECTOR_ENTRIES), inner(length(max = limits::NAME)))]
     pub not_ip_blocks: Vec<String>,
     /// SPIFFE IDs, with or without `spiffe://`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::SELECTOR_ENTRIES), inner(length(max = limits::KEY)))]
     pub principals: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::SELECTOR_ENTRIES), inner(length(max = limits::KEY)))]
     pub not_principals: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::MATCHERS))]
     pub extends: Vec<PolicyExtend>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::MATCHERS))]
     pub not_extends: Vec<PolicyExtend>,
 }
 
@@ -406,9 +414,10 @@ pub struct PolicySelector {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PolicyExtend {
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::NAME))]
     pub key: String,
     #[serde(default)]
+    #[schemars(length(max = limits::KEY))]
     pub value: String,
 }
 

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::common::{Checked, FieldError, at_least_one, field, item, one_of, word, yes};
 use super::condition::parse_condition;
-use super::{SCOPES, config_version};
+use super::{SCOPES, config_version, limits};
 use crate::pb::rules as pb;
 
 #[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -37,14 +37,14 @@ pub struct ConditionRouteSpec {
     pub force: bool,
     #[serde(default = "yes")]
     pub runtime: bool,
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::KEY))]
     pub key: String,
-    #[schemars(extend("enum" = ["service", "application"]))]
+    #[schemars(extend("enum" = ["service", "application"]), length(max = limits::ENUM))]
     pub scope: String,
     /// `when => then` conditions, e.g. `method=sayHello => region=hangzhou`.
-    #[schemars(length(min = 1, max = 1000), inner(length(min = 1)))]
+    #[schemars(length(min = 1, max = limits::INSTANCES), inner(length(min = 1, max = limits::CONDITION)))]
     pub conditions: Vec<String>,
-    #[schemars(extend("enum" = ["v3.0", "v2.7"]))]
+    #[schemars(extend("enum" = ["v3.0", "v2.7"]), length(max = limits::ENUM))]
     pub config_version: String,
 }
 

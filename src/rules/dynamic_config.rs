@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::common::{
     Checked, ConditionMatch, FieldError, at_least_one, field, item, one_of, word, words, yes,
 };
-use super::{SCOPES, config_version};
+use super::{SCOPES, config_version, limits};
 use crate::pb::rules as pb;
 
 #[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -32,15 +32,15 @@ use crate::pb::rules as pb;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DynamicConfigSpec {
     /// A service key (`group/interface:version`, scope `service`) or an application name.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::KEY))]
     pub key: String,
-    #[schemars(extend("enum" = ["service", "application"]))]
+    #[schemars(extend("enum" = ["service", "application"]), length(max = limits::ENUM))]
     pub scope: String,
-    #[schemars(extend("enum" = ["v3.0", "v2.7"]))]
+    #[schemars(extend("enum" = ["v3.0", "v2.7"]), length(max = limits::ENUM))]
     pub config_version: String,
     #[serde(default = "yes")]
     pub enabled: bool,
-    #[schemars(length(min = 1, max = 1000))]
+    #[schemars(length(min = 1, max = limits::INSTANCES))]
     pub configs: Vec<OverrideConfig>,
 }
 
@@ -49,24 +49,32 @@ pub struct DynamicConfigSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OverrideConfig {
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(extend("enum" = ["provider", "consumer"]))]
+    #[schemars(extend("enum" = ["provider", "consumer"]), length(max = limits::ENUM))]
     pub side: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::INSTANCES), inner(length(max = limits::KEY)))]
     pub addresses: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::INSTANCES), inner(length(max = limits::KEY)))]
     pub provider_addresses: Vec<String>,
     /// At least one; values are strings (quote numbers in YAML: `weight: "50"`).
-    #[schemars(extend("minProperties" = 1))]
+    #[schemars(extend(
+        "minProperties" = 1,
+        "maxProperties" = limits::PARAMETERS,
+        "additionalProperties" = {"type": "string", "maxLength": limits::KEY},
+    ))]
     #[x_kube(validation = Rule::new(
         "!has(self.weight) || (int(self.weight) >= 0 && int(self.weight) <= 1000000)"
     ).message("weight must be an integer from 0 to 1000000"))]
     pub parameters: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::INSTANCES), inner(length(max = limits::NAME)))]
     pub applications: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = limits::INSTANCES), inner(length(max = limits::KEY)))]
     pub services: Vec<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(extend("enum" = ["general", "weight", "balancing", "disabled"]))]
+    #[schemars(extend("enum" = ["general", "weight", "balancing", "disabled"]), length(max = limits::ENUM))]
     pub r#type: String,
     #[serde(default = "yes")]
     pub enabled: bool,

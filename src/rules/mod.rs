@@ -14,7 +14,9 @@ mod authorization;
 mod common;
 mod condition_route;
 mod dynamic_config;
+pub mod limits;
 mod manifest;
+mod schema;
 mod tag_route;
 #[cfg(test)]
 mod tests;
@@ -46,6 +48,7 @@ pub use dynamic_config::{DynamicConfig, DynamicConfigSpec, OverrideConfig};
 pub use manifest::{
     API_VERSION, DEFAULT_NAMESPACE, ManifestError, parse_manifests, parse_manifests_in,
 };
+pub use schema::{limits_markdown, limits_table};
 pub use tag_route::{Tag, TagRoute, TagRouteSpec};
 
 /// The kinds that are rules (every kind but ServiceNameMapping).
@@ -137,8 +140,9 @@ impl RuleSpec {
         if spec.is_null() {
             return Err(FieldError::new(PATH, "is required"));
         }
-        if let Some(schema) = spec_schema(kind) {
-            objects_where_objects_belong(schema, spec, PATH)?;
+        let schema = spec_schema(kind);
+        if let Some(schema) = schema {
+            schema::check(schema, spec, PATH, schema::Depth::Types)?;
         }
         let parsed = match kind {
             Kind::TagRoute => RuleSpec::TagRoute(deserialize(spec)?),
@@ -159,6 +163,11 @@ impl RuleSpec {
             RuleSpec::DynamicConfig(spec) => spec.check(PATH)?,
             RuleSpec::AuthenticationPolicy(spec) => spec.check(PATH)?,
             RuleSpec::AuthorizationPolicy(spec) => spec.check(PATH)?,
+        }
+        // After the kind's own checks, whose messages say more for what they cover: what is
+        // left is the schema's bounds, the same the API server enforces.
+        if let Some(schema) = schema {
+            schema::check(schema, spec, PATH, schema::Depth::Full)?;
         }
         Ok(parsed)
     }
@@ -206,7 +215,7 @@ fn deserialize<T: DeserializeOwned>(spec: &serde_json::Value) -> Result<T, Field
 }
 
 /// The CRD schema of `kind`'s spec, generated once.
-fn spec_schema(kind: Kind) -> Option<&'static serde_json::Value> {
+pub fn spec_schema(kind: Kind) -> Option<&'static serde_json::Value> {
     static SCHEMAS: OnceLock<Vec<serde_json::Value>> = OnceLock::new();
     let schemas = SCHEMAS.get_or_init(|| {
         crds()
@@ -222,54 +231,6 @@ fn spec_schema(kind: Kind) -> Option<&'static serde_json::Value> {
     });
     let index = RULE_KINDS.iter().position(|k| *k == kind)?;
     schemas.get(index)
-}
-
-/// Serde reads a struct from a list as well as from a map (`value: ["v2"]` would become
-/// `exact: v2`); the API server refuses that, so this does too, before deserialising.
-fn objects_where_objects_belong(
-    schema: &serde_json::Value,
-    value: &serde_json::Value,
-    path: &str,
-) -> Result<(), FieldError> {
-    use serde_json::Value;
-    match (schema.get("type").and_then(Value::as_str), value) {
-        (Some("object"), Value::Object(map)) => {
-            let properties = schema.get("properties").and_then(Value::as_object);
-            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
-            for (key, value) in map {
-                let field_schema = properties.and_then(|p| p.get(key)).or(additional);
-                if let Some(field_schema) = field_schema {
-                    objects_where_objects_belong(field_schema, value, &format!("{path}.{key}"))?;
-                }
-            }
-            Ok(())
-        }
-        // Null is for serde to judge: absent where optional, an error where required.
-        (Some("object"), Value::Null) => Ok(()),
-        (Some("object"), other) => Err(FieldError::new(
-            path,
-            format!("must be an object (got {})", json_type(other)),
-        )),
-        (Some("array"), Value::Array(items)) => match schema.get("items") {
-            Some(item_schema) => items.iter().enumerate().try_for_each(|(i, item)| {
-                objects_where_objects_belong(item_schema, item, &format!("{path}[{i}]"))
-            }),
-            None => Ok(()),
-        },
-        _ => Ok(()),
-    }
-}
-
-fn json_type(value: &serde_json::Value) -> &'static str {
-    use serde_json::Value;
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// The five rule CRDs, in [`RULE_KINDS`] order.

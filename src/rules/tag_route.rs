@@ -4,12 +4,13 @@
 use std::collections::BTreeSet;
 
 use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{
     Checked, FieldError, ParamMatch, at_least_one, check_params, field, item, word, words, yes,
 };
-use super::config_version;
+use super::{config_version, limits};
 use crate::pb::rules as pb;
 
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -40,29 +41,29 @@ pub struct TagRouteSpec {
     #[serde(default = "yes")]
     pub runtime: bool,
     /// The provider application the tags divide.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::KEY))]
     pub key: String,
-    #[schemars(extend("enum" = ["v3.0", "v2.7"]))]
+    #[schemars(extend("enum" = ["v3.0", "v2.7"]), length(max = limits::ENUM))]
     pub config_version: String,
     #[serde(default)]
     pub force: bool,
-    #[schemars(length(min = 1, max = 1000))]
+    #[schemars(length(min = 1, max = limits::INSTANCES))]
     pub tags: Vec<Tag>,
 }
 
 /// One tag: its instances by address (`addresses`) or by their parameters (`match`, v3.0).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+// "One of the two" is a structural `oneOf` (no CEL cost).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[x_kube(validation = Rule::new("has(self.addresses) != has(self.match)")
-    .message("set either addresses or match"))]
+#[schemars(extend("oneOf" = [{"required": ["addresses"]}, {"required": ["match"]}]))]
 pub struct Tag {
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::NAME))]
     pub name: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::INSTANCES), inner(length(max = limits::KEY)))]
     pub addresses: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::MATCHERS))]
     pub r#match: Vec<ParamMatch>,
 }
 
