@@ -55,6 +55,8 @@ fn first_unknown_field(raw: &Value, typed: &Value, path: &str) -> Option<String>
         (Value::Object(raw), Value::Object(typed)) => raw.iter().find_map(|(key, value)| {
             let path = format!("{path}.{key}");
             match typed.get(key) {
+                // An explicit null is what the API server stores for an unset field.
+                None if value.is_null() => None,
                 None => Some(path),
                 Some(typed) => first_unknown_field(value, typed, &path),
             }
