@@ -1,0 +1,243 @@
+//! A Canary through a promotion and another through a rollback, on the real API server. There
+//! is no controller-manager or kubelet: a task here plays the Deployment controller (status with
+//! the observed generation and ready replicas) and the kubelet (one Running, Ready pod per
+//! replica of the current template, with a loopback IP).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use crate::common::kube_local::{Cluster, free_port};
+
+const NS: &str = "e2e-canary";
+const WAIT: Duration = Duration::from_secs(90);
+/// Marks the pods this task made, by Deployment.
+const OWNER: &str = "e2e.dubbo.apache.org/deployment";
+
+async fn admin_client(cluster: &Cluster) -> Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&cluster.kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+/// One pass of the Deployment controller and the kubelet over the Deployments of [`NS`].
+async fn reconcile(client: &Client, next_ip: &AtomicU32) -> kube::Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    for deployment in deployments.list(&ListParams::default()).await? {
+        let name = deployment.metadata.name.clone().unwrap_or_default();
+        let generation = deployment.metadata.generation.unwrap_or(1);
+        let spec = deployment.spec.clone();
+        let replicas = spec.replicas.unwrap_or(1);
+        let template = serde_json::to_value(&spec.template).unwrap();
+        let hash = format!("{:x}", fnv(&template.to_string()));
+        let labels = template["metadata"]["labels"].clone();
+        // The kubelet: exactly `replicas` ready pods of the current template.
+        let owned = pods
+            .list(&ListParams::default().labels(&format!("{OWNER}={name}")))
+            .await?;
+        let wanted: BTreeSet<String> = (0..replicas)
+            .map(|i| format!("{name}-{hash}-{i}"))
+            .collect();
+        for pod in &owned {
+            let pod_name = pod.metadata.name.clone().unwrap_or_default();
+            if !wanted.contains(&pod_name) && pod.metadata.deletion_timestamp.is_none() {
+                pods.delete(&pod_name, &DeleteParams::default().grace_period(0))
+                    .await?;
+            }
+        }
+        let existing: BTreeSet<String> = owned
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        for pod_name in wanted.difference(&existing) {
+            let mut pod_labels = labels.clone();
+            pod_labels[OWNER] = json!(name);
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": pod_name, "labels": pod_labels},
+                "spec": template["spec"],
+            }))
+            .unwrap();
+            pods.create(&PostParams::default(), &pod).await?;
+            let n = next_ip.fetch_add(1, Ordering::Relaxed);
+            let ip = format!("127.0.{}.{}", n / 250, n % 250 + 1);
+            let status = json!({"status": {
+                "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }});
+            pods.patch_status(pod_name, &PatchParams::default(), &Patch::Merge(&status))
+                .await?;
+        }
+        // The Deployment controller: rolled out, every replica updated and available.
+        let wanted_status = json!({
+            "observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas,
+            "readyReplicas": replicas, "availableReplicas": replicas,
+        });
+        let current = serde_json::to_value(&deployment.status).unwrap_or(Value::Null);
+        let differs = wanted_status
+            .as_object()
+            .unwrap()
+            .iter()
+            .any(|(key, value)| current[key] != *value);
+        if differs {
+            let patch = json!({"status": wanted_status});
+            deployments
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+fn fnv(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// Plays the controllers until `running` turns false.
+fn play_controllers(client: Client, running: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        let next_ip = AtomicU32::new(1);
+        while running.load(Ordering::Relaxed) {
+            if let Err(e) = reconcile(&client, &next_ip).await {
+                // A conflict with the canary controller's own write: the next pass retries.
+                eprintln!("deployment controller pass: {e}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+}
+
+fn deployment(name: &str, image: &str) -> String {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS, "labels": {"app": name}},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": {"containers": [{"name": "app", "image": image}]}}},
+    })
+    .to_string()
+}
+
+fn canary(name: &str, analysis: Value) -> String {
+    json!({
+        "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+                 "progressDeadlineSeconds": 60, "analysis": analysis},
+    })
+    .to_string()
+}
+
+fn phase(cluster: &Cluster, name: &str) -> String {
+    cluster
+        .get_json(&["canary", name, "-n", NS])
+        .and_then(|c| c["status"]["phase"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn image(cluster: &Cluster, deployment: &str) -> String {
+    cluster
+        .get_json(&["deployment", deployment, "-n", NS])
+        .and_then(|d| {
+            d["spec"]["template"]["spec"]["containers"][0]["image"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .unwrap_or_default()
+}
+
+async fn wait_phase(cluster: &Cluster, name: &str, wanted: &str) {
+    cluster
+        .wait_until(&format!("Canary {name} in phase {wanted}"), WAIT, || {
+            phase(cluster, name) == wanted
+        })
+        .await;
+}
+
+pub async fn promotion_and_rollback(cluster: &Cluster) {
+    cluster.namespace(NS, &[]);
+    let running = Arc::new(AtomicBool::new(true));
+    play_controllers(admin_client(cluster).await, running.clone());
+
+    // A good release: promoted through 25 % and 50 %.
+    cluster.kubectl_in(
+        &["apply", "-f", "-"],
+        Some(&deployment("podinfo", "podinfo:1")),
+    );
+    let good = json!({"interval": "500ms", "threshold": 2, "maxWeight": 50, "stepWeight": 25});
+    cluster.kubectl_in(&["apply", "-f", "-"], Some(&canary("podinfo", good)));
+    // A bad one: its pre-rollout gate cannot be reached, which counts as a failed check.
+    cluster.kubectl_in(
+        &["apply", "-f", "-"],
+        Some(&deployment("backend", "backend:1")),
+    );
+    let closed = format!("http://127.0.0.1:{}/gate", free_port());
+    let bad = json!({"interval": "500ms", "threshold": 2, "maxWeight": 50, "stepWeight": 25,
+                     "webhooks": [{"name": "gate", "type": "pre-rollout", "url": closed,
+                                   "timeout": "1s", "retries": 0}]});
+    cluster.kubectl_in(&["apply", "-f", "-"], Some(&canary("backend", bad)));
+    for name in ["podinfo", "backend"] {
+        wait_phase(cluster, name, "Initialized").await;
+        assert_eq!(
+            image(cluster, &format!("{name}-primary")),
+            format!("{name}:1")
+        );
+    }
+
+    cluster.kubectl_ok(&[
+        "set",
+        "image",
+        "deployment/podinfo",
+        "app=podinfo:2",
+        "-n",
+        NS,
+    ]);
+    cluster.kubectl_ok(&[
+        "set",
+        "image",
+        "deployment/backend",
+        "app=backend:2",
+        "-n",
+        NS,
+    ]);
+
+    wait_phase(cluster, "podinfo", "Succeeded").await;
+    assert_eq!(image(cluster, "podinfo-primary"), "podinfo:2");
+    let status = cluster.get_json(&["canary", "podinfo", "-n", NS]).unwrap()["status"].clone();
+    let weights: Vec<i64> = status["history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|step| step["weight"].as_i64())
+        .collect();
+    assert!(
+        weights.contains(&25) && weights.contains(&50),
+        "weights went {weights:?}: {status}"
+    );
+
+    wait_phase(cluster, "backend", "Failed").await;
+    assert_eq!(
+        image(cluster, "backend-primary"),
+        "backend:1",
+        "the primary keeps the old release"
+    );
+    cluster
+        .wait_until("the failed canary scaled to zero", WAIT, || {
+            cluster
+                .get_json(&["deployment", "backend", "-n", NS])
+                .is_some_and(|d| d["spec"]["replicas"] == 0)
+        })
+        .await;
+    running.store(false, Ordering::Relaxed);
+}

@@ -1,0 +1,508 @@
+//! Kubernetes mode end to end, on a real kube-apiserver + etcd (tests/common/kube_local.rs):
+//! deploy/ applied by kubectl (real kustomize, CRD validation and CEL cost estimation), the real
+//! `dubbo-cp` binary running as deploy/'s ServiceAccount with a real token (so deploy/'s RBAC is
+//! what it has), SDK calls with real pod-bound tokens, the API server calling the admission
+//! webhook. One API server for this binary, a namespace per test; waits poll the API server.
+//!
+//! The in-process fixture (tests/common/apiserver.rs) stays for what a real server cannot do on
+//! demand: injected 500s, outages, 410 Gone, blocked watches.
+
+// Tests and their helpers: a failure is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+mod independent {
+    #![allow(clippy::all, clippy::pedantic, dead_code, missing_docs)]
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/independent/org.apache.dubbo.auth.v1alpha1.rs"
+    ));
+}
+
+mod e2e {
+    pub mod canary;
+    pub mod crds;
+}
+
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use common::kube_local::{ControlPlane, cluster, control_plane, free_port};
+use common::{Observer, channel, request, type_of};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The control plane most tests share (canary controller on, expiry after 2 s, no webhook:
+/// the webhook test runs its own, which it stops).
+fn shared() -> &'static Mutex<ControlPlane> {
+    static SHARED: OnceLock<Mutex<ControlPlane>> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let plane = control_plane(
+            cluster(),
+            &[
+                "--webhook-enabled",
+                "false",
+                "--mapping-expire-after",
+                "2s",
+                "--canary-enabled",
+                "true",
+                "--canary-lease-duration",
+                "3s",
+            ],
+        );
+        common::kube_local::reap_with_this_process(plane.child.id());
+        Mutex::new(plane)
+    })
+}
+
+fn shared_addrs() -> (std::net::SocketAddr, std::net::SocketAddr) {
+    let plane = shared().lock().unwrap();
+    (plane.grpc(), plane.admin())
+}
+
+fn with_token<T>(message: T, token: &str, kind: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let metadata = request.metadata_mut();
+    metadata.insert("authorization", format!("Bearer {token}").parse().unwrap());
+    if let Some(kind) = kind {
+        metadata.insert("authorization-type", kind.parse().unwrap());
+    }
+    request
+}
+
+#[test]
+fn deploy_applies_on_an_empty_cluster_and_again_without_a_change() {
+    let cluster = cluster();
+    // The first apply (made when the cluster started) created every object.
+    for object in [
+        "namespace/dubbo-system",
+        "customresourcedefinition.apiextensions.k8s.io/servicenamemappings.dubbo.apache.org",
+        "customresourcedefinition.apiextensions.k8s.io/tagroutes.dubbo.apache.org",
+        "customresourcedefinition.apiextensions.k8s.io/conditionroutes.dubbo.apache.org",
+        "customresourcedefinition.apiextensions.k8s.io/dynamicconfigs.dubbo.apache.org",
+        "customresourcedefinition.apiextensions.k8s.io/authenticationpolicies.dubbo.apache.org",
+        "customresourcedefinition.apiextensions.k8s.io/authorizationpolicies.dubbo.apache.org",
+        "customresourcedefinition.apiextensions.k8s.io/canaries.dubbo.apache.org",
+        "statefulset.apps/dubbo-cp",
+    ] {
+        assert!(
+            cluster.first_apply.contains(&format!("{object} created")),
+            "{object} not created:\n{}",
+            cluster.first_apply
+        );
+    }
+    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
+    let again = cluster.kubectl_ok(&["apply", "-k", deploy]);
+    let changed: Vec<&str> = again
+        .lines()
+        .filter(|line| !line.ends_with(" unchanged"))
+        .collect();
+    assert_eq!(
+        changed,
+        Vec::<&str>::new(),
+        "a second apply changed objects"
+    );
+}
+
+#[tokio::test]
+async fn a_registration_with_a_pod_bound_token_reaches_kubectl_and_another_namespace_is_refused() {
+    let cluster = cluster();
+    let (grpc, _) = shared_addrs();
+    cluster.namespace("e2e-reg", &[]);
+    cluster.pod("e2e-reg", "shop-0", json!({"app": "shop"}));
+    let token = cluster.token("e2e-reg", "default", None, Some("shop-0"));
+    let mut client =
+        dubbo_cp::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient::new(
+            channel(grpc).await,
+        );
+    let answer = client
+        .register_service_app_mapping(with_token(
+            request("e2e-reg", "shop", &["org.example.Cart"]),
+            &token,
+            None,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.success, "{}", answer.message);
+    // Durable before success: the object may still be on its way through the debouncer.
+    cluster
+        .wait_until("the mapping in kubectl get snp -A", WAIT, || {
+            cluster
+                .kubectl_ok(&["get", "snp", "-A"])
+                .lines()
+                .any(|line| line.starts_with("e2e-reg"))
+        })
+        .await;
+    let table = cluster.kubectl_ok(&["get", "snp", "-A"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAMESPACE", "NAME", "INTERFACE", "APPLICATIONS", "AGE"]
+    );
+    let row: Vec<&str> = table
+        .lines()
+        .find(|line| line.starts_with("e2e-reg"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row[..4],
+        [
+            "e2e-reg",
+            "org-example-cart",
+            "org.example.Cart",
+            "[\"shop\"]"
+        ]
+    );
+    let object = cluster
+        .get_json(&["snp", "org-example-cart", "-n", "e2e-reg"])
+        .unwrap();
+    assert_eq!(
+        object["metadata"]["labels"]["interface"],
+        "org.example.Cart"
+    );
+    let registrants = object["metadata"]["annotations"]["dubbo.apache.org/registrants"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(registrants.contains("shop-0/"), "{registrants}");
+
+    // The same workload registering in another namespace.
+    let refused = client
+        .register_service_app_mapping(with_token(
+            request("default", "shop", &["org.example.Cart"]),
+            &token,
+            None,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    // No token at all.
+    let anonymous = client
+        .register_service_app_mapping(request("e2e-reg", "shop", &["org.example.Other"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        anonymous.code(),
+        tonic::Code::Unauthenticated,
+        "{anonymous:?}"
+    );
+}
+
+/// docs/rules.md's examples (one per kind, in namespace `demo`), applied with kubectl.
+fn rule_examples() -> Vec<String> {
+    let text = include_str!("../docs/rules.md");
+    text.split("```yaml\n")
+        .skip(1)
+        .map(|block| block.split("```").next().unwrap().to_owned())
+        .filter(|body| !body.contains("  ...") && body.contains("apiVersion: dubbo.apache.org"))
+        .collect()
+}
+
+#[tokio::test]
+async fn rules_applied_with_kubectl_reach_a_discovery_client_and_invalid_ones_are_refused() {
+    let cluster = cluster();
+    let (grpc, _) = shared_addrs();
+    cluster.namespace("demo", &[]);
+    for example in rule_examples() {
+        cluster.kubectl_in(&["apply", "-f", "-"], Some(&example));
+    }
+    // A client as a pod labelled app=shop: the AuthorizationPolicy selects it (`to`).
+    cluster.pod("demo", "shop-0", json!({"app": "shop"}));
+    let token = cluster.token("demo", "default", None, Some("shop-0"));
+    let observer = &mut Observer::connect_as(channel(grpc).await, Some(&token))
+        .await
+        .unwrap();
+    for (kind, name) in [
+        ("TagRoute", "shop-grey"),
+        ("ConditionRoute", "comment-route"),
+        ("DynamicConfig", "shop-weight"),
+        ("AuthenticationPolicy", "strict-mtls"),
+        ("AuthorizationPolicy", "shop-callers"),
+    ] {
+        observer.subscribe(&type_of(kind)).await;
+        let key = format!("{name}/demo");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let response = observer
+                .next_within(deadline - tokio::time::Instant::now())
+                .await
+                .unwrap_or_else(|| panic!("{kind} {key} never reached the client"));
+            observer.ack(&response).await;
+            let keys = keys_of(&response);
+            if response.r#type == type_of(kind) && keys.contains(&key) {
+                break;
+            }
+        }
+    }
+
+    // Refused by the API server itself, naming the field.
+    let mut two_matchers: Value = serde_yaml::from_str(&rule_examples()[0]).unwrap();
+    two_matchers["metadata"]["name"] = json!("two-matchers");
+    two_matchers["spec"]["tags"][0]["match"][0]["value"] = json!({"exact": "v2", "prefix": "v"});
+    let heavy = json!({
+        "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "DynamicConfig",
+        "metadata": {"name": "too-heavy", "namespace": "demo"},
+        "spec": {"key": "shop", "scope": "application", "configVersion": "v3.0",
+                 "configs": [{"side": "provider", "parameters": {"weight": "2000000"}}]},
+    });
+    for (object, field) in [
+        (two_matchers, "spec.tags[0].match[0].value"),
+        (heavy, "spec.configs[0].parameters"),
+    ] {
+        let output = cluster.kubectl(&["apply", "-f", "-"], Some(&object.to_string()));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "accepted: {object}");
+        assert!(stderr.contains(field), "{field} not named: {stderr}");
+    }
+}
+
+fn keys_of(response: &dubbo_cp::dds::ObserveResponse) -> Vec<String> {
+    response
+        .data
+        .decode()
+        .unwrap()
+        .iter()
+        .map(|any| {
+            // Every <Kind>ToClient starts with `string key = 1`.
+            #[derive(prost::Message)]
+            struct Keyed {
+                #[prost(string, tag = "1")]
+                key: String,
+            }
+            <Keyed as prost::Message>::decode(any.value.as_slice())
+                .unwrap()
+                .key
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_yaml_example_in_the_docs_is_accepted_by_the_api_server_and_by_apply() {
+    let cluster = cluster();
+    let mut examples = Vec::new();
+    for (file, text) in [
+        ("README.md", include_str!("../README.md")),
+        ("docs/rules.md", include_str!("../docs/rules.md")),
+    ] {
+        for (i, block) in text.split("```yaml\n").skip(1).enumerate() {
+            let body = block.split("```").next().unwrap();
+            if body.contains("  ...") || !body.contains("apiVersion:") {
+                continue;
+            }
+            examples.push((format!("{file} yaml block {}", i + 1), body.to_owned()));
+        }
+    }
+    assert!(examples.len() >= 6, "{examples:?}");
+    for (name, body) in &examples {
+        // Namespaces the examples use.
+        for document in serde_yaml::Deserializer::from_str(body) {
+            let value = <Value as serde::Deserialize>::deserialize(document).unwrap();
+            if let Some(namespace) = value["metadata"]["namespace"].as_str() {
+                cluster.namespace(namespace, &[]);
+            }
+        }
+        let output = cluster.kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(body));
+        assert!(
+            output.status.success(),
+            "{name} refused by the API server: {}\n{body}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // Standalone: the rule kinds go through the same validation as `dubbo-cp apply`.
+        if dubbo_cp::rules::RULE_KINDS
+            .iter()
+            .any(|kind| body.contains(&format!("kind: {}", kind.name())))
+        {
+            dubbo_cp::rules::parse_manifests(body)
+                .unwrap_or_else(|e| panic!("{name} refused by apply: {e}\n{body}"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_ca_issues_a_certificate_to_a_caller_holding_a_real_token() {
+    let cluster = cluster();
+    let (grpc, _) = shared_addrs();
+    cluster.namespace("e2e-ca", &[]);
+    cluster.pod("e2e-ca", "provider-0", json!({"app": "provider"}));
+    let token = cluster.token("e2e-ca", "default", Some("dubbo-ca"), Some("provider-0"));
+    let key = rcgen::KeyPair::generate().unwrap();
+    let csr = rcgen::CertificateParams::new(vec!["ignored.example".to_owned()])
+        .unwrap()
+        .serialize_request(&key)
+        .unwrap()
+        .pem()
+        .unwrap();
+    let mut authority =
+        independent::authority_service_client::AuthorityServiceClient::new(channel(grpc).await);
+    let identity = authority
+        .create_identity(with_token(
+            independent::IdentityRequest {
+                csr,
+                r#type: "CONNECTION".into(),
+                metadata: None,
+            },
+            &token,
+            Some("dubbo-ca-token"),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(identity.success, "{}", identity.message);
+    let der = pem::parse(&identity.cert_pem).unwrap().into_contents();
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+    let uris: Vec<String> = cert
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            x509_parser::extensions::GeneralName::URI(uri) => Some(uri.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(uris, ["spiffe://cluster.local/ns/e2e-ca/sa/default"]);
+    assert!(!identity.trust_certs.is_empty());
+    // The root is in the cluster where deploy/ says: Secret dubbo-ca-secret, ConfigMaps.
+    assert!(
+        cluster
+            .get_json(&["secret", "dubbo-ca-secret", "-n", "dubbo-system"])
+            .is_some()
+    );
+    cluster
+        .wait_until("ConfigMap dubbo-ca-cert in e2e-ca", WAIT, || {
+            cluster
+                .get_json(&["configmap", "dubbo-ca-cert", "-n", "e2e-ca"])
+                .is_some()
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn an_application_expires_after_its_pods_are_gone_and_a_live_one_stays() {
+    let cluster = cluster();
+    let (grpc, _) = shared_addrs();
+    cluster.namespace("e2e-exp", &[]);
+    let mut client =
+        dubbo_cp::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient::new(
+            channel(grpc).await,
+        );
+    for (pod, application) in [("old-0", "old"), ("live-0", "live")] {
+        cluster.pod("e2e-exp", pod, json!({"app": application}));
+        let token = cluster.token("e2e-exp", "default", None, Some(pod));
+        let answer = client
+            .register_service_app_mapping(with_token(
+                request("e2e-exp", application, &["org.example.Stock"]),
+                &token,
+                None,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(answer.success, "{}", answer.message);
+    }
+    let applications = || -> Vec<String> {
+        cluster
+            .get_json(&["snp", "org-example-stock", "-n", "e2e-exp"])
+            .map(|o| serde_json::from_value(o["spec"]["applicationNames"].clone()).unwrap())
+            .unwrap_or_default()
+    };
+    cluster
+        .wait_until("both applications", WAIT, || {
+            applications() == ["live", "old"]
+        })
+        .await;
+    cluster.kubectl_ok(&["delete", "pod", "old-0", "-n", "e2e-exp", "--wait=false"]);
+    cluster
+        .wait_until("old to expire (expireAfter 2s)", WAIT, || {
+            applications() == ["live"]
+        })
+        .await;
+    // The live application's pod still exists: it stays however many scans pass. Three
+    // expiry periods after the removal it is still there.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(applications(), ["live"]);
+}
+
+#[tokio::test]
+async fn the_api_server_calls_the_webhook_which_injects_opted_in_pods_and_fails_open() {
+    let cluster = cluster();
+    let port = free_port();
+    let url = format!("https://127.0.0.1:{port}/mutating-services");
+    let addr = format!("127.0.0.1:{port}");
+    let plane = control_plane(
+        cluster,
+        &[
+            "--webhook-enabled",
+            "true",
+            "--webhook-url",
+            &url,
+            "--webhook-addr",
+            &addr,
+            "--canary-enabled",
+            "false",
+        ],
+    );
+    cluster
+        .wait_until(
+            "MutatingWebhookConfiguration dubbo-cp naming our URL",
+            WAIT,
+            || {
+                cluster
+                    .get_json(&["mutatingwebhookconfiguration", "dubbo-cp"])
+                    .is_some_and(|c| c["webhooks"][0]["clientConfig"]["url"] == url.as_str())
+            },
+        )
+        .await;
+    cluster.namespace("e2e-inject", &["dubbo-ca.inject=true"]);
+    cluster.namespace("e2e-plain", &[]);
+    let volumes = |pod: &Value| -> Vec<String> {
+        pod["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["name"].as_str().map(str::to_owned))
+            .filter(|name| name.starts_with("dubbo-"))
+            .collect()
+    };
+    let injected = cluster.pod("e2e-inject", "in-0", json!({"app": "in"}));
+    assert_eq!(volumes(&injected), ["dubbo-ca-token", "dubbo-ca-cert"]);
+    let env: Vec<&str> = injected["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(
+        env,
+        [
+            "DUBBO_CA_ADDRESS",
+            "DUBBO_CA_CERT_PATH",
+            "DUBBO_OIDC_TOKEN",
+            "DUBBO_OIDC_TOKEN_TYPE"
+        ]
+    );
+    let plain = cluster.pod("e2e-plain", "out-0", json!({"app": "out"}));
+    assert_eq!(volumes(&plain), Vec::<String>::new());
+
+    // The control plane down: pods are still admitted (failurePolicy Ignore), unchanged.
+    drop(plane);
+    let admitted = cluster.pod("e2e-inject", "in-1", json!({"app": "in"}));
+    assert_eq!(volumes(&admitted), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_canary_is_promoted_and_another_is_rolled_back() {
+    let cluster = cluster();
+    let _ = shared_addrs();
+    e2e::canary::promotion_and_rollback(cluster).await;
+}
+
+#[tokio::test]
+async fn every_crd_fits_the_cel_budget_with_margin() {
+    e2e::crds::fit_the_budget_with_margin(cluster());
+}
