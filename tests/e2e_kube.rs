@@ -506,3 +506,55 @@ async fn a_canary_is_promoted_and_another_is_rolled_back() {
 async fn every_crd_fits_the_cel_budget_with_margin() {
     e2e::crds::fit_the_budget_with_margin(cluster());
 }
+
+/// deploy/'s RBAC is enough (every test here runs the control plane under it) and no more:
+/// what the API server's authorizer answers for the ServiceAccount. (Secrets and ConfigMaps
+/// are updatable anywhere: a Canary copies the ones its target uses to `<name>-primary`, as
+/// Flagger does.)
+#[test]
+fn the_service_account_may_do_what_it_needs_and_nothing_else() {
+    let cluster = cluster();
+    let can = |args: &[&str]| -> bool {
+        let mut all = vec![
+            "auth",
+            "can-i",
+            "--as",
+            "system:serviceaccount:dubbo-system:dubbo-cp",
+        ];
+        all.extend_from_slice(args);
+        let output = cluster.kubectl(&all, None);
+        String::from_utf8_lossy(&output.stdout).trim() == "yes"
+    };
+    for needed in [
+        &[
+            "create",
+            "servicenamemappings.dubbo.apache.org",
+            "-n",
+            "shop",
+        ][..],
+        &["watch", "tagroutes.dubbo.apache.org", "-A"],
+        &["update", "dynamicconfigs.dubbo.apache.org", "-n", "shop"],
+        &["patch", "canaries.dubbo.apache.org/status", "-n", "shop"],
+        &["create", "tokenreviews.authentication.k8s.io"],
+        &["watch", "pods", "-A"],
+        &["update", "mutatingwebhookconfigurations/dubbo-cp"],
+        &["update", "secrets/dubbo-ca-secret", "-n", "dubbo-system"],
+        &["update", "leases/dubbo-cp-canary", "-n", "dubbo-system"],
+    ] {
+        assert!(can(needed), "deploy/ does not grant {needed:?}");
+    }
+    for excess in [
+        &["create", "tagroutes.dubbo.apache.org", "-n", "shop"][..],
+        &["delete", "canaries.dubbo.apache.org", "-n", "shop"],
+        &["create", "pods", "-n", "shop"],
+        &["delete", "pods", "-n", "shop"],
+        &["delete", "secrets", "-n", "shop"],
+        &["delete", "deployments.apps", "-n", "shop"],
+        &["update", "mutatingwebhookconfigurations/other"],
+        &["update", "leases/other", "-n", "dubbo-system"],
+        &["create", "clusterrolebindings.rbac.authorization.k8s.io"],
+        &["get", "nodes"],
+    ] {
+        assert!(!can(excess), "deploy/ grants more than needed: {excess:?}");
+    }
+}
