@@ -57,13 +57,20 @@ fn start_cluster() -> Cluster {
     );
     let mut up = Command::new("bash");
     up.arg(scripts.join("up.sh"));
-    if let Some(assets) = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from) {
-        if std::env::var_os("KUBE_APISERVER").is_none() {
-            up.env("KUBE_APISERVER", assets.join("kube-apiserver"));
-        }
-        if std::env::var_os("ETCD").is_none() {
-            up.env("ETCD", assets.join("etcd"));
-        }
+    let assets = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from);
+    if let Some(assets) = &assets
+        && std::env::var_os("KUBE_APISERVER").is_none()
+    {
+        up.env("KUBE_APISERVER", assets.join("kube-apiserver"));
+    }
+    if std::env::var_os("ETCD").is_none() {
+        // Given, or Debian's etcd-server, installed when missing (as the browser and Prometheus
+        // tests install theirs), so a fresh machine runs the suite with no step beforehand.
+        let etcd = match &assets {
+            Some(assets) => assets.join("etcd"),
+            None => super::distribution_binary(&["etcd"], "etcd-server"),
+        };
+        up.env("ETCD", etcd);
     }
     // Not removed on drop: the reaper below removes it once this process has exited.
     let dir = tempfile::Builder::new()
