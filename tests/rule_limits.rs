@@ -113,27 +113,45 @@ fn standalone_refuses_what_is_over_a_limit_naming_field_value_and_limit() {
     );
 }
 
-/// docs/rules.md's limits table is the one the schema generates.
+/// docs/rules.md's limits table is the one the rule schemas generate.
 #[test]
 fn the_limits_table_in_docs_is_current() {
+    check_generated_table("docs/rules.md", &limits_markdown());
+}
+
+/// docs/canary.md's limits table is the one the Canary schema generates.
+#[test]
+fn the_canary_limits_table_in_docs_is_current() {
+    use kube::CustomResourceExt;
+    let crd = serde_json::to_value(dubbo_cp::canary::Canary::crd()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let mut table = String::from("| field | limit |\n|---|---|\n");
+    for (path, what) in dubbo_cp::rules::limits_table(spec, "spec") {
+        table.push_str(&format!("| `{path}` | {what} |\n"));
+    }
+    check_generated_table("docs/canary.md", &table);
+}
+
+/// Compares the table between the markers of `file` with `generated`; with
+/// `DUBBO_CP_UPDATE_DOCS` set, writes it instead.
+fn check_generated_table(file: &str, generated: &str) {
     const BEGIN: &str = "<!-- limits: generated from the CRD schemas; do not edit -->\n";
     const END: &str = "<!-- end of limits -->";
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/rules.md");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
     let text = std::fs::read_to_string(&path).unwrap();
-    let start = text.find(BEGIN).expect("docs/rules.md has no limits table") + BEGIN.len();
+    let start = text.find(BEGIN).expect("no limits table") + BEGIN.len();
     let end = start
         + text[start..]
             .find(END)
             .expect("the limits table has no end marker");
-    let generated = limits_markdown();
-    if text[start..end] != generated {
+    if text[start..end] != *generated {
         if std::env::var_os("DUBBO_CP_UPDATE_DOCS").is_some() {
             let updated = format!("{}{generated}{}", &text[..start], &text[end..]);
             std::fs::write(&path, updated).unwrap();
         } else {
             panic!(
-                "docs/rules.md's limits table is stale: run \
-                 `DUBBO_CP_UPDATE_DOCS=1 cargo test --test rule_limits` and commit it"
+                "{file}'s limits table is stale: run \
+                 `DUBBO_CP_UPDATE_DOCS=1 cargo test --all-features --test rule_limits` and commit it"
             );
         }
     }

@@ -29,7 +29,7 @@ pub struct CanarySpec {
     pub target_ref: TargetRef,
     /// The Dubbo application whose provider weights move; the target's name when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 253))]
     pub application: Option<String>,
     /// No progress for this long rolls the run back.
     #[serde(default = "default_deadline")]
@@ -60,10 +60,10 @@ fn default_history() -> u32 {
 #[serde(rename_all = "camelCase")]
 pub struct TargetRef {
     #[serde(default = "apps_v1")]
-    #[schemars(extend("enum" = ["apps/v1"]))]
+    #[schemars(extend("enum" = ["apps/v1"]), length(max = 16))]
     pub api_version: String,
     #[serde(default = "deployment")]
-    #[schemars(extend("enum" = ["Deployment"]))]
+    #[schemars(extend("enum" = ["Deployment"]), length(max = 16))]
     pub kind: String,
     #[schemars(length(min = 1, max = 200))]
     pub name: String,
@@ -79,7 +79,7 @@ fn deployment() -> String {
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 pub struct PrometheusRef {
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 2048))]
     pub address: String,
 }
 
@@ -97,7 +97,7 @@ pub struct PrometheusRef {
 pub struct Analysis {
     /// One iteration per interval (`1m`, `30s`).
     #[serde(default = "one_minute")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 32))]
     pub interval: String,
     /// Failed checks before rollback.
     #[serde(default = "default_threshold")]
@@ -148,7 +148,7 @@ pub struct MetricCheck {
     pub threshold_range: ThresholdRange,
     /// The `{{ interval }}` of the query; the analysis interval when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 32))]
     pub interval: Option<String>,
 }
 
@@ -178,18 +178,23 @@ pub struct Webhook {
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("enum" = HOOK_TYPES))]
+    #[schemars(extend("enum" = HOOK_TYPES), length(max = 32))]
     pub r#type: Option<String>,
-    #[schemars(regex(pattern = r"^https?://"))]
+    #[schemars(regex(pattern = r"^https?://"), length(max = 2048))]
     pub url: String,
     /// Default 60s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 32))]
     pub timeout: Option<String>,
     #[serde(default)]
     #[schemars(range(min = 0, max = 10))]
     pub retries: u32,
+    /// Sent to the hook as they are.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = 32,
+        "additionalProperties" = {"type": "string", "maxLength": 4096},
+    ))]
     pub metadata: BTreeMap<String, String>,
 }
 
