@@ -2,6 +2,9 @@
 //! CEL cost estimate depends on it), standalone `apply` enforces the same schema with errors that
 //! name the field, the value and the limit, and docs/rules.md lists the table generated from it.
 
+// Tests and their helpers: a failure is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dubbo_cp::rules::{Kind, RULE_KINDS, RuleSpec, limits, limits_markdown, spec_schema};
 use serde_json::{Value, json};
 
