@@ -87,6 +87,7 @@ pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/debug/sources", get(debug_sources))
         .route("/metrics", get(metrics))
         .route("/debug/mappings", get(list_mappings))
         .route("/debug/applications", get(list_applications))
@@ -125,13 +126,56 @@ async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
     }
 }
 
-/// Ready once serving and the initial state is loaded (in Kubernetes mode: the first list).
+/// Ready once serving and the initial state is loaded (in Kubernetes mode: the first list, a
+/// missing CRD counting as an empty one). The body names every source that is not in or not
+/// healthy, and why.
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
-    if state.readiness.is_ready() && state.index.is_loaded() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    let ready = state.readiness.is_ready() && state.index.is_loaded();
+    let mut body = String::from(if ready { "ready\n" } else { "not ready\n" });
+    for (kind, loaded, condition) in state.index.sources() {
+        match (loaded, condition) {
+            (_, Some(condition)) => body.push_str(&format!("{}: {condition}\n", kind.name())),
+            (false, None) => {
+                body.push_str(&format!("{}: initial state not loaded yet\n", kind.name()))
+            }
+            (true, None) => {}
+        }
     }
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, body)
+}
+
+/// One source of the index as `/debug/sources` lists it.
+#[derive(Debug, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct SourceView {
+    pub kind: String,
+    pub loaded: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
+}
+
+/// Each kind's source: loaded or not, and why it is not healthy (`dubbo-cp status` prints it).
+async fn debug_sources(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<Vec<SourceView>>, ApiError> {
+    require_admin(&state.rules.policy, &headers, peer).await?;
+    let views = state
+        .index
+        .sources()
+        .into_iter()
+        .map(|(kind, loaded, condition)| SourceView {
+            kind: kind.name().to_owned(),
+            loaded,
+            condition,
+        })
+        .collect();
+    Ok(Json(views))
 }
 
 /// One stored mapping as the debug endpoint lists it.

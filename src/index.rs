@@ -192,6 +192,9 @@ struct Slot {
     objects: Mutex<BTreeMap<String, Arc<Object>>>,
     published: watch::Sender<Arc<KindSnapshot>>,
     loaded: AtomicBool,
+    /// Why the kind's source is not healthy (a missing CRD, a failing watch), for `/readyz`
+    /// and `dubbo-cp status`; None when it is. One short text per kind.
+    condition: Mutex<Option<String>>,
 }
 
 /// Owner of every kind's state; the only writer of their channels.
@@ -220,6 +223,7 @@ impl Index {
                     digest: std::sync::OnceLock::new(),
                 })),
                 loaded: AtomicBool::new(false),
+                condition: Mutex::new(None),
             })
             .collect();
         Index {
@@ -370,9 +374,14 @@ impl Index {
         self.slot(kind).published.subscribe()
     }
 
-    /// Marks `kind`'s initial state as in; once every kind is, streams are admitted.
+    /// Marks `kind`'s initial state as in: streams may be served that kind (their first answer
+    /// waits for it); once every kind is, the control plane is ready.
     pub fn mark_loaded(&self, kind: Kind) {
-        self.slot(kind).loaded.store(true, Ordering::SeqCst);
+        let slot = self.slot(kind);
+        if !slot.loaded.swap(true, Ordering::SeqCst) {
+            // Wake the streams that subscribed before: their first answer was held for this.
+            slot.published.send_modify(|_| {});
+        }
         if self
             .slots
             .iter()
@@ -389,8 +398,50 @@ impl Index {
         }
     }
 
+    /// Says why `kind`'s source is not healthy, or (None) that it is again; true when that
+    /// changed what was said (so a retry loop logs once).
+    pub fn set_condition(&self, kind: Kind, condition: Option<String>) -> bool {
+        let mut slot = self
+            .slot(kind)
+            .condition
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let changed = *slot != condition;
+        *slot = condition;
+        changed
+    }
+
+    /// Each kind: whether its initial state is in, and why its source is not healthy.
+    pub fn sources(&self) -> Vec<(Kind, bool, Option<String>)> {
+        Kind::ALL
+            .into_iter()
+            .map(|kind| {
+                let slot = self.slot(kind);
+                let condition = slot
+                    .condition
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                (kind, slot.loaded.load(Ordering::SeqCst), condition)
+            })
+            .collect()
+    }
+
+    /// Every kind's initial state is in.
     pub fn is_loaded(&self) -> bool {
         *self.loaded.borrow()
+    }
+
+    /// `kind`'s initial state is in.
+    pub fn is_kind_loaded(&self, kind: Kind) -> bool {
+        self.slot(kind).loaded.load(Ordering::SeqCst)
+    }
+
+    /// Some kind's initial state is in: streams are admitted (and served the kinds that are).
+    pub fn any_loaded(&self) -> bool {
+        self.slots
+            .iter()
+            .any(|slot| slot.loaded.load(Ordering::SeqCst))
     }
 
     /// Kinds whose initial state is not in yet, for logs and readiness messages.

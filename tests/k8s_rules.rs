@@ -353,8 +353,33 @@ async fn a_rule_kind_whose_crd_is_missing_is_served_empty_and_picked_up_once_ins
     api.set_missing("conditionroutes", true);
     let dir = tempfile::tempdir().unwrap();
     let server = start(config(dir.path(), &api, false)).await;
-    // Ready although one kind cannot be listed.
+    // Ready although one kind cannot be listed, and saying which CRD is missing and how to
+    // install it.
     wait_ready(server.admin_addr).await;
+    let (code, body) = http_get(server.admin_addr, "/readyz").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains(
+            "ConditionRoute: CustomResourceDefinition conditionroutes.dubbo.apache.org is not \
+             installed: install it with `kubectl apply -k deploy/`"
+        ),
+        "{body}"
+    );
+    let (_, sources) = http_get(server.admin_addr, "/debug/sources").await;
+    let sources: serde_json::Value = serde_json::from_str(&sources).unwrap();
+    let condition = sources
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["kind"] == "ConditionRoute")
+        .unwrap();
+    assert_eq!(condition["loaded"], true);
+    assert!(
+        condition["condition"]
+            .as_str()
+            .unwrap()
+            .contains("not installed")
+    );
     let mut observer = Observer::open(server.grpc_addr).await;
     let ty = type_of("ConditionRoute");
     observer.subscribe(&ty).await;
@@ -383,5 +408,56 @@ async fn a_rule_kind_whose_crd_is_missing_is_served_empty_and_picked_up_once_ins
         found,
         "the object never arrived after the CRD was installed"
     );
+    let (_, body) = http_get(server.admin_addr, "/readyz").await;
+    assert_eq!(
+        body, "ready\n",
+        "the condition is over once the CRD is there"
+    );
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_whose_watch_fails_holds_only_its_own_subscriptions() {
+    let api = ApiServer::start().await;
+    // As when RBAC does not let the control plane list a kind.
+    api.set_failing("tagroutes", Some(403));
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(config(dir.path(), &api, false)).await;
+    // Mappings are served as soon as their list is in.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut observer = loop {
+        match Observer::connect(channel(server.grpc_addr).await).await {
+            Ok(observer) => break observer,
+            Err(refused) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "streams are still refused: {refused}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    observer.subscribe(&type_of("TagRoute")).await;
+    observer.subscribe(&type_of("ServiceNameMapping")).await;
+    let first = observer.next().await;
+    assert_eq!(
+        first.r#type,
+        type_of("ServiceNameMapping"),
+        "only the synced kind is answered"
+    );
+    observer.ack(&first).await;
+    // Not ready, and /readyz says why.
+    let (code, body) = http_get(server.admin_addr, "/readyz").await;
+    assert_eq!(code, 503);
+    assert!(
+        body.contains("TagRoute: the watch of tagroutes.dubbo.apache.org is failing"),
+        "{body}"
+    );
+    // The kind's source recovers: its first answer comes, never an empty state before it.
+    api.set_failing("tagroutes", None);
+    let tags = observer
+        .next_within(Duration::from_secs(60))
+        .await
+        .expect("the TagRoute subscription was never answered after recovery");
+    assert_eq!(tags.r#type, type_of("TagRoute"));
+    wait_ready(server.admin_addr).await;
     server.stop().await.unwrap();
 }

@@ -46,8 +46,33 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     let answer = request(&args.admin, "GET", &path, None).await?;
     let clients: Vec<ClientView> = serde_json::from_value(answer["clients"].clone())
         .context("unexpected /debug/clients answer")?;
+    // Sources first: a kind whose CRD is missing or whose watch fails explains stale clients.
+    let sources = request(&args.admin, "GET", "/debug/sources", None).await?;
+    let sources: Vec<crate::admin::SourceView> =
+        serde_json::from_value(sources).context("unexpected /debug/sources answer")?;
+    print!("{}", sources_table(&sources));
     print!("{}", status_table(&clients, &args));
     Ok(())
+}
+
+/// The sources that are not loaded or not healthy, one condition a line (nothing when all are).
+fn sources_table(sources: &[crate::admin::SourceView]) -> String {
+    let mut out = String::new();
+    for source in sources {
+        let condition = match (&source.condition, source.loaded) {
+            (Some(condition), _) => condition.as_str(),
+            (None, false) => "initial state not loaded yet",
+            (None, true) => continue,
+        };
+        if out.is_empty() {
+            out.push_str(&format!("{:<22} CONDITION\n", "SOURCE"));
+        }
+        out.push_str(&format!("{:<22} {condition}\n", source.kind));
+    }
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    out
 }
 
 /// The rows `status` prints, filtered by its flags.

@@ -171,7 +171,9 @@ impl RuleService {
     /// Admits a new stream and starts its task, or says why not. Cheap refusals (not loaded,
     /// stream cap, admission rate) come before any authentication work.
     async fn observe(&self, request: http::Request<Body>) -> Result<ObserveBody, Status> {
-        if !self.index.is_loaded() {
+        // Admitted once any kind is in: a kind whose source is failing (a missing CRD, RBAC)
+        // holds only its own subscriptions (their first answer waits), not every client's.
+        if !self.index.any_loaded() {
             return Err(Status::unavailable(
                 "initial state not loaded yet; retry shortly",
             ));

@@ -165,7 +165,9 @@ where
                             client.acked(kind);
                             let current = index.current(kind);
                             client.saw(kind, current.revision, current.published);
-                            out.send_if_newer(kind, subscription, &current).await?;
+                            if index.is_kind_loaded(kind) {
+                                out.send_if_newer(kind, subscription, &current).await?;
+                            }
                         }
                         _ => {
                             stats.stale_nonces.fetch_add(1, Ordering::Relaxed);
@@ -177,8 +179,10 @@ where
             Some((kind, snapshot)) = changes.next(), if !changes.is_empty() => {
                 if let Some(subscription) = subscriptions.get_mut(&kind) {
                     client.saw(kind, snapshot.revision, snapshot.published);
-                    // Behind an unacknowledged response the change waits for the ACK.
-                    if subscription.pending.is_none() {
+                    // Behind an unacknowledged response the change waits for the ACK; before
+                    // the kind's initial state is in, nothing is sent (never an empty or
+                    // partial state): the load wakes this stream.
+                    if subscription.pending.is_none() && index.is_kind_loaded(kind) {
                         out.send_if_newer(kind, subscription, &snapshot).await?;
                     }
                 }

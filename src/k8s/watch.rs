@@ -142,8 +142,8 @@ pub async fn run<K: WatchedKind>(
     shutdown: watch::Receiver<bool>,
 ) {
     let (batches, rx) = mpsc::channel(BATCH_QUEUE);
-    let publish = tokio::spawn(publish(kind.clone(), rx, index, debounce, metrics));
-    watch_events(kind, client, batches, stats, shutdown).await;
+    let publish = tokio::spawn(publish(kind.clone(), rx, index.clone(), debounce, metrics));
+    watch_events(kind, client, batches, stats, &index, shutdown).await;
     // The watch dropped its sender: the debouncer publishes what is pending, then ends.
     if let Err(err) = publish.await {
         tracing::error!(error = %err, "watch publisher failed");
@@ -196,10 +196,12 @@ async fn watch_events<K: WatchedKind>(
     client: Client,
     batches: mpsc::Sender<WatchBatch<K::Object>>,
     stats: Arc<WatchStats>,
+    index: &Index,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let k = kind.kind();
     let resource = kind.api_resource();
+    let crd = format!("{}.{}", resource.plural, resource.group);
     let api: Api<DynamicObject> = Api::all_with(client, &resource);
     let events = watcher(api, watcher::Config::default()).default_backoff();
     tokio::pin!(events);
@@ -225,17 +227,34 @@ async fn watch_events<K: WatchedKind>(
             () = signalled(&mut shutdown) => return,
             event = events.next() => event,
         };
+        if matches!(event, Some(Ok(_))) {
+            // The source answers again: whatever was said of it is over.
+            index.set_condition(k, None);
+        }
         let batch = match event {
             None => return,
+            // A real API server answers a list of a resource it does not serve with a plain
+            // `404 page not found` (kube reads it as a Status with that code, not the reason).
             Some(Err(watcher::Error::InitialListFailed(kube::Error::Api(status))))
-                if status.is_not_found() && !listed_once =>
+                if status.code == 404 =>
             {
-                // The kind's CRD is not installed: serve it as empty rather than never become
-                // ready; the watcher keeps retrying and picks the CRD up once it exists.
-                tracing::warn!(
-                    kind = k.name(),
-                    "the custom resource is not installed; serving none of this kind until it is (kubectl apply -f deploy/crd.yaml)"
+                let condition = format!(
+                    "CustomResourceDefinition {crd} is not installed: install it with \
+                     `kubectl apply -k deploy/` (or `dubbo-cp crd | kubectl apply -f -`); {}",
+                    if listed_once {
+                        "serving the last state of this kind until it is back"
+                    } else {
+                        "serving none of this kind until it is"
+                    }
                 );
+                if index.set_condition(k, Some(condition.clone())) {
+                    tracing::warn!(kind = k.name(), %crd, "{condition}");
+                }
+                if listed_once {
+                    continue;
+                }
+                // Served as empty rather than never ready; the watcher keeps retrying and
+                // picks the CRD up once it exists.
                 listed_once = true;
                 WatchBatch {
                     listed: Some(BTreeMap::new()),
@@ -243,7 +262,8 @@ async fn watch_events<K: WatchedKind>(
                 }
             }
             Some(Err(err)) => {
-                tracing::warn!(kind = k.name(), error = %err, "watch failed; retrying");
+                tracing::warn!(kind = k.name(), %crd, error = %err, "watch failed; retrying");
+                index.set_condition(k, Some(format!("the watch of {crd} is failing: {err}")));
                 continue;
             }
             Some(Ok(Event::Init)) => {

@@ -72,6 +72,8 @@ struct Inner {
     jwks: Value,
     /// Resources whose CRD is "not installed": every request for them gets 404.
     missing: std::collections::BTreeSet<String>,
+    /// Resources every request to which fails with this code (an RBAC 403, a 500 storm).
+    failing: BTreeMap<String, u16>,
     /// GETs of single pods.
     pod_gets: u64,
     /// Requests per resource (plural), counted on arrival.
@@ -546,6 +548,15 @@ impl ApiServer {
         }
     }
 
+    /// Makes every request to `resource` fail with `code` (Some), or succeed again (None).
+    pub fn set_failing(&self, resource: &str, code: Option<u16>) {
+        let mut inner = self.lock();
+        match code {
+            Some(code) => inner.failing.insert(resource.to_owned(), code),
+            None => inner.failing.remove(resource),
+        };
+    }
+
     /// GETs of single pods (lookups of pods the watch had not seen).
     /// Requests for single ServiceNameMapping objects so far, counted when they arrive (before
     /// any injected latency): a write that has started.
@@ -748,11 +759,18 @@ async fn handle(
             .or_default() += 1;
     }
     if resource.is_some_and(|r| server.lock().missing.contains(r)) {
-        return status(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
+        // What a real kube-apiserver answers for a resource it does not serve: not a Status,
+        // a plain-text 404.
+        let mut response = Response::new(Body::from("404 page not found\n"));
+        *response.status_mut() = StatusCode::NOT_FOUND;
+        response.headers_mut().insert(
+            "content-type",
+            axum::http::HeaderValue::from_static("text/plain; charset=utf-8"),
         );
+        return response;
+    }
+    if let Some(code) = resource.and_then(|r| server.lock().failing.get(r).copied()) {
+        return status(code, "Forbidden", "injected failure for this resource");
     }
     match (method, segments.as_slice()) {
         // Cluster-scoped objects (namespaces, webhook configurations), keyed with an empty
