@@ -114,6 +114,9 @@ struct Source {
 /// Starts the control plane; returns once every port accepts connections.
 pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     check_bind_policy(&config)?;
+    if let Some(dir) = &config.rules.dir {
+        store::rules_dir::check_dir(dir)?;
+    }
     let (shutdown, shutdown_rx) = watch::channel(false);
     let readiness = Readiness::default();
     let mut tasks = Supervisor::new(shutdown.clone(), readiness.clone());
@@ -388,6 +391,8 @@ async fn open_store(
     let catalog = Arc::new(Catalog::default());
     let rules = open_rules(config, &index, &catalog, store.opened_revision()).await?;
     if let Some(dir) = &config.rules.dir {
+        // Watched first, so a change during the first apply is not missed.
+        let watching = store::rules_dir::watch(dir)?;
         // Applied before the index is marked loaded: clients never see a state without it.
         let (first_rules, first_catalog, first_dir) = (rules.clone(), catalog.clone(), dir.clone());
         let state = tokio::task::spawn_blocking(move || {
@@ -402,6 +407,7 @@ async fn open_store(
             catalog.clone(),
             dir.clone(),
             state,
+            watching,
             tasks.shutdown_receiver(),
         );
         tasks.spawn("rules directory", reload);

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use tokio::sync::{mpsc, watch};
 
 use super::rules::StandaloneRules;
@@ -23,6 +24,9 @@ const SETTLE: Duration = Duration::from_millis(200);
 #[derive(Default)]
 pub struct DirState {
     good: BTreeMap<PathBuf, Vec<Rule>>,
+    /// The directory as it was when last read (taken before reading, so a change during a
+    /// read is applied again).
+    read: Fingerprint,
 }
 
 /// What one reading of the directory gave.
@@ -103,6 +107,7 @@ fn is_manifest(path: &Path) -> bool {
 /// directory objects are not deleted: after a restart the failed file's last good objects are
 /// known only to the store. The errors are reported once the apply is done.
 pub fn apply_once(rules: &StandaloneRules, catalog: &Catalog, dir: &Path, state: &mut DirState) {
+    state.read = fingerprint(dir);
     let reading = state.reload(dir);
     if !reading.unreadable {
         let keep_others = !reading.errors.is_empty();
@@ -120,21 +125,85 @@ pub fn apply_once(rules: &StandaloneRules, catalog: &Catalog, dir: &Path, state:
     catalog.set_file_errors(reading.errors);
 }
 
-/// Applies `dir` after every change until shutdown (the first apply is [`apply_once`] at start).
+/// Refuses a rules directory that is not one, naming the path (at start, before any port
+/// is bound, so the process exits instead of serving without its rules).
+pub fn check_dir(dir: &Path) -> anyhow::Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => anyhow::bail!(
+            "rules directory {} is not a directory (--rules-dir / rules.dir names a directory of manifests)",
+            dir.display()
+        ),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
+            "rules directory {} does not exist (create it, or fix --rules-dir / rules.dir)",
+            dir.display()
+        ),
+        Err(err) => anyhow::bail!("cannot read rules directory {}: {err}", dir.display()),
+    }
+}
+
+/// Whether a watcher event says a file of the directory may have changed. Reads (open,
+/// close-without-write), which the control plane's own reloads cause, do not: reacting to
+/// them re-applied the directory every settle period forever.
+fn is_change(event: &notify::Event) -> bool {
+    use notify::EventKind;
+    use notify::event::{AccessKind, AccessMode};
+    match event.kind {
+        EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_) => true,
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) | EventKind::Any | EventKind::Other => false,
+    }
+}
+
+/// What decides a reload: each manifest file's name, size and modification time. Unchanged
+/// (an event that changed nothing, such as an access-time update), nothing is applied.
+type Fingerprint = Vec<(PathBuf, u64, Option<std::time::SystemTime>)>;
+
+fn fingerprint(dir: &Path) -> Fingerprint {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| is_manifest(path))
+        .map(|path| {
+            let meta = std::fs::metadata(&path).ok();
+            let size = meta.as_ref().map_or(0, |m| m.len());
+            let modified = meta.and_then(|m| m.modified().ok());
+            (path, size, modified)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// Watches `dir` for changes; the receiver wakes (at most one pending wake-up: every reload
+/// reads the whole directory). Called at start, so a watch that cannot be set up stops it.
+pub fn watch(dir: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::Receiver<()>)> {
+    use notify::Watcher;
+    let (wake, woken) = mpsc::channel::<()>(1);
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok_and(|event| is_change(&event)) {
+            let _ = wake.try_send(());
+        }
+    })
+    .with_context(|| format!("cannot watch rules directory {}", dir.display()))?;
+    watcher
+        .watch(dir, notify::RecursiveMode::NonRecursive)
+        .with_context(|| format!("cannot watch rules directory {}", dir.display()))?;
+    Ok((watcher, woken))
+}
+
+/// Applies `dir` after every change until shutdown (the first apply is [`apply_once`] at start,
+/// after [`watch`], so no change between the two is missed).
 pub async fn run(
     rules: Arc<StandaloneRules>,
     catalog: Arc<Catalog>,
     dir: PathBuf,
     mut state: DirState,
+    (_watcher, mut woken): (notify::RecommendedWatcher, mpsc::Receiver<()>),
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    use notify::Watcher;
-    // One pending wake-up is enough: every reload reads the whole directory.
-    let (wake, mut woken) = mpsc::channel::<()>(1);
-    let mut watcher = notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
-        let _ = wake.try_send(());
-    })?;
-    watcher.watch(&dir, notify::RecursiveMode::NonRecursive)?;
     loop {
         tokio::select! {
             woke = woken.recv() => if woke.is_none() { return Ok(()) },
@@ -142,6 +211,9 @@ pub async fn run(
         }
         tokio::time::sleep(SETTLE).await;
         while woken.try_recv().is_ok() {}
+        if fingerprint(&dir) == state.read {
+            continue;
+        }
         let (rules, catalog, dir_path) = (rules.clone(), catalog.clone(), dir.clone());
         state = tokio::task::spawn_blocking(move || {
             apply_once(&rules, &catalog, &dir_path, &mut state);
