@@ -22,6 +22,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::duration;
+pub use crate::duration::parse_duration;
+
 use clap::{ArgAction, FromArgMatches};
 use serde::{Deserialize, Serialize};
 
@@ -1040,61 +1043,6 @@ fn walk_keys(prefix: &str, value: &serde_yaml::Value, out: &mut BTreeMap<String,
     }
 }
 
-/// `100ms`, `1m30s`, or a bare integer of nanoseconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        return text
-            .parse::<u64>()
-            .map(Duration::from_nanos)
-            .map_err(|err| format!("invalid duration {text:?}: {err}"));
-    }
-    humantime::parse_duration(text).map_err(|err| {
-        format!("invalid duration {text:?}: {err} (use e.g. 100ms, 10s, or integer nanoseconds)")
-    })
-}
-
-/// Durations in the file: human strings or integer nanoseconds in, human strings out.
-mod duration {
-    use std::fmt;
-    use std::time::Duration;
-
-    use serde::de::{self, Visitor};
-    use serde::{Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(value: &Duration, ser: S) -> Result<S::Ok, S::Error> {
-        ser.serialize_str(&humantime::format_duration(*value).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
-        de.deserialize_any(DurationVisitor)
-    }
-
-    struct DurationVisitor;
-
-    impl Visitor<'_> for DurationVisitor {
-        type Value = Duration;
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("a duration like 100ms or 10s, or integer nanoseconds")
-        }
-
-        fn visit_u64<E: de::Error>(self, nanos: u64) -> Result<Duration, E> {
-            Ok(Duration::from_nanos(nanos))
-        }
-
-        fn visit_i64<E: de::Error>(self, nanos: i64) -> Result<Duration, E> {
-            u64::try_from(nanos)
-                .map(Duration::from_nanos)
-                .map_err(|_| E::custom(format!("negative duration {nanos}")))
-        }
-
-        fn visit_str<E: de::Error>(self, text: &str) -> Result<Duration, E> {
-            super::parse_duration(text).map_err(E::custom)
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1162,29 +1110,39 @@ mod tests {
     }
 
     #[test]
-    fn durations_as_strings_or_nanoseconds() {
-        assert_eq!(parse_duration("100ms"), Ok(Duration::from_millis(100)));
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("100000000"), Ok(Duration::from_millis(100)));
-        assert!(parse_duration("").is_err());
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("-5s").is_err());
-
+    fn durations_carry_units_and_a_yaml_integer_is_nanoseconds() {
+        // The reference's files write integer nanoseconds (wire.md §4).
         let parsed =
             Config::parse("debounce:\n  after: 100000000\n  max: 10s\n  enable: false\n").unwrap();
         assert_eq!(parsed.debounce.after, Duration::from_millis(100));
         assert_eq!(parsed.debounce.max, Duration::from_secs(10));
         assert!(!parsed.debounce.enable);
-        // Also inside the flattened writer settings, and as flags.
+        // Also inside the flattened writer settings.
         let parsed = Config::parse("kubernetes:\n  parkedRetryInterval: 2000000000\n").unwrap();
         assert_eq!(
             parsed.kubernetes.writer.parked_retry,
             Duration::from_secs(2)
         );
-        let flagged = load("", &["--debounce-after", "5000000", "--debounce-max", "1m"]).unwrap();
+        // A string without a unit is refused, naming the form.
+        let refused = Config::parse("debounce:\n  after: \"10\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("\"10\" has no unit"), "{refused}");
+        // Flags take units; a bare number is refused with the flag named.
+        let flagged = load("", &["--debounce-after", "5ms", "--debounce-max", "1m"]).unwrap();
         assert_eq!(flagged.debounce.after, Duration::from_millis(5));
         assert_eq!(flagged.debounce.max, Duration::from_secs(60));
+        let refused = Cli::try_parse_from(["dubbo-cp", "--debounce-after", "10"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(refused.contains("--debounce-after"), "{refused}");
+        assert!(
+            refused.contains("\"10\" has no unit: write a duration with its unit"),
+            "{refused}"
+        );
+        let zero = load("", &["--mapping-expire-after", "0"]).unwrap();
+        assert_eq!(zero.mapping.expire_after, Duration::ZERO);
     }
 
     #[test]
@@ -1375,7 +1333,7 @@ mod tests {
             &[
                 "--debounce-max", "3s", "--log-format", "json", "--mode", "kubernetes",
                 "--kube-qps", "0.25", "--auth-token-review", "false",
-                "--grpc-max-connection-age-grace", "1500ms", "--commit-timeout", "1",
+                "--grpc-max-connection-age-grace", "1500ms", "--commit-timeout", "1ns",
             ],
         )
         .unwrap();

@@ -54,6 +54,7 @@ pub mod config;
 pub mod dds;
 pub mod debounce;
 pub mod digest;
+pub mod duration;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
