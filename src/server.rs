@@ -304,6 +304,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         Some(tls_addr) => tracing::info!(%grpc_addr, %tls_addr, %admin_addr, "dubbo-cp serving"),
         None => tracing::info!(%grpc_addr, %admin_addr, "dubbo-cp serving"),
     }
+    // Where an operator looks first; the admin port's `/` redirects there too.
+    tracing::info!("dashboard at http://{admin_addr}/ui");
     let store_stats = source.durable.stats().clone();
     let kube_stats = source.kube.as_ref().map(|(writer, _)| writer.stats());
     let task = tokio::spawn(shutdown_in_order(

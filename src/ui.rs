@@ -31,6 +31,11 @@ fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse {
 
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
+        // The admin port's root is the dashboard: a browser pointed at it lands there.
+        .route(
+            "/",
+            get(|| async { axum::response::Redirect::temporary("/ui") }),
+        )
         .route(
             "/ui",
             get(|| async { asset("text/html; charset=utf-8", INDEX) }),

@@ -481,3 +481,52 @@ async fn the_dashboard_shows_a_new_mapping_and_a_stale_client_without_a_reload()
     drop(observer);
     assert!(server.stop().await.is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_root_leads_to_the_dashboard_which_shows_rule_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    // A file the rules directory cannot apply: its error is reported on /debug/rules.
+    std::fs::write(
+        rules.join("broken.yaml"),
+        "apiVersion: dubbo.apache.org/v1alpha1\nkind: TagRoute\nmetadata: {name: grey, namespace: demo}\n\
+         spec: {key: shop, configVersion: v3.0, tags: [{name: '', addresses: [10.0.0.1]}]}\n",
+    )
+    .unwrap();
+    let mut config = common::undebounced_config(dir.path());
+    config.rules.dir = Some(rules);
+    let server = start(config).await;
+    // `/` on the admin port redirects to the dashboard.
+    let (code, _) = http_get(server.admin_addr, "/").await;
+    assert_eq!(code, 307);
+    let root = format!("http://{}/", server.admin_addr);
+    tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::open(&root);
+        browser.wait_for("location.pathname === '/ui' && document.body.dataset.loaded === 'true'");
+        browser.wait_for(
+            "[...document.querySelectorAll('#rule-errors tr.rule-error')].some(row => \
+             row.textContent.includes('broken.yaml') && row.textContent.includes('spec.tags[0].name'))",
+        );
+    })
+    .await
+    .unwrap();
+    assert!(server.stop().await.is_ok());
+}
+
+#[test]
+fn the_start_up_log_says_where_the_dashboard_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let process = common::spawn_binary(dir.path(), &[]);
+    let expected = format!("dashboard at http://{}/ui", process.admin_addr);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let line = process
+            .logs
+            .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            .expect("no log line names the dashboard");
+        if line.contains(&expected) {
+            break;
+        }
+    }
+}

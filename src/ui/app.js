@@ -19,6 +19,8 @@ const ENDPOINTS = {
   clients: () => `/debug/clients?limit=${CLIENT_ROWS}${$('#stale-only').checked ? '&stale=true' : ''}`,
   ...Object.fromEntries(RULE_KINDS.map((k) => [k, `/api/v1/rules/${k}`])),
   canaries: '/debug/canaries',
+  // Objects the watch skipped and rules-directory files that failed, with their errors.
+  ruleErrors: '/debug/rules',
 };
 // Endpoints a control plane may not have (404): their section is hidden, not an error.
 const OPTIONAL = new Set(['canaries']);
@@ -193,6 +195,7 @@ function render() {
   if (last.mappings) renderMappings();
   if (last.applications) renderApplications(last.applications);
   for (const kind of RULE_KINDS) if (last[kind]) renderRules(kind, last[kind]);
+  if (last.ruleErrors) renderRuleErrors(last.ruleErrors);
   if (last.clients) renderClients();
   renderCanaries();
 }
@@ -259,6 +262,29 @@ function renderRules(kind, list) {
     setText($('h3', box), nameOf(r) || '(unnamed)');
     setText($('pre', box), JSON.stringify(r.spec ?? null, null, 2));
   });
+}
+
+function renderRuleErrors(report) {
+  const invalid = sortBy(report.invalid, (r) => [r.kind, r.namespace, r.name]).map((r) => ({
+    key: keyStr(['object', r.kind, r.namespace, r.name]),
+    kind: r.kind,
+    what: [r.namespace, r.name].filter((x) => x).join('/'),
+    error: r.error,
+  }));
+  const files = Object.entries(report.files || {}).sort().map(([file, error]) => ({
+    key: keyStr(['file', file]),
+    kind: 'file',
+    what: file,
+    error,
+  }));
+  const rows = [...invalid, ...files];
+  syncRows($('#rule-errors'), rows, (r) => ({
+    key: r.key,
+    cls: 'rule-error stale',
+    data: { kind: r.kind },
+    cells: [r.kind, mono(r.what), mono(r.error)],
+  }));
+  setText($('#rule-errors-count'), `${rows.length}`);
 }
 
 function renderClients() {
