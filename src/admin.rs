@@ -753,6 +753,9 @@ struct IssueRequest {
     csr: String,
     /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
     spiffe_id: String,
+    /// Sign an identity of another trust domain than the CA's own (refused otherwise).
+    #[serde(default)]
+    allow_other_trust_domain: bool,
 }
 
 /// `dubbo-cp ca issue`: a certificate for any identity, by an admin's hand.
@@ -771,6 +774,23 @@ async fn issue_certificate(
     })?;
     let identity = crate::auth::spiffe::identity_from_spiffe_id(&request.spiffe_id, None)
         .map_err(|err| api_error(StatusCode::BAD_REQUEST, format!("spiffeId: {err}")))?;
+    // A certificate of another trust domain is trusted wherever our roots are: only on purpose.
+    let domain = request
+        .spiffe_id
+        .trim_start_matches("spiffe://")
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    if domain != &*ca.trust_domain && !request.allow_other_trust_domain {
+        return Err(api_error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "spiffeId: trust domain {domain:?} is not this CA's ({:?}); pass \
+                 --allow-other-trust-domain to sign it anyway",
+                ca.trust_domain
+            ),
+        ));
+    }
     let subject = crate::ca::Subject {
         spiffe_id: request.spiffe_id,
         common_name: identity.service_account.unwrap_or(identity.name),

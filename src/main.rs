@@ -6,7 +6,8 @@ async fn main() -> std::process::ExitCode {
     match dubbo_cp::cli::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("dubbo-cp: {err:#}");
+            // Each cause once: transport errors often repeat their source's text.
+            eprintln!("dubbo-cp: {}", dubbo_cp::cli::error_chain(err.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }

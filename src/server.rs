@@ -970,6 +970,7 @@ async fn open_ca(
     let (authority, manager) = Authority::open(backend, settings)
         .await
         .context("cannot start the certificate authority")?;
+    let authority = authority.with_trust_domain(&config.tls.trust_domain);
     authority.stats.register_metrics(registry);
     let shutdown = tasks.shutdown_receiver();
     tasks.spawn("CA roots", async move {

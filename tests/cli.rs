@@ -275,3 +275,268 @@ async fn apply_get_and_delete_rules_through_the_admin_api() {
     assert_eq!(list["items"].as_array().map(Vec::len), Some(0), "{list}");
     server.stop().await.unwrap();
 }
+
+/// Runs a client sub-command with these environment variables.
+async fn run_client_env(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .await
+        .unwrap()
+}
+
+fn stderr_of(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+const TOKENS: &str = "tokens:
+  - token: demo-token
+    namespace: demo
+    identity: demo/provider
+  - token: ops-token
+    namespace: ops
+    identity: ops/admin
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_commands_send_a_token_and_speak_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(&tokens, TOKENS).unwrap();
+    let mut config = common::undebounced_config(&dir.path().join("data"));
+    config.auth.token_file = Some(tokens);
+    config.auth.admins = vec!["ops/admin".into()];
+    let server = start(config).await;
+    let admin = server.admin_addr.to_string();
+    // The root a TLS client trusts, from `ca root`.
+    let root = run_client(&["ca", "root", "--admin", &admin, "--token", "ops-token"]).await;
+    assert!(root.status.success(), "{}", stderr_of(&root));
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &root.stdout).unwrap();
+    assert!(String::from_utf8_lossy(&root.stdout).starts_with("-----BEGIN CERTIFICATE-----"));
+    let ca_file = ca_file.to_str().unwrap();
+
+    // host:port without a scheme; without a token the refusal says how to send one.
+    let plain = server.grpc_addr.to_string();
+    let register = |server: String, token: Option<&'static str>| {
+        let mut args = vec!["register".to_owned(), "--server".into(), server];
+        if let Some(token) = token {
+            args.extend(["--token".into(), token.into()]);
+        }
+        args.extend(["-n", "demo", "-a", "shop", "org.example.Cart"].map(str::to_owned));
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_client(&args).await
+        }
+    };
+    let anonymous = register(plain.clone(), None).await;
+    assert!(!anonymous.status.success());
+    let message = stderr_of(&anonymous);
+    assert!(
+        message.contains("Unauthenticated") && message.contains("--token"),
+        "{message}"
+    );
+    let with_token = register(plain.clone(), Some("demo-token")).await;
+    assert!(with_token.status.success(), "{}", stderr_of(&with_token));
+
+    // TLS, trusting the CA's root; the token from the environment.
+    let tls = format!("https://{}", server.tls_addr.expect("no TLS port"));
+    let tls_args = [
+        "--server",
+        &tls,
+        "--ca-file",
+        ca_file,
+        "--tls-server-name",
+        "localhost",
+    ];
+    let mut args = vec!["get", "mappings", "-o", "yaml"];
+    args.extend(tls_args);
+    let got = run_client_env(&args, &[("DUBBO_CP_TOKEN", "demo-token")]).await;
+    assert!(got.status.success(), "{}", stderr_of(&got));
+    let state: serde_yaml::Value =
+        serde_yaml::from_str(String::from_utf8_lossy(&got.stdout).trim_start_matches("---\n"))
+            .unwrap();
+    assert_eq!(state["objects"][0]["interfaceName"], "org.example.Cart");
+    // https without roots to trust: said, not a handshake error.
+    let untrusted =
+        run_client(&["get", "mappings", "--server", &tls, "--token", "demo-token"]).await;
+    assert!(!untrusted.status.success());
+    assert!(
+        stderr_of(&untrusted).contains("--ca-file"),
+        "{}",
+        stderr_of(&untrusted)
+    );
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_issue_refuses_another_trust_domain_unless_asked_and_ca_root_prints_the_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(test_config(dir.path())).await;
+    let admin = server.admin_addr.to_string();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let csr = rcgen::CertificateParams::new(vec!["x.example".to_owned()])
+        .unwrap()
+        .serialize_request(&key)
+        .unwrap()
+        .pem()
+        .unwrap();
+    let csr_file = dir.path().join("csr.pem");
+    std::fs::write(&csr_file, csr).unwrap();
+    let csr_file = csr_file.to_str().unwrap();
+    let issue = |id: &'static str, allow: bool| {
+        let mut args = vec![
+            "ca",
+            "issue",
+            "--admin",
+            &admin,
+            "--csr",
+            csr_file,
+            "--spiffe-id",
+            id,
+        ];
+        if allow {
+            args.push("--allow-other-trust-domain");
+        }
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_client(&args).await
+        }
+    };
+    let ours = issue("spiffe://cluster.local/ns/demo/sa/shop", false).await;
+    assert!(ours.status.success(), "{}", stderr_of(&ours));
+    let foreign = issue("spiffe://other.example/ns/demo/sa/shop", false).await;
+    assert!(!foreign.status.success());
+    let message = stderr_of(&foreign);
+    assert!(
+        message.contains("\"other.example\" is not this CA's (\"cluster.local\")")
+            && message.contains("--allow-other-trust-domain"),
+        "{message}"
+    );
+    let asked = issue("spiffe://other.example/ns/demo/sa/shop", true).await;
+    assert!(asked.status.success(), "{}", stderr_of(&asked));
+    let root = run_client(&["ca", "root", "--admin", &admin]).await;
+    let bundle = String::from_utf8_lossy(&root.stdout).into_owned();
+    assert_eq!(
+        bundle.matches("-----BEGIN CERTIFICATE-----").count(),
+        1,
+        "{bundle}"
+    );
+    assert!(String::from_utf8_lossy(&ours.stdout).starts_with("-----BEGIN CERTIFICATE-----"));
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_say_what_was_asked_where_and_what_to_try() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(test_config(dir.path())).await;
+    let (grpc, admin) = (server.grpc_addr.to_string(), server.admin_addr.to_string());
+    // The admin commands pointed at the gRPC port.
+    let wrong = run_client(&["get", "tagroutes", "--admin", &grpc]).await;
+    assert!(!wrong.status.success());
+    let message = stderr_of(&wrong);
+    assert!(
+        message.contains(&format!("GET http://{grpc}/api/v1/rules/tagroutes"))
+            && message.contains("admin port"),
+        "{message}"
+    );
+    // The gRPC commands pointed at the admin port.
+    let wrong = run_client(&["register", "--server", &admin, "-n", "demo", "-a", "a", "I"]).await;
+    assert!(!wrong.status.success());
+    let message = stderr_of(&wrong);
+    assert!(
+        message.contains(&admin) && message.contains("gRPC port"),
+        "{message}"
+    );
+    // Nobody there: the cause once, on one line.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    let refused = run_client(&[
+        "register", "--server", &closed, "-n", "demo", "-a", "a", "I",
+    ])
+    .await;
+    let message = stderr_of(&refused);
+    assert_eq!(message.lines().count(), 1, "{message}");
+    assert_eq!(
+        message.matches("Connection refused").count(),
+        1,
+        "{message}"
+    );
+    // A 404 without a body (a server that does not serve the path).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let empty = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buffer = [0u8; 4096];
+            let _ = socket.read(&mut buffer).await;
+            let _ = socket
+                .write_all(
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                )
+                .await;
+        }
+    });
+    let missing = run_client(&["ca", "show", "--admin", &empty]).await;
+    let message = stderr_of(&missing);
+    assert!(
+        message.contains(&format!(
+            "GET http://{empty}/api/v1/ca: HTTP 404: no message"
+        )) && message.contains("does not serve that path"),
+        "{message}"
+    );
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_prints_kubectls_columns_and_deleting_what_is_not_there_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(test_config(dir.path())).await;
+    let admin = server.admin_addr.to_string();
+    let manifest = dir.path().join("grey.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: dubbo.apache.org/v1alpha1\nkind: TagRoute\nmetadata: {name: grey, namespace: demo}\nspec:\n  key: demo-provider\n  configVersion: v3.0\n  tags: [{name: grey, addresses: [10.0.0.1]}, {name: blue, addresses: [10.0.0.2]}]\n",
+    )
+    .unwrap();
+    let applied = run_client(&["apply", "--admin", &admin, "-f", manifest.to_str().unwrap()]).await;
+    assert!(applied.status.success(), "{}", stderr_of(&applied));
+    let got = run_client(&["get", "tagroutes", "--admin", &admin]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout),
+        "NAMESPACE   NAME   KEY             ENABLED   TAGS\n\
+         demo        grey   demo-provider   true      grey,blue\n"
+    );
+    let missing = run_client(&[
+        "delete",
+        "tagroutes",
+        "nope",
+        "-n",
+        "demo",
+        "--admin",
+        &admin,
+    ])
+    .await;
+    assert!(!missing.status.success());
+    assert!(
+        stderr_of(&missing).contains("TagRoute demo/nope not found"),
+        "{}",
+        stderr_of(&missing)
+    );
+    let ignored = run_client(&[
+        "delete",
+        "tagroutes",
+        "nope",
+        "-n",
+        "demo",
+        "--admin",
+        &admin,
+        "--ignore-not-found",
+    ])
+    .await;
+    assert!(ignored.status.success(), "{}", stderr_of(&ignored));
+    assert!(server.stop().await.is_ok());
+}

@@ -251,6 +251,9 @@ pub struct Authority {
     rotate: mpsc::Sender<Reply>,
     pub settings: CaSettings,
     pub stats: Arc<CaStats>,
+    /// The SPIFFE trust domain this CA issues in (`tls.trustDomain`); an admin's `ca issue`
+    /// for another one is refused unless asked for explicitly.
+    pub trust_domain: Arc<str>,
 }
 
 /// What callers are told while the roots are not loaded.
@@ -324,9 +327,16 @@ impl Authority {
                 rotate: rotate_tx,
                 settings,
                 stats,
+                trust_domain: crate::auth::DEFAULT_TRUST_DOMAIN.into(),
             },
             manager,
         ))
+    }
+
+    /// Issues in `trust_domain` (the default is Kubernetes' `cluster.local`).
+    pub fn with_trust_domain(mut self, trust_domain: &str) -> Self {
+        self.trust_domain = trust_domain.into();
+        self
     }
 
     /// The roots now; `None` while they are not loaded.
@@ -656,6 +666,10 @@ pub struct CaView {
     pub rotation_due: Option<String>,
     pub cert_validity: String,
     pub roots: Vec<RootView>,
+    /// The trust domain certificates are issued in.
+    pub trust_domain: String,
+    /// PEM of every root a client should trust (`dubbo-cp ca root`), the active one first.
+    pub trust_pems: Vec<String>,
 }
 
 impl Authority {
@@ -682,6 +696,8 @@ impl Authority {
                     drop_after: (i > 0).then(|| drop_after.clone()),
                 })
                 .collect(),
+            trust_domain: self.trust_domain.to_string(),
+            trust_pems: bundle.trust_pems(),
         })
     }
 }

@@ -1,4 +1,4 @@
-//! `dubbo-cp ca show | rotate | issue`: clients of the admin API's CA endpoints.
+//! `dubbo-cp ca show | root | rotate | issue`: clients of the admin API's CA endpoints.
 
 use std::path::Path;
 
@@ -31,6 +31,14 @@ pub enum CaCommand {
         /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
         #[arg(long)]
         spiffe_id: String,
+        /// Sign an identity whose trust domain is not the CA's own (refused otherwise).
+        #[arg(long)]
+        allow_other_trust_domain: bool,
+    },
+    /// Print the root bundle (PEM) a client should trust: every root, the active one first.
+    Root {
+        #[command(flatten)]
+        admin: AdminArg,
     },
 }
 
@@ -53,13 +61,27 @@ pub async fn run(command: CaCommand) -> anyhow::Result<()> {
             print_view(&view);
             Ok(())
         }
+        CaCommand::Root { admin } => {
+            let view = request(&admin, "GET", "/api/v1/ca", None).await?;
+            let pems = view["trustPems"].as_array().cloned().unwrap_or_default();
+            anyhow::ensure!(!pems.is_empty(), "the CA answered no root");
+            for pem in pems {
+                print!("{}", pem.as_str().unwrap_or_default());
+            }
+            Ok(())
+        }
         CaCommand::Issue {
             admin,
             csr,
             spiffe_id,
+            allow_other_trust_domain,
         } => {
             let csr = read(&csr)?;
-            let body = serde_json::json!({"csr": csr, "spiffeId": spiffe_id}).to_string();
+            let body = serde_json::json!({
+                "csr": csr, "spiffeId": spiffe_id,
+                "allowOtherTrustDomain": allow_other_trust_domain,
+            })
+            .to_string();
             let issued = request(&admin, "POST", "/api/v1/ca/issue", Some(body)).await?;
             print!("{}", issued["certPem"].as_str().unwrap_or_default());
             eprintln!(

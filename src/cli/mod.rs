@@ -1,7 +1,5 @@
 //! The command line: `serve` runs the control plane; the other sub-commands are clients of it.
 
-use std::time::Duration;
-
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
@@ -12,10 +10,13 @@ use crate::{server, telemetry};
 
 mod ca;
 mod canary;
+mod columns;
+mod connect;
 mod rules;
 mod status;
 mod watch;
 
+pub use connect::{ServerArg, TokenArg, chain as error_chain};
 use rules::{AdminArg, RuleOutput};
 
 #[derive(Debug, Parser)]
@@ -43,6 +44,8 @@ pub enum Command {
     Register {
         #[command(flatten)]
         server: ServerArg,
+        #[command(flatten)]
+        token: TokenArg,
         #[arg(short, long)]
         namespace: String,
         #[arg(short, long)]
@@ -68,6 +71,8 @@ pub enum Command {
     Watch {
         #[command(flatten)]
         server: ServerArg,
+        #[command(flatten)]
+        token: TokenArg,
         /// Kind to watch (e.g. ServiceNameMapping, TagRoute).
         #[arg(long = "type", default_value = "ServiceNameMapping")]
         kind: String,
@@ -115,7 +120,8 @@ pub enum Command {
         #[command(subcommand)]
         command: canary::CanaryCommand,
     },
-    /// Delete rules: those named by manifests (`-f`), or `<kind> <name> -n <namespace>`.
+    /// Delete rules: those named by manifests (`-f`), or `<kind> <name> -n <namespace>`. One
+    /// that does not exist is an error, as with kubectl.
     Delete {
         #[command(flatten)]
         admin: AdminArg,
@@ -125,25 +131,17 @@ pub enum Command {
         name: Option<String>,
         #[arg(short, long, default_value = "default")]
         namespace: String,
+        /// Succeed when an object to delete does not exist.
+        #[arg(long)]
+        ignore_not_found: bool,
     },
-}
-
-/// Where the client sub-commands find the control plane.
-#[derive(Debug, clap::Args)]
-pub struct ServerArg {
-    /// The control plane's gRPC address.
-    #[arg(
-        long = "server",
-        env = "DUBBO_CP_SERVER",
-        default_value = "http://127.0.0.1:30060"
-    )]
-    pub address: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
     Text,
     Json,
+    Yaml,
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -158,11 +156,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             serve(config).await
         }
         Command::Register {
-            server,
+            mut server,
+            token,
             namespace,
             application,
             interfaces,
-        } => register(server.address, namespace, application, interfaces).await,
+        } => {
+            server.token = token.token;
+            register(&server, namespace, application, interfaces).await
+        }
         Command::Unregister {
             admin,
             namespace,
@@ -174,13 +176,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Watch {
-            server,
+            mut server,
+            token,
             kind,
             output,
-        } => watch::watch(&server.address, &kind, output).await,
+        } => {
+            server.token = token.token;
+            watch::watch(&server, &kind, output).await
+        }
         Command::Get {
             what,
-            server,
+            mut server,
             admin,
             namespace,
             application,
@@ -200,12 +206,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             } else if application.is_some() {
                 anyhow::bail!("--application goes with get mappings")
             } else if mappings {
+                // One --token for both ports.
+                server.token = admin.token.clone();
                 let output = match output {
                     RuleOutput::Text => Output::Text,
                     RuleOutput::Json => Output::Json,
-                    RuleOutput::Yaml => anyhow::bail!("get mappings prints text or json"),
+                    RuleOutput::Yaml => Output::Yaml,
                 };
-                watch::get_mappings(&server.address, namespace.as_deref(), output).await
+                watch::get_mappings(&server, namespace.as_deref(), output).await
             } else {
                 rules::get(&admin, &what, namespace.as_deref(), output).await
             }
@@ -220,10 +228,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             kind,
             name,
             namespace,
+            ignore_not_found,
         } => match (files.is_empty(), kind, name) {
-            (false, None, None) => rules::delete_files(&admin, &files).await,
+            (false, None, None) => rules::delete_files(&admin, &files, ignore_not_found).await,
             (true, Some(kind), Some(name)) => {
-                rules::delete_named(&admin, &kind, &name, &namespace).await
+                rules::delete_named(&admin, &kind, &name, &namespace, ignore_not_found).await
             }
             _ => anyhow::bail!("delete takes -f FILE, or KIND NAME [-n NAMESPACE]"),
         },
@@ -250,30 +259,22 @@ async fn shutdown_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn connect(server: &str) -> anyhow::Result<tonic::transport::Channel> {
-    tonic::transport::Endpoint::from_shared(server.to_owned())
-        .with_context(|| format!("invalid server address {server}"))?
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .with_context(|| format!("cannot connect to {server}"))
-}
-
 async fn register(
-    server: String,
+    server: &ServerArg,
     namespace: String,
     application: String,
     interfaces: Vec<String>,
 ) -> anyhow::Result<()> {
-    let channel = connect(&server).await?;
+    let channel = server.connect().await?;
+    let request = server.request(ServiceMappingRequest {
+        namespace,
+        application_name: application,
+        interface_names: interfaces,
+    })?;
     let response = ServiceNameMappingServiceClient::new(channel)
-        .register_service_app_mapping(ServiceMappingRequest {
-            namespace,
-            application_name: application,
-            interface_names: interfaces,
-        })
+        .register_service_app_mapping(request)
         .await
-        .map_err(|status| anyhow::anyhow!("{:?}: {}", status.code(), status.message()))?
+        .map_err(|status| server.failed("registration", &status))?
         .into_inner();
     println!(
         "success: {}, message: {}",

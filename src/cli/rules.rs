@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+
+use super::columns;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Largest answer read from the admin port.
@@ -16,7 +18,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 /// Where the rule commands find the control plane's admin API.
 #[derive(Debug, clap::Args)]
 pub struct AdminArg {
-    /// The control plane's admin address (host:port).
+    /// The control plane's admin address: `host:port` or `http://host:port` (plain HTTP/1.1).
     #[arg(
         long = "admin",
         env = "DUBBO_CP_ADMIN",
@@ -90,15 +92,34 @@ pub async fn apply(admin: &AdminArg, files: &[PathBuf]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `dubbo-cp delete -f ...`.
-pub async fn delete_files(admin: &AdminArg, files: &[PathBuf]) -> anyhow::Result<()> {
+/// `dubbo-cp delete -f ...`: like kubectl, an object that does not exist is an error (exit 1)
+/// unless `--ignore-not-found`; the others are deleted all the same.
+pub async fn delete_files(
+    admin: &AdminArg,
+    files: &[PathBuf],
+    ignore_not_found: bool,
+) -> anyhow::Result<()> {
     let manifests = read_manifests(files)?;
     let report = request(admin, "POST", "/api/v1/delete", Some(manifests)).await?;
-    print_report(
-        &report,
-        &[("deleted", "deleted"), ("notFound", "not found")],
-    );
-    Ok(())
+    print_report(&report, &[("deleted", "deleted")]);
+    not_found(&report, ignore_not_found)
+}
+
+/// Fails naming the objects the server did not find, unless they may be missing.
+fn not_found(report: &serde_json::Value, ignore: bool) -> anyhow::Result<()> {
+    let missing: Vec<&str> = report["notFound"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o.as_str())
+        .collect();
+    if missing.is_empty() || ignore {
+        return Ok(());
+    }
+    bail!(
+        "{} not found (nothing to delete; --ignore-not-found to accept that)",
+        missing.join(", ")
+    )
 }
 
 /// `dubbo-cp delete <kind> NAME -n NS`.
@@ -107,14 +128,12 @@ pub async fn delete_named(
     kind: &str,
     name: &str,
     namespace: &str,
+    ignore_not_found: bool,
 ) -> anyhow::Result<()> {
     let path = format!("/api/v1/rules/{kind}/{namespace}/{name}");
     let report = request(admin, "DELETE", &path, None).await?;
-    print_report(
-        &report,
-        &[("deleted", "deleted"), ("notFound", "not found")],
-    );
-    Ok(())
+    print_report(&report, &[("deleted", "deleted")]);
+    not_found(&report, ignore_not_found)
 }
 
 /// `dubbo-cp get <kind> [-n NS]`: the objects as the server's index holds them.
@@ -132,19 +151,7 @@ pub async fn get(
     match output {
         RuleOutput::Json => println!("{}", serde_json::to_string_pretty(&list)?),
         RuleOutput::Yaml => print!("{}", serde_yaml::to_string(&list)?),
-        RuleOutput::Text => {
-            let items = list["items"].as_array().cloned().unwrap_or_default();
-            println!("{:<24} {:<40} SPEC", "NAMESPACE", "NAME");
-            for item in items {
-                let meta = &item["metadata"];
-                println!(
-                    "{:<24} {:<40} {}",
-                    meta["namespace"].as_str().unwrap_or_default(),
-                    meta["name"].as_str().unwrap_or_default(),
-                    item["spec"]
-                );
-            }
-        }
+        RuleOutput::Text => print!("{}", columns::table(kind, &list)?),
     }
     Ok(())
 }
@@ -171,19 +178,37 @@ pub(super) async fn request(
         .with_context(|| format!("no answer from {} within {TIMEOUT:?}", admin.admin_address))?
 }
 
+/// What follows an answer that is not the admin port's.
+const ADMIN_HINT: &str = "is it the control plane's admin port? (--admin, default \
+     127.0.0.1:30070, plain HTTP/1.1; the gRPC ports 30060/30062 are --server)";
+
+/// `host:port` of the admin port from `host:port` or `http://host:port`.
+fn admin_address(given: &str) -> anyhow::Result<&str> {
+    let address = given.trim().trim_end_matches('/');
+    if address.starts_with("https://") {
+        bail!(
+            "--admin {given:?}: the admin port speaks plain HTTP; use host:port or http://host:port"
+        );
+    }
+    let address = address.strip_prefix("http://").unwrap_or(address);
+    anyhow::ensure!(
+        !address.is_empty() && !address.contains("://") && !address.contains('/'),
+        "--admin {given:?}: use host:port or http://host:port, e.g. 127.0.0.1:30070"
+    );
+    Ok(address)
+}
+
 async fn exchange(
     admin: &AdminArg,
     method: &str,
     path: &str,
     body: Option<String>,
 ) -> anyhow::Result<serde_json::Value> {
-    let address = admin
-        .admin_address
-        .trim_start_matches("http://")
-        .trim_end_matches('/');
+    let address = admin_address(&admin.admin_address)?;
+    let asked = format!("{method} http://{address}{path}");
     let mut stream = tokio::net::TcpStream::connect(address)
         .await
-        .with_context(|| format!("cannot connect to the admin port {address}"))?;
+        .map_err(|err| anyhow::anyhow!("{asked}: cannot connect: {err}; {ADMIN_HINT}"))?;
     let body = body.unwrap_or_default();
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
@@ -201,18 +226,20 @@ async fn exchange(
         .take(MAX_RESPONSE_BYTES as u64)
         .read_to_end(&mut response)
         .await
-        .context("cannot read the admin port's answer")?;
+        .map_err(|err| anyhow::anyhow!("{asked}: no answer ({err}); {ADMIN_HINT}"))?;
+    // An HTTP/2-only gRPC port answers an HTTP/1.1 request with a frame, or closes.
     let split = response
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .context("malformed answer from the admin port")?;
+        .filter(|_| response.starts_with(b"HTTP/1."))
+        .ok_or_else(|| anyhow::anyhow!("{asked}: the answer is not HTTP/1.1; {ADMIN_HINT}"))?;
     let head = String::from_utf8_lossy(&response[..split]).into_owned();
     let raw_body = &response[split + 4..];
     let status: u16 = head
         .split(' ')
         .nth(1)
         .and_then(|code| code.parse().ok())
-        .context("malformed status line from the admin port")?;
+        .ok_or_else(|| anyhow::anyhow!("{asked}: malformed status line; {ADMIN_HINT}"))?;
     let body = if head
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
@@ -226,7 +253,24 @@ async fn exchange(
         let message = json["error"]
             .as_str()
             .map_or(body.trim().to_owned(), str::to_owned);
-        bail!("{message} (HTTP {status})");
+        let hint = match status {
+            401 => "; send an admin token with --token or DUBBO_CP_TOKEN",
+            403 => {
+                "; the token's identity is not in auth.admins (or, without authentication, \
+                    the caller is not local)"
+            }
+            404 if message.is_empty() => {
+                "; this server does not serve that path: is it a dubbo-cp admin port of this \
+                 version, and the right port (--admin)?"
+            }
+            _ => "",
+        };
+        let message = if message.is_empty() {
+            "no message"
+        } else {
+            &message
+        };
+        bail!("{asked}: HTTP {status}: {message}{hint}");
     }
     Ok(json)
 }

@@ -6,7 +6,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{Output, connect};
+use super::{Output, ServerArg};
 use crate::dds::ObserveResponse;
 use crate::index::Kind;
 use crate::pb::dds::ObserveRequest;
@@ -119,6 +119,8 @@ fn rule_spec(kind: Kind, any: &prost_types::Any) -> Option<serde_json::Value> {
 fn print_state(state: &StateView, output: Output) -> anyhow::Result<()> {
     match output {
         Output::Json => println!("{}", serde_json::to_string(state)?),
+        // One YAML document per state, so `watch -o yaml` stays a valid stream.
+        Output::Yaml => print!("---\n{}", serde_yaml::to_string(state)?),
         Output::Text => {
             println!(
                 "# {} revision {} ({} objects)",
@@ -149,11 +151,11 @@ fn print_state(state: &StateView, output: Output) -> anyhow::Result<()> {
 /// Subscribes to `kind`, calls `on_state` for each response (stopping when it returns false),
 /// and acknowledges every response it accepts.
 async fn observe(
-    server: &str,
+    server: &ServerArg,
     kind: Kind,
     mut on_state: impl FnMut(&ObserveResponse) -> anyhow::Result<bool>,
 ) -> anyhow::Result<()> {
-    let channel = connect(server).await?;
+    let channel = server.connect().await?;
     let (requests, requests_rx) = mpsc::channel(4);
     requests
         .send(ObserveRequest {
@@ -162,14 +164,17 @@ async fn observe(
         })
         .await
         .context("request stream closed")?;
+    let what = format!("the discovery stream of {}", kind.name());
     let mut responses = RuleServiceClient::new(channel)
-        .observe(ReceiverStream::new(requests_rx))
+        .observe(server.request(ReceiverStream::new(requests_rx))?)
         .await
-        .map_err(|status| anyhow::anyhow!("{:?}: {}", status.code(), status.message()))?
+        .map_err(|status| server.failed(&what, &status))?
         .into_inner();
-    while let Some(response) = responses.message().await.map_err(|status| {
-        anyhow::anyhow!("stream ended: {:?}: {}", status.code(), status.message())
-    })? {
+    while let Some(response) = responses
+        .message()
+        .await
+        .map_err(|status| server.failed(&what, &status))?
+    {
         if !on_state(&response)? {
             return Ok(());
         }
@@ -184,7 +189,7 @@ async fn observe(
     Ok(())
 }
 
-pub async fn watch(server: &str, kind: &str, output: Output) -> anyhow::Result<()> {
+pub async fn watch(server: &ServerArg, kind: &str, output: Output) -> anyhow::Result<()> {
     let kind = parse_kind(kind)?;
     observe(server, kind, |response| {
         print_state(&view(kind, response, None)?, output)?;
@@ -194,7 +199,7 @@ pub async fn watch(server: &str, kind: &str, output: Output) -> anyhow::Result<(
 }
 
 pub async fn get_mappings(
-    server: &str,
+    server: &ServerArg,
     namespace: Option<&str>,
     output: Output,
 ) -> anyhow::Result<()> {
