@@ -208,6 +208,8 @@ async fn watch_events<K: WatchedKind>(
     let mut listing: Option<BTreeMap<String, (String, K::Object)>> = None;
     // Whether a (possibly empty) first state has been handed on.
     let mut listed_once = false;
+    // Whether the server ever listed this kind (a missing CRD is served empty without a list).
+    let mut listed_by_server = false;
     let parse = |object: &DynamicObject| -> Option<(String, String, Result<K::Object, String>)> {
         let client_key = client_key_of(object)?;
         let name = object.metadata.name.clone().unwrap_or_default();
@@ -241,7 +243,7 @@ async fn watch_events<K: WatchedKind>(
                 let condition = format!(
                     "CustomResourceDefinition {crd} is not installed: install it with \
                      `kubectl apply -k deploy/` (or `dubbo-cp crd | kubectl apply -f -`); {}",
-                    if listed_once {
+                    if listed_by_server {
                         "serving the last state of this kind until it is back"
                     } else {
                         "serving none of this kind until it is"
@@ -286,6 +288,7 @@ async fn watch_events<K: WatchedKind>(
             }
             Some(Ok(Event::InitDone)) => {
                 listed_once = true;
+                listed_by_server = true;
                 let listed = listing.take().unwrap_or_default();
                 kind.observe(&Observed::Listed(&listed));
                 WatchBatch {
