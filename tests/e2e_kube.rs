@@ -62,6 +62,27 @@ fn shared_addrs() -> (std::net::SocketAddr, std::net::SocketAddr) {
     (plane.grpc(), plane.admin())
 }
 
+/// `registerServiceAppMapping` as an SDK calls it with `token`.
+async fn register(
+    grpc: std::net::SocketAddr,
+    token: Option<&str>,
+    namespace: &str,
+    application: &str,
+    interface: &str,
+) -> Result<dubbo_cp::pb::snp::ServiceMappingResponse, tonic::Status> {
+    let message = request(namespace, application, &[interface]);
+    let call = match token {
+        Some(token) => with_token(message, token, None),
+        None => tonic::Request::new(message),
+    };
+    dubbo_cp::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient::new(
+        channel(grpc).await,
+    )
+    .register_service_app_mapping(call)
+    .await
+    .map(tonic::Response::into_inner)
+}
+
 fn with_token<T>(message: T, token: &str, kind: Option<&str>) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     let metadata = request.metadata_mut();
@@ -113,19 +134,9 @@ async fn a_registration_with_a_pod_bound_token_reaches_kubectl_and_another_names
     cluster.namespace("e2e-reg", &[]);
     cluster.pod("e2e-reg", "shop-0", json!({"app": "shop"}));
     let token = cluster.token("e2e-reg", "default", None, Some("shop-0"));
-    let mut client =
-        dubbo_cp::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient::new(
-            channel(grpc).await,
-        );
-    let answer = client
-        .register_service_app_mapping(with_token(
-            request("e2e-reg", "shop", &["org.example.Cart"]),
-            &token,
-            None,
-        ))
+    let answer = register(grpc, Some(&token), "e2e-reg", "shop", "org.example.Cart")
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     assert!(answer.success, "{}", answer.message);
     // Durable before success: the object may still be on its way through the debouncer.
     cluster
@@ -170,18 +181,12 @@ async fn a_registration_with_a_pod_bound_token_reaches_kubectl_and_another_names
     assert!(registrants.contains("shop-0/"), "{registrants}");
 
     // The same workload registering in another namespace.
-    let refused = client
-        .register_service_app_mapping(with_token(
-            request("default", "shop", &["org.example.Cart"]),
-            &token,
-            None,
-        ))
+    let refused = register(grpc, Some(&token), "default", "shop", "org.example.Cart")
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
     // No token at all.
-    let anonymous = client
-        .register_service_app_mapping(request("e2e-reg", "shop", &["org.example.Other"]))
+    let anonymous = register(grpc, None, "e2e-reg", "shop", "org.example.Other")
         .await
         .unwrap_err();
     assert_eq!(
@@ -387,22 +392,18 @@ async fn an_application_expires_after_its_pods_are_gone_and_a_live_one_stays() {
     let cluster = cluster();
     let (grpc, _) = shared_addrs();
     cluster.namespace("e2e-exp", &[]);
-    let mut client =
-        dubbo_cp::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient::new(
-            channel(grpc).await,
-        );
     for (pod, application) in [("old-0", "old"), ("live-0", "live")] {
         cluster.pod("e2e-exp", pod, json!({"app": application}));
         let token = cluster.token("e2e-exp", "default", None, Some(pod));
-        let answer = client
-            .register_service_app_mapping(with_token(
-                request("e2e-exp", application, &["org.example.Stock"]),
-                &token,
-                None,
-            ))
-            .await
-            .unwrap()
-            .into_inner();
+        let answer = register(
+            grpc,
+            Some(&token),
+            "e2e-exp",
+            application,
+            "org.example.Stock",
+        )
+        .await
+        .unwrap();
         assert!(answer.success, "{}", answer.message);
     }
     let applications = || -> Vec<String> {

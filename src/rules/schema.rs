@@ -66,7 +66,7 @@ fn object(
             format!("must have at least {min} field(s) set (got {present})")
         })
         .map_err(|m| FieldError::new(path, m))?;
-        bound_max(schema, "maxProperties", present, |max| {
+        bound(schema, "maxProperties", present, |max| {
             if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
                 let names: Vec<&str> = properties.keys().map(String::as_str).collect();
                 format!(
@@ -132,7 +132,7 @@ fn count(schema: &Value, n: usize, path: &str, what: &str) -> Result<(), FieldEr
         format!("must have at least {min} {what} (got {n})")
     })
     .and_then(|()| {
-        bound_max(schema, "maxItems", n, |max| {
+        bound(schema, "maxItems", n, |max| {
             format!("must have at most {max} {what} (got {n})")
         })
     })
@@ -147,7 +147,7 @@ fn string(schema: &Value, text: &str, path: &str) -> Result<(), FieldError> {
         format!("must be at least {min} characters (got {n}: {shown})")
     })
     .and_then(|()| {
-        bound_max(schema, "maxLength", n, |max| {
+        bound(schema, "maxLength", n, |max| {
             format!("must be at most {max} characters (got {n}: {shown})")
         })
     })
@@ -193,28 +193,18 @@ fn range(schema: &Value, number: &serde_json::Number, path: &str) -> Result<(), 
     Ok(())
 }
 
-/// `Err(message(min))` when `n` is under the schema's `key` (a `min...` bound).
+/// `Err(message(bound))` when `n` is under the schema's `min...` bound `key` (or over its
+/// `max...` one).
 fn bound(
     schema: &Value,
     key: &str,
     n: usize,
     message: impl Fn(u64) -> String,
 ) -> Result<(), String> {
+    let n = n as u64;
     match schema.get(key).and_then(Value::as_u64) {
-        Some(min) if (n as u64) < min => Err(message(min)),
-        _ => Ok(()),
-    }
-}
-
-/// `Err(message(max))` when `n` is over the schema's `key` (a `max...` bound).
-fn bound_max(
-    schema: &Value,
-    key: &str,
-    n: usize,
-    message: impl Fn(u64) -> String,
-) -> Result<(), String> {
-    match schema.get(key).and_then(Value::as_u64) {
-        Some(max) if (n as u64) > max => Err(message(max)),
+        Some(min) if key.starts_with("min") && n < min => Err(message(min)),
+        Some(max) if key.starts_with("max") && n > max => Err(message(max)),
         _ => Ok(()),
     }
 }
