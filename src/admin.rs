@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use prometheus_client::registry::Registry;
 
 use crate::auth::Policy;
-use crate::index::{Index, Kind};
+use crate::index::{Index, Kind, SourceProblem};
 use crate::k8s::cluster::ClusterView;
 use crate::k8s::writer::{KubeWriter, ParkedKey};
 use crate::mapping::MappingKey;
@@ -134,7 +134,9 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     let mut body = String::from(if ready { "ready\n" } else { "not ready\n" });
     for (kind, loaded, condition) in state.index.sources() {
         match (loaded, condition) {
-            (_, Some(condition)) => body.push_str(&format!("{}: {condition}\n", kind.name())),
+            (_, Some(condition)) => {
+                body.push_str(&format!("{}: {}\n", kind.name(), condition.message))
+            }
             (false, None) => {
                 body.push_str(&format!("{}: initial state not loaded yet\n", kind.name()))
             }
@@ -154,6 +156,10 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
 pub struct SourceView {
     pub kind: String,
     pub loaded: bool,
+    /// `synced`, `loading` (no first answer yet), `crd-missing` (served empty, or its last
+    /// state, until the CRD is installed) or `failing` (see `condition` for the last error).
+    #[serde(default)]
+    pub state: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub condition: Option<String>,
 }
@@ -172,7 +178,14 @@ async fn debug_sources(
         .map(|(kind, loaded, condition)| SourceView {
             kind: kind.name().to_owned(),
             loaded,
-            condition,
+            state: match (&condition, loaded) {
+                (Some(c), _) if c.problem == SourceProblem::CrdMissing => "crd-missing",
+                (Some(_), _) => "failing",
+                (None, true) => "synced",
+                (None, false) => "loading",
+            }
+            .to_owned(),
+            condition: condition.map(|c| c.message),
         })
         .collect();
     Ok(Json(views))

@@ -193,8 +193,25 @@ struct Slot {
     published: watch::Sender<Arc<KindSnapshot>>,
     loaded: AtomicBool,
     /// Why the kind's source is not healthy (a missing CRD, a failing watch), for `/readyz`
-    /// and `dubbo-cp status`; None when it is. One short text per kind.
-    condition: Mutex<Option<String>>,
+    /// and `dubbo-cp status`; None when it is. One per kind.
+    condition: Mutex<Option<SourceCondition>>,
+}
+
+/// Why a kind's source is not healthy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceProblem {
+    /// The kind's CRD is not installed (the API server answers 404 for its resource).
+    CrdMissing,
+    /// Listing or watching the kind fails (RBAC, an API-server error, the network).
+    Failing,
+}
+
+/// What is said of a kind's source that is not healthy: the problem and a message naming the
+/// resource, the last error or the fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceCondition {
+    pub problem: SourceProblem,
+    pub message: String,
 }
 
 /// Owner of every kind's state; the only writer of their channels.
@@ -400,7 +417,7 @@ impl Index {
 
     /// Says why `kind`'s source is not healthy, or (None) that it is again; true when that
     /// changed what was said (so a retry loop logs once).
-    pub fn set_condition(&self, kind: Kind, condition: Option<String>) -> bool {
+    pub fn set_condition(&self, kind: Kind, condition: Option<SourceCondition>) -> bool {
         let mut slot = self
             .slot(kind)
             .condition
@@ -412,7 +429,7 @@ impl Index {
     }
 
     /// Each kind: whether its initial state is in, and why its source is not healthy.
-    pub fn sources(&self) -> Vec<(Kind, bool, Option<String>)> {
+    pub fn sources(&self) -> Vec<(Kind, bool, Option<SourceCondition>)> {
         Kind::ALL
             .into_iter()
             .map(|kind| {

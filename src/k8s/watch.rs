@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -23,12 +24,13 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prost_types::Any;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_stream::StreamExt;
 
 use super::cluster::{ClusterView, WatchedMapping};
 use super::crd::{ServiceNameMapping, ServiceNameMappingSpec};
 use crate::debounce::{self, Batch, DebounceConfig, Merge};
-use crate::index::{Change, Index, Kind, KindLabel};
+use crate::index::{Change, Index, Kind, KindLabel, SourceCondition, SourceProblem};
 use crate::mapping::{MappingKey, client_key};
 use crate::metrics::Metrics;
 use crate::resources::mapping_any;
@@ -38,6 +40,30 @@ use crate::shutdown::signalled;
 
 /// Watch batches that may wait for the debouncer before the watch waits.
 const BATCH_QUEUE: usize = 1024;
+
+/// kube's default watcher backoff waits at most 30 s (plus as much jitter) between retries and
+/// forgives errors after 120 s without one: a watch that failed after its list and has had no
+/// error for this long is running again.
+const WATCH_QUIET: Duration = Duration::from_secs(120);
+
+/// The API server does not serve the kind's resource: its CRD is not installed, or was deleted.
+/// A real kube-apiserver answers a plain-text `404 page not found`, which kube reads as a
+/// Status with that code and the reason "Failed to parse error data", not NotFound; a JSON
+/// NotFound Status counts too.
+fn crd_missing(err: &watcher::Error) -> bool {
+    error_code(err) == Some(404)
+}
+
+/// The HTTP status the API server answered, when the error is one.
+fn error_code(err: &watcher::Error) -> Option<u16> {
+    match err {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(status.code),
+        watcher::Error::WatchError(status) => Some(status.code),
+        _ => None,
+    }
+}
 
 /// A custom-resource kind served on the discovery stream.
 pub trait WatchedKind: Send + Sync + 'static {
@@ -224,35 +250,61 @@ async fn watch_events<K: WatchedKind>(
             reason,
         );
     };
+    // While set, the watch failed after a list: if no other error comes by then, the watcher's
+    // retry got it running again (a resumed watch yields no event that would say so).
+    let mut quiet_until: Option<Instant> = None;
     loop {
         let event = tokio::select! {
             () = signalled(&mut shutdown) => return,
+            () = tokio::time::sleep_until(quiet_until.unwrap_or_else(Instant::now)), if quiet_until.is_some() => {
+                quiet_until = None;
+                if index.set_condition(k, None) {
+                    tracing::info!(kind = k.name(), %crd, "the watch runs again");
+                }
+                continue;
+            }
             event = events.next() => event,
         };
-        if matches!(event, Some(Ok(_))) {
+        // `Init` comes before the list request, so it says nothing of the server's answer.
+        if matches!(event, Some(Ok(ref e)) if !matches!(e, Event::Init)) {
             // The source answers again: whatever was said of it is over.
-            index.set_condition(k, None);
+            quiet_until = None;
+            if index.set_condition(k, None) {
+                tracing::info!(kind = k.name(), %crd, "the source answers again");
+            }
+        }
+        if let Some(Err(err)) = &event {
+            // Errors of the list are followed by a new list when the source is back; errors of
+            // the watch only by silence.
+            quiet_until = match err {
+                watcher::Error::InitialListFailed(_) => None,
+                _ => Some(Instant::now() + WATCH_QUIET),
+            };
         }
         let batch = match event {
             None => return,
-            // A real API server answers a list of a resource it does not serve with a plain
-            // `404 page not found` (kube reads it as a Status with that code, not the reason).
-            Some(Err(watcher::Error::InitialListFailed(kube::Error::Api(status))))
-                if status.code == 404 =>
-            {
-                let condition = format!(
-                    "CustomResourceDefinition {crd} is not installed: install it with \
-                     `kubectl apply -k deploy/` (or `dubbo-cp crd | kubectl apply -f -`); {}",
-                    if listed_by_server {
-                        "serving the last state of this kind until it is back"
-                    } else {
-                        "serving none of this kind until it is"
-                    }
-                );
-                if index.set_condition(k, Some(condition.clone())) {
-                    tracing::warn!(kind = k.name(), %crd, "{condition}");
+            Some(Err(err)) if crd_missing(&err) => {
+                let condition = SourceCondition {
+                    problem: SourceProblem::CrdMissing,
+                    message: format!(
+                        "CustomResourceDefinition {crd} is not installed: install it with \
+                         `kubectl apply -k deploy/` (or `dubbo-cp crd | kubectl apply -f -`); {}",
+                        if listed_by_server {
+                            "serving the last state of this kind until it is back"
+                        } else {
+                            "serving none of this kind until it is"
+                        }
+                    ),
+                };
+                let message = condition.message.clone();
+                if index.set_condition(k, Some(condition)) {
+                    tracing::warn!(kind = k.name(), %crd, "{message}");
                 }
                 if listed_once {
+                    // Deleted while running (or a transient 404): the last state stays. Deleting
+                    // a CRD deletes its objects first, and the watch delivers those deletions,
+                    // so a real removal is already empty; a 404 without them must not wipe
+                    // every client's rules.
                     continue;
                 }
                 // Served as empty rather than never ready; the watcher keeps retrying and
@@ -263,9 +315,36 @@ async fn watch_events<K: WatchedKind>(
                     changes: BTreeMap::new(),
                 }
             }
+            Some(Err(watcher::Error::WatchError(status))) if status.code == 410 => {
+                // Too old a resourceVersion: the watcher lists again, nothing is wrong.
+                tracing::debug!(kind = k.name(), %crd, "watch expired; listing again");
+                quiet_until = None;
+                continue;
+            }
             Some(Err(err)) => {
                 tracing::warn!(kind = k.name(), %crd, error = %err, "watch failed; retrying");
-                index.set_condition(k, Some(format!("the watch of {crd} is failing: {err}")));
+                let hint = if error_code(&err) == Some(403) {
+                    format!(
+                        " (the control plane's service account needs get, list and watch on \
+                         {crd}: deploy/rbac.yaml)"
+                    )
+                } else {
+                    String::new()
+                };
+                let served = if listed_once {
+                    "serving the state listed before"
+                } else {
+                    "this kind is not served until it lists"
+                };
+                index.set_condition(
+                    k,
+                    Some(SourceCondition {
+                        problem: SourceProblem::Failing,
+                        message: format!(
+                            "the watch of {crd} is failing ({served}; retrying): {err}{hint}"
+                        ),
+                    }),
+                );
                 continue;
             }
             Some(Ok(Event::Init)) => {

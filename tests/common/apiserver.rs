@@ -539,22 +539,33 @@ impl ApiServer {
     }
 
     /// Makes `resource` (a plural) unknown, as when its CRD is not installed, or known again.
+    /// As on a real server, removing it ends the open watches (they come back to a 404), and
+    /// a CRD installed again starts a new watch cache: resuming from an older resourceVersion
+    /// gets 410 Gone, so watchers list again. (The objects stay: a real deletion would delete
+    /// them first; this is the 404 without them.)
     pub fn set_missing(&self, resource: &str, missing: bool) {
         let mut inner = self.lock();
         if missing {
             inner.missing.insert(resource.to_owned());
-        } else {
-            inner.missing.remove(resource);
+        } else if inner.missing.remove(resource) {
+            inner.oldest_watchable = inner.rv + 1;
         }
+        drop(inner);
+        self.shared.cut.send_modify(|g| *g += 1);
     }
 
-    /// Makes every request to `resource` fail with `code` (Some), or succeed again (None).
+    /// Makes every request to `resource` fail with `code` (Some), or succeed again (None);
+    /// open watches are cut, so a failure begun mid-run reaches watchers too.
     pub fn set_failing(&self, resource: &str, code: Option<u16>) {
         let mut inner = self.lock();
         match code {
             Some(code) => inner.failing.insert(resource.to_owned(), code),
             None => inner.failing.remove(resource),
         };
+        drop(inner);
+        if code.is_some() {
+            self.shared.cut.send_modify(|g| *g += 1);
+        }
     }
 
     /// GETs of single pods (lookups of pods the watch had not seen).
@@ -770,7 +781,14 @@ async fn handle(
         return response;
     }
     if let Some(code) = resource.and_then(|r| server.lock().failing.get(r).copied()) {
-        return status(code, "Forbidden", "injected failure for this resource");
+        let reason = match code {
+            401 => "Unauthorized",
+            403 => "Forbidden",
+            429 => "TooManyRequests",
+            503 => "ServiceUnavailable",
+            _ => "InternalError",
+        };
+        return status(code, reason, "injected failure for this resource");
     }
     match (method, segments.as_slice()) {
         // Cluster-scoped objects (namespaces, webhook configurations), keyed with an empty
