@@ -451,6 +451,11 @@ async fn a_kind_whose_watch_fails_holds_only_its_own_subscriptions() {
         body.contains("TagRoute: the watch of tagroutes.dubbo.apache.org is failing"),
         "{body}"
     );
+    // A 403 names the RBAC fix.
+    assert!(
+        body.contains("get, list and watch") && body.contains("deploy/rbac.yaml"),
+        "{body}"
+    );
     // The kind's source recovers: its first answer comes, never an empty state before it.
     api.set_failing("tagroutes", None);
     let tags = observer

@@ -54,6 +54,25 @@ fn crd_missing(err: &watcher::Error) -> bool {
     error_code(err) == Some(404)
 }
 
+/// What failed, briefly: kube's text of an API error repeats the whole Status.
+fn describe(err: &watcher::Error) -> String {
+    let what = match err {
+        watcher::Error::InitialListFailed(_) => "list",
+        _ => "watch",
+    };
+    match err {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => {
+            format!("{what} answered {}: {}", status.code, status.message)
+        }
+        watcher::Error::WatchError(status) => {
+            format!("{what} answered {}: {}", status.code, status.message)
+        }
+        other => other.to_string(),
+    }
+}
+
 /// The HTTP status the API server answered, when the error is one.
 fn error_code(err: &watcher::Error) -> Option<u16> {
     match err {
@@ -341,7 +360,8 @@ async fn watch_events<K: WatchedKind>(
                     Some(SourceCondition {
                         problem: SourceProblem::Failing,
                         message: format!(
-                            "the watch of {crd} is failing ({served}; retrying): {err}{hint}"
+                            "the watch of {crd} is failing ({served}; retrying): {}{hint}",
+                            describe(&err)
                         ),
                     }),
                 );
