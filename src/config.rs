@@ -11,11 +11,11 @@
 //!
 //! A new setting is one field with its doc comment, its default in the section's `Default`, and
 //! `#[arg(id = "<section>.<key>", long = "<section>-<key>", env = "DUBBO_CP_<SECTION>_<KEY>")]`
-//! (durations add `value_parser = parse_duration` and `#[serde(with = "duration")]`). A field
+//! (durations add `value_parser = DurationArg` and `#[serde(with = "duration")]`). A field
 //! without `#[arg]` would be a positional argument: the tests refuse that, and a README table
 //! that does not list the new key.
-//! Durations are accepted as human strings (`100ms`, `10s`) or integer nanoseconds, the way the
-//! reference control plane writes them.
+//! Durations carry their unit (`100ms`, `10s`) everywhere; a YAML integer is nanoseconds, the way
+//! the reference control plane writes them (src/duration.rs).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::duration;
+use crate::duration::DurationArg;
 pub use crate::duration::parse_duration;
 
 use clap::{ArgAction, FromArgMatches};
@@ -54,7 +55,7 @@ pub struct Config {
     pub mode: Mode,
     /// How long shutdown waits for in-flight work before it gives up on it.
     #[arg(id = "shutdownGrace", long = "shutdown-grace", env = "DUBBO_CP_SHUTDOWN_GRACE",
-          value_parser = parse_duration)]
+          value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
     /// Serve on a non-loopback address without authentication (logged loudly).
@@ -107,7 +108,7 @@ pub struct CanaryConfig {
     pub prometheus: Option<String>,
     /// Longest time one Prometheus query may take.
     #[arg(id = "canary.queryTimeout", long = "canary-query-timeout",
-          env = "DUBBO_CP_CANARY_QUERY_TIMEOUT", value_parser = parse_duration)]
+          env = "DUBBO_CP_CANARY_QUERY_TIMEOUT", value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub query_timeout: Duration,
     /// Namespace of the Lease `dubbo-cp-canary`: one control plane at a time drives Canaries.
@@ -119,7 +120,7 @@ pub struct CanaryConfig {
     pub lease_namespace: String,
     /// How long the Lease holds without renewal before another control plane takes over.
     #[arg(id = "canary.leaseDuration", long = "canary-lease-duration",
-          env = "DUBBO_CP_CANARY_LEASE_DURATION", value_parser = parse_duration)]
+          env = "DUBBO_CP_CANARY_LEASE_DURATION", value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub lease_duration: Duration,
     /// This control plane's name in the Lease (unset: the host name and process id).
@@ -151,7 +152,7 @@ pub struct MappingConfig {
     /// An application leaves a mapping once none of the pods that registered it has existed
     /// for this long (`0` never); applications registered without a pod identity stay.
     #[arg(id = "mapping.expireAfter", long = "mapping-expire-after",
-          env = "DUBBO_CP_MAPPING_EXPIRE_AFTER", value_parser = parse_duration)]
+          env = "DUBBO_CP_MAPPING_EXPIRE_AFTER", value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub expire_after: Duration,
 }
@@ -182,7 +183,7 @@ pub struct WebhookConfig {
     pub addr: SocketAddr,
     /// Longest time one review may take; then the pod is admitted unchanged.
     #[arg(id = "webhook.timeout", long = "webhook-timeout", env = "DUBBO_CP_WEBHOOK_TIMEOUT",
-          value_parser = parse_duration)]
+          value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub timeout: Duration,
     /// Development outside a cluster: the URL the API server calls (`clientConfig.url`)
@@ -222,12 +223,12 @@ pub struct CaConfig {
     pub enabled: bool,
     /// Validity of a generated root (rotated at two thirds of it when `ca.autoRotate`).
     #[arg(id = "ca.rootValidity", long = "ca-root-validity", env = "DUBBO_CP_CA_ROOT_VALIDITY",
-          value_parser = parse_duration)]
+          value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub root_validity: Duration,
     /// Validity of issued certificates (SDKs renew at half of it).
     #[arg(id = "ca.certValidity", long = "ca-cert-validity", env = "DUBBO_CP_CA_CERT_VALIDITY",
-          value_parser = parse_duration)]
+          value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub cert_validity: Duration,
     /// Replace a generated root at two thirds of its life (old and new trusted side by side).
@@ -369,12 +370,12 @@ pub struct DebounceConfig {
     pub enable: bool,
     /// Quiet time after the last change before a flush.
     #[arg(id = "debounce.after", long = "debounce-after", env = "DUBBO_CP_DEBOUNCE_AFTER",
-          value_parser = parse_duration)]
+          value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub after: Duration,
     /// Longest delay of a flush after the first change of a batch.
     #[arg(id = "debounce.max", long = "debounce-max", env = "DUBBO_CP_DEBOUNCE_MAX",
-          value_parser = parse_duration)]
+          value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub max: Duration,
 }
@@ -417,7 +418,7 @@ pub struct IngestConfig {
     pub max_batch: usize,
     /// How long a caller waits for its commit before it gets `UNAVAILABLE`.
     #[arg(id = "ingest.commitTimeout", long = "commit-timeout", env = "DUBBO_CP_COMMIT_TIMEOUT",
-          value_parser = parse_duration)]
+          value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub commit_timeout: Duration,
     /// Registrations per second one authenticated identity may send on average; beyond it
@@ -465,7 +466,7 @@ impl Default for IngestConfig {
 pub struct DdsConfig {
     /// A response the transport has not taken within this time ends the stream.
     #[arg(id = "dds.sendTimeout", long = "dds-send-timeout", env = "DUBBO_CP_DDS_SEND_TIMEOUT",
-          value_parser = parse_duration)]
+          value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub send_timeout: Duration,
     /// New streams admitted per second on average; beyond it `UNAVAILABLE`.
@@ -508,22 +509,22 @@ impl Default for DdsConfig {
 pub struct GrpcConfig {
     /// HTTP/2 PING interval that detects dead peers.
     #[arg(id = "grpc.keepaliveInterval", long = "grpc-keepalive-interval",
-          env = "DUBBO_CP_GRPC_KEEPALIVE_INTERVAL", value_parser = parse_duration)]
+          env = "DUBBO_CP_GRPC_KEEPALIVE_INTERVAL", value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub keepalive_interval: Duration,
     /// How long a PING may go unanswered before the connection is closed.
     #[arg(id = "grpc.keepaliveTimeout", long = "grpc-keepalive-timeout",
-          env = "DUBBO_CP_GRPC_KEEPALIVE_TIMEOUT", value_parser = parse_duration)]
+          env = "DUBBO_CP_GRPC_KEEPALIVE_TIMEOUT", value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub keepalive_timeout: Duration,
     /// Connections older than this are closed so clients rebalance across replicas.
     #[arg(id = "grpc.maxConnectionAge", long = "max-connection-age",
-          env = "DUBBO_CP_MAX_CONNECTION_AGE", value_parser = parse_duration)]
+          env = "DUBBO_CP_MAX_CONNECTION_AGE", value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub max_connection_age: Duration,
     /// How long the streams of an aged connection may go on before it is cut.
     #[arg(id = "grpc.maxConnectionAgeGrace", long = "grpc-max-connection-age-grace",
-          env = "DUBBO_CP_GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = parse_duration)]
+          env = "DUBBO_CP_GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub max_connection_age_grace: Duration,
     /// Concurrent streams per connection (HTTP/2 makes the next one wait for a free slot).
@@ -603,7 +604,7 @@ pub struct AuthConfig {
     pub token_file: Option<PathBuf>,
     /// How often the token file is checked for changes.
     #[arg(id = "auth.reloadInterval", long = "auth-reload-interval",
-          env = "DUBBO_CP_AUTH_RELOAD_INTERVAL", value_parser = parse_duration)]
+          env = "DUBBO_CP_AUTH_RELOAD_INTERVAL", value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub reload_interval: Duration,
     /// Identities that may register in any namespace (comma-separated in the variable).
@@ -624,12 +625,12 @@ pub struct AuthConfig {
     pub token_review: Option<bool>,
     /// How long a positive answer on a token is reused (never past the token's `exp`).
     #[arg(id = "auth.cacheTtl", long = "auth-cache-ttl", env = "DUBBO_CP_AUTH_CACHE_TTL",
-          value_parser = parse_duration)]
+          value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub cache_ttl: Duration,
     /// How long a negative answer on a token is reused.
     #[arg(id = "auth.negativeCacheTtl", long = "auth-negative-cache-ttl",
-          env = "DUBBO_CP_AUTH_NEGATIVE_CACHE_TTL", value_parser = parse_duration)]
+          env = "DUBBO_CP_AUTH_NEGATIVE_CACHE_TTL", value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub negative_cache_ttl: Duration,
     /// Bytes of tokens the authentication cache may hold (32 MiB by default).
@@ -655,7 +656,7 @@ pub struct AuthConfig {
     pub token_reviews_burst: u32,
     /// How often the cluster's service-account signing keys are fetched again.
     #[arg(id = "auth.keysRefreshInterval", long = "auth-keys-refresh-interval",
-          env = "DUBBO_CP_AUTH_KEYS_REFRESH_INTERVAL", value_parser = parse_duration)]
+          env = "DUBBO_CP_AUTH_KEYS_REFRESH_INTERVAL", value_parser = DurationArg)]
     #[serde(with = "duration")]
     pub keys_refresh_interval: Duration,
     /// Audiences of the API server, besides its issuer, that `kubernetes` tokens verified
@@ -730,7 +731,7 @@ pub struct WriterConfig {
     pub max_parallel: usize,
     /// How often a key parked by a permanent error (403, 422, too large...) is tried again.
     #[arg(id = "kubernetes.parkedRetryInterval", long = "kube-parked-retry-interval",
-          env = "DUBBO_CP_KUBE_PARKED_RETRY_INTERVAL", value_parser = parse_duration)]
+          env = "DUBBO_CP_KUBE_PARKED_RETRY_INTERVAL", value_parser = DurationArg)]
     #[serde(rename = "parkedRetryInterval", with = "duration")]
     pub parked_retry: Duration,
 }
@@ -1136,9 +1137,9 @@ mod tests {
             .err()
             .unwrap()
             .to_string();
-        assert!(refused.contains("--debounce-after"), "{refused}");
         assert!(
-            refused.contains("\"10\" has no unit: write a duration with its unit"),
+            refused
+                .contains("--debounce-after: \"10\" has no unit; write a duration with its unit"),
             "{refused}"
         );
         let zero = load("", &["--mapping-expire-after", "0"]).unwrap();

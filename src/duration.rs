@@ -12,6 +12,51 @@ use serde::{Deserializer, Serializer};
 /// What a duration is written like, for error messages.
 const FORM: &str = "write a duration with its unit, such as 200ms, 2s, 1m or 1h30m";
 
+/// The clap parser of every duration setting: [`parse_duration`], with an error that starts
+/// with where the value came from (`--debounce-after: ...`, or the variable when it came from
+/// one), since clap's own message names only the flag even for a value the user set in the
+/// environment.
+#[derive(Debug, Clone, Copy)]
+pub struct DurationArg;
+
+impl clap::builder::TypedValueParser for DurationArg {
+    type Value = Duration;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Duration, clap::Error> {
+        let source = arg.map_or_else(|| "duration".to_owned(), |arg| source_of(arg, value));
+        let parsed = match value.to_str() {
+            Some(text) => parse_duration(text),
+            None => Err(format!("{value:?} is not UTF-8; {FORM}")),
+        };
+        parsed.map_err(|reason| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("{source}: {reason}\n"),
+            )
+            .with_cmd(cmd)
+        })
+    }
+}
+
+/// `--flag`, or `VARIABLE (--flag)` when the variable holds the value (clap reads a variable
+/// only when the flag is absent).
+fn source_of(arg: &clap::Arg, value: &std::ffi::OsStr) -> String {
+    let flag = arg
+        .get_long()
+        .map_or_else(|| arg.get_id().to_string(), |long| format!("--{long}"));
+    match arg.get_env() {
+        Some(var) if std::env::var_os(var).as_deref() == Some(value) => {
+            format!("{} ({flag})", var.to_string_lossy())
+        }
+        _ => flag,
+    }
+}
+
 /// A duration from a flag, an environment variable or a YAML string.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -19,7 +64,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         return Ok(Duration::ZERO);
     }
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        return Err(format!("{text:?} has no unit: {FORM}"));
+        return Err(format!("{text:?} has no unit; {FORM}"));
     }
     humantime::parse_duration(text)
         .map_err(|err| format!("invalid duration {text:?}: {err}; {FORM}"))
@@ -71,7 +116,7 @@ mod tests {
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert_eq!(
             parse_duration("10"),
-            Err("\"10\" has no unit: write a duration with its unit, such as 200ms, 2s, 1m or 1h30m".to_owned())
+            Err("\"10\" has no unit; write a duration with its unit, such as 200ms, 2s, 1m or 1h30m".to_owned())
         );
         assert!(parse_duration("1.5").is_err());
         assert!(parse_duration("").is_err());
@@ -81,5 +126,40 @@ mod tests {
                 .contains("such as 200ms")
         );
         assert!(parse_duration("-5s").is_err());
+    }
+
+    /// Every duration setting goes through the one parser: a bare number is refused with the
+    /// flag named, whichever setting it is.
+    #[test]
+    fn every_duration_flag_needs_a_unit() {
+        use clap::Args;
+        let command = crate::config::ServeArgs::augment_args(clap::Command::new("dubbo-cp"));
+        // The duration settings: those a value with a unit parses into a Duration for.
+        let durations: Vec<(String, String)> = command
+            .get_arguments()
+            .filter_map(|arg| Some((arg.get_id().to_string(), arg.get_long()?.to_owned())))
+            .filter(|(id, long)| {
+                command
+                    .clone()
+                    .try_get_matches_from(["dubbo-cp", &format!("--{long}"), "1500ms"])
+                    .is_ok_and(|matches| {
+                        matches.try_get_one::<Duration>(id).ok().flatten()
+                            == Some(&Duration::from_millis(1500))
+                    })
+            })
+            .collect();
+        assert!(durations.len() >= 20, "{durations:?}");
+        for (_, long) in durations {
+            let flag = format!("--{long}");
+            let refused = command
+                .clone()
+                .try_get_matches_from(["dubbo-cp", &flag, "10"])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                refused.contains(&format!("{flag}: \"10\" has no unit; write a duration")),
+                "{refused}"
+            );
+        }
     }
 }
