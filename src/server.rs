@@ -130,7 +130,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         Mode::Standalone => None,
     };
     let mut source = match &kube_client {
-        None => open_store(&config, &metrics, &mut tasks).await?,
+        None => open_store(&config, &metrics, &mut registry, &mut tasks).await?,
         Some(client) => {
             open_kubernetes(&config, client, &metrics, &mut registry, &mut tasks).await?
         }
@@ -379,6 +379,7 @@ impl Listeners {
 async fn open_store(
     config: &Config,
     metrics: &Arc<Metrics>,
+    registry: &mut Registry,
     tasks: &mut Supervisor,
 ) -> anyhow::Result<Source> {
     let (changes_tx, changes) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
@@ -397,8 +398,9 @@ async fn open_store(
         let watching = store::rules_dir::watch(dir)?;
         // Applied before the index is marked loaded: clients never see a state without it.
         let (first_rules, first_catalog, first_dir) = (rules.clone(), catalog.clone(), dir.clone());
+        let mut state = store::rules_dir::DirState::default();
+        state.stats().register_metrics(registry);
         let state = tokio::task::spawn_blocking(move || {
-            let mut state = store::rules_dir::DirState::default();
             store::rules_dir::apply_once(&first_rules, &first_catalog, &first_dir, &mut state);
             state
         })

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -20,10 +21,34 @@ use crate::shutdown::signalled;
 /// Changes within this time are read as one (editors write files in several steps).
 const SETTLE: Duration = Duration::from_millis(200);
 
+/// How often the directory was applied (the start included), as
+/// `dubbo_cp_rules_dir_applies_total`: a count that grows without edits means the watcher
+/// wakes on something that is not one.
+#[derive(Debug, Default)]
+pub struct DirStats {
+    applies: AtomicU64,
+}
+
+impl DirStats {
+    pub fn register_metrics(
+        self: &Arc<Self>,
+        registry: &mut prometheus_client::registry::Registry,
+    ) {
+        crate::metrics::scraped_counter(
+            registry,
+            "rules_dir_applies",
+            "Times the rules directory was read and applied (at start and after each change)",
+            self,
+            |stats| stats.applies.load(Ordering::Relaxed),
+        );
+    }
+}
+
 /// The objects of each file, as last parsed successfully.
 #[derive(Default)]
 pub struct DirState {
     good: BTreeMap<PathBuf, Vec<Rule>>,
+    stats: Arc<DirStats>,
     /// The directory as it was when last read (taken before reading, so a change during a
     /// read is applied again).
     read: Fingerprint,
@@ -38,6 +63,10 @@ struct Reading {
 }
 
 impl DirState {
+    pub fn stats(&self) -> &Arc<DirStats> {
+        &self.stats
+    }
+
     /// Reads every manifest file of `dir`. A file that fails keeps its previous objects.
     fn reload(&mut self, dir: &Path) -> Reading {
         let mut errors = BTreeMap::new();
@@ -107,6 +136,7 @@ fn is_manifest(path: &Path) -> bool {
 /// directory objects are not deleted: after a restart the failed file's last good objects are
 /// known only to the store. The errors are reported once the apply is done.
 pub fn apply_once(rules: &StandaloneRules, catalog: &Catalog, dir: &Path, state: &mut DirState) {
+    state.stats.applies.fetch_add(1, Ordering::Relaxed);
     state.read = fingerprint(dir);
     let reading = state.reload(dir);
     if !reading.unreadable {
