@@ -530,3 +530,36 @@ fn the_start_up_log_says_where_the_dashboard_is() {
         }
     }
 }
+
+/// The other half of the rule errors: an object the Kubernetes watch skipped (its spec does
+/// not validate) is listed with its kind, namespace/name and error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_objects_the_watch_skipped() {
+    let api = common::apiserver::ApiServer::start().await;
+    // Valid YAML the API server would refuse by schema, written here anyway: it is skipped.
+    api.kubectl_apply_rule(
+        "tagroutes",
+        "TagRoute",
+        "demo",
+        "broken",
+        serde_json::json!({"key": "", "tags": "not-a-list"}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::kubernetes_config(dir.path(), api.url());
+    // The page sends no token: the views answer without one.
+    config.auth.token_review = Some(false);
+    let server = start(config).await;
+    common::wait_ready(server.admin_addr).await;
+    let ui = format!("http://{}/ui", server.admin_addr);
+    tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::open(&ui);
+        browser.wait_for(
+            "[...document.querySelectorAll('#rule-errors tr.rule-error')].some(row => \
+             row.textContent.startsWith('TagRoute') && row.textContent.includes('demo/broken') \
+             && row.textContent.includes('spec.'))",
+        );
+    })
+    .await
+    .unwrap();
+    assert!(server.stop().await.is_ok());
+}
