@@ -540,3 +540,204 @@ async fn get_prints_kubectls_columns_and_deleting_what_is_not_there_fails() {
     assert!(ignored.status.success(), "{}", stderr_of(&ignored));
     assert!(server.stop().await.is_ok());
 }
+
+/// The stderr of a client run that must fail.
+async fn failure(args: &[&str]) -> String {
+    let output = run_client(args).await;
+    assert!(!output.status.success(), "{args:?} succeeded");
+    stderr_of(&output)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_mix_ups_are_named_with_their_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(test_config(&dir.path().join("data"))).await;
+    let admin = server.admin_addr.to_string();
+    let root = run_client(&["ca", "root", "--admin", &admin]).await;
+    assert!(root.status.success(), "{}", stderr_of(&root));
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &root.stdout).unwrap();
+    let ca_file = ca_file.to_str().unwrap();
+    let tls_port = server.tls_addr.expect("no TLS port").port();
+    let plain_port = server.grpc_addr.port();
+
+    // Plain text to the TLS port: the server hangs up; the hint says https://.
+    let tls_plainly = format!("127.0.0.1:{tls_port}");
+    for command in [
+        vec!["get", "mappings"],
+        vec!["register", "-n", "demo", "-a", "a", "I"],
+    ] {
+        let mut args = command.clone();
+        args.extend(["--server", &tls_plainly]);
+        let message = failure(&args).await;
+        assert!(
+            message.contains(&tls_plainly)
+                && message.contains("use https://host:port with --ca-file"),
+            "{command:?}: {message}"
+        );
+    }
+    // TLS to the plain port.
+    let plain_over_tls = format!("https://localhost:{plain_port}");
+    let message = failure(&[
+        "get",
+        "mappings",
+        "--server",
+        &plain_over_tls,
+        "--ca-file",
+        ca_file,
+    ])
+    .await;
+    assert!(
+        message.contains(&plain_over_tls) && message.contains("does not speak TLS"),
+        "{message}"
+    );
+    // The certificate names localhost, not 127.0.0.1.
+    let by_ip = format!("https://127.0.0.1:{tls_port}");
+    let message = failure(&["get", "mappings", "--server", &by_ip, "--ca-file", ca_file]).await;
+    assert!(message.contains("--tls-server-name"), "{message}");
+    // Roots that did not sign the server's certificate, and a file without any.
+    let key = rcgen::KeyPair::generate().unwrap();
+    let stranger = rcgen::CertificateParams::new(vec!["stranger.example".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let other = dir.path().join("other.pem");
+    std::fs::write(&other, stranger.pem()).unwrap();
+    let by_name = format!("https://localhost:{tls_port}");
+    let message = failure(&[
+        "get",
+        "mappings",
+        "--server",
+        &by_name,
+        "--ca-file",
+        other.to_str().unwrap(),
+    ])
+    .await;
+    assert!(
+        message.contains("not signed by a root in --ca-file") && message.contains("ca root"),
+        "{message}"
+    );
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "tokens: []\n").unwrap();
+    let message = failure(&[
+        "get",
+        "mappings",
+        "--server",
+        &by_name,
+        "--ca-file",
+        empty.to_str().unwrap(),
+    ])
+    .await;
+    assert!(message.contains("holds no PEM certificate"), "{message}");
+    // And right: the name the certificate holds, the root from `ca root`.
+    let ok = run_client(&[
+        "get",
+        "mappings",
+        "--server",
+        &by_name,
+        "--ca-file",
+        ca_file,
+    ])
+    .await;
+    assert!(ok.status.success(), "{}", stderr_of(&ok));
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_get_prints_the_outputs_its_help_offers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(common::undebounced_config(dir.path())).await;
+    let admin = server.admin_addr.to_string();
+    let mut client = common::client(server.grpc_addr).await;
+    let reply = client
+        .register_service_app_mapping(common::request(
+            "demo",
+            "demo-provider",
+            &["org.apache.dubbo.demo.DemoService"],
+        ))
+        .await;
+    assert!(reply.is_ok());
+    common::wait_published(&server, 1).await;
+    let applications = run_client(&["get", "applications", "--admin", &admin, "-o", "yaml"]).await;
+    assert!(
+        applications.status.success(),
+        "{}",
+        stderr_of(&applications)
+    );
+    let list: serde_yaml::Value = serde_yaml::from_slice(&applications.stdout).unwrap();
+    assert_eq!(list[0]["application"], "demo-provider", "{list:?}");
+    let served = run_client(&[
+        "get",
+        "mappings",
+        "-a",
+        "demo-provider",
+        "-n",
+        "demo",
+        "--admin",
+        &admin,
+        "-o",
+        "yaml",
+    ])
+    .await;
+    assert!(served.status.success(), "{}", stderr_of(&served));
+    let list: serde_yaml::Value = serde_yaml::from_slice(&served.stdout).unwrap();
+    assert_eq!(
+        list[0]["interfaces"][0], "org.apache.dubbo.demo.DemoService",
+        "{list:?}"
+    );
+    // Nothing to list: kubectl's note on standard error, no header.
+    let none = run_client(&["get", "tagroutes", "-n", "demo", "--admin", &admin]).await;
+    assert!(none.status.success(), "{}", stderr_of(&none));
+    assert_eq!(String::from_utf8_lossy(&none.stdout), "");
+    assert_eq!(stderr_of(&none), "No resources found in demo namespace.\n");
+    assert!(server.stop().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_issue_with_an_empty_trust_domain_setting_issues_in_cluster_local() {
+    // `tls.trustDomain: ""` accepts client certificates of any domain; the CA's own stays
+    // cluster.local, where the control plane names its callers.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    config.tls.trust_domain = String::new();
+    let server = start(config).await;
+    let admin = server.admin_addr.to_string();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let csr = rcgen::CertificateParams::new(vec!["x.example".to_owned()])
+        .unwrap()
+        .serialize_request(&key)
+        .unwrap()
+        .pem()
+        .unwrap();
+    let csr_file = dir.path().join("csr.pem");
+    std::fs::write(&csr_file, csr).unwrap();
+    let csr_file = csr_file.to_str().unwrap();
+    let issue = |id: &str| {
+        let args: Vec<String> = [
+            "ca",
+            "issue",
+            "--admin",
+            &admin,
+            "--csr",
+            csr_file,
+            "--spiffe-id",
+            id,
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_client(&args).await
+        }
+    };
+    let ours = issue("spiffe://cluster.local/ns/demo/sa/shop").await;
+    assert!(ours.status.success(), "{}", stderr_of(&ours));
+    let foreign = issue("spiffe://other.example/ns/demo/sa/shop").await;
+    assert!(!foreign.status.success());
+    let message = stderr_of(&foreign);
+    assert!(
+        message.contains("\"other.example\" is not this CA's (\"cluster.local\")"),
+        "{message}"
+    );
+    assert!(server.stop().await.is_ok());
+}

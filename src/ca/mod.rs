@@ -333,9 +333,16 @@ impl Authority {
         ))
     }
 
-    /// Issues in `trust_domain` (the default is Kubernetes' `cluster.local`).
+    /// Issues in `trust_domain` (the default is Kubernetes' `cluster.local`). An empty
+    /// `tls.trustDomain` only means client certificates of any domain are accepted; the
+    /// identities the control plane names itself are still `cluster.local`'s (see
+    /// [`crate::auth`]), so that stays the CA's own.
     pub fn with_trust_domain(mut self, trust_domain: &str) -> Self {
-        self.trust_domain = trust_domain.into();
+        self.trust_domain = if trust_domain.is_empty() {
+            crate::auth::DEFAULT_TRUST_DOMAIN.into()
+        } else {
+            trust_domain.into()
+        };
         self
     }
 

@@ -47,7 +47,13 @@ pub struct TokenArg {
 
 /// What follows every connection failure to the gRPC port.
 const PORT_HINT: &str = "is it the control plane's gRPC port? (--server, default 127.0.0.1:30060 \
-     plain or 30062 TLS; the admin port 30070 speaks HTTP/1.1 and is --admin)";
+     plain, or https://host:30062 with --ca-file for the TLS port; the admin port 30070 speaks \
+     HTTP/1.1 and is --admin)";
+
+/// What follows a call that died in transport without TLS: the TLS port answers plain text by
+/// closing the connection, which tonic reports as cancelled or as an HTTP/2 protocol error.
+const PLAIN_TO_TLS_HINT: &str = "if that is the TLS port (30062 by default), use \
+     https://host:port with --ca-file";
 
 /// `host:port`, `http://…` or `https://…` as a URI tonic takes, and whether it is TLS.
 pub fn normalize(address: &str) -> anyhow::Result<(String, bool)> {
@@ -85,6 +91,17 @@ impl ServerArg {
             })?;
             let pem = std::fs::read(ca_file)
                 .with_context(|| format!("cannot read --ca-file {}", ca_file.display()))?;
+            // A file without a certificate trusts nothing: every handshake would fail as
+            // "UnknownIssuer", which does not say the file is the fault.
+            let certificates = pem::parse_many(&pem)
+                .map(|blocks| blocks.iter().filter(|b| b.tag() == "CERTIFICATE").count())
+                .unwrap_or(0);
+            anyhow::ensure!(
+                certificates > 0,
+                "--ca-file {} holds no PEM certificate (-----BEGIN CERTIFICATE-----): give the \
+                 control plane's root bundle, `dubbo-cp ca root > ca.pem`",
+                ca_file.display()
+            );
             let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
             if let Some(name) = &self.tls_server_name {
                 config = config.domain_name(name.clone());
@@ -93,10 +110,43 @@ impl ServerArg {
                 .tls_config(config)
                 .with_context(|| format!("cannot set up TLS for {uri}"))?;
         }
-        endpoint
-            .connect()
-            .await
-            .map_err(|err| anyhow::anyhow!("cannot connect to {uri}: {}; {PORT_HINT}", chain(&err)))
+        endpoint.connect().await.map_err(|err| {
+            let cause = chain(&err);
+            anyhow::anyhow!(
+                "cannot connect to {uri}: {cause}; {}",
+                self.transport_hint(&cause, tls)
+            )
+        })
+    }
+
+    /// What to try after a transport failure whose text is `cause`.
+    fn transport_hint(&self, cause: &str, tls: bool) -> String {
+        let ca_file = self
+            .ca_file
+            .as_ref()
+            .map_or_else(String::new, |f| f.display().to_string());
+        if cause.contains("UnknownIssuer") || cause.contains("unknown issuer") {
+            format!(
+                "the server's certificate is not signed by a root in --ca-file {ca_file}: give \
+                 the control plane's root bundle (`dubbo-cp ca root > ca.pem`)"
+            )
+        } else if cause.contains("not valid for name") || cause.contains("NotValidForName") {
+            "the address is not one of the names in the server's certificate: pass one of them \
+             with --tls-server-name (the control plane's own certificate names localhost, not \
+             127.0.0.1)"
+                .to_owned()
+        } else if tls && (cause.contains("InvalidContentType") || cause.contains("corrupt message"))
+        {
+            format!(
+                "that port does not speak TLS: for the plain gRPC port use host:port or \
+                 http://; {PORT_HINT}"
+            )
+        } else if !tls && !cause.contains("refused") {
+            // Something listens but hung up: plain text to the TLS port, the likely mix-up.
+            format!("{PLAIN_TO_TLS_HINT}; {PORT_HINT}")
+        } else {
+            PORT_HINT.to_owned()
+        }
     }
 
     /// `message` with the token's metadata, as an SDK sends it.
@@ -129,8 +179,16 @@ impl ServerArg {
             }
             tonic::Code::PermissionDenied => " (the token's identity may not do this here)".to_owned(),
             // Transport trouble: a TLS port asked in plain text, the admin port, a proxy.
-            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal => {
-                format!("; {PORT_HINT}")
+            tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Internal
+            | tonic::Code::Cancelled => {
+                let plain = normalize(&self.address).is_ok_and(|(_, tls)| !tls);
+                if plain {
+                    format!("; {PLAIN_TO_TLS_HINT}; {PORT_HINT}")
+                } else {
+                    format!("; {PORT_HINT}")
+                }
             }
             _ => String::new(),
         };

@@ -96,6 +96,7 @@ pub enum Command {
         /// `get mappings`: only the interfaces this application serves.
         #[arg(short, long)]
         application: Option<String>,
+        /// `text` (columns), `yaml` or `json`.
         #[arg(short, long, value_enum, default_value_t = RuleOutput::Text)]
         output: RuleOutput,
     },
@@ -110,7 +111,8 @@ pub enum Command {
     /// Which clients have which revisions of each kind (`--stale`: only those behind); with
     /// `--compare ADMIN...`, whether several replicas serve byte-identical state.
     Status(status::StatusArgs),
-    /// The certificate authority: `show` the roots, `rotate` them, `issue` a certificate.
+    /// The certificate authority: `show` the roots, `root` prints their PEM bundle, `rotate`
+    /// them, `issue` a certificate.
     Ca {
         #[command(subcommand)]
         command: ca::CaCommand,
@@ -195,14 +197,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let mappings = what == "mappings" || what == "mapping" || what == "snp";
             if mappings && application.is_some() || what == "applications" || what == "application"
             {
-                anyhow::ensure!(output != RuleOutput::Yaml, "get {what} prints text or json");
-                status::applications(
-                    &admin,
-                    namespace.as_deref(),
-                    application.as_deref(),
-                    output == RuleOutput::Json,
-                )
-                .await
+                status::applications(&admin, namespace.as_deref(), application.as_deref(), output)
+                    .await
             } else if application.is_some() {
                 anyhow::bail!("--application goes with get mappings")
             } else if mappings {

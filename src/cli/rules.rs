@@ -25,7 +25,8 @@ pub struct AdminArg {
         default_value = "127.0.0.1:30070"
     )]
     pub admin_address: String,
-    /// Bearer token of an admin identity (needed when authentication is configured).
+    /// Bearer token of an admin identity (needed when authentication is configured); `get
+    /// mappings` sends it to the gRPC port (--server) instead.
     #[arg(long, env = "DUBBO_CP_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 }
@@ -151,6 +152,12 @@ pub async fn get(
     match output {
         RuleOutput::Json => println!("{}", serde_json::to_string_pretty(&list)?),
         RuleOutput::Yaml => print!("{}", serde_yaml::to_string(&list)?),
+        // As kubectl: no header over nothing, and the note on standard error (scripts read
+        // standard output).
+        RuleOutput::Text if list["items"].as_array().is_none_or(Vec::is_empty) => match namespace {
+            Some(namespace) => eprintln!("No resources found in {namespace} namespace."),
+            None => eprintln!("No resources found"),
+        },
         RuleOutput::Text => print!("{}", columns::table(kind, &list)?),
     }
     Ok(())

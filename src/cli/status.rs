@@ -42,7 +42,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     if args.stale {
         query.append_pair("stale", "true");
     }
-    let path = format!("/debug/clients?{}", query.finish());
+    let path = with_query("/debug/clients", query.finish());
     let answer = request(&args.admin, "GET", &path, None).await?;
     let clients: Vec<ClientView> = serde_json::from_value(answer["clients"].clone())
         .context("unexpected /debug/clients answer")?;
@@ -53,6 +53,15 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     print!("{}", sources_table(&sources));
     print!("{}", status_table(&clients, &args));
     Ok(())
+}
+
+/// `path?query`, or `path` when there is no query (errors quote the path).
+fn with_query(path: &str, query: String) -> String {
+    if query.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{query}")
+    }
 }
 
 /// The sources that are not loaded or not healthy, one condition a line (nothing when all are).
@@ -192,7 +201,7 @@ pub async fn applications(
     admin: &AdminArg,
     namespace: Option<&str>,
     application: Option<&str>,
-    json: bool,
+    output: super::RuleOutput,
 ) -> anyhow::Result<()> {
     let mut query = form_urlencoded::Serializer::new(String::new());
     if let Some(namespace) = namespace {
@@ -201,12 +210,14 @@ pub async fn applications(
     if let Some(application) = application {
         query.append_pair("application", application);
     }
-    let path = format!("/debug/applications?{}", query.finish());
+    let path = with_query("/debug/applications", query.finish());
     let answer = request(admin, "GET", &path, None).await?;
     let views: Vec<ApplicationView> =
         serde_json::from_value(answer).context("unexpected /debug/applications answer")?;
-    if json {
+    if output == super::RuleOutput::Json {
         println!("{}", serde_json::to_string_pretty(&views)?);
+    } else if output == super::RuleOutput::Yaml {
+        print!("{}", serde_yaml::to_string(&views)?);
     } else if application.is_some() {
         println!("{:<24} {:<40} INTERFACE", "NAMESPACE", "APPLICATION");
         for view in &views {
