@@ -35,7 +35,14 @@ pub struct ServerArg {
     /// (e.g. `localhost` when connecting to 127.0.0.1).
     #[arg(long, env = "DUBBO_CP_TLS_SERVER_NAME")]
     pub tls_server_name: Option<String>,
+    /// How long a call may wait for the server's (first) answer: a port that accepts and never
+    /// answers would otherwise hold the command forever.
+    #[arg(skip = REPLY_TIMEOUT)]
+    pub timeout: Duration,
 }
+
+/// How long [`ServerArg::within`] waits.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The caller's token, for commands that talk only gRPC.
 #[derive(Debug, Clone, clap::Args)]
@@ -147,6 +154,23 @@ impl ServerArg {
         } else {
             PORT_HINT.to_owned()
         }
+    }
+
+    /// `call` (asking for `what`) within the timeout, or an error naming it, where and the fix.
+    pub async fn within<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = anyhow::Result<T>>,
+    ) -> anyhow::Result<T> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "{what} at {}: no answer within {}; {PORT_HINT}",
+                    self.address,
+                    humantime::format_duration(self.timeout)
+                )
+            })?
     }
 
     /// `message` with the token's metadata, as an SDK sends it.

@@ -261,16 +261,20 @@ async fn register(
     application: String,
     interfaces: Vec<String>,
 ) -> anyhow::Result<()> {
-    let channel = server.connect().await?;
     let request = server.request(ServiceMappingRequest {
         namespace,
         application_name: application,
         interface_names: interfaces,
     })?;
-    let response = ServiceNameMappingServiceClient::new(channel)
-        .register_service_app_mapping(request)
-        .await
-        .map_err(|status| server.failed("registration", &status))?
+    let response = server
+        .within("registration", async {
+            let channel = server.connect().await?;
+            ServiceNameMappingServiceClient::new(channel)
+                .register_service_app_mapping(request)
+                .await
+                .map_err(|status| server.failed("registration", &status))
+        })
+        .await?
         .into_inner();
     println!(
         "success: {}, message: {}",

@@ -29,6 +29,9 @@ pub struct AdminArg {
     /// mappings` sends it to the gRPC port (--server) instead.
     #[arg(long, env = "DUBBO_CP_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// How long a request may wait for its answer (a port that accepts and never answers).
+    #[arg(skip = TIMEOUT)]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -180,9 +183,15 @@ pub(super) async fn request(
     path: &str,
     body: Option<String>,
 ) -> anyhow::Result<serde_json::Value> {
-    tokio::time::timeout(TIMEOUT, exchange(admin, method, path, body))
+    tokio::time::timeout(admin.timeout, exchange(admin, method, path, body))
         .await
-        .with_context(|| format!("no answer from {} within {TIMEOUT:?}", admin.admin_address))?
+        .map_err(|_| {
+            let address = admin_address(&admin.admin_address).unwrap_or(&admin.admin_address);
+            anyhow::anyhow!(
+                "{method} http://{address}{path}: no answer within {}; {ADMIN_HINT}",
+                humantime::format_duration(admin.timeout)
+            )
+        })?
 }
 
 /// What follows an answer that is not the admin port's.
@@ -226,8 +235,12 @@ async fn exchange(
         head.push_str(&format!("Authorization: Bearer {token}\r\n"));
     }
     head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
+    let sent = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await
+    };
+    sent.await
+        .map_err(|err| anyhow::anyhow!("{asked}: cannot send the request: {err}; {ADMIN_HINT}"))?;
     let mut response = Vec::new();
     (&mut stream)
         .take(MAX_RESPONSE_BYTES as u64)
@@ -321,6 +334,32 @@ mod tests {
             dechunk(b"1\r\n\xc3\r\n1\r\n\xa9\r\n0\r\n\r\n"),
             "\u{e9}".as_bytes()
         );
+    }
+
+    #[tokio::test]
+    async fn a_silent_port_is_an_error_naming_the_request_the_address_and_the_fix() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        // Accepts and holds the connection, never answering.
+        let held = tokio::spawn(async move { listener.accept().await.map(|(socket, _)| socket) });
+        let admin = AdminArg {
+            admin_address: address.clone(),
+            token: None,
+            timeout: Duration::from_millis(200),
+        };
+        let run = request(&admin, "GET", "/api/v1/ca", None);
+        let err = tokio::time::timeout(Duration::from_secs(10), run)
+            .await
+            .expect("the request still waits on a port that never answers")
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "GET http://{address}/api/v1/ca: no answer within 200ms"
+            )) && message.contains("admin port"),
+            "{message}"
+        );
+        held.abort();
     }
 
     #[test]

@@ -137,6 +137,7 @@ async fn compare_replicas(admin: &AdminArg, addresses: &[String]) -> anyhow::Res
         let replica = AdminArg {
             admin_address: address.clone(),
             token: admin.token.clone(),
+            timeout: admin.timeout,
         };
         let answer = request(&replica, "GET", "/debug/digest?objects=true", None)
             .await
@@ -277,6 +278,7 @@ mod tests {
             admin: AdminArg {
                 admin_address: String::new(),
                 token: None,
+                timeout: std::time::Duration::from_secs(1),
             },
             kind: kind.map(Into::into),
             namespace: namespace.map(Into::into),

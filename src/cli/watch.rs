@@ -153,9 +153,9 @@ fn print_state(state: &StateView, output: Output) -> anyhow::Result<()> {
 async fn observe(
     server: &ServerArg,
     kind: Kind,
+    wait_for_first: bool,
     mut on_state: impl FnMut(&ObserveResponse) -> anyhow::Result<bool>,
 ) -> anyhow::Result<()> {
-    let channel = server.connect().await?;
     let (requests, requests_rx) = mpsc::channel(4);
     requests
         .send(ObserveRequest {
@@ -165,16 +165,39 @@ async fn observe(
         .await
         .context("request stream closed")?;
     let what = format!("the discovery stream of {}", kind.name());
-    let mut responses = RuleServiceClient::new(channel)
-        .observe(server.request(ReceiverStream::new(requests_rx))?)
-        .await
-        .map_err(|status| server.failed(&what, &status))?
-        .into_inner();
-    while let Some(response) = responses
-        .message()
-        .await
-        .map_err(|status| server.failed(&what, &status))?
-    {
+    // Bounded up to the response headers, which the server sends at once: a port that
+    // accepts and never answers is not a control plane.
+    let mut responses = server
+        .within(&what, async {
+            let channel = server.connect().await?;
+            Ok(RuleServiceClient::new(channel)
+                .observe(server.request(ReceiverStream::new(requests_rx))?)
+                .await
+                .map_err(|status| server.failed(&what, &status))?
+                .into_inner())
+        })
+        .await?;
+    // The first state waits until the server has loaded the kind: `watch` waits with it,
+    // `get` (one state, then exit) does not wait forever.
+    let first = responses.message();
+    let first = if wait_for_first {
+        first.await
+    } else {
+        tokio::time::timeout(server.timeout, first)
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "{what} at {}: subscribed, but no state within {}: the server has not \
+                     loaded {} yet (`dubbo-cp status` lists what it has not loaded)",
+                    server.address,
+                    humantime::format_duration(server.timeout),
+                    kind.name()
+                )
+            })?
+    }
+    .map_err(|status| server.failed(&what, &status))?;
+    let mut next = first;
+    while let Some(response) = next {
         if !on_state(&response)? {
             return Ok(());
         }
@@ -185,13 +208,17 @@ async fn observe(
             })
             .await
             .context("request stream closed")?;
+        next = responses
+            .message()
+            .await
+            .map_err(|status| server.failed(&what, &status))?;
     }
     Ok(())
 }
 
 pub async fn watch(server: &ServerArg, kind: &str, output: Output) -> anyhow::Result<()> {
     let kind = parse_kind(kind)?;
-    observe(server, kind, |response| {
+    observe(server, kind, true, |response| {
         print_state(&view(kind, response, None)?, output)?;
         Ok(true)
     })
@@ -204,9 +231,43 @@ pub async fn get_mappings(
     output: Output,
 ) -> anyhow::Result<()> {
     let kind = Kind::ServiceNameMapping;
-    observe(server, kind, |response| {
+    observe(server, kind, false, |response| {
         print_state(&view(kind, response, namespace)?, output)?;
         Ok(false)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_port_that_never_answers_is_an_error_naming_what_and_where() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        // Accepts and holds the connection, never answering.
+        let held = tokio::spawn(async move { listener.accept().await.map(|(socket, _)| socket) });
+        let server = ServerArg {
+            address: address.clone(),
+            token: None,
+            token_type: None,
+            ca_file: None,
+            tls_server_name: None,
+            timeout: std::time::Duration::from_millis(300),
+        };
+        let run = get_mappings(&server, None, Output::Text);
+        let err = tokio::time::timeout(std::time::Duration::from_secs(10), run)
+            .await
+            .expect("get mappings still waits on a port that never answers")
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "the discovery stream of ServiceNameMapping at {address}: no answer within 300ms"
+            )) && message.contains("gRPC port"),
+            "{message}"
+        );
+        held.abort();
+    }
 }
