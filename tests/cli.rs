@@ -741,3 +741,36 @@ async fn ca_issue_with_an_empty_trust_domain_setting_issues_in_cluster_local() {
     );
     assert!(server.stop().await.is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_no_rule_can_be_is_refused_before_any_request() {
+    // Nothing listens: the refusals below must come before a request is made.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    let message = failure(&["get", "tagroute-s", "--admin", &closed]).await;
+    assert!(
+        message.contains("get \"tagroute-s\": not a kind dubbo-cp serves")
+            && message.contains("mappings, applications, or a rule kind: tagroutes,"),
+        "{message}"
+    );
+    let message = failure(&[
+        "delete",
+        "tagroutes",
+        "x y",
+        "-n",
+        "demo",
+        "--admin",
+        &closed,
+    ])
+    .await;
+    assert!(
+        message.contains("name \"x y\" is not a valid name"),
+        "{message}"
+    );
+    let message = failure(&["get", "tagroutes", "-n", "a/b", "--admin", &closed]).await;
+    assert!(
+        message.contains("namespace \"a/b\" is not a valid name"),
+        "{message}"
+    );
+}

@@ -126,6 +126,42 @@ fn not_found(report: &serde_json::Value, ignore: bool) -> anyhow::Result<()> {
     )
 }
 
+/// The rule kind `what` names (`tagroutes`, `tagroute`, `TagRoute`), or an error listing them
+/// (`get` also takes `mappings` and `applications`, which `command` names when it does).
+fn rule_kind(command: &str, what: &str) -> anyhow::Result<crate::index::Kind> {
+    crate::rules::RULE_KINDS
+        .into_iter()
+        .find(|kind| {
+            kind.name().eq_ignore_ascii_case(what) || kind.plural().eq_ignore_ascii_case(what)
+        })
+        .with_context(|| {
+            let kinds: Vec<&str> = crate::rules::RULE_KINDS.iter().map(|k| k.plural()).collect();
+            let also = if command == "get" {
+                "mappings, applications, or "
+            } else {
+                ""
+            };
+            format!(
+                "{command} {what:?}: not a kind dubbo-cp serves; {command} takes {also}a rule kind: {}",
+                kinds.join(", ")
+            )
+        })
+}
+
+/// Refuses a name or namespace that no rule can have (apply takes only DNS-1123 names) before
+/// it goes into a request line, where a space or `/` would make an unrelated HTTP error.
+fn object_name(field: &str, value: &str) -> anyhow::Result<()> {
+    let valid = !value.is_empty()
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    anyhow::ensure!(
+        valid,
+        "{field} {value:?} is not a valid name: lower-case letters, digits, '-' and '.'"
+    );
+    Ok(())
+}
+
 /// `dubbo-cp delete <kind> NAME -n NS`.
 pub async fn delete_named(
     admin: &AdminArg,
@@ -134,6 +170,9 @@ pub async fn delete_named(
     namespace: &str,
     ignore_not_found: bool,
 ) -> anyhow::Result<()> {
+    let kind = rule_kind("delete", kind)?.plural();
+    object_name("name", name)?;
+    object_name("namespace", namespace)?;
     let path = format!("/api/v1/rules/{kind}/{namespace}/{name}");
     let report = request(admin, "DELETE", &path, None).await?;
     print_report(&report, &[("deleted", "deleted")]);
@@ -147,9 +186,13 @@ pub async fn get(
     namespace: Option<&str>,
     output: RuleOutput,
 ) -> anyhow::Result<()> {
+    let plural = rule_kind("get", kind)?.plural();
     let path = match namespace {
-        Some(namespace) => format!("/api/v1/rules/{kind}?namespace={namespace}"),
-        None => format!("/api/v1/rules/{kind}"),
+        Some(namespace) => {
+            object_name("namespace", namespace)?;
+            format!("/api/v1/rules/{plural}?namespace={namespace}")
+        }
+        None => format!("/api/v1/rules/{plural}"),
     };
     let list = request(admin, "GET", &path, None).await?;
     match output {
