@@ -472,12 +472,14 @@ async fn errors_say_what_was_asked_where_and_what_to_try() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         while let Ok((mut socket, _)) = listener.accept().await {
             let mut buffer = [0u8; 4096];
-            let _ = socket.read(&mut buffer).await;
-            let _ = socket
-                .write_all(
-                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                )
-                .await;
+            let read = socket.read(&mut buffer).await.unwrap_or(0);
+            // Like axum without a route for it: an empty 405 for a POST, an empty 404 else.
+            let answer: &[u8] = if buffer[..read].starts_with(b"POST") {
+                b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            } else {
+                b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            };
+            let _ = socket.write_all(answer).await;
         }
     });
     let missing = run_client(&["ca", "show", "--admin", &empty]).await;
@@ -486,6 +488,14 @@ async fn errors_say_what_was_asked_where_and_what_to_try() {
         message.contains(&format!(
             "GET http://{empty}/api/v1/ca: HTTP 404: no message"
         )) && message.contains("does not serve that path"),
+        "{message}"
+    );
+    let refused = run_client(&["ca", "rotate", "--admin", &empty]).await;
+    let message = stderr_of(&refused);
+    assert!(
+        message.contains(&format!(
+            "POST http://{empty}/api/v1/ca/rotate: HTTP 405: no message"
+        )) && message.contains("does not take that method"),
         "{message}"
     );
     assert!(server.stop().await.is_ok());

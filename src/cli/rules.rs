@@ -326,6 +326,11 @@ async fn exchange(
                 "; this server does not serve that path: is it a dubbo-cp admin port of this \
                  version, and the right port (--admin)?"
             }
+            405 if message.is_empty() => {
+                "; this server does not take that method on that path: is it a dubbo-cp admin \
+                 port of this version, and the right port (--admin)?"
+            }
+            _ if message.is_empty() => "; is it the control plane's admin port (--admin)?",
             _ => "",
         };
         let message = if message.is_empty() {
