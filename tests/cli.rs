@@ -375,15 +375,7 @@ async fn ca_issue_refuses_another_trust_domain_unless_asked_and_ca_root_prints_t
     let dir = tempfile::tempdir().unwrap();
     let server = start(test_config(dir.path())).await;
     let admin = server.admin_addr.to_string();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let csr = rcgen::CertificateParams::new(vec!["x.example".to_owned()])
-        .unwrap()
-        .serialize_request(&key)
-        .unwrap()
-        .pem()
-        .unwrap();
-    let csr_file = dir.path().join("csr.pem");
-    std::fs::write(&csr_file, csr).unwrap();
+    let csr_file = write_csr(dir.path());
     let csr_file = csr_file.to_str().unwrap();
     let issue = |id: &'static str, allow: bool| {
         let mut args = vec![
@@ -712,15 +704,7 @@ async fn ca_issue_with_an_empty_trust_domain_setting_issues_in_cluster_local() {
     config.tls.trust_domain = String::new();
     let server = start(config).await;
     let admin = server.admin_addr.to_string();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let csr = rcgen::CertificateParams::new(vec!["x.example".to_owned()])
-        .unwrap()
-        .serialize_request(&key)
-        .unwrap()
-        .pem()
-        .unwrap();
-    let csr_file = dir.path().join("csr.pem");
-    std::fs::write(&csr_file, csr).unwrap();
+    let csr_file = write_csr(dir.path());
     let csr_file = csr_file.to_str().unwrap();
     let issue = |id: &str| {
         let args: Vec<String> = [
@@ -783,4 +767,18 @@ async fn what_no_rule_can_be_is_refused_before_any_request() {
         message.contains("namespace \"a/b\" is not a valid name"),
         "{message}"
     );
+}
+
+/// A CSR (asking for a name the CA ignores) written to `dir/csr.pem`.
+fn write_csr(dir: &std::path::Path) -> std::path::PathBuf {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let csr = rcgen::CertificateParams::new(vec!["x.example".to_owned()])
+        .unwrap()
+        .serialize_request(&key)
+        .unwrap()
+        .pem()
+        .unwrap();
+    let path = dir.join("csr.pem");
+    std::fs::write(&path, csr).unwrap();
+    path
 }
