@@ -60,6 +60,8 @@ impl MappingSource {
 pub struct AdminState {
     pub readiness: Readiness,
     pub index: Arc<Index>,
+    /// The discovery stream's encoding of the index, which digests are computed over.
+    pub encoder: Arc<crate::dds::encode::Encoder>,
     pub mappings: MappingSource,
     /// Kubernetes mode: the writer's queue and the outbox behind it.
     pub outbox: Option<(Arc<KubeWriter>, Outbox)>,
@@ -387,7 +389,8 @@ async fn digest(
     require_admin(&state.rules.policy, &headers, peer).await?;
     let index = state.index.clone();
     // Hashing a large state is CPU work: off the async threads.
-    tokio::task::spawn_blocking(move || crate::digest::view(&index, query.objects))
+    let encoder = state.encoder.clone();
+    tokio::task::spawn_blocking(move || crate::digest::view(&index, &encoder, query.objects))
         .await
         .map(Json)
         .map_err(|_| api_error(StatusCode::INTERNAL_SERVER_ERROR, "digest failed"))

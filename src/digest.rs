@@ -11,6 +11,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+use crate::dds::encode::Encoder;
 use crate::index::{Index, Kind};
 
 /// Hex SHA-256 over `(key, encoded object)` pairs in key order, each length-prefixed so no two
@@ -61,7 +62,7 @@ pub struct DigestView {
 }
 
 /// Every kind's digest at its current revision.
-pub fn view(index: &Index, with_objects: bool) -> DigestView {
+pub fn view(index: &Index, encoder: &Encoder, with_objects: bool) -> DigestView {
     let kinds = Kind::ALL
         .iter()
         .map(|kind| {
@@ -70,8 +71,8 @@ pub fn view(index: &Index, with_objects: bool) -> DigestView {
                 kind: kind.name().to_owned(),
                 revision: state.revision,
                 objects: state.objects.len(),
-                digest: state.digest().to_owned(),
-                object_digests: with_objects.then(|| state.object_digests()),
+                digest: encoder.digest(&state),
+                object_digests: with_objects.then(|| encoder.object_digests(&state)),
             }
         })
         .collect();
@@ -153,7 +154,7 @@ pub fn compare(replicas: &[DigestView]) -> Vec<KindComparison> {
 
 /// `index_state_digest_info{kind, digest} 1`, computed at scrape time (once per revision), so
 /// a dashboard or alert can compare replicas without calling each one.
-pub struct DigestMetric(pub Arc<Index>);
+pub struct DigestMetric(pub Arc<Index>, pub Arc<Encoder>);
 
 impl std::fmt::Debug for DigestMetric {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -174,7 +175,7 @@ impl Collector for DigestMetric {
             // No revision label: each would be a new series per change.
             let labels = [
                 ("kind", kind.name().to_owned()),
-                ("digest", state.digest().to_owned()),
+                ("digest", self.1.digest(&state)),
             ];
             ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
         }
@@ -187,7 +188,7 @@ mod tests {
     use super::*;
     use crate::index::Change;
 
-    use crate::index::test_any as any;
+    use crate::index::test_value as any;
 
     #[test]
     fn equal_states_have_equal_digests_whatever_the_order_and_revision() {
@@ -211,7 +212,10 @@ mod tests {
             [Change::Upsert("x/ns".into(), any(b"x"))],
             0,
         );
-        let (va, vb) = (view(&a, true), view(&b, true));
+        let (va, vb) = (
+            view(&a, &Encoder::default(), true),
+            view(&b, &Encoder::default(), true),
+        );
         assert!(compare(&[va, vb]).iter().all(|k| k.agree));
 
         // One object changed on one replica: only that kind and that object differ.
@@ -225,7 +229,10 @@ mod tests {
             [Change::Upsert("z/ns".into(), any(b"z"))],
             0,
         );
-        let report = compare(&[view(&a, true), view(&b, true)]);
+        let report = compare(&[
+            view(&a, &Encoder::default(), true),
+            view(&b, &Encoder::default(), true),
+        ]);
         let disagreeing: Vec<&KindComparison> = report.iter().filter(|k| !k.agree).collect();
         assert_eq!(disagreeing.len(), 1);
         assert_eq!(disagreeing[0].kind, "TagRoute");

@@ -6,19 +6,19 @@ use std::collections::BTreeSet;
 use prost::Message;
 use prost_types::Any;
 
-use crate::index::Kind;
+use crate::index::{Kind, Resource};
 use crate::mapping::{MappingKey, client_key};
 use crate::pb::rules::{ServiceNameMapping, ServiceNameMappingToClient};
 
-/// The object for one mapping named `name`: key `<name>/<namespace>` and its `Any`.
+/// The object for one mapping named `name`: key `<name>/<namespace>` and its value.
 pub fn mapping_object(
     name: &str,
     key: &MappingKey,
     applications: &BTreeSet<String>,
-) -> (String, Any) {
+) -> (String, Resource) {
     let client_key = client_key(name, &key.namespace);
-    let any = mapping_any(&client_key, &key.interface, applications.iter().cloned());
-    (client_key, any)
+    let value = Resource::mapping(key.interface.clone(), applications.iter().cloned());
+    (client_key, value)
 }
 
 /// The packed `ServiceNameMappingToClient` of an object whose client key is known (in
@@ -74,13 +74,13 @@ mod tests {
     #[test]
     fn mapping_object_matches_the_contract() {
         let apps: BTreeSet<String> = ["b-app".to_string(), "a-app".to_string()].into();
-        let (key, any) = mapping_object(
+        let (key, value) = mapping_object(
             "org-apache-dubbo-demo-demoservice",
             &MappingKey::new("dubbo-demo", "org.apache.dubbo.demo.DemoService"),
             &apps,
         );
         assert_eq!(key, "org-apache-dubbo-demo-demoservice/dubbo-demo");
-        let decoded = decode_mapping(&any).unwrap();
+        let decoded = decode_mapping(&crate::dds::encode::to_any(&key, &value)).unwrap();
         assert_eq!(decoded.key, key);
         let spec = decoded.spec.unwrap_or_default();
         assert_eq!(spec.interface_name, "org.apache.dubbo.demo.DemoService");

@@ -72,6 +72,8 @@ pub struct RunningServer {
     pub webhook_addr: Option<SocketAddr>,
     pub admin_addr: SocketAddr,
     pub index: Arc<Index>,
+    /// The discovery stream's encoding of the index (shared by every stream).
+    pub encoder: Arc<crate::dds::encode::Encoder>,
     pub store_stats: Arc<StoreStats>,
     pub dds_stats: Arc<DdsStats>,
     /// API-server request counters, in Kubernetes mode.
@@ -174,8 +176,11 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         policy.clone(),
         metrics.clone(),
     );
+    let encoder = Arc::new(crate::dds::encode::Encoder::default());
+    encoder.register_metrics(&mut registry);
     let rules = RuleService::new(
         index.clone(),
+        encoder.clone(),
         config.dds,
         policy.clone(),
         metrics.clone(),
@@ -185,7 +190,10 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     dds_stats.register_metrics(&mut registry);
     let clients = rules.clients();
     clients.register_metrics(index.clone(), &mut registry);
-    registry.register_collector(Box::new(crate::digest::DigestMetric(index.clone())));
+    registry.register_collector(Box::new(crate::digest::DigestMetric(
+        index.clone(),
+        encoder.clone(),
+    )));
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RegistrationServer>().await;
     let ca_service = authority.clone().map(|authority| {
@@ -274,6 +282,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     let admin_state = admin::AdminState {
         readiness: readiness.clone(),
         index: index.clone(),
+        encoder: encoder.clone(),
         mappings: source.mappings.clone(),
         outbox: source.kube.clone(),
         registry: Arc::new(registry),
@@ -322,6 +331,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         webhook_addr,
         admin_addr,
         index,
+        encoder,
         store_stats,
         dds_stats,
         kube_stats,

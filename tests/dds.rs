@@ -102,15 +102,19 @@ async fn another_kind_receives_nothing_for_mapping_changes() {
     common::wait_published(&server, 1).await;
     // A later change of the subscribed kind: the next response must be it, so nothing was sent
     // for the mapping change before it.
-    let tag = prost_types::Any {
-        type_url: Kind::TagRoute.type_url().to_owned(),
-        value: b"tag".to_vec(),
-    };
-    assert!(server.index.apply(
-        Kind::TagRoute,
-        [Change::Upsert("t/ns".into(), tag.clone())],
-        0
-    ));
+    let rule = dubbo_cp::rules::parse_manifests(
+        "apiVersion: dubbo.apache.org/v1alpha1\nkind: TagRoute\nmetadata: {name: t, namespace: ns}\n\
+         spec: {key: app, configVersion: v3.0, tags: [{name: grey, addresses: [10.0.0.1]}]}\n",
+    )
+    .unwrap()
+    .remove(0);
+    let value = dubbo_cp::index::Resource::Rule(rule.spec.clone());
+    let tag = dubbo_cp::dds::encode::to_any("t/ns", &value);
+    assert!(
+        server
+            .index
+            .apply(Kind::TagRoute, [Change::Upsert("t/ns".into(), value)], 0)
+    );
     let next = observer.next().await;
     assert_eq!(next.r#type, TAG_TYPE);
     assert_eq!(next.nonce, "2");
@@ -439,6 +443,7 @@ async fn observe_is_unavailable_until_the_initial_state_is_loaded() {
     let (_shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
     let service = dubbo_cp::dds::RuleService::new(
         index.clone(),
+        Default::default(),
         Default::default(),
         Default::default(),
         Default::default(),

@@ -326,8 +326,10 @@ async fn every_rule_kind_is_created_edited_and_deleted_through_the_api_server() 
                 .unwrap()
                 .remove(0);
             let expected = match dubbo_cp::rules::catalog::change_for(&rule, "dubbo-system") {
-                dubbo_cp::index::Change::Upsert(_, any)
-                | dubbo_cp::index::Change::Scoped(_, any, _) => any,
+                dubbo_cp::index::Change::Upsert(key, value)
+                | dubbo_cp::index::Change::Scoped(key, value, _) => {
+                    dubbo_cp::dds::encode::to_any(&key, &value)
+                }
                 other => panic!("{other:?}"),
             };
             let response = observer.next().await;

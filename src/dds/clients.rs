@@ -344,7 +344,7 @@ mod tests {
     use crate::index::Change;
     use std::time::Duration;
 
-    use crate::index::test_any as any;
+    use crate::index::test_value as any;
 
     #[tokio::test(start_paused = true)]
     async fn a_client_that_stops_acking_lags_from_the_first_change_it_missed() {

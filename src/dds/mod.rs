@@ -7,6 +7,7 @@
 
 pub mod body;
 pub mod clients;
+pub mod encode;
 pub mod stream;
 pub mod wire;
 
@@ -122,6 +123,7 @@ impl Default for DdsStats {
 #[derive(Clone)]
 pub struct RuleService {
     index: Arc<Index>,
+    encoder: Arc<encode::Encoder>,
     config: DdsConfig,
     policy: Policy,
     metrics: Arc<Metrics>,
@@ -138,6 +140,7 @@ impl NamedService for RuleService {
 impl RuleService {
     pub fn new(
         index: Arc<Index>,
+        encoder: Arc<encode::Encoder>,
         config: DdsConfig,
         policy: Policy,
         metrics: Arc<Metrics>,
@@ -149,6 +152,7 @@ impl RuleService {
         ));
         Self {
             index,
+            encoder,
             config,
             policy,
             metrics,
@@ -247,6 +251,7 @@ impl RuleService {
             peer.map(|addr| addr.ip()),
         ));
         let index = self.index.clone();
+        let encoder = self.encoder.clone();
         let config = self.config;
         let shutdown = self.shutdown.clone();
         let stats = self.stats.clone();
@@ -257,6 +262,7 @@ impl RuleService {
             let result = stream::run(
                 requests,
                 index,
+                &encoder,
                 stream::Caller {
                     endpoint,
                     status: &entry.client,

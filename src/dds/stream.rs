@@ -19,6 +19,7 @@ use tonic::Status;
 
 use super::DdsStats;
 use super::clients::Client;
+use super::encode::Encoder;
 use super::wire::{EncodedData, ObserveResponse};
 #[cfg(test)]
 use crate::index::Change;
@@ -43,6 +44,7 @@ struct Subscription {
 /// Where a stream sends its responses, and how long a send may take.
 struct Outbound<'a> {
     endpoint: &'a Endpoint,
+    encoder: &'a Encoder,
     responses: mpsc::Sender<ObserveResponse>,
     send_timeout: Duration,
     stats: &'a DdsStats,
@@ -61,7 +63,7 @@ impl Outbound<'_> {
         if subscription.last_sent == Some(snapshot.revision) {
             return Ok(());
         }
-        let data = snapshot.view_for(self.endpoint);
+        let data = self.encoder.view_for(snapshot, self.endpoint);
         if snapshot.is_scoped()
             && subscription.last_sent.is_some()
             && subscription.last_view.as_ref() == Some(&data)
@@ -114,6 +116,7 @@ pub struct Caller<'a> {
 pub async fn run<S>(
     mut requests: S,
     index: Arc<Index>,
+    encoder: &Encoder,
     caller: Caller<'_>,
     responses: mpsc::Sender<ObserveResponse>,
     send_timeout: Duration,
@@ -126,6 +129,7 @@ where
     let client = caller.status;
     let out = Outbound {
         endpoint: &caller.endpoint,
+        encoder,
         responses,
         send_timeout,
         stats,
@@ -194,7 +198,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prost_types::Any;
     use tokio_stream::wrappers::ReceiverStream;
 
     const SNP: &str = "dubbo.apache.org/v1alpha1/ServiceNameMapping";
@@ -225,6 +228,7 @@ mod tests {
                 run(
                     ReceiverStream::new(requests_rx),
                     index,
+                    &Encoder::default(),
                     Caller {
                         endpoint: Arc::new(Endpoint::default()),
                         status: &entry.client,
@@ -247,14 +251,8 @@ mod tests {
         }
     }
 
-    fn object(key: &str, value: &[u8]) -> (String, Any) {
-        (
-            key.to_string(),
-            Any {
-                type_url: Kind::ServiceNameMapping.type_url().to_owned(),
-                value: value.to_vec(),
-            },
-        )
+    fn object(key: &str, value: &[u8]) -> (String, crate::index::Resource) {
+        (key.to_string(), crate::index::test_value(value))
     }
 
     impl Harness {
@@ -294,7 +292,13 @@ mod tests {
             .decode()
             .unwrap_or_default()
             .into_iter()
-            .map(|any| any.value)
+            .map(|any| {
+                crate::resources::decode_mapping(&any)
+                    .ok()
+                    .and_then(|m| m.spec)
+                    .map(|spec| spec.interface_name.into_bytes())
+                    .unwrap_or_default()
+            })
             .collect()
     }
 

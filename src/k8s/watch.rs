@@ -22,7 +22,6 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prost_types::Any;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::StreamExt;
@@ -30,10 +29,9 @@ use tokio_stream::StreamExt;
 use super::cluster::{ClusterView, WatchedMapping};
 use super::crd::{ServiceNameMapping, ServiceNameMappingSpec};
 use crate::debounce::{self, Batch, DebounceConfig, Merge};
-use crate::index::{Change, Index, Kind, KindLabel, SourceCondition, SourceProblem};
+use crate::index::{Change, Index, Kind, KindLabel, Resource, SourceCondition, SourceProblem};
 use crate::mapping::{MappingKey, client_key};
 use crate::metrics::Metrics;
-use crate::resources::mapping_any;
 use crate::rules::catalog::{Catalog, change_for};
 use crate::rules::{Rule, RuleSpec};
 use crate::shutdown::signalled;
@@ -93,13 +91,12 @@ pub trait WatchedKind: Send + Sync + 'static {
     fn api_resource(&self) -> ApiResource;
     /// Parses and validates one object; the error says why it is skipped.
     fn parse(&self, object: &DynamicObject) -> Result<Self::Object, String>;
-    /// The discovery-stream object (`<Kind>ToClient` packed in `Any`).
-    fn to_any(&self, client_key: &str, object: &Self::Object) -> Any;
+    /// The index's value of an object.
+    fn to_value(&self, object: &Self::Object) -> Resource;
     /// The index's change for an object; kinds whose objects reach only some clients (auth
     /// policies) give it an audience.
     fn change(&self, client_key: String, object: &Self::Object) -> Change {
-        let any = self.to_any(&client_key, object);
-        Change::Upsert(client_key, any)
+        Change::Upsert(client_key, self.to_value(object))
     }
     /// Called for every event before it is debounced, for kinds that keep a view of their own.
     fn observe(&self, _event: &Observed<'_, Self::Object>) {}
@@ -490,10 +487,9 @@ impl WatchedKind for MappingKind {
         })
     }
 
-    fn to_any(&self, client_key: &str, object: &WatchedMapping) -> Any {
-        mapping_any(
-            client_key,
-            &object.key.interface,
+    fn to_value(&self, object: &WatchedMapping) -> Resource {
+        Resource::mapping(
+            object.key.interface.clone(),
             object.applications.iter().cloned(),
         )
     }
@@ -551,8 +547,8 @@ impl WatchedKind for RuleKind {
         })
     }
 
-    fn to_any(&self, client_key: &str, rule: &Rule) -> Any {
-        rule.spec.to_any(client_key)
+    fn to_value(&self, rule: &Rule) -> Resource {
+        Resource::Rule(rule.spec.clone())
     }
 
     fn change(&self, _client_key: String, rule: &Rule) -> Change {

@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 
 use super::scope::Audience;
 use super::{AuthorizationRule, Kind, Rule, RuleSpec};
-use crate::index::Change;
+use crate::index::{Change, Resource};
 use crate::mapping::client_key;
 
 /// (kind, namespace, name).
@@ -30,22 +30,22 @@ pub fn change_for(rule: &Rule, root_namespace: &str) -> Change {
     match &rule.spec {
         RuleSpec::AuthenticationPolicy(spec) => {
             let audience = Audience::of_authentication(spec, &rule.namespace, root_namespace);
-            Change::Scoped(key.clone(), rule.spec.to_any(&key), Arc::new(audience))
+            Change::Scoped(key, Resource::Rule(rule.spec.clone()), Arc::new(audience))
         }
         RuleSpec::AuthorizationPolicy(spec) => {
             let audience = Audience::of_authorization(spec, &rule.namespace, root_namespace);
-            let any = if spec.rules.is_empty() && rule.namespace != root_namespace {
+            let value = if spec.rules.is_empty() && rule.namespace != root_namespace {
                 // As the reference: no rules becomes one rule `to` the policy's namespace, and
                 // `to` is not sent.
                 let mut sent = spec.clone();
                 sent.rules = vec![AuthorizationRule::default()];
-                RuleSpec::AuthorizationPolicy(sent).to_any(&key)
+                RuleSpec::AuthorizationPolicy(sent)
             } else {
-                rule.spec.to_any(&key)
+                rule.spec.clone()
             };
-            Change::Scoped(key, any, Arc::new(audience))
+            Change::Scoped(key, Resource::Rule(value), Arc::new(audience))
         }
-        _ => Change::Upsert(key.clone(), rule.spec.to_any(&key)),
+        _ => Change::Upsert(key, Resource::Rule(rule.spec.clone())),
     }
 }
 

@@ -355,10 +355,8 @@ pub async fn wait_published_apps(server: &RunningServer, key: &str, applications
         Duration::from_secs(10),
         rx.wait_for(|s| {
             s.objects.get(key).is_some_and(|object| {
-                dubbo_cp::resources::decode_mapping(&object.any).is_ok_and(|m| {
-                    m.spec
-                        .is_some_and(|spec| spec.application_names.len() >= applications)
-                })
+                matches!(&object.value, dubbo_cp::index::Resource::Mapping { applications: apps, .. }
+                    if apps.len() >= applications)
             })
         }),
     )

@@ -1,0 +1,37 @@
+//! What the index holds for every kind: a mapping's applications or a rule's spec, as the domain
+//! understands them. Each protocol edge turns one into its own message (DDS: `<Kind>ToClient`).
+
+use crate::kind::Kind;
+use crate::rules::RuleSpec;
+
+/// One object of any kind, protocol-neutral.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resource {
+    /// A ServiceNameMapping: the applications serving `interface`, in the order the source
+    /// gave them (the store and the CRD keep them sorted).
+    Mapping {
+        interface: String,
+        applications: Vec<String>,
+    },
+    Rule(RuleSpec),
+}
+
+impl Resource {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Resource::Mapping { .. } => Kind::ServiceNameMapping,
+            Resource::Rule(spec) => spec.kind(),
+        }
+    }
+
+    /// A mapping of `interface` to `applications`.
+    pub fn mapping(
+        interface: impl Into<String>,
+        applications: impl IntoIterator<Item = String>,
+    ) -> Self {
+        Resource::Mapping {
+            interface: interface.into(),
+            applications: applications.into_iter().collect(),
+        }
+    }
+}
