@@ -120,7 +120,7 @@ fn expected_any(manifest: &str) -> prost_types::Any {
                 other => panic!("unexpected change {other:?}"),
             }
         }
-        _ => rule.to_any(),
+        _ => dubbo_cp::dds::rules::to_any(&rule.spec, &rule.client_key()),
     }
 }
 

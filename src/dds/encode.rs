@@ -32,7 +32,7 @@ pub fn to_any(client_key: &str, value: &Resource) -> Any {
             interface,
             applications,
         } => crate::resources::mapping_any(client_key, interface, applications.iter().cloned()),
-        Resource::Rule(spec) => spec.to_any(client_key),
+        Resource::Rule(spec) => super::rules::to_any(spec, client_key),
     }
 }
 

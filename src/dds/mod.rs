@@ -8,6 +8,7 @@
 pub mod body;
 pub mod clients;
 pub mod encode;
+pub mod rules;
 pub mod stream;
 pub mod wire;
 

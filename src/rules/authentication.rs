@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 
 use super::common::{Checked, FieldError, PolicySelector, field, item, one_of};
 use super::limits;
-use crate::pb::rules as pb;
 
 /// What the Java SDK's `AuthenticationAction` takes.
 pub const AUTHENTICATION_ACTIONS: [&str; 4] = ["NONE", "DISABLED", "PERMISSIVE", "STRICT"];
@@ -91,24 +90,5 @@ impl AuthenticationPolicySpec {
             )?;
         }
         Ok(())
-    }
-
-    /// What a client receives: the action and the ports, never the selectors (the control plane
-    /// has already applied them).
-    pub fn to_client(&self, key: &str) -> pb::AuthenticationPolicyToClient {
-        pb::AuthenticationPolicyToClient {
-            key: key.to_owned(),
-            spec: Some(pb::AuthenticationSpecToClient {
-                action: self.action.clone(),
-                port_level: self
-                    .port_level
-                    .iter()
-                    .map(|level| pb::AuthenticationPolicyPortLevel {
-                        port: level.port,
-                        action: level.action.clone(),
-                    })
-                    .collect(),
-            }),
-        }
     }
 }

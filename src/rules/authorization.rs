@@ -9,7 +9,6 @@ use serde::{Deserialize, Serialize};
 
 use super::common::{Checked, FieldError, PolicySelector, field, item, non_empty, one_of};
 use super::limits;
-use crate::pb::rules as pb;
 
 /// What the Java SDK's `AuthorizationAction` takes (`ADULT` is its spelling of audit).
 pub const AUTHORIZATION_ACTIONS: [&str; 3] = ["ALLOW", "DENY", "ADULT"];
@@ -113,31 +112,6 @@ impl AuthorizationPolicySpec {
         }
         Ok(())
     }
-
-    /// What a client receives: every rule without its `to` (the control plane has already
-    /// applied it).
-    pub fn to_client(&self, key: &str) -> pb::AuthorizationPolicyToClient {
-        pb::AuthorizationPolicyToClient {
-            key: key.to_owned(),
-            spec: Some(pb::AuthorizationPolicySpecToClient {
-                action: self.action.clone(),
-                rules: self
-                    .rules
-                    .iter()
-                    .map(|rule| pb::AuthorizationPolicyRuleToClient {
-                        from: rule
-                            .from
-                            .as_ref()
-                            .map(PolicySelector::to_authorization_source),
-                        when: rule.when.as_ref().map(Condition::to_pb),
-                    })
-                    .collect(),
-                samples: self.samples,
-                order: self.order,
-                match_type: self.match_type.clone(),
-            }),
-        }
-    }
 }
 
 impl AuthorizationRule {
@@ -164,17 +138,5 @@ impl Condition {
             }
         }
         Ok(())
-    }
-
-    fn to_pb(&self) -> pb::AuthorizationPolicyCondition {
-        let to_pb = |m: &Match| pb::AuthorizationPolicyMatch {
-            r#type: m.r#type.clone(),
-            value: m.value.clone(),
-        };
-        pb::AuthorizationPolicyCondition {
-            key: self.key.clone(),
-            values: self.values.iter().map(to_pb).collect(),
-            not_values: self.not_values.iter().map(to_pb).collect(),
-        }
     }
 }

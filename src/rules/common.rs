@@ -9,7 +9,6 @@ use serde::{Deserialize, Serialize};
 use super::cidr::Cidr;
 use super::limits;
 use crate::mapping::quote;
-use crate::pb::rules as pb;
 
 /// Why a rule is refused: the field (`spec.tags[0].name`) and what is wrong with it, quoting the
 /// value where there is one (`must not be empty (got "")`).
@@ -219,17 +218,6 @@ impl StringMatch {
         }
         Ok(())
     }
-
-    pub(crate) fn to_pb(&self) -> pb::StringMatch {
-        pb::StringMatch {
-            exact: self.exact.clone(),
-            prefix: self.prefix.clone(),
-            regex: self.regex.clone(),
-            noempty: self.noempty.clone(),
-            empty: self.empty.clone(),
-            wildcard: self.wildcard.clone(),
-        }
-    }
 }
 
 /// A URL parameter of the provider or consumer and how its value is matched.
@@ -245,13 +233,6 @@ impl ParamMatch {
     pub(crate) fn check(&self, path: &str) -> Checked {
         word(&field(path, "key"), &self.key)?;
         self.value.check(&field(path, "value"))
-    }
-
-    pub(crate) fn to_pb(&self) -> pb::ParamMatch {
-        pb::ParamMatch {
-            key: self.key.clone(),
-            value: Some(self.value.to_pb()),
-        }
     }
 }
 
@@ -303,14 +284,6 @@ impl AddressMatch {
         }
         Ok(())
     }
-
-    fn to_pb(&self) -> pb::AddressMatch {
-        pb::AddressMatch {
-            wildcard: self.wildcard.clone(),
-            cird: self.cird.clone(),
-            exact: self.exact.clone(),
-        }
-    }
 }
 
 /// Matches if any of `oneof` does.
@@ -328,12 +301,6 @@ impl ListStringMatch {
             m.check(&item(path, "oneof", i))?;
         }
         Ok(())
-    }
-
-    fn to_pb(&self) -> pb::ListStringMatch {
-        pb::ListStringMatch {
-            oneof: self.oneof.iter().map(StringMatch::to_pb).collect(),
-        }
     }
 }
 
@@ -364,15 +331,6 @@ impl ConditionMatch {
             application.check(&field(path, "application"))?;
         }
         check_params(path, "param", &self.param)
-    }
-
-    pub(crate) fn to_pb(&self) -> pb::ConditionMatch {
-        pb::ConditionMatch {
-            address: self.address.as_ref().map(AddressMatch::to_pb),
-            service: self.service.as_ref().map(ListStringMatch::to_pb),
-            application: self.application.as_ref().map(ListStringMatch::to_pb),
-            param: self.param.iter().map(ParamMatch::to_pb).collect(),
-        }
     }
 }
 
@@ -486,25 +444,5 @@ impl PolicySelector {
             }
         }
         Ok(())
-    }
-
-    pub(crate) fn to_authorization_source(&self) -> pb::AuthorizationPolicySource {
-        pb::AuthorizationPolicySource {
-            namespaces: self.namespaces.clone(),
-            not_namespaces: self.not_namespaces.clone(),
-            ip_blocks: self.ip_blocks.clone(),
-            not_ip_blocks: self.not_ip_blocks.clone(),
-            principals: self.principals.clone(),
-            not_principals: self.not_principals.clone(),
-            extends: self.extends.iter().map(authorization_extend).collect(),
-            not_extends: self.not_extends.iter().map(authorization_extend).collect(),
-        }
-    }
-}
-
-fn authorization_extend(e: &PolicyExtend) -> pb::AuthorizationPolicyExtend {
-    pb::AuthorizationPolicyExtend {
-        key: e.key.clone(),
-        value: e.value.clone(),
     }
 }

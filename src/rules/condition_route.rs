@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 use super::common::{Checked, FieldError, at_least_one, field, item, one_of, word, yes};
 use super::condition::parse_condition;
 use super::{SCOPES, config_version, limits};
-use crate::pb::rules as pb;
 
 #[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[kube(
@@ -59,22 +58,5 @@ impl ConditionRouteSpec {
                 .map_err(|e| FieldError::value(item(path, "conditions", i), e, condition))?;
         }
         Ok(())
-    }
-
-    /// The `ConditionRouteToClient` message a client receives, with object key `key`.
-    pub fn to_client(&self, key: &str) -> pb::ConditionRouteToClient {
-        pb::ConditionRouteToClient {
-            key: key.to_owned(),
-            spec: Some(pb::ConditionRoute {
-                priority: self.priority,
-                enabled: self.enabled,
-                force: self.force,
-                runtime: self.runtime,
-                key: self.key.clone(),
-                scope: self.scope.clone(),
-                conditions: self.conditions.clone(),
-                config_version: self.config_version.clone(),
-            }),
-        }
     }
 }

@@ -11,7 +11,6 @@ use super::common::{
     Checked, ConditionMatch, FieldError, at_least_one, field, item, one_of, word, words, yes,
 };
 use super::{SCOPES, config_version, limits};
-use crate::pb::rules as pb;
 
 #[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[kube(
@@ -102,20 +101,6 @@ impl DynamicConfigSpec {
         }
         Ok(())
     }
-
-    /// The `DynamicConfigToClient` message a client receives, with object key `key`.
-    pub fn to_client(&self, key: &str) -> pb::DynamicConfigToClient {
-        pb::DynamicConfigToClient {
-            key: key.to_owned(),
-            spec: Some(pb::DynamicConfig {
-                key: self.key.clone(),
-                scope: self.scope.clone(),
-                config_version: self.config_version.clone(),
-                enabled: self.enabled,
-                configs: self.configs.iter().map(OverrideConfig::to_pb).collect(),
-            }),
-        }
-    }
 }
 
 impl OverrideConfig {
@@ -165,19 +150,5 @@ impl OverrideConfig {
             matches.check(&field(path, "match"))?;
         }
         Ok(())
-    }
-
-    fn to_pb(&self) -> pb::OverrideConfig {
-        pb::OverrideConfig {
-            side: self.side.clone(),
-            addresses: self.addresses.clone(),
-            provider_addresses: self.provider_addresses.clone(),
-            parameters: self.parameters.clone(),
-            applications: self.applications.clone(),
-            services: self.services.clone(),
-            r#type: self.r#type.clone(),
-            enabled: self.enabled,
-            r#match: self.r#match.as_ref().map(ConditionMatch::to_pb),
-        }
     }
 }

@@ -25,8 +25,6 @@ use std::sync::OnceLock;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
-use prost::Message;
-use prost_types::Any;
 use serde::de::DeserializeOwned;
 
 pub use crate::kind::Kind;
@@ -94,11 +92,6 @@ impl Rule {
     /// `<name>/<namespace>`, the object's `key` on the discovery stream (wire.md §2).
     pub fn client_key(&self) -> String {
         crate::mapping::client_key(&self.name, &self.namespace)
-    }
-
-    /// The object's `<Kind>ToClient` message, packed.
-    pub fn to_any(&self) -> Any {
-        self.spec.to_any(&self.client_key())
     }
 
     /// The whole object as a Kubernetes manifest (what `get -o yaml` prints and `apply` takes).
@@ -170,22 +163,6 @@ impl RuleSpec {
             schema::check(schema, spec, PATH, schema::Depth::Full)?;
         }
         Ok(parsed)
-    }
-
-    /// The `<Kind>ToClient` message (crate::pb::rules) with `key`, packed as `Any` with
-    /// `kind.type_url()`. Auth policies go without their selectors / rules' `to`.
-    pub fn to_any(&self, client_key: &str) -> Any {
-        let value = match self {
-            RuleSpec::TagRoute(spec) => spec.to_client(client_key).encode_to_vec(),
-            RuleSpec::ConditionRoute(spec) => spec.to_client(client_key).encode_to_vec(),
-            RuleSpec::DynamicConfig(spec) => spec.to_client(client_key).encode_to_vec(),
-            RuleSpec::AuthenticationPolicy(spec) => spec.to_client(client_key).encode_to_vec(),
-            RuleSpec::AuthorizationPolicy(spec) => spec.to_client(client_key).encode_to_vec(),
-        };
-        Any {
-            type_url: self.kind().type_url().to_owned(),
-            value,
-        }
     }
 
     /// Back to the spec JSON (for `get -o yaml`, the store); [`RuleSpec::parse`] takes it back.

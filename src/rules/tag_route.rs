@@ -11,7 +11,6 @@ use super::common::{
     Checked, FieldError, ParamMatch, at_least_one, check_params, field, item, word, words, yes,
 };
 use super::{config_version, limits};
-use crate::pb::rules as pb;
 
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[kube(
@@ -110,29 +109,5 @@ impl TagRouteSpec {
             check_params(&tag_path, "match", &tag.r#match)?;
         }
         Ok(())
-    }
-
-    /// The `TagRouteToClient` message a client receives, with object key `key`.
-    pub fn to_client(&self, key: &str) -> pb::TagRouteToClient {
-        pb::TagRouteToClient {
-            key: key.to_owned(),
-            spec: Some(pb::TagRoute {
-                priority: self.priority,
-                enabled: self.enabled,
-                runtime: self.runtime,
-                key: self.key.clone(),
-                config_version: self.config_version.clone(),
-                force: self.force,
-                tags: self
-                    .tags
-                    .iter()
-                    .map(|tag| pb::Tag {
-                        name: tag.name.clone(),
-                        addresses: tag.addresses.clone(),
-                        r#match: tag.r#match.iter().map(ParamMatch::to_pb).collect(),
-                    })
-                    .collect(),
-            }),
-        }
     }
 }

@@ -5,8 +5,31 @@ use prost::Message;
 use serde::Deserialize;
 use serde_json::json;
 
+use prost_types::Any;
+
 use super::*;
 use crate::pb::rules as pb;
+
+/// What the discovery stream sends of a rule (its encoding lives with the stream).
+trait RuleAny {
+    fn to_any(&self) -> Any;
+}
+
+impl RuleAny for Rule {
+    fn to_any(&self) -> Any {
+        crate::dds::rules::to_any(&self.spec, &self.client_key())
+    }
+}
+
+trait SpecAny {
+    fn to_any(&self, key: &str) -> Any;
+}
+
+impl SpecAny for RuleSpec {
+    fn to_any(&self, key: &str) -> Any {
+        crate::dds::rules::to_any(self, key)
+    }
+}
 
 fn one(text: &str) -> Rule {
     let mut rules = parse_manifests(text).unwrap_or_else(|e| panic!("{e}"));
