@@ -12,5 +12,5 @@ if [ ! -f /usr/share/java/zookeeper.jar ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq zookeeper >/dev/null
 fi
 
-cargo build --release --bins --features bench
+cargo build --release --workspace --bins
 exec ./target/release/dubbo-cp-bench all "$@"

@@ -16,11 +16,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use prometheus_client::registry::Registry;
 
 use crate::auth::Policy;
+use crate::index::catalog::{Catalog, RuleKey};
 use crate::index::{Index, Kind, SourceProblem};
 use crate::k8s::cluster::ClusterView;
 use crate::k8s::writer::{KubeWriter, ParkedKey};
 use crate::mapping::MappingKey;
-use crate::rules::catalog::{Catalog, RuleKey};
 use crate::store::rules::{Report, RuleWriteError, StandaloneRules};
 use crate::store::{Outbox, Store};
 

@@ -27,6 +27,13 @@ pub trait Merge {
     fn merge(&mut self, other: Self);
 }
 
+/// Registrations merge as a union per key (the domain's own merge).
+impl Merge for crate::mapping::MappingDelta {
+    fn merge(&mut self, other: Self) {
+        crate::mapping::MappingDelta::merge(self, other);
+    }
+}
+
 /// `after`, `max` and `enable`, declared with the other settings.
 pub use crate::config::DebounceConfig;
 

@@ -14,28 +14,7 @@ use std::sync::Arc;
 use crate::dds::encode::Encoder;
 use crate::index::{Index, Kind};
 
-/// Hex SHA-256 over `(key, encoded object)` pairs in key order, each length-prefixed so no two
-/// different states hash the same input.
-pub fn state_digest<'a>(objects: impl Iterator<Item = (&'a str, &'a [u8])>) -> String {
-    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
-    for (key, encoded) in objects {
-        context.update(&(key.len() as u64).to_be_bytes());
-        context.update(key.as_bytes());
-        context.update(&(encoded.len() as u64).to_be_bytes());
-        context.update(encoded);
-    }
-    hex(context.finish().as_ref())
-}
-
-/// Hex SHA-256 of one encoded object, shortened: enough to tell two versions apart.
-pub fn object_digest(encoded: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, encoded);
-    hex(&digest.as_ref()[..8])
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use crate::dds::encode::{object_digest, state_digest};
 
 /// One kind's digest, as `/debug/digest` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

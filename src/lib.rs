@@ -45,6 +45,10 @@
 //!   the HTTP admin port, the sub-commands.
 #![forbid(unsafe_code)]
 
+// The workspace's library crates, under the paths the rest of the code (and the tests) name.
+pub use dubbo_cp_domain::{kind, mapping, resource, rules};
+pub use dubbo_cp_index as index;
+
 pub mod admin;
 pub mod auth;
 pub mod ca;
@@ -58,18 +62,12 @@ pub mod duration;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod index;
 pub mod ingest;
 pub mod k8s;
-pub mod kind;
-pub mod mapping;
-pub mod memo;
 pub mod metrics;
 pub mod pb;
 pub mod ratelimit;
-pub mod resource;
 pub mod resources;
-pub mod rules;
 pub mod server;
 pub mod shutdown;
 pub mod store;

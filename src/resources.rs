@@ -8,7 +8,7 @@ use prost_types::Any;
 
 use crate::index::{Kind, Resource};
 use crate::mapping::{MappingKey, client_key};
-use crate::pb::rules::{ServiceNameMapping, ServiceNameMappingToClient};
+use crate::pb::rules::ServiceNameMappingToClient;
 
 /// The object for one mapping named `name`: key `<name>/<namespace>` and its value.
 pub fn mapping_object(
@@ -21,25 +21,7 @@ pub fn mapping_object(
     (client_key, value)
 }
 
-/// The packed `ServiceNameMappingToClient` of an object whose client key is known (in
-/// Kubernetes mode it comes from the object's actual name, which kubectl users choose).
-pub fn mapping_any(
-    client_key: &str,
-    interface: &str,
-    applications: impl IntoIterator<Item = String>,
-) -> Any {
-    let message = ServiceNameMappingToClient {
-        key: client_key.to_owned(),
-        spec: Some(ServiceNameMapping {
-            interface_name: interface.to_owned(),
-            application_names: applications.into_iter().collect(),
-        }),
-    };
-    Any {
-        type_url: Kind::ServiceNameMapping.type_url().to_owned(),
-        value: message.encode_to_vec(),
-    }
-}
+pub use crate::dds::encode::mapping_any;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeObjectError {

@@ -28,6 +28,7 @@ use crate::ca::store::{SecretRoots, SqliteRoots};
 use crate::ca::{Authority, Backend, CaSettings};
 use crate::config::{Config, Mode};
 use crate::dds::{DdsStats, RuleService};
+use crate::index::catalog::Catalog;
 use crate::index::{Index, Kind};
 use crate::ingest::Ingest;
 use crate::k8s;
@@ -37,7 +38,6 @@ use crate::k8s::writer::{KubeWriter, WriterStats};
 use crate::metrics::{self, Metrics};
 use crate::pb;
 use crate::ratelimit::RateLimiter;
-use crate::rules::catalog::Catalog;
 use crate::shutdown::signalled;
 use crate::store::rules::StandaloneRules;
 use crate::store::{

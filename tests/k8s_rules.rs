@@ -325,7 +325,7 @@ async fn every_rule_kind_is_created_edited_and_deleted_through_the_api_server() 
             let rule = dubbo_cp::rules::parse_manifests(&manifest.to_string())
                 .unwrap()
                 .remove(0);
-            let expected = match dubbo_cp::rules::catalog::change_for(&rule, "dubbo-system") {
+            let expected = match dubbo_cp::index::catalog::change_for(&rule, "dubbo-system") {
                 dubbo_cp::index::Change::Upsert(key, value)
                 | dubbo_cp::index::Change::Scoped(key, value, _) => {
                     dubbo_cp::dds::encode::to_any(&key, &value)

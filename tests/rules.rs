@@ -113,7 +113,7 @@ fn expected_any(manifest: &str) -> prost_types::Any {
     match &rule.spec {
         // An authorization policy outside the root namespace is sent as the reference does.
         dubbo_cp::rules::RuleSpec::AuthorizationPolicy(_) => {
-            match dubbo_cp::rules::catalog::change_for(rule, "dubbo-system") {
+            match dubbo_cp::index::catalog::change_for(rule, "dubbo-system") {
                 dubbo_cp::index::Change::Scoped(key, value, _) => {
                     dubbo_cp::dds::encode::to_any(&key, &value)
                 }

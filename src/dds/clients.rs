@@ -6,6 +6,7 @@
 //! admin endpoint `/debug/clients`, `dubbo-cp status` and the metrics read every entry. Entries
 //! live exactly as long as their streams, so they are bounded by `dds.maxStreams`.
 
+use crate::index::Labelled as _;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

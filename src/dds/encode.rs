@@ -3,6 +3,7 @@
 //! each state's records assembled once per revision (memoised on the state), with the filtered
 //! views of auth policies and the state's digest beside them. Every stream shares those bytes.
 
+use crate::index::Labelled as _;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -11,10 +12,12 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use prost::Message;
 use prost_types::Any;
 
 use super::wire::EncodedData;
 use crate::index::{Kind, KindLabel, KindSnapshot, Object, Resource};
+use crate::pb::rules::{ServiceNameMapping, ServiceNameMappingToClient};
 use crate::rules::scope::Endpoint;
 
 /// gRPC clients (grpc-java, grpc-go) refuse messages over 4 MiB unless configured otherwise; a
@@ -25,13 +28,56 @@ const RESPONSE_HEAD_BYTES: usize = 1024;
 /// Bytes of filtered views one state keeps; beyond it views are assembled uncached.
 const MAX_VIEW_BYTES_PER_STATE: usize = 64 * 1024 * 1024;
 
+/// Hex SHA-256 over `(key, encoded object)` pairs in key order, each length-prefixed so no two
+/// different states hash the same input.
+pub fn state_digest<'a>(objects: impl Iterator<Item = (&'a str, &'a [u8])>) -> String {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    for (key, encoded) in objects {
+        context.update(&(key.len() as u64).to_be_bytes());
+        context.update(key.as_bytes());
+        context.update(&(encoded.len() as u64).to_be_bytes());
+        context.update(encoded);
+    }
+    hex(context.finish().as_ref())
+}
+
+/// Hex SHA-256 of one encoded object, shortened: enough to tell two versions apart.
+pub fn object_digest(encoded: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, encoded);
+    hex(&digest.as_ref()[..8])
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The packed `ServiceNameMappingToClient` of an object whose client key is known (in
+/// Kubernetes mode it comes from the object's actual name, which kubectl users choose).
+pub fn mapping_any(
+    client_key: &str,
+    interface: &str,
+    applications: impl IntoIterator<Item = String>,
+) -> Any {
+    let message = ServiceNameMappingToClient {
+        key: client_key.to_owned(),
+        spec: Some(ServiceNameMapping {
+            interface_name: interface.to_owned(),
+            application_names: applications.into_iter().collect(),
+        }),
+    };
+    Any {
+        type_url: Kind::ServiceNameMapping.type_url().to_owned(),
+        value: message.encode_to_vec(),
+    }
+}
+
 /// The packed `<Kind>ToClient` message of `value` under `client_key` (wire.md §2).
 pub fn to_any(client_key: &str, value: &Resource) -> Any {
     match value {
         Resource::Mapping {
             interface,
             applications,
-        } => crate::resources::mapping_any(client_key, interface, applications.iter().cloned()),
+        } => mapping_any(client_key, interface, applications.iter().cloned()),
         Resource::Rule(spec) => super::rules::to_any(spec, client_key),
     }
 }
@@ -177,7 +223,7 @@ impl Encoder {
         state
             .digest
             .get_or_init(|| {
-                crate::digest::state_digest(
+                state_digest(
                     snapshot
                         .objects
                         .keys()
@@ -195,7 +241,7 @@ impl Encoder {
             .objects
             .keys()
             .zip(&state.records)
-            .map(|(key, record)| (key.clone(), crate::digest::object_digest(record)))
+            .map(|(key, record)| (key.clone(), object_digest(record)))
             .collect()
     }
 

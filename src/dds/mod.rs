@@ -51,7 +51,7 @@ pub struct DdsStats {
     pub pushes: AtomicU64,
     /// Responses sent, by kind.
     pub pushes_by_kind: prometheus_client::metrics::family::Family<
-        crate::kind::KindLabel,
+        crate::index::KindLabel,
         prometheus_client::metrics::counter::Counter,
     >,
     pub stale_nonces: AtomicU64,
@@ -262,8 +262,10 @@ impl RuleService {
             stats.streams_open.fetch_add(1, Ordering::Relaxed);
             let result = stream::run(
                 requests,
-                index,
-                &encoder,
+                stream::Served {
+                    index,
+                    encoder: &encoder,
+                },
                 stream::Caller {
                     endpoint,
                     status: &entry.client,

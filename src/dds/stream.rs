@@ -7,6 +7,7 @@
 //! of changes coalesce into one response and no state is ever sent twice. Wrong or stale nonces,
 //! unknown and empty types are ignored and the stream stays open.
 
+use crate::index::Labelled as _;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -112,11 +113,16 @@ pub struct Caller<'a> {
     pub status: &'a Client,
 }
 
+/// What a stream serves: the index's states, in the discovery stream's encoding.
+pub struct Served<'a> {
+    pub index: Arc<Index>,
+    pub encoder: &'a Encoder,
+}
+
 /// Runs one stream until the client ends it, a send times out, or shutdown begins.
 pub async fn run<S>(
     mut requests: S,
-    index: Arc<Index>,
-    encoder: &Encoder,
+    Served { index, encoder }: Served<'_>,
     caller: Caller<'_>,
     responses: mpsc::Sender<ObserveResponse>,
     send_timeout: Duration,
@@ -227,8 +233,10 @@ mod tests {
                 let entry = clients.open(None, None);
                 run(
                     ReceiverStream::new(requests_rx),
-                    index,
-                    &Encoder::default(),
+                    Served {
+                        index,
+                        encoder: &Encoder::default(),
+                    },
                     Caller {
                         endpoint: Arc::new(Endpoint::default()),
                         status: &entry.client,

@@ -12,6 +12,7 @@
 //! and parsed one by one: one that does not deserialize or validate is logged, counted and
 //! skipped (it leaves the state), and the rest of its kind keeps flowing.
 
+use crate::index::Labelled as _;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,10 +30,10 @@ use tokio_stream::StreamExt;
 use super::cluster::{ClusterView, WatchedMapping};
 use super::crd::{ServiceNameMapping, ServiceNameMappingSpec};
 use crate::debounce::{self, Batch, DebounceConfig, Merge};
+use crate::index::catalog::{Catalog, change_for};
 use crate::index::{Change, Index, Kind, KindLabel, Resource, SourceCondition, SourceProblem};
 use crate::mapping::{MappingKey, client_key};
 use crate::metrics::Metrics;
-use crate::rules::catalog::{Catalog, change_for};
 use crate::rules::{Rule, RuleSpec};
 use crate::shutdown::signalled;
 

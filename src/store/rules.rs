@@ -16,7 +16,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::StoreError;
 use super::db::DB_FILE;
 use crate::index::Kind;
-pub use crate::rules::catalog::{RuleKey, describe, key_of};
+pub use crate::index::catalog::{RuleKey, describe, key_of};
 use crate::rules::{Rule, RuleSpec};
 
 /// How long a rule write waits for the mapping writer's transaction to finish.
@@ -265,7 +265,7 @@ pub struct StandaloneRules {
     writing: Mutex<()>,
     store: RuleStore,
     index: std::sync::Arc<crate::index::Index>,
-    catalog: std::sync::Arc<crate::rules::catalog::Catalog>,
+    catalog: std::sync::Arc<crate::index::catalog::Catalog>,
     root_namespace: String,
 }
 
@@ -275,7 +275,7 @@ impl StandaloneRules {
         store: RuleStore,
         rules: Vec<Rule>,
         index: std::sync::Arc<crate::index::Index>,
-        catalog: std::sync::Arc<crate::rules::catalog::Catalog>,
+        catalog: std::sync::Arc<crate::index::catalog::Catalog>,
         root_namespace: String,
         revision: i64,
     ) -> Self {
@@ -330,7 +330,7 @@ impl StandaloneRules {
             match change {
                 RuleChange::Upsert(rule) => {
                     by_kind.entry(rule.kind()).or_default().push(
-                        crate::rules::catalog::change_for(&rule, &self.root_namespace),
+                        crate::index::catalog::change_for(&rule, &self.root_namespace),
                     );
                     self.catalog.upsert(rule);
                 }
@@ -338,7 +338,7 @@ impl StandaloneRules {
                     by_kind
                         .entry(key.0)
                         .or_default()
-                        .push(crate::rules::catalog::delete_for(&key));
+                        .push(crate::index::catalog::delete_for(&key));
                     self.catalog.remove(&key);
                 }
             }

@@ -14,7 +14,7 @@ use anyhow::Context;
 use tokio::sync::{mpsc, watch};
 
 use super::rules::StandaloneRules;
-use crate::rules::catalog::Catalog;
+use crate::index::catalog::Catalog;
 use crate::rules::{Rule, parse_manifests};
 use crate::shutdown::signalled;
 
@@ -118,7 +118,7 @@ impl DirState {
         // Later files win when two define the same object.
         let mut by_key = BTreeMap::new();
         for rule in self.good.values().flatten() {
-            by_key.insert(crate::rules::catalog::key_of(rule), rule.clone());
+            by_key.insert(crate::index::catalog::key_of(rule), rule.clone());
         }
         by_key.into_values().collect()
     }

@@ -21,11 +21,32 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use crate::memo::Memo;
-use crate::rules::scope::{Audience, Endpoint};
+use dubbo_cp_domain::rules::scope::{Audience, Endpoint};
+use memo::Memo;
+use prometheus_client::encoding::EncodeLabelSet;
 
-pub use crate::kind::{Kind, KindLabel};
-pub use crate::resource::Resource;
+pub use dubbo_cp_domain::kind::Kind;
+pub use dubbo_cp_domain::resource::Resource;
+
+pub mod catalog;
+pub mod memo;
+
+/// A kind as a metric label (`{kind="TagRoute"}`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+/// [`KindLabel`] of a kind.
+pub trait Labelled {
+    fn label(self) -> KindLabel;
+}
+
+impl Labelled for Kind {
+    fn label(self) -> KindLabel {
+        KindLabel { kind: self.name() }
+    }
+}
 
 /// One object of a kind.
 #[derive(Debug)]
@@ -401,9 +422,9 @@ fn upsert(
     true
 }
 
-/// A mapping of interface `value`, for tests of the index and what reads it.
-#[cfg(test)]
-pub(crate) fn test_value(value: &[u8]) -> Resource {
+/// A mapping of interface `value`, for tests of the index and of the edges that read it.
+#[doc(hidden)]
+pub fn test_value(value: &[u8]) -> Resource {
     Resource::mapping(String::from_utf8_lossy(value), Vec::new())
 }
 #[cfg(test)]
@@ -524,7 +545,7 @@ mod tests {
 
     #[test]
     fn scoped_objects_reach_their_audience_only() {
-        use crate::rules::PolicySelector;
+        use dubbo_cp_domain::rules::PolicySelector;
         let index = Index::new(1);
         let kind = Kind::AuthenticationPolicy;
         let in_namespace = |ns: &str| {

@@ -133,12 +133,6 @@ impl MappingDelta {
     }
 }
 
-impl crate::debounce::Merge for MappingDelta {
-    fn merge(&mut self, other: Self) {
-        MappingDelta::merge(self, other);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

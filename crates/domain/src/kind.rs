@@ -1,7 +1,5 @@
 //! The kinds of the discovery stream (wire.md §2): a leaf every stage names.
 
-use prometheus_client::encoding::EncodeLabelSet;
-
 /// The kinds a discovery-stream client can subscribe to (wire.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {
@@ -95,13 +93,4 @@ impl Kind {
     pub fn slot(self) -> usize {
         self as usize
     }
-
-    pub fn label(self) -> KindLabel {
-        KindLabel { kind: self.name() }
-    }
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
-    pub kind: &'static str,
 }

@@ -6,10 +6,11 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use super::scope::Audience;
-use super::{AuthorizationRule, Kind, Rule, RuleSpec};
-use crate::index::{Change, Resource};
-use crate::mapping::client_key;
+use dubbo_cp_domain::mapping::client_key;
+use dubbo_cp_domain::rules::scope::Audience;
+use dubbo_cp_domain::rules::{AuthorizationRule, Kind, Rule, RuleSpec};
+
+use crate::{Change, Resource};
 
 /// (kind, namespace, name).
 pub type RuleKey = (Kind, String, String);

@@ -4,7 +4,6 @@
 //! store keeps; [`RuleSpec::parse`] validates one, naming the field at fault, and
 //! [`RuleSpec::to_any`] makes its discovery-stream message. No I/O here.
 
-pub mod catalog;
 pub mod cidr;
 pub mod condition;
 pub mod scope;
@@ -16,10 +15,8 @@ mod condition_route;
 mod dynamic_config;
 pub mod limits;
 mod manifest;
-mod schema;
+pub mod schema;
 mod tag_route;
-#[cfg(test)]
-mod tests;
 
 use std::sync::OnceLock;
 

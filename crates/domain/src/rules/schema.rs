@@ -10,7 +10,7 @@ use crate::mapping::quote;
 
 /// How far [`check`] goes.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Depth {
+pub enum Depth {
     /// Only that objects are where objects belong: serde reads a struct from a list as well as
     /// from a map (`value: ["v2"]` would become `exact: v2`), which the API server refuses.
     Types,
@@ -19,12 +19,7 @@ pub(crate) enum Depth {
 }
 
 /// Checks `value` at `path` against the schema node `schema`.
-pub(crate) fn check(
-    schema: &Value,
-    value: &Value,
-    path: &str,
-    depth: Depth,
-) -> Result<(), FieldError> {
+pub fn check(schema: &Value, value: &Value, path: &str, depth: Depth) -> Result<(), FieldError> {
     let ty = schema.get("type").and_then(Value::as_str);
     match (ty, value) {
         // Null is for serde to judge: absent where optional, an error where required.
