@@ -8,7 +8,7 @@
 //! whole state is reconciled, so objects deleted while the watch was down disappear.
 //!
 //! A kind is a type implementing [`WatchedKind`]: its resource, how an object is parsed and
-//! validated, and how it becomes a discovery-stream object. Objects are read as dynamic objects
+//! validated, and how it becomes an index value. Objects are read as dynamic objects
 //! and parsed one by one: one that does not deserialize or validate is logged, counted and
 //! skipped (it leaves the state), and the rest of its kind keeps flowing.
 

@@ -422,6 +422,17 @@ fn upsert(
     true
 }
 
+/// An audience of the clients in `namespace`, for tests of the index and of its readers.
+#[doc(hidden)]
+pub fn test_audience_in(namespace: &str) -> Arc<Audience> {
+    Arc::new(Audience {
+        selectors: vec![dubbo_cp_domain::rules::PolicySelector {
+            namespaces: vec![namespace.to_owned()],
+            ..Default::default()
+        }],
+    })
+}
+
 /// A mapping of interface `value`, for tests of the index and of the edges that read it.
 #[doc(hidden)]
 pub fn test_value(value: &[u8]) -> Resource {
@@ -545,17 +556,9 @@ mod tests {
 
     #[test]
     fn scoped_objects_reach_their_audience_only() {
-        use dubbo_cp_domain::rules::PolicySelector;
         let index = Index::new(1);
         let kind = Kind::AuthenticationPolicy;
-        let in_namespace = |ns: &str| {
-            Arc::new(Audience {
-                selectors: vec![PolicySelector {
-                    namespaces: vec![ns.to_owned()],
-                    ..PolicySelector::default()
-                }],
-            })
-        };
+        let in_namespace = test_audience_in;
         index.apply(
             kind,
             [

@@ -1,9 +1,5 @@
-use std::sync::Arc;
-
 use super::*;
-use crate::index::{Change, Index, test_value};
-use crate::rules::PolicySelector;
-use crate::rules::scope::Audience;
+use crate::index::{Change, Index, test_audience_in, test_value};
 
 fn upsert(key: &str, value: &[u8]) -> Change {
     Change::Upsert(key.to_owned(), test_value(value))
@@ -64,14 +60,7 @@ fn clients_that_see_the_same_objects_share_one_view() {
     let index = Index::new(1);
     let encoder = Encoder::default();
     let kind = Kind::AuthenticationPolicy;
-    let in_namespace = |ns: &str| {
-        Arc::new(Audience {
-            selectors: vec![PolicySelector {
-                namespaces: vec![ns.to_owned()],
-                ..PolicySelector::default()
-            }],
-        })
-    };
+    let in_namespace = test_audience_in;
     index.apply(
         kind,
         [
