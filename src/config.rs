@@ -22,9 +22,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::duration;
-use crate::duration::DurationArg;
-pub use crate::duration::parse_duration;
+use dubbo_cp_kit::duration;
+use dubbo_cp_kit::duration::DurationArg;
+pub use dubbo_cp_kit::duration::parse_duration;
 
 use clap::{ArgAction, FromArgMatches};
 use serde::{Deserialize, Serialize};
@@ -1398,5 +1398,40 @@ mod tests {
         let in_file: Vec<&String> = in_file.keys().collect();
         let keys = flatten_keys(&Config::default());
         assert_eq!(in_file, keys.keys().collect::<Vec<_>>());
+    }
+
+    /// Every duration setting goes through the one parser: a bare number is refused with the
+    /// flag named, whichever setting it is.
+    #[test]
+    fn every_duration_flag_needs_a_unit() {
+        use clap::Args;
+        let command = ServeArgs::augment_args(clap::Command::new("dubbo-cp"));
+        // The duration settings: those a value with a unit parses into a Duration for.
+        let durations: Vec<(String, String)> = command
+            .get_arguments()
+            .filter_map(|arg| Some((arg.get_id().to_string(), arg.get_long()?.to_owned())))
+            .filter(|(id, long)| {
+                command
+                    .clone()
+                    .try_get_matches_from(["dubbo-cp", &format!("--{long}"), "1500ms"])
+                    .is_ok_and(|matches| {
+                        matches.try_get_one::<Duration>(id).ok().flatten()
+                            == Some(&Duration::from_millis(1500))
+                    })
+            })
+            .collect();
+        assert!(durations.len() >= 20, "{durations:?}");
+        for (_, long) in durations {
+            let flag = format!("--{long}");
+            let refused = command
+                .clone()
+                .try_get_matches_from(["dubbo-cp", &flag, "10"])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                refused.contains(&format!("{flag}: \"10\" has no unit; write a duration")),
+                "{refused}"
+            );
+        }
     }
 }

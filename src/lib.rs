@@ -48,28 +48,25 @@
 // The workspace's library crates, under the paths the rest of the code (and the tests) name.
 pub use dubbo_cp_domain::{kind, mapping, resource, rules};
 pub use dubbo_cp_index as index;
+pub use dubbo_cp_canary as canary;
+pub use dubbo_cp_kit::{duration, metrics, ratelimit, shutdown};
 
 pub mod admin;
 pub mod auth;
 pub mod ca;
-pub mod canary;
 pub mod cli;
 pub mod config;
 pub mod dds;
 pub mod debounce;
 pub mod digest;
-pub mod duration;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ingest;
 pub mod k8s;
-pub mod metrics;
 pub mod pb;
-pub mod ratelimit;
 pub mod resources;
 pub mod server;
-pub mod shutdown;
 pub mod store;
 pub mod supervisor;
 pub mod telemetry;

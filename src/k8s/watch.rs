@@ -202,7 +202,7 @@ async fn publish<K: WatchedKind>(
     metrics: Arc<Metrics>,
 ) {
     debounce::run(config, batches, |batch: Batch<WatchBatch<K::Object>>| {
-        metrics.flushed(&batch);
+        metrics.flushed(batch.events, batch.first_event);
         let k = kind.kind();
         let WatchBatch { listed, changes } = batch.value;
         match listed {

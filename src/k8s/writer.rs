@@ -591,7 +591,7 @@ pub async fn feed(
         config,
         changes,
         |batch: crate::debounce::Batch<crate::store::StoredChange>| {
-            metrics.flushed(&batch);
+            metrics.flushed(batch.events, batch.first_event);
             tracing::debug!(
                 events = batch.events,
                 keys = batch.value.delta.len(),

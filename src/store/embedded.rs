@@ -114,7 +114,7 @@ pub async fn publish(
     metrics: Arc<Metrics>,
 ) {
     debounce::run(config, changes, |batch: Batch<StoredChange>| {
-        metrics.flushed(&batch);
+        metrics.flushed(batch.events, batch.first_event);
         let revision = batch.value.revision;
         let keys = batch.value.delta.len();
         let objects: Vec<Change> = batch

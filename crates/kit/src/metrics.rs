@@ -86,10 +86,10 @@ impl Metrics {
     }
 
     /// Records one debounce flush.
-    pub fn flushed<T>(&self, batch: &crate::debounce::Batch<T>) {
-        self.flush_size.observe(batch.events as f64);
+    pub fn flushed(&self, events: usize, first_event: tokio::time::Instant) {
+        self.flush_size.observe(events as f64);
         self.flush_delay
-            .observe(batch.first_event.elapsed().as_secs_f64());
+            .observe(first_event.elapsed().as_secs_f64());
     }
 
     pub fn registration(&self, result: &'static str) {

@@ -7,6 +7,12 @@
 //! - [`prometheus`], [`hooks`] over [`http`]: the outside calls of an analysis.
 //! - [`reconcile`]: one step of the loop; [`controller`]: the watches and the Lease around it.
 
+#![forbid(unsafe_code)]
+
+// The shared crates under the paths the modules name.
+use dubbo_cp_domain::rules;
+use dubbo_cp_kit::metrics;
+
 pub mod configs;
 pub mod controller;
 pub mod crd;

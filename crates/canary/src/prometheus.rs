@@ -200,7 +200,7 @@ pub fn judge(value: f64, min: Option<f64>, max: Option<f64>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::canary::crd::ThresholdRange;
+    use crate::crd::ThresholdRange;
 
     fn values() -> Placeholders<'static> {
         Placeholders {
