@@ -7,7 +7,6 @@ const PROTOS: &[&str] = &[
     "snp_networking.proto",
     "dds.proto",
     "rules.proto",
-    "ca.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -48,12 +48,12 @@
 // The workspace's library crates, under the paths the rest of the code (and the tests) name.
 pub use dubbo_cp_domain::{kind, mapping, resource, rules};
 pub use dubbo_cp_index as index;
+pub use dubbo_cp_auth as auth;
+pub use dubbo_cp_ca as ca;
 pub use dubbo_cp_canary as canary;
 pub use dubbo_cp_kit::{duration, metrics, ratelimit, shutdown};
 
 pub mod admin;
-pub mod auth;
-pub mod ca;
 pub mod cli;
 pub mod config;
 pub mod dds;

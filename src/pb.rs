@@ -41,6 +41,7 @@ pub mod org {
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("dubbo_cp_descriptor");
 
 pub use dubbo::apache::org::v1alpha1 as rules;
-pub use org::apache::dubbo::auth::v1alpha1 as ca;
+/// The CA's service, generated in its crate.
+pub use dubbo_cp_ca::pb as ca;
 pub use org::apache::dubbo::auth::v1alpha1 as dds;
 pub use v1alpha1 as snp;

@@ -963,7 +963,7 @@ async fn open_ca(
         }
         (None, None, Some(client)) => {
             let data_dir = config.data_dir.clone();
-            let cache = tokio::task::spawn_blocking(move || SqliteRoots::open(&data_dir))
+            let cache = tokio::task::spawn_blocking(move || SqliteRoots::open(&data_dir.join(store::DB_FILE)))
                 .await
                 .context("CA cache open task failed")??;
             Backend::Secret {
@@ -973,7 +973,7 @@ async fn open_ca(
         }
         (None, None, None) => {
             let data_dir = config.data_dir.clone();
-            let roots = tokio::task::spawn_blocking(move || SqliteRoots::open(&data_dir))
+            let roots = tokio::task::spawn_blocking(move || SqliteRoots::open(&data_dir.join(store::DB_FILE)))
                 .await
                 .context("CA store open task failed")??;
             Backend::Sqlite(Arc::new(roots))
@@ -1031,6 +1031,7 @@ where
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(crate::ca::pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let reflection_v1 = reflection().build_v1()?;

@@ -12,9 +12,9 @@ use tonic::{Request, Response, Status};
 use super::Authority;
 use super::authority::{self, Bundle, Issued, Subject};
 use crate::auth::{Identity, Policy, Refusal};
-use crate::pb::ca::authority_service_server::AuthorityService;
-use crate::pb::ca::dubbo_certificate_service_server::DubboCertificateService;
-use crate::pb::ca::{
+use crate::pb::authority_service_server::AuthorityService;
+use crate::pb::dubbo_certificate_service_server::DubboCertificateService;
+use crate::pb::{
     DubboCertificateRequest, DubboCertificateResponse, IdentityRequest, IdentityResponse,
 };
 use crate::ratelimit::RateLimiter;

@@ -5,10 +5,17 @@
 //! life), drops retiring roots once nothing they issued can still be valid, and in Kubernetes
 //! mode follows the Secret so every replica serves the same roots. Everything else reads the
 //! current [`Bundle`] from a `watch` channel: the gRPC services ([`service`]), `dubbo-jwt`
-//! authentication, the TLS port's certificate ([`crate::tls`]) and the ConfigMap publisher
+//! authentication, the TLS port's certificate (the binary's `tls`) and the ConfigMap publisher
 //! ([`publish`]).
 
+#![forbid(unsafe_code)]
+
+// The shared crates under the paths the modules name.
+use dubbo_cp_auth as auth;
+use dubbo_cp_kit::{ratelimit, shutdown};
+
 pub mod authority;
+pub mod pb;
 pub mod publish;
 pub mod service;
 pub mod store;

@@ -163,8 +163,9 @@ pub struct SqliteRoots {
 }
 
 impl SqliteRoots {
-    pub fn open(data_dir: &Path) -> Result<SqliteRoots, CaStoreError> {
-        let conn = Connection::open(data_dir.join(crate::store::DB_FILE))?;
+    /// `db_file`: the embedded database's file (the store's `DB_FILE` in the data directory).
+    pub fn open(db_file: &Path) -> Result<SqliteRoots, CaStoreError> {
+        let conn = Connection::open(db_file)?;
         conn.busy_timeout(Duration::from_secs(5))?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS ca_root (
@@ -466,7 +467,7 @@ mod tests {
     #[test]
     fn sqlite_writes_are_compare_and_swap() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SqliteRoots::open(dir.path()).unwrap();
+        let store = SqliteRoots::open(&dir.path().join("dubbo-cp.db")).unwrap();
         assert!(store.load().unwrap().is_none());
         let roots = StoredRoots::generate(DAY, SystemTime::now()).unwrap();
         let v1 = store.write(&roots, None).unwrap();

@@ -5,6 +5,12 @@
 //! and how refusals are answered: as gRPC status codes, or the legacy way (OK with
 //! `success: false`) for old SDKs that only read `success`.
 
+#![forbid(unsafe_code)]
+
+// The shared crates under the paths the modules name.
+use dubbo_cp_domain::{mapping, rules};
+use dubbo_cp_kit::{metrics, ratelimit, shutdown};
+
 pub mod keys;
 pub mod pods;
 pub mod serviceaccount;
