@@ -52,6 +52,7 @@ pub use dubbo_cp_auth as auth;
 pub use dubbo_cp_ca as ca;
 pub use dubbo_cp_canary as canary;
 pub use dubbo_cp_kit::{duration, metrics, ratelimit, shutdown};
+pub use dubbo_cp_webhook as webhook;
 
 pub mod admin;
 pub mod cli;
@@ -72,4 +73,3 @@ pub mod supervisor;
 pub mod telemetry;
 pub mod tls;
 pub mod ui;
-pub mod webhook;

@@ -8,6 +8,12 @@
 //! them) is never changed, and the configuration's selectors keep the API server from calling
 //! us for it at all.
 
+#![forbid(unsafe_code)]
+
+// The shared crates under the paths the modules name.
+use dubbo_cp_ca as ca;
+use dubbo_cp_kit::shutdown;
+
 pub mod cluster;
 pub mod configuration;
 pub mod inject;
