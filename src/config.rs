@@ -30,6 +30,7 @@ use clap::{ArgAction, FromArgMatches};
 use serde::{Deserialize, Serialize};
 
 use crate::telemetry::LogFormat;
+pub use dubbo_cp_debounce::DebounceConfig;
 
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:30060";
 pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:30070";
@@ -358,36 +359,6 @@ pub struct LogConfig {
         value_enum
     )]
     pub format: LogFormat,
-}
-
-/// The debounce loop of every source (see [`crate::debounce`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
-pub struct DebounceConfig {
-    /// Debounce on; `false` flushes every change on its own (still one flush at a time).
-    #[arg(id = "debounce.enable", long = "debounce-enable", env = "DUBBO_CP_DEBOUNCE_ENABLE",
-          action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub enable: bool,
-    /// Quiet time after the last change before a flush.
-    #[arg(id = "debounce.after", long = "debounce-after", env = "DUBBO_CP_DEBOUNCE_AFTER",
-          value_parser = DurationArg)]
-    #[serde(with = "duration")]
-    pub after: Duration,
-    /// Longest delay of a flush after the first change of a batch.
-    #[arg(id = "debounce.max", long = "debounce-max", env = "DUBBO_CP_DEBOUNCE_MAX",
-          value_parser = DurationArg)]
-    #[serde(with = "duration")]
-    pub max: Duration,
-}
-
-impl Default for DebounceConfig {
-    fn default() -> Self {
-        Self {
-            enable: true,
-            after: Duration::from_millis(100),
-            max: Duration::from_secs(10),
-        }
-    }
 }
 
 /// The registration service and the queue in front of the store.

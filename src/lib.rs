@@ -51,6 +51,7 @@ pub use dubbo_cp_index as index;
 pub use dubbo_cp_auth as auth;
 pub use dubbo_cp_ca as ca;
 pub use dubbo_cp_canary as canary;
+pub use dubbo_cp_debounce as debounce;
 pub use dubbo_cp_kit::{duration, metrics, ratelimit, shutdown};
 pub use dubbo_cp_webhook as webhook;
 
@@ -58,7 +59,6 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod dds;
-pub mod debounce;
 pub mod digest;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

@@ -8,6 +8,8 @@
 //! is flushed on its own, still one flush at a time. When the input closes, whatever is pending is
 //! flushed at once and the loop returns after the last flush, which makes graceful shutdown lossless.
 
+#![forbid(unsafe_code)]
+
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -15,6 +17,10 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+
+use clap::ArgAction;
+use dubbo_cp_kit::duration::{self, DurationArg};
+use serde::{Deserialize, Serialize};
 
 /// The first timer of a batch, hard-coded in the reference control plane.
 pub const FIRST_TIMER: Duration = Duration::from_millis(200);
@@ -28,14 +34,13 @@ pub trait Merge {
 }
 
 /// Registrations merge as a union per key (the domain's own merge).
-impl Merge for crate::mapping::MappingDelta {
+impl Merge for dubbo_cp_domain::mapping::MappingDelta {
     fn merge(&mut self, other: Self) {
-        crate::mapping::MappingDelta::merge(self, other);
+        dubbo_cp_domain::mapping::MappingDelta::merge(self, other);
     }
 }
 
 /// `after`, `max` and `enable`, declared with the other settings.
-pub use crate::config::DebounceConfig;
 
 /// What a flush receives: the merged value and how it came about.
 #[derive(Debug)]
@@ -147,6 +152,36 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+/// The debounce loop of every source (this crate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct DebounceConfig {
+    /// Debounce on; `false` flushes every change on its own (still one flush at a time).
+    #[arg(id = "debounce.enable", long = "debounce-enable", env = "DUBBO_CP_DEBOUNCE_ENABLE",
+          action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub enable: bool,
+    /// Quiet time after the last change before a flush.
+    #[arg(id = "debounce.after", long = "debounce-after", env = "DUBBO_CP_DEBOUNCE_AFTER",
+          value_parser = DurationArg)]
+    #[serde(with = "duration")]
+    pub after: Duration,
+    /// Longest delay of a flush after the first change of a batch.
+    #[arg(id = "debounce.max", long = "debounce-max", env = "DUBBO_CP_DEBOUNCE_MAX",
+          value_parser = DurationArg)]
+    #[serde(with = "duration")]
+    pub max: Duration,
+}
+
+impl Default for DebounceConfig {
+    fn default() -> Self {
+        Self {
+            enable: true,
+            after: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+        }
     }
 }
 
