@@ -53,6 +53,7 @@ pub use dubbo_cp_ca as ca;
 pub use dubbo_cp_canary as canary;
 pub use dubbo_cp_debounce as debounce;
 pub use dubbo_cp_kit::{duration, metrics, ratelimit, shutdown};
+pub use dubbo_cp_store as store;
 pub use dubbo_cp_webhook as webhook;
 
 pub mod admin;
@@ -68,7 +69,6 @@ pub mod k8s;
 pub mod pb;
 pub mod resources;
 pub mod server;
-pub mod store;
 pub mod supervisor;
 pub mod telemetry;
 pub mod tls;

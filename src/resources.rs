@@ -1,26 +1,13 @@
 //! Domain state turned into discovery-stream objects: the `<Kind>ToClient` messages of wire.md §2,
 //! keyed by client key and packed as `Any`.
 
-use std::collections::BTreeSet;
-
 use prost::Message;
 use prost_types::Any;
 
-use crate::index::{Kind, Resource};
-use crate::mapping::{MappingKey, client_key};
+use crate::index::Kind;
 use crate::pb::rules::ServiceNameMappingToClient;
 
-/// The object for one mapping named `name`: key `<name>/<namespace>` and its value.
-pub fn mapping_object(
-    name: &str,
-    key: &MappingKey,
-    applications: &BTreeSet<String>,
-) -> (String, Resource) {
-    let client_key = client_key(name, &key.namespace);
-    let value = Resource::mapping(key.interface.clone(), applications.iter().cloned());
-    (client_key, value)
-}
-
+pub use crate::resource::mapping_object;
 pub use crate::dds::encode::mapping_any;
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +39,8 @@ pub fn object_key(any: &Any) -> Result<String, DecodeObjectError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mapping::MappingKey;
+    use std::collections::BTreeSet;
 
     #[test]
     fn mapping_object_matches_the_contract() {

@@ -1,7 +1,10 @@
 //! What the index holds for every kind: a mapping's applications or a rule's spec, as the domain
 //! understands them. Each protocol edge turns one into its own message (DDS: `<Kind>ToClient`).
 
+use std::collections::BTreeSet;
+
 use crate::kind::Kind;
+use crate::mapping::{MappingKey, client_key};
 use crate::rules::RuleSpec;
 
 /// One object of any kind, protocol-neutral.
@@ -35,3 +38,14 @@ impl Resource {
         }
     }
 }
+/// The object for one mapping named `name`: key `<name>/<namespace>` and its value.
+pub fn mapping_object(
+    name: &str,
+    key: &MappingKey,
+    applications: &BTreeSet<String>,
+) -> (String, Resource) {
+    let client_key = client_key(name, &key.namespace);
+    let value = Resource::mapping(key.interface.clone(), applications.iter().cloned());
+    (client_key, value)
+}
+

@@ -17,7 +17,7 @@ use super::StoreError;
 use super::db::DB_FILE;
 use crate::index::Kind;
 pub use crate::index::catalog::{RuleKey, describe, key_of};
-use crate::rules::{Rule, RuleSpec};
+use dubbo_cp_domain::rules::{Rule, RuleSpec};
 
 /// How long a rule write waits for the mapping writer's transaction to finish.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -253,7 +253,7 @@ fn bump(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<i64> {
 pub enum RuleWriteError {
     /// The manifests do not parse or validate; nothing was stored.
     #[error(transparent)]
-    Invalid(#[from] crate::rules::ManifestError),
+    Invalid(#[from] dubbo_cp_domain::rules::ManifestError),
     #[error("the rule store failed: {0}")]
     Storage(#[from] StoreError),
 }
@@ -293,7 +293,7 @@ impl StandaloneRules {
 
     /// `dubbo-cp apply`: every document validated first, then all stored in one transaction.
     pub fn apply(&self, manifests: &str) -> Result<Report, RuleWriteError> {
-        let rules = crate::rules::parse_manifests(manifests)?;
+        let rules = dubbo_cp_domain::rules::parse_manifests(manifests)?;
         let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
         let (report, changes, revision) = self.store.apply(&rules, Source::Api)?;
         self.publish(changes, revision);
@@ -310,7 +310,7 @@ impl StandaloneRules {
 
     /// `dubbo-cp delete -f`: the objects the manifests name.
     pub fn delete_manifests(&self, manifests: &str) -> Result<Report, RuleWriteError> {
-        let keys: Vec<RuleKey> = crate::rules::parse_manifests(manifests)?
+        let keys: Vec<RuleKey> = dubbo_cp_domain::rules::parse_manifests(manifests)?
             .iter()
             .map(key_of)
             .collect();

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::rules::StandaloneRules;
 use crate::index::catalog::Catalog;
-use crate::rules::{Rule, parse_manifests};
+use dubbo_cp_domain::rules::{Rule, parse_manifests};
 use crate::shutdown::signalled;
 
 /// Changes within this time are read as one (editors write files in several steps).

@@ -15,7 +15,7 @@ use crate::debounce::{self, Batch, DebounceConfig};
 use crate::index::{Change, Index, Kind};
 use crate::mapping::{MappingKey, Registration};
 use crate::metrics::Metrics;
-use crate::resources::mapping_object;
+use crate::resource::mapping_object;
 
 /// One stored mapping as the discovery stream shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]

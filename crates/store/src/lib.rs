@@ -6,6 +6,15 @@
 //! - [`Outbox`] (Kubernetes mode): pending writes. Pairs leave once they are in the cluster, and
 //!   pairs the cluster already holds are not written at all.
 
+#![forbid(unsafe_code)]
+
+// The shared crates under the paths the modules name (the domain's `rules` is named in full:
+// this crate's own `rules` module is the rule table).
+use dubbo_cp_debounce as debounce;
+use dubbo_cp_domain::{mapping, resource};
+use dubbo_cp_index as index;
+use dubbo_cp_kit::{metrics, shutdown};
+
 mod db;
 mod embedded;
 mod outbox;
