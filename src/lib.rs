@@ -48,6 +48,7 @@
 // The workspace's library crates, under the paths the rest of the code (and the tests) name.
 pub use dubbo_cp_domain::{kind, mapping, resource, rules};
 pub use dubbo_cp_index as index;
+pub use dubbo_cp_k8s as k8s;
 pub use dubbo_cp_auth as auth;
 pub use dubbo_cp_ca as ca;
 pub use dubbo_cp_canary as canary;
@@ -65,7 +66,6 @@ pub mod digest;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ingest;
-pub mod k8s;
 pub mod pb;
 pub mod resources;
 pub mod server;

@@ -2,12 +2,25 @@
 //! watches that feed what is in the cluster to the index (and to the [`cluster::ClusterView`]),
 //! and the expiry of applications whose registering pods are gone ([`expiry`]).
 
+#![forbid(unsafe_code)]
+
+// The shared crates under the paths the modules name.
+use dubbo_cp_auth as auth;
+use dubbo_cp_canary as canary;
+use dubbo_cp_debounce as debounce;
+use dubbo_cp_domain::{mapping, rules};
+use dubbo_cp_index as index;
+use dubbo_cp_kit::{metrics, ratelimit, shutdown};
+use dubbo_cp_store as store;
+
 pub mod cluster;
+pub mod config;
 pub mod crd;
 pub mod expiry;
 pub mod watch;
 pub mod writer;
 
+pub use config::{KubernetesConfig, WriterConfig};
 pub use crd::{ServiceNameMapping, ServiceNameMappingSpec};
 
 /// A client for the API server at `api_server`, or from the usual places (`KUBECONFIG`,

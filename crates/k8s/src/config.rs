@@ -1,0 +1,64 @@
+//! The `kubernetes` section of the configuration.
+
+use std::time::Duration;
+
+use dubbo_cp_kit::duration::{self, DurationArg};
+use serde::{Deserialize, Serialize};
+
+/// Kubernetes mode: where the API server is and how it is written to.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// API server URL (unset: from KUBECONFIG, `~/.kube/config` or the in-cluster account).
+    #[arg(
+        id = "kubernetes.apiServer",
+        long = "kube-api-server",
+        env = "DUBBO_CP_KUBE_API_SERVER"
+    )]
+    pub api_server: Option<String>,
+    /// The writer's settings, flat in the section (serde checks unknown keys of the section).
+    #[serde(flatten)]
+    #[command(flatten)]
+    pub writer: WriterConfig,
+}
+
+/// The per-key write queue ([`crate::writer`]); keys of the `kubernetes` section.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args)]
+// No deny_unknown_fields: flattened into `KubernetesConfig`, which denies them.
+#[serde(default, rename_all = "camelCase")]
+pub struct WriterConfig {
+    /// API requests per second to the Kubernetes API server, on average.
+    #[arg(id = "kubernetes.qps", long = "kube-qps", env = "DUBBO_CP_KUBE_QPS")]
+    pub qps: f64,
+    /// API requests at once after a quiet period.
+    #[arg(
+        id = "kubernetes.burst",
+        long = "kube-burst",
+        env = "DUBBO_CP_KUBE_BURST"
+    )]
+    pub burst: u32,
+    /// Keys upserted at the same time.
+    #[arg(
+        id = "kubernetes.maxParallelWrites",
+        long = "kube-max-parallel-writes",
+        env = "DUBBO_CP_KUBE_MAX_PARALLEL_WRITES"
+    )]
+    #[serde(rename = "maxParallelWrites")]
+    pub max_parallel: usize,
+    /// How often a key parked by a permanent error (403, 422, too large...) is tried again.
+    #[arg(id = "kubernetes.parkedRetryInterval", long = "kube-parked-retry-interval",
+          env = "DUBBO_CP_KUBE_PARKED_RETRY_INTERVAL", value_parser = DurationArg)]
+    #[serde(rename = "parkedRetryInterval", with = "duration")]
+    pub parked_retry: Duration,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        Self {
+            qps: 50.0,
+            burst: 100,
+            max_parallel: 16,
+            parked_retry: Duration::from_secs(60),
+        }
+    }
+}
