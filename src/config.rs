@@ -31,6 +31,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::telemetry::LogFormat;
 pub use dubbo_cp_debounce::DebounceConfig;
+pub use dubbo_cp_dds::DdsConfig;
+pub use dubbo_cp_ingest::IngestConfig;
 pub use dubbo_cp_k8s::{KubernetesConfig, WriterConfig};
 
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:30060";
@@ -360,119 +362,6 @@ pub struct LogConfig {
         value_enum
     )]
     pub format: LogFormat,
-}
-
-/// The registration service and the queue in front of the store.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
-pub struct IngestConfig {
-    /// Registrations that may wait for a commit; beyond it callers get `RESOURCE_EXHAUSTED`.
-    #[arg(
-        id = "ingest.queueCapacity",
-        long = "ingest-queue-capacity",
-        env = "DUBBO_CP_INGEST_QUEUE_CAPACITY"
-    )]
-    pub queue_capacity: usize,
-    /// Bytes (64 MiB by default) the registrations waiting for a commit may occupy; beyond it
-    /// `RESOURCE_EXHAUSTED`.
-    #[arg(
-        id = "ingest.queueBytes",
-        long = "ingest-queue-bytes",
-        env = "DUBBO_CP_INGEST_QUEUE_BYTES"
-    )]
-    pub queue_bytes: usize,
-    /// Most registrations committed in one transaction.
-    #[arg(
-        id = "ingest.maxBatch",
-        long = "ingest-max-batch",
-        env = "DUBBO_CP_INGEST_MAX_BATCH"
-    )]
-    pub max_batch: usize,
-    /// How long a caller waits for its commit before it gets `UNAVAILABLE`.
-    #[arg(id = "ingest.commitTimeout", long = "commit-timeout", env = "DUBBO_CP_COMMIT_TIMEOUT",
-          value_parser = DurationArg)]
-    #[serde(with = "duration")]
-    pub commit_timeout: Duration,
-    /// Registrations per second one authenticated identity may send on average; beyond it
-    /// `RESOURCE_EXHAUSTED` (without authentication the bounded queue is the limit).
-    #[arg(
-        id = "ingest.ratePerCaller",
-        long = "ingest-rate-per-caller",
-        env = "DUBBO_CP_INGEST_RATE_PER_CALLER"
-    )]
-    pub rate_per_caller: f64,
-    /// Registrations one identity may send at once after a quiet period.
-    #[arg(
-        id = "ingest.burstPerCaller",
-        long = "ingest-burst-per-caller",
-        env = "DUBBO_CP_INGEST_BURST_PER_CALLER"
-    )]
-    pub burst_per_caller: u32,
-    /// Most applications one (namespace, interface) may hold; a registration that would add one
-    /// more gets `RESOURCE_EXHAUSTED` naming the key.
-    #[arg(
-        id = "ingest.maxApplicationsPerKey",
-        long = "ingest-max-applications-per-key",
-        env = "DUBBO_CP_INGEST_MAX_APPLICATIONS_PER_KEY"
-    )]
-    pub max_applications_per_key: usize,
-}
-
-impl Default for IngestConfig {
-    fn default() -> Self {
-        Self {
-            queue_capacity: 8192,
-            queue_bytes: 64 * 1024 * 1024,
-            max_batch: 4096,
-            commit_timeout: Duration::from_secs(10),
-            rate_per_caller: 200.0,
-            burst_per_caller: 2000,
-            max_applications_per_key: 1000,
-        }
-    }
-}
-
-/// The discovery stream, `RuleService/Observe`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
-pub struct DdsConfig {
-    /// A response the transport has not taken within this time ends the stream.
-    #[arg(id = "dds.sendTimeout", long = "dds-send-timeout", env = "DUBBO_CP_DDS_SEND_TIMEOUT",
-          value_parser = DurationArg)]
-    #[serde(with = "duration")]
-    pub send_timeout: Duration,
-    /// New streams admitted per second on average; beyond it `UNAVAILABLE`.
-    #[arg(
-        id = "dds.newStreamsPerSecond",
-        long = "new-streams-per-second",
-        env = "DUBBO_CP_NEW_STREAMS_PER_SECOND"
-    )]
-    pub new_streams_per_second: f64,
-    /// New streams admitted at once after a quiet period.
-    #[arg(
-        id = "dds.newStreamsBurst",
-        long = "new-streams-burst",
-        env = "DUBBO_CP_NEW_STREAMS_BURST"
-    )]
-    pub new_streams_burst: u32,
-    /// Streams open at once over all connections; beyond it `RESOURCE_EXHAUSTED`.
-    #[arg(
-        id = "dds.maxStreams",
-        long = "dds-max-streams",
-        env = "DUBBO_CP_DDS_MAX_STREAMS"
-    )]
-    pub max_streams: usize,
-}
-
-impl Default for DdsConfig {
-    fn default() -> Self {
-        Self {
-            send_timeout: Duration::from_secs(5),
-            new_streams_per_second: 1000.0,
-            new_streams_burst: 2000,
-            max_streams: 100_000,
-        }
-    }
 }
 
 /// Connection-level settings of the gRPC ports.
@@ -911,7 +800,7 @@ impl Config {
             ));
         }
         // Below the largest request the server accepts, such requests could never be queued.
-        let largest = crate::server::MAX_DECODING_MESSAGE_BYTES;
+        let largest = dubbo_cp_kit::MAX_DECODING_MESSAGE_BYTES;
         if self.ingest.queue_bytes < largest {
             problems.push(format!(
                 "ingest.queueBytes must be at least {largest} (the largest request), not {}",

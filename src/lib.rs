@@ -48,10 +48,13 @@
 // The workspace's library crates, under the paths the rest of the code (and the tests) name.
 pub use dubbo_cp_domain::{kind, mapping, resource, rules};
 pub use dubbo_cp_index as index;
+pub use dubbo_cp_ingest as ingest;
 pub use dubbo_cp_k8s as k8s;
 pub use dubbo_cp_auth as auth;
 pub use dubbo_cp_ca as ca;
 pub use dubbo_cp_canary as canary;
+pub use dubbo_cp_dds as dds;
+pub use dubbo_cp_dds::{digest, objects as resources};
 pub use dubbo_cp_debounce as debounce;
 pub use dubbo_cp_kit::{duration, metrics, ratelimit, shutdown};
 pub use dubbo_cp_store as store;
@@ -60,14 +63,10 @@ pub use dubbo_cp_webhook as webhook;
 pub mod admin;
 pub mod cli;
 pub mod config;
-pub mod dds;
-pub mod digest;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod ingest;
 pub mod pb;
-pub mod resources;
 pub mod server;
 pub mod supervisor;
 pub mod telemetry;

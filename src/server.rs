@@ -55,8 +55,7 @@ const GRPC_ALPN: &[&[u8]] = &[b"h2"];
 /// The API server calls webhooks over HTTP/1.1.
 const WEBHOOK_ALPN: &[&[u8]] = &[b"http/1.1"];
 
-/// Largest request a client may send.
-pub const MAX_DECODING_MESSAGE_BYTES: usize = 1024 * 1024;
+pub use dubbo_cp_kit::MAX_DECODING_MESSAGE_BYTES;
 /// Committed changes that may wait for the debouncer before the writer waits.
 const CHANGE_FEED_CAPACITY: usize = 1024;
 /// TCP keepalive of accepted connections (HTTP/2 PINGs find dead peers sooner; this catches
@@ -1030,7 +1029,8 @@ where
     // grpcurl and most tools speak v1alpha; newer clients v1.
     let reflection = || {
         tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(crate::ingest::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(crate::dds::pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(crate::ca::pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };

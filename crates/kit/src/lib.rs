@@ -13,3 +13,7 @@ pub mod duration;
 pub mod metrics;
 pub mod ratelimit;
 pub mod shutdown;
+
+/// Largest request a client may send on any gRPC port: the transport refuses bigger ones with
+/// `OUT_OF_RANGE` before a handler runs (counted by [`metrics::CountOversize`]).
+pub const MAX_DECODING_MESSAGE_BYTES: usize = 1024 * 1024;

@@ -5,8 +5,20 @@
 //! tonic, responses are written by [`body::ObserveBody`] without copying the shared state, which
 //! tonic's generated server would copy into a per-stream buffer and keep.
 
+#![forbid(unsafe_code)]
+
+// The shared crates under the paths the modules name (the domain's `rules` is named in full:
+// this crate's own `rules` module is the rule kinds' wire form).
+use dubbo_cp_auth as auth;
+use dubbo_cp_index as index;
+use dubbo_cp_kit::{metrics, ratelimit, shutdown};
+
 pub mod body;
 pub mod clients;
+pub mod config;
+pub mod digest;
+pub mod objects;
+pub mod pb;
 pub mod encode;
 pub mod rules;
 pub mod stream;
@@ -41,7 +53,7 @@ const MAX_REQUEST_BYTES: usize = 64 * 1024;
 const REQUEST_BUFFER_BYTES: usize = 256;
 
 /// Declared with the other settings (the `dds` section).
-pub use crate::config::DdsConfig;
+pub use config::DdsConfig;
 
 /// Counters for logs, tests, benchmarks and `/metrics`.
 #[derive(Debug)]

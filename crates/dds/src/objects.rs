@@ -7,8 +7,8 @@ use prost_types::Any;
 use crate::index::Kind;
 use crate::pb::rules::ServiceNameMappingToClient;
 
-pub use crate::resource::mapping_object;
-pub use crate::dds::encode::mapping_any;
+pub use dubbo_cp_domain::resource::mapping_object;
+pub use crate::encode::mapping_any;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeObjectError {
@@ -39,7 +39,7 @@ pub fn object_key(any: &Any) -> Result<String, DecodeObjectError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mapping::MappingKey;
+    use dubbo_cp_domain::mapping::MappingKey;
     use std::collections::BTreeSet;
 
     #[test]
@@ -51,7 +51,7 @@ mod tests {
             &apps,
         );
         assert_eq!(key, "org-apache-dubbo-demo-demoservice/dubbo-demo");
-        let decoded = decode_mapping(&crate::dds::encode::to_any(&key, &value)).unwrap();
+        let decoded = decode_mapping(&crate::encode::to_any(&key, &value)).unwrap();
         assert_eq!(decoded.key, key);
         let spec = decoded.spec.unwrap_or_default();
         assert_eq!(spec.interface_name, "org.apache.dubbo.demo.DemoService");

@@ -5,7 +5,7 @@ use prost::Message;
 use prost_types::Any;
 
 use crate::pb::rules as pb;
-use crate::rules::*;
+use dubbo_cp_domain::rules::*;
 
 /// The `<Kind>ToClient` message of `spec` with `key`, packed as `Any` with `kind.type_url()`.
 pub fn to_any(spec: &RuleSpec, client_key: &str) -> Any {

@@ -4,6 +4,19 @@
 //! `UNAVAILABLE` or `RESOURCE_EXHAUSTED`, which SDKs retry. With legacy answers on, refusals of
 //! authentication and authorization are OK with `success: false`, as old SDKs expect.
 
+#![forbid(unsafe_code)]
+
+// The shared crates under the paths the modules name.
+use dubbo_cp_auth as auth;
+use dubbo_cp_domain::mapping;
+use dubbo_cp_kit::{metrics, ratelimit};
+use dubbo_cp_store as store;
+
+pub mod config;
+pub mod pb;
+
+pub use config::IngestConfig;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,7 +78,7 @@ type Counted = (Result<ServiceMappingResponse, Status>, &'static str);
 impl Ingest {
     pub fn new(
         store: Durable,
-        config: &crate::config::IngestConfig,
+        config: &IngestConfig,
         policy: Policy,
         metrics: Arc<Metrics>,
     ) -> Self {

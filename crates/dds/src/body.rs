@@ -111,7 +111,7 @@ impl Body for ObserveBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dds::wire::EncodedData;
+    use crate::wire::EncodedData;
     use http_body_util::BodyExt;
     use prost_types::Any;
 

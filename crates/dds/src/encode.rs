@@ -18,7 +18,7 @@ use prost_types::Any;
 use super::wire::EncodedData;
 use crate::index::{Kind, KindLabel, KindSnapshot, Object, Resource};
 use crate::pb::rules::{ServiceNameMapping, ServiceNameMappingToClient};
-use crate::rules::scope::Endpoint;
+use dubbo_cp_domain::rules::scope::Endpoint;
 
 /// gRPC clients (grpc-java, grpc-go) refuse messages over 4 MiB unless configured otherwise; a
 /// full-state response above it would never arrive.

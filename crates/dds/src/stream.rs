@@ -26,7 +26,7 @@ use super::wire::{EncodedData, ObserveResponse};
 use crate::index::Change;
 use crate::index::{Index, Kind, KindSnapshot};
 use crate::pb::dds::ObserveRequest;
-use crate::rules::scope::Endpoint;
+use dubbo_cp_domain::rules::scope::Endpoint;
 
 /// What one stream knows about one subscribed type.
 #[derive(Debug, Default)]
@@ -301,7 +301,7 @@ mod tests {
             .unwrap_or_default()
             .into_iter()
             .map(|any| {
-                crate::resources::decode_mapping(&any)
+                crate::objects::decode_mapping(&any)
                     .ok()
                     .and_then(|m| m.spec)
                     .map(|spec| spec.interface_name.into_bytes())

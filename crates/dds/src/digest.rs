@@ -11,10 +11,10 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-use crate::dds::encode::Encoder;
+use crate::encode::Encoder;
 use crate::index::{Index, Kind};
 
-pub use crate::dds::encode::{object_digest, state_digest};
+pub use crate::encode::{object_digest, state_digest};
 
 /// One kind's digest, as `/debug/digest` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
