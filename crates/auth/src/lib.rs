@@ -11,12 +11,15 @@
 use dubbo_cp_domain::{mapping, rules};
 use dubbo_cp_kit::{metrics, ratelimit, shutdown};
 
+pub mod config;
 pub mod keys;
 pub mod pods;
 pub mod serviceaccount;
 pub mod spiffe;
 pub mod tokenreview;
 pub mod tokens;
+
+pub use config::AuthConfig;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

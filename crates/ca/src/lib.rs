@@ -14,6 +14,7 @@
 use dubbo_cp_auth as auth;
 use dubbo_cp_kit::{ratelimit, shutdown};
 
+pub mod config;
 pub mod authority;
 pub mod pb;
 pub mod publish;
@@ -34,6 +35,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::StreamExt;
 
+pub use config::CaConfig;
 pub use authority::{Bundle, IssueError, Issued, Root, Subject};
 use store::{CaStoreError, SecretRoots, SqliteRoots, StoredRoots};
 

@@ -13,6 +13,7 @@
 use dubbo_cp_domain::rules;
 use dubbo_cp_kit::metrics;
 
+pub mod config;
 pub mod configs;
 pub mod controller;
 pub mod crd;
@@ -27,4 +28,5 @@ pub mod reconcile;
 pub mod stats;
 pub mod weight;
 
+pub use config::CanaryConfig;
 pub use crd::{Canary, CanarySpec, CanaryStatus};

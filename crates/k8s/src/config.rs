@@ -1,4 +1,4 @@
-//! The `kubernetes` section of the configuration.
+//! The `kubernetes` and `mapping` sections of the configuration.
 
 use std::time::Duration;
 
@@ -59,6 +59,26 @@ impl Default for WriterConfig {
             burst: 100,
             max_parallel: 16,
             parked_retry: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The lifecycle of mappings (Kubernetes mode).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct MappingConfig {
+    /// An application leaves a mapping once none of the pods that registered it has existed
+    /// for this long (`0` never); applications registered without a pod identity stay.
+    #[arg(id = "mapping.expireAfter", long = "mapping-expire-after",
+          env = "DUBBO_CP_MAPPING_EXPIRE_AFTER", value_parser = DurationArg)]
+    #[serde(with = "duration")]
+    pub expire_after: Duration,
+}
+
+impl Default for MappingConfig {
+    fn default() -> Self {
+        Self {
+            expire_after: Duration::from_secs(24 * 3600),
         }
     }
 }

@@ -20,7 +20,7 @@ pub mod expiry;
 pub mod watch;
 pub mod writer;
 
-pub use config::{KubernetesConfig, WriterConfig};
+pub use config::{KubernetesConfig, MappingConfig, WriterConfig};
 pub use crd::{ServiceNameMapping, ServiceNameMappingSpec};
 
 /// A client for the API server at `api_server`, or from the usual places (`KUBECONFIG`,

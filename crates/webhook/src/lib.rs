@@ -14,9 +14,12 @@
 use dubbo_cp_ca as ca;
 use dubbo_cp_kit::shutdown;
 
+pub mod config;
 pub mod cluster;
 pub mod configuration;
 pub mod inject;
+
+pub use config::WebhookConfig;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
