@@ -50,6 +50,8 @@ pub use dubbo_cp_domain::{kind, mapping, resource, rules};
 pub use dubbo_cp_index as index;
 pub use dubbo_cp_ingest as ingest;
 pub use dubbo_cp_k8s as k8s;
+pub use dubbo_cp_admin as admin;
+pub use dubbo_cp_admin::ui;
 pub use dubbo_cp_auth as auth;
 pub use dubbo_cp_ca as ca;
 pub use dubbo_cp_canary as canary;
@@ -60,7 +62,6 @@ pub use dubbo_cp_kit::{duration, metrics, ratelimit, shutdown};
 pub use dubbo_cp_store as store;
 pub use dubbo_cp_webhook as webhook;
 
-pub mod admin;
 pub mod cli;
 pub mod config;
 #[cfg(feature = "fuzzing")]
@@ -71,4 +72,3 @@ pub mod server;
 pub mod supervisor;
 pub mod telemetry;
 pub mod tls;
-pub mod ui;

@@ -1,0 +1,226 @@
+//! The HTTP admin port: liveness, readiness, metrics, read-only views of the state, and the
+//! rule API (`/api/v1/...`) that `dubbo-cp apply | get | delete` talk to.
+//!
+//! - [`views`]: the read-only JSON views (`/debug/...`), which the dashboard ([`ui`]) polls;
+//! - [`rule_api`]: the rule API and unregistering an application;
+//! - [`ca_api`]: the CA API (show, rotate, issue).
+#![forbid(unsafe_code)]
+
+// The shared crates under the paths the modules name.
+use dubbo_cp_auth as auth;
+use dubbo_cp_ca as ca;
+use dubbo_cp_canary as canary;
+use dubbo_cp_dds as dds;
+use dubbo_cp_dds::digest;
+use dubbo_cp_domain::{mapping, rules};
+use dubbo_cp_index as index;
+use dubbo_cp_k8s as k8s;
+use dubbo_cp_kit::metrics;
+use dubbo_cp_store as store;
+
+mod ca_api;
+mod rule_api;
+pub mod ui;
+mod views;
+
+use ca_api::*;
+use rule_api::*;
+pub use views::{ApplicationView, MappingView, OutboxView, SourceView, applications};
+use views::*;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json};
+use axum::routing::{get, post};
+use serde::Serialize;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use prometheus_client::registry::Registry;
+
+use crate::auth::Policy;
+use crate::index::catalog::{Catalog, RuleKey};
+use crate::index::{Index, Kind, SourceProblem};
+use crate::k8s::cluster::ClusterView;
+use crate::k8s::writer::{KubeWriter, ParkedKey};
+use crate::mapping::MappingKey;
+use crate::store::rules::{Report, RuleWriteError, StandaloneRules};
+use crate::store::{Outbox, Store};
+
+/// Whether the control plane should receive traffic: set once its state is loaded and it
+/// serves, cleared when shutdown begins.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Where the truth about mappings is: the embedded store (standalone) or the watched cluster.
+#[derive(Clone)]
+pub enum MappingSource {
+    Store(Store),
+    Cluster(Arc<ClusterView>),
+}
+
+impl MappingSource {
+    fn snapshot(&self) -> BTreeMap<MappingKey, BTreeSet<String>> {
+        match self {
+            MappingSource::Store(store) => store.mappings(),
+            MappingSource::Cluster(cluster) => cluster.snapshot(),
+        }
+    }
+}
+
+/// What the admin endpoints read.
+#[derive(Clone)]
+pub struct AdminState {
+    pub readiness: Readiness,
+    pub index: Arc<Index>,
+    /// The discovery stream's encoding of the index, which digests are computed over.
+    pub encoder: Arc<crate::dds::encode::Encoder>,
+    pub mappings: MappingSource,
+    /// Kubernetes mode: the writer's queue and the outbox behind it.
+    pub outbox: Option<(Arc<KubeWriter>, Outbox)>,
+    pub registry: Arc<Registry>,
+    pub rules: RuleAdmin,
+    /// The certificate authority, when it runs.
+    pub ca: Option<crate::ca::Authority>,
+    /// The open discovery streams and how far each client has got.
+    pub clients: Arc<crate::dds::clients::Clients>,
+    /// Kubernetes mode with the canary controller: the client `/debug/canaries` lists with.
+    pub canaries: Option<kube::Client>,
+}
+
+/// What the rule API reads and writes.
+#[derive(Clone)]
+pub struct RuleAdmin {
+    pub catalog: Arc<Catalog>,
+    /// Standalone: the store rules are written to. Kubernetes mode: `None` (kubectl writes).
+    pub standalone: Option<Arc<StandaloneRules>>,
+    /// Who may use the API: an admin identity whenever authentication is configured.
+    pub policy: Policy,
+}
+
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/debug/sources", get(debug_sources))
+        .route("/metrics", get(metrics))
+        .route("/debug/mappings", get(list_mappings))
+        .route("/debug/applications", get(list_applications))
+        .route("/debug/outbox", get(list_outbox))
+        .route("/debug/rules", get(debug_rules))
+        .route("/debug/clients", get(list_clients))
+        .route("/debug/digest", get(digest))
+        .route("/debug/canaries", get(list_canaries))
+        .route("/api/v1/unregister", post(unregister))
+        .route("/api/v1/apply", post(apply_rules))
+        .route("/api/v1/delete", post(delete_rules))
+        .route("/api/v1/rules/{kind}", get(get_rules))
+        .route(
+            "/api/v1/rules/{kind}/{namespace}/{name}",
+            axum::routing::delete(delete_rule),
+        )
+        .route("/api/v1/ca", get(show_ca))
+        .route("/api/v1/ca/rotate", post(rotate_ca))
+        .route("/api/v1/ca/issue", post(issue_certificate))
+        .merge(ui::router())
+        .with_state(state)
+}
+
+async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    match crate::metrics::render(&state.registry) {
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n").into_response(),
+    }
+}
+
+/// Ready once serving and the initial state is loaded (in Kubernetes mode: the first list, a
+/// missing CRD counting as an empty one). The body names every source that is not in or not
+/// healthy, and why.
+async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
+    let ready = state.readiness.is_ready() && state.index.is_loaded();
+    let mut body = String::from(if ready { "ready\n" } else { "not ready\n" });
+    for (kind, loaded, condition) in state.index.sources() {
+        match (loaded, condition) {
+            (_, Some(condition)) => {
+                body.push_str(&format!("{}: {}\n", kind.name(), condition.message))
+            }
+            (false, None) => {
+                body.push_str(&format!("{}: initial state not loaded yet\n", kind.name()))
+            }
+            (true, None) => {}
+        }
+    }
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, body)
+}
+
+type ApiError = (StatusCode, Json<serde_json::Value>);
+
+fn api_error(code: StatusCode, message: impl Into<String>) -> ApiError {
+    (code, Json(serde_json::json!({"error": message.into()})))
+}
+
+/// Refuses callers that are not admins when authentication is configured; without
+/// authentication only local callers (loopback) may use the rule API and the read-only views
+/// (`/debug/...`, the dashboard's data: they show clients' identities and addresses), whatever
+/// address the admin port listens on (probes often need it on every address).
+async fn require_admin(
+    policy: &Policy,
+    headers: &axum::http::HeaderMap,
+    peer: std::net::SocketAddr,
+) -> Result<(), ApiError> {
+    if !policy.is_enabled() {
+        if peer.ip().is_loopback() {
+            return Ok(());
+        }
+        return Err(api_error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "without authentication the rule API answers only local callers, not {}",
+                peer.ip()
+            ),
+        ));
+    }
+    let metadata = tonic::metadata::MetadataMap::from_headers(headers.clone());
+    match policy.authenticate(&metadata, None).await {
+        Err(refusal) => Err(api_error(
+            StatusCode::UNAUTHORIZED,
+            refusal.into_status().message().to_owned(),
+        )),
+        Ok(Some(identity)) if policy.is_admin(&identity) => Ok(()),
+        Ok(Some(identity)) => Err(api_error(
+            StatusCode::FORBIDDEN,
+            format!("{} is not an admin identity (auth.admins)", identity.name),
+        )),
+        Ok(None) => Err(api_error(
+            StatusCode::UNAUTHORIZED,
+            "send `Authorization: Bearer <token>` of an admin identity",
+        )),
+    }
+}

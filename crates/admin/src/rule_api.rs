@@ -1,0 +1,198 @@
+//! The rule API (`/api/v1/apply | delete | rules`) and unregistering an application.
+
+use super::*;
+
+/// The kind named in a path: `TagRoute`, `tagroute` or `tagroutes`.
+pub(super) fn rule_kind(name: &str) -> Result<Kind, ApiError> {
+    crate::rules::RULE_KINDS
+        .into_iter()
+        .find(|kind| {
+            kind.name().eq_ignore_ascii_case(name) || kind.plural().eq_ignore_ascii_case(name)
+        })
+        .ok_or_else(|| {
+            api_error(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "unknown rule kind {name:?}; one of TagRoute, ConditionRoute, DynamicConfig, \
+                     AuthenticationPolicy, AuthorizationPolicy"
+                ),
+            )
+        })
+}
+
+/// The rule store an admin caller may write to (standalone only).
+pub(super) async fn writable(
+    admin: &RuleAdmin,
+    headers: &axum::http::HeaderMap,
+    peer: std::net::SocketAddr,
+) -> Result<Arc<StandaloneRules>, ApiError> {
+    require_admin(&admin.policy, headers, peer).await?;
+    admin.standalone.clone().ok_or_else(|| {
+        api_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "in Kubernetes mode rules are custom resources: use kubectl apply / kubectl delete",
+        )
+    })
+}
+
+/// Runs a rule write off the async threads (SQLite blocks) and turns its result into an answer.
+pub(super) async fn write_rules(
+    rules: Arc<StandaloneRules>,
+    write: impl FnOnce(&StandaloneRules) -> Result<Report, RuleWriteError> + Send + 'static,
+) -> Result<Json<Report>, ApiError> {
+    match tokio::task::spawn_blocking(move || write(&rules)).await {
+        Ok(Ok(report)) => Ok(Json(report)),
+        Ok(Err(RuleWriteError::Invalid(err))) => {
+            Err(api_error(StatusCode::BAD_REQUEST, err.to_string()))
+        }
+        Ok(Err(err)) => Err(api_error(StatusCode::SERVICE_UNAVAILABLE, err.to_string())),
+        Err(_) => Err(api_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the rule write did not finish",
+        )),
+    }
+}
+
+pub(super) async fn apply_rules(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> Result<Json<Report>, ApiError> {
+    let rules = writable(&state.rules, &headers, peer).await?;
+    write_rules(rules, move |rules| rules.apply(&body)).await
+}
+
+pub(super) async fn delete_rules(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> Result<Json<Report>, ApiError> {
+    let rules = writable(&state.rules, &headers, peer).await?;
+    write_rules(rules, move |rules| rules.delete_manifests(&body)).await
+}
+
+pub(super) async fn delete_rule(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+    axum::extract::Path((kind, namespace, name)): axum::extract::Path<(String, String, String)>,
+) -> Result<Json<Report>, ApiError> {
+    let rules = writable(&state.rules, &headers, peer).await?;
+    let kind = rule_kind(&kind)?;
+    let key: RuleKey = (kind, namespace, name);
+    write_rules(rules, move |rules| rules.delete(&[key])).await
+}
+
+#[derive(serde::Deserialize)]
+pub(super) struct NamespaceQuery {
+    namespace: Option<String>,
+}
+
+/// The rules of a kind as clients are served them (in Kubernetes mode: as the watch sees them).
+pub(super) async fn get_rules(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+    axum::extract::Path(kind): axum::extract::Path<String>,
+    axum::extract::Query(query): axum::extract::Query<NamespaceQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_admin(&state.rules.policy, &headers, peer).await?;
+    let kind = rule_kind(&kind)?;
+    let items: Vec<serde_json::Value> = state
+        .rules
+        .catalog
+        .list(kind, query.namespace.as_deref())
+        .iter()
+        .map(crate::rules::Rule::to_manifest)
+        .collect();
+    Ok(Json(serde_json::json!({
+        "apiVersion": "v1", "kind": "List",
+        "revision": state.index.current(kind).revision,
+        "items": items,
+    })))
+}
+
+/// Objects skipped by a watch (do not deserialize or validate), with why.
+pub(super) async fn debug_rules(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_admin(&state.rules.policy, &headers, peer).await?;
+    Ok(Json(serde_json::json!({
+        "invalid": state.rules.catalog.invalid(),
+        "files": state.rules.catalog.file_errors(),
+    })))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct UnregisterRequest {
+    namespace: String,
+    application: String,
+    /// Empty: every interface the application serves in the namespace.
+    #[serde(default)]
+    interfaces: Vec<String>,
+}
+
+/// `dubbo-cp unregister` (standalone): an operator removes an application from mappings,
+/// durably and pushed to clients like any change. In Kubernetes mode the objects are the truth:
+/// `kubectl edit` them, or let expiry remove applications whose pods are gone.
+pub(super) async fn unregister(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_admin(&state.rules.policy, &headers, peer).await?;
+    let MappingSource::Store(store) = &state.mappings else {
+        return Err(api_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "in Kubernetes mode ServiceNameMapping objects are the truth: edit them with kubectl",
+        ));
+    };
+    let request: UnregisterRequest = serde_json::from_str(&body).map_err(|err| {
+        api_error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "body must be {{\"namespace\": NS, \"application\": APP, \"interfaces\": [...]}}: {err}"
+            ),
+        )
+    })?;
+    for (field, value) in [
+        ("namespace", &request.namespace),
+        ("application", &request.application),
+    ] {
+        if value.is_empty() {
+            return Err(api_error(
+                StatusCode::BAD_REQUEST,
+                format!("{field}: must not be empty"),
+            ));
+        }
+    }
+    let interfaces =
+        (!request.interfaces.is_empty()).then(|| request.interfaces.iter().cloned().collect());
+    let removed = store
+        .unregister(&request.namespace, &request.application, interfaces)
+        .await
+        .map_err(|err| api_error(StatusCode::SERVICE_UNAVAILABLE, err.to_string()))?;
+    if removed.is_empty() {
+        let which = if request.interfaces.is_empty() {
+            "no interface".to_owned()
+        } else {
+            format!("none of {:?}", request.interfaces)
+        };
+        return Err(api_error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "application {:?} serves {which} in namespace {:?}",
+                request.application, request.namespace
+            ),
+        ));
+    }
+    tracing::info!(namespace = %request.namespace, application = %request.application,
+        interfaces = removed.len(), "application unregistered by an admin");
+    Ok(Json(serde_json::json!({ "removed": removed })))
+}
