@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use serde_json::Value;
 
-use super::deployments::PRIMARY_SUFFIX;
+pub const PRIMARY_SUFFIX: &str = "-primary";
+
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ConfigKind {

@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+/// Annotation `dubbo-cp canary promote|abort` sets: `promote:<nonce>` or `abort:<nonce>`.
+pub const ACTION_ANNOTATION: &str = "dubbo.apache.org/canary-action";
+
 /// A progressive rollout of one Deployment's pod template, traffic moved by provider weights.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(

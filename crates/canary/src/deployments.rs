@@ -10,7 +10,7 @@ use kube::api::ObjectMeta;
 
 use super::crd::Canary;
 
-pub const PRIMARY_SUFFIX: &str = "-primary";
+pub use super::configs::PRIMARY_SUFFIX;
 
 pub fn primary_name(target: &str) -> String {
     format!("{target}{PRIMARY_SUFFIX}")

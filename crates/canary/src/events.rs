@@ -63,7 +63,7 @@ impl Events {
         note: &str,
     ) -> Result<(), kube::Error> {
         // The API server refuses notes over 1 KiB.
-        let note = &super::reconcile::clip_to(note, 1000);
+        let note = &clip_to(note, 1000);
         let namespace = regarding.namespace.clone().unwrap_or_default();
         let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         let key = (
@@ -118,4 +118,16 @@ impl Events {
         self.recent.insert(key, (name, 1));
         Ok(())
     }
+}
+
+/// `text` cut to `bytes` on a character boundary, marked with an ellipsis.
+pub fn clip_to(text: &str, bytes: usize) -> String {
+    if text.len() <= bytes {
+        return text.to_owned();
+    }
+    let mut end = bytes.saturating_sub(3);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }

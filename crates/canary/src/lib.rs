@@ -25,6 +25,7 @@ pub mod lease;
 pub mod ops;
 pub mod prometheus;
 pub mod reconcile;
+pub mod revisions;
 pub mod stats;
 pub mod weight;
 

@@ -9,7 +9,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::crd::Canary;
-use super::reconcile::{ACTION_ANNOTATION, revisions_of};
+use super::crd::ACTION_ANNOTATION;
+use super::revisions::revisions_of;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {

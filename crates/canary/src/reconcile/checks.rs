@@ -1,0 +1,176 @@
+//! What a run checks: webhooks, metrics, manual actions; and how a run finishes.
+
+use super::*;
+
+impl Run<'_> {
+    /// Calls every hook of `kind`, records each answer; true when all succeeded (or none exist).
+    pub(super) async fn run_hooks(&mut self, kind: &str) -> bool {
+        let body = hooks::payload(self.canary, &self.status, &BTreeMap::new());
+        let mut all = true;
+        let called: Vec<_> = hooks::of_type(self.canary, kind).cloned().collect();
+        for hook in called {
+            let mut body = body.clone();
+            body["metadata"] = json!(hook.metadata);
+            let outcome = hooks::call(&self.ctx.http, &hook, &body).await;
+            all &= outcome.ok;
+            if !outcome.ok && kind != "rollback" {
+                self.event(
+                    EventType::Warning,
+                    "HookFailed",
+                    format!("{kind} hook {} failed: {}", hook.name, outcome.message),
+                );
+            }
+            self.status.hooks.retain(|h| h.name != hook.name);
+            self.status.hooks.push(HookResult {
+                name: hook.name.clone(),
+                r#type: kind.to_owned(),
+                ok: outcome.ok,
+                message: clip(&outcome.message),
+                time: self.status.last_analysis_time.clone(),
+            });
+        }
+        all
+    }
+
+    /// The first `rollback` hook that answers 2xx, if any.
+    pub(super) async fn rollback_requested(&mut self) -> Option<String> {
+        let body = hooks::payload(self.canary, &self.status, &BTreeMap::new());
+        for hook in hooks::of_type(self.canary, "rollback") {
+            let mut body = body.clone();
+            body["metadata"] = json!(hook.metadata);
+            // One attempt per reconcile: this is a poll, not a call that must get through.
+            let once = crate::crd::Webhook {
+                retries: 0,
+                ..hook.clone()
+            };
+            if hooks::call(&self.ctx.http, &once, &body).await.ok {
+                return Some(hook.name.clone());
+            }
+        }
+        None
+    }
+
+    pub(super) async fn check_metrics(&mut self) -> Vec<MetricResult> {
+        let checks = self.canary.spec.analysis.metrics.clone();
+        if checks.is_empty() {
+            return Vec::new();
+        }
+        let address = self
+            .canary
+            .spec
+            .prometheus
+            .as_ref()
+            .map(|p| p.address.clone())
+            .or_else(|| self.ctx.settings.prometheus.clone());
+        let mut results = Vec::with_capacity(checks.len());
+        for check in &checks {
+            let Some(address) = &address else {
+                results.push(MetricResult {
+                    name: check.name.clone(),
+                    value: None,
+                    min: check.threshold_range.min,
+                    max: check.threshold_range.max,
+                    ok: false,
+                    message: "no Prometheus: set spec.prometheus.address or the server's canary.prometheus".to_owned(),
+                });
+                continue;
+            };
+            let interval = check
+                .interval
+                .clone()
+                .unwrap_or_else(|| self.canary.spec.analysis.interval.clone());
+            let values = Placeholders {
+                namespace: &self.namespace,
+                target: &self.plan.target,
+                application: &self.plan.application,
+                interval: &interval,
+            };
+            let mut result = self
+                .ctx
+                .prometheus
+                .check(address, check, &values, self.ctx.settings.query_timeout)
+                .await;
+            result.message = clip(&result.message);
+            results.push(result);
+        }
+        results
+    }
+
+    /// A `promote:<revision>:<id>` or `abort:<revision>:<id>` request not handled yet, for the
+    /// run of that revision while it is analysed; any other is consumed with an Event.
+    pub(super) fn manual_action(&mut self) -> Option<ManualAction> {
+        let value = self.canary.annotations().get(ACTION_ANNOTATION)?.clone();
+        if value == self.status.handled_action {
+            return None;
+        }
+        self.status.handled_action = value.clone();
+        let mut parts = value.splitn(3, ':');
+        let (verb, revision) = (parts.next(), parts.next());
+        let action = match verb {
+            Some("promote") => ManualAction::Promote,
+            Some("abort") => ManualAction::Abort,
+            _ => {
+                self.event(
+                    EventType::Warning,
+                    "InvalidAction",
+                    clip(&format!("annotation {ACTION_ANNOTATION}={value:?}: expected promote:<revision>:<id> or abort:<revision>:<id>")),
+                );
+                return None;
+            }
+        };
+        if revision != Some(self.status.current_revision.as_str()) || !self.phase().analysing() {
+            self.event(
+                EventType::Warning,
+                "ActionIgnored",
+                clip(&format!(
+                    "{value:?} ignored: it names revision {:?}, the run is {} of {}",
+                    revision.unwrap_or_default(),
+                    self.status.phase,
+                    self.status.current_revision
+                )),
+            );
+            return None;
+        }
+        Some(action)
+    }
+
+    /// Writes the status if it changed, updates the metrics, emits the events (and `event`
+    /// hooks) in order.
+    pub(super) async fn finish(&mut self) -> Result<(), Error> {
+        let labels = CanaryLabels {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        };
+        let stats = &self.ctx.stats;
+        stats
+            .weight
+            .get_or_create(&labels)
+            .set(i64::from(self.status.canary_weight));
+        stats
+            .status
+            .get_or_create(&labels)
+            .set(self.phase().metric());
+        // Events first: what they tell happened even if the status write below loses a race.
+        let events = std::mem::take(&mut self.events);
+        for (kind, reason, note) in events {
+            emit(self.ctx, self.canary, &self.status, kind, reason, &note).await;
+        }
+        if self.canary.status.as_ref() != Some(&self.status) {
+            let mut object = self.canary.clone();
+            object.status = Some(self.status.clone());
+            let written = self
+                .api::<Canary>()
+                .replace_status(&self.name, &PostParams::default(), &object)
+                .await?;
+            self.wrote();
+            if let (Some(uid), Some(before), Some(after)) = (
+                self.canary.uid(),
+                self.canary.resource_version(),
+                written.resource_version(),
+            ) {
+                self.ctx.written.insert(uid, (before, after));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,525 @@
+//! The steps of a run: start, analyse, promote, roll back, restore, idle.
+
+use super::*;
+
+impl Run<'_> {
+    /// Decides and does the next step; the status is written by [`Run::finish`].
+    pub(super) async fn step(&mut self) -> Result<Action, Error> {
+        let Some(target) = self.deployment(&self.plan.target) else {
+            let message = format!(
+                "target deployment {}/{} not found",
+                self.namespace, self.plan.target
+            );
+            self.condition("False", "TargetNotFound", &message);
+            self.event(EventType::Warning, "TargetNotFound", message);
+            return Ok(Action::requeue(self.plan.interval));
+        };
+        if let Some(problem) = selector_problem(&target, &self.plan.target) {
+            self.condition("False", "InvalidTarget", &problem);
+            self.event(EventType::Warning, "InvalidTarget", problem);
+            return Ok(Action::requeue(self.plan.interval));
+        }
+        let primary = self.deployment(&primary_name(&self.plan.target));
+        let hash = self.hash(&target);
+        let phase = self.phase();
+
+        // Initialisation: the primary takes over, the target idles at zero.
+        let Some(primary) = primary else {
+            if !self.status.last_promoted_spec.is_empty() {
+                // Rebuilding it from the target would serve a template nobody analysed.
+                let message = format!(
+                    "deployment {} is gone; restore it, or delete and recreate the Canary to initialise again",
+                    primary_name(&self.plan.target)
+                );
+                self.condition("False", "PrimaryMissing", &message);
+                self.event(EventType::Warning, "PrimaryMissing", message);
+                return Ok(Action::requeue(self.plan.interval));
+            }
+            if !self.copy_configs(&target.spec.template).await? {
+                return Ok(Action::requeue(HALT_RETRY));
+            }
+            let object = primary_from(
+                &target,
+                &self.plan.target,
+                &self.configs_hash(&target),
+                self.canary,
+            );
+            self.api::<Deployment>()
+                .create(&PostParams::default(), &object)
+                .await?;
+            self.wrote();
+            self.set_phase(Phase::Initializing);
+            self.event(
+                EventType::Normal,
+                "Initializing",
+                format!(
+                    "created deployment {} from {}; waiting for it to be ready",
+                    primary_name(&self.plan.target),
+                    self.plan.target
+                ),
+            );
+            return Ok(Action::requeue(HALT_RETRY));
+        };
+        if phase == Phase::Initializing {
+            if let Some(reason) = not_ready(&primary) {
+                self.event(
+                    EventType::Normal,
+                    "Halted",
+                    format!("initialisation: {reason}"),
+                );
+                return Ok(Action::requeue(HALT_RETRY));
+            }
+            self.scale(&self.plan.target.clone(), 0).await?;
+            self.status.last_applied_spec = hash.clone();
+            self.status.last_promoted_spec = hash.clone();
+            self.record_revision(&target, &hash).await?;
+            self.set_phase(Phase::Initialized);
+            self.condition("True", "Initialized", "the primary serves all traffic");
+            self.event(
+                EventType::Normal,
+                "Initialized",
+                format!(
+                    "initialization done: {} serves all traffic, {} scaled to zero",
+                    primary_name(&self.plan.target),
+                    self.plan.target
+                ),
+            );
+            return Ok(Action::requeue(self.plan.interval));
+        }
+
+        // A new template starts a run, whatever the run in flight was doing.
+        if hash != self.status.last_applied_spec && phase != Phase::Terminating {
+            self.start_run(&target, &hash).await?;
+            if self.canary.spec.skip_analysis {
+                let why = "skipAnalysis is set: promoting without analysis".to_owned();
+                return self.start_promotion(&target, &primary, why).await;
+            }
+            // Waiting is written before any gate is asked (a gate may take its whole timeout).
+            self.sync_traffic(&target, &primary).await?;
+            return Ok(Action::requeue(Duration::from_millis(10)));
+        }
+
+        // Every request is consumed whatever the phase, so none waits for a later run.
+        let action = self.manual_action();
+        if self.phase().analysing() {
+            if let Some(action) = action {
+                match action {
+                    ManualAction::Abort => {
+                        self.rollback("aborted by dubbo-cp canary abort").await;
+                        return self.sync_traffic(&target, &primary).await;
+                    }
+                    ManualAction::Promote => {
+                        let why = "promotion requested by dubbo-cp canary promote".to_owned();
+                        return self.start_promotion(&target, &primary, why).await;
+                    }
+                }
+            }
+            if let Some(hook) = self.rollback_requested().await {
+                self.rollback(&format!("rollback hook {hook} answered 2xx"))
+                    .await;
+                return self.sync_traffic(&target, &primary).await;
+            }
+        }
+
+        match self.phase() {
+            Phase::Initialized | Phase::Succeeded | Phase::Failed => {
+                if self.phase() == Phase::Failed
+                    && let Some(left) = self.draining()
+                {
+                    self.sync_traffic(&target, &primary).await?;
+                    return Ok(Action::requeue(left));
+                }
+                self.idle(&target).await?;
+                Ok(Action::requeue(self.plan.interval))
+            }
+            Phase::Waiting => {
+                if !self.run_hooks("confirm-rollout").await {
+                    self.event(
+                        EventType::Normal,
+                        "Waiting",
+                        "waiting for confirm-rollout hooks to approve the rollout".to_owned(),
+                    );
+                    self.sync_traffic(&target, &primary).await?;
+                    return Ok(Action::requeue(self.plan.interval));
+                }
+                let replicas = primary.spec.replicas.unwrap_or(1).max(1);
+                self.scale(&self.plan.target.clone(), replicas).await?;
+                self.set_phase(Phase::Progressing);
+                self.status.last_analysis_time = now();
+                // The chart starts at 0 %.
+                self.record_step(Vec::new());
+                self.event(
+                    EventType::Normal,
+                    "Progressing",
+                    format!(
+                        "starting the analysis of {} (revision {}): canary scaled to {replicas}",
+                        self.plan.target, self.status.current_revision
+                    ),
+                );
+                self.sync_traffic(&target, &primary).await
+            }
+            Phase::Progressing | Phase::WaitingPromotion => self.analyse(&target, &primary).await,
+            Phase::Promoting => self.promote(&target, &primary).await,
+            Phase::Finalising => {
+                if let Some(left) = self.draining() {
+                    self.sync_traffic(&target, &primary).await?;
+                    return Ok(Action::requeue(left));
+                }
+                self.scale(&self.plan.target.clone(), 0).await?;
+                self.status.last_promoted_spec = self.status.last_applied_spec.clone();
+                self.set_phase(Phase::Succeeded);
+                self.condition("True", "Succeeded", "the canary was promoted");
+                self.record_step(Vec::new());
+                self.event(
+                    EventType::Normal,
+                    "Succeeded",
+                    format!(
+                        "promotion completed: {} runs revision {}",
+                        primary_name(&self.plan.target),
+                        self.status.current_revision
+                    ),
+                );
+                self.run_hooks("post-rollout").await;
+                self.idle(&target).await?;
+                Ok(Action::requeue(self.plan.interval))
+            }
+            Phase::Initializing | Phase::Terminating => Ok(Action::requeue(HALT_RETRY)),
+        }
+    }
+
+    /// A new template: record its revision, reset the run, wait for approval.
+    pub(super) async fn start_run(&mut self, target: &Deployment, hash: &str) -> Result<(), Error> {
+        self.status.last_applied_spec = hash.to_owned();
+        self.status.canary_weight = 0;
+        self.status.failed_checks = 0;
+        self.status.iterations = 0;
+        self.status.history.clear();
+        self.status.hooks.clear();
+        self.record_revision(target, hash).await?;
+        // A run replacing one in flight: the canary's pods (old template, or old config read at
+        // start) stop first; Waiting keeps them at weight 0 until they are gone, and approval
+        // starts fresh pods.
+        self.scale(&target.metadata.name.clone().unwrap_or_default(), 0)
+            .await?;
+        self.set_phase(Phase::Waiting);
+        self.condition("False", "Progressing", "a new revision is under analysis");
+        self.event(
+            EventType::Normal,
+            "NewRevision",
+            format!(
+                "new revision {} of {} detected; starting the canary analysis",
+                self.status.current_revision, self.plan.target
+            ),
+        );
+        Ok(())
+    }
+
+    /// One analysis iteration per interval; otherwise only the weights follow the pods.
+    pub(super) async fn analyse(
+        &mut self,
+        target: &Deployment,
+        primary: &Deployment,
+    ) -> Result<Action, Error> {
+        let halted = not_ready(primary).or_else(|| not_ready(target));
+        if let Some(reason) = halted {
+            let stalled = since(&self.status.last_transition_time).unwrap_or_default();
+            if stalled > self.plan.deadline {
+                self.rollback(&format!(
+                    "progress deadline exceeded ({}s without progress): {reason}",
+                    self.plan.deadline.as_secs()
+                ))
+                .await;
+                return self.sync_traffic(target, primary).await;
+            }
+            self.event(
+                EventType::Normal,
+                "Halted",
+                format!("advancement halted: {reason}"),
+            );
+            self.sync_traffic(target, primary).await?;
+            return Ok(Action::requeue(HALT_RETRY.min(self.plan.interval)));
+        }
+        let elapsed = since(&self.status.last_analysis_time).unwrap_or(self.plan.interval);
+        if elapsed < self.plan.interval {
+            self.sync_traffic(target, primary).await?;
+            return Ok(Action::requeue(self.plan.interval - elapsed));
+        }
+        self.status.last_analysis_time = now();
+
+        let mut failed = false;
+        // pre-rollout hooks gate the first step: retried each iteration until they pass.
+        if self.status.canary_weight == 0
+            && !self.passed("pre-rollout")
+            && !self.run_hooks("pre-rollout").await
+        {
+            failed = true;
+        }
+        if !self.run_hooks("rollout").await {
+            failed = true;
+        }
+        let metrics = self.check_metrics().await;
+        if metrics.iter().any(|m| !m.ok) {
+            failed = true;
+        }
+        self.status.iterations += 1;
+        if failed {
+            self.status.failed_checks += 1;
+            let message = metrics
+                .iter()
+                .filter(|m| !m.ok)
+                .map(|m| m.message.clone())
+                .chain(
+                    self.status
+                        .hooks
+                        .iter()
+                        .filter(|h| !h.ok && h.time == self.status.last_analysis_time)
+                        .map(|h| format!("hook {} failed: {}", h.name, h.message)),
+                )
+                .collect::<Vec<_>>()
+                .join("; ");
+            self.event(
+                EventType::Warning,
+                "CheckFailed",
+                format!(
+                    "failed check {} of {} at weight {}: {message}",
+                    self.status.failed_checks,
+                    self.canary.spec.analysis.threshold,
+                    self.status.canary_weight
+                ),
+            );
+        }
+        self.record_step(metrics);
+        if self.status.failed_checks >= self.canary.spec.analysis.threshold {
+            let message = format!(
+                "canary failed {} checks (threshold {})",
+                self.status.failed_checks, self.canary.spec.analysis.threshold
+            );
+            self.rollback(&message).await;
+            return self.sync_traffic(target, primary).await;
+        }
+        if failed {
+            return self
+                .sync_traffic(target, primary)
+                .await
+                .map(|_| self.requeue());
+        }
+        match next_weight(self.canary, self.status.canary_weight) {
+            Some(next) => {
+                // No such hook: run_hooks answers true without a call.
+                if !self.run_hooks("confirm-traffic-increase").await {
+                    self.event(
+                        EventType::Normal,
+                        "Waiting",
+                        format!("waiting for confirm-traffic-increase hooks before weight {next}"),
+                    );
+                } else {
+                    self.status.canary_weight = next;
+                    self.status.last_transition_time = now();
+                    if let Some(last) = self.status.history.last_mut() {
+                        last.weight = next;
+                    }
+                    self.event(
+                        EventType::Normal,
+                        "WeightIncreased",
+                        format!("advance {} canary weight {next}", self.plan.target),
+                    );
+                }
+            }
+            None => {
+                if self.run_hooks("confirm-promotion").await {
+                    let why = format!(
+                        "copying {} template to {}",
+                        self.plan.target,
+                        primary_name(&self.plan.target)
+                    );
+                    return self.start_promotion(target, primary, why).await;
+                }
+                self.set_phase(Phase::WaitingPromotion);
+                self.event(
+                    EventType::Normal,
+                    "WaitingPromotion",
+                    "waiting for confirm-promotion hooks to approve the promotion".to_owned(),
+                );
+            }
+        }
+        self.sync_traffic(target, primary).await?;
+        Ok(self.requeue())
+    }
+
+    /// After a run, the canary pods keep weight 0 for one interval before they are scaled
+    /// down, so callers move off them first: the time left, if any.
+    pub(super) fn draining(&self) -> Option<Duration> {
+        let elapsed = since(&self.status.last_transition_time).unwrap_or(self.plan.interval);
+        (elapsed < self.plan.interval).then(|| self.plan.interval - elapsed)
+    }
+
+    pub(super) fn requeue(&self) -> Action {
+        Action::requeue(self.plan.interval)
+    }
+
+    pub(super) async fn start_promotion(
+        &mut self,
+        target: &Deployment,
+        primary: &Deployment,
+        why: String,
+    ) -> Result<Action, Error> {
+        self.event(EventType::Normal, "Promoting", why);
+        self.set_phase(Phase::Promoting);
+        self.promote(target, primary).await
+    }
+
+    /// Copies the canary's template to the primary, then waits for its rolling update.
+    pub(super) async fn promote(
+        &mut self,
+        target: &Deployment,
+        primary: &Deployment,
+    ) -> Result<Action, Error> {
+        let wanted = primary_template(target, &self.plan.target, &self.configs_hash(target));
+        let current = primary.spec.template.clone();
+        if current != wanted {
+            if !self.copy_configs(&target.spec.template).await? {
+                let stalled = since(&self.status.last_transition_time).unwrap_or_default();
+                if stalled > self.plan.deadline {
+                    self.rollback("promotion could not copy the configs the target uses")
+                        .await;
+                    self.sync_traffic(target, primary).await?;
+                }
+                return Ok(Action::requeue(HALT_RETRY));
+            }
+            let mut updated = primary.clone();
+            updated.spec.template = wanted;
+            updated.status = None;
+            self.api::<Deployment>()
+                .replace(
+                    &primary_name(&self.plan.target),
+                    &PostParams::default(),
+                    &updated,
+                )
+                .await?;
+            self.wrote();
+            self.sync_traffic(target, primary).await?;
+            return Ok(Action::requeue(HALT_RETRY));
+        }
+        if let Some(reason) = not_ready(primary) {
+            let stalled = since(&self.status.last_transition_time).unwrap_or_default();
+            if stalled > self.plan.deadline {
+                self.rollback(&format!("promotion did not finish: {reason}"))
+                    .await;
+            } else {
+                self.event(EventType::Normal, "Halted", format!("promotion: {reason}"));
+            }
+            self.sync_traffic(target, primary).await?;
+            return Ok(Action::requeue(HALT_RETRY.min(self.plan.interval)));
+        }
+        // The primary runs the new template: traffic goes back to it before the canary stops.
+        self.status.canary_weight = 0;
+        self.set_phase(Phase::Finalising);
+        self.record_step(Vec::new());
+        self.sync_traffic(target, primary).await?;
+        Ok(self.requeue())
+    }
+
+    /// Weight 0, phase Failed; the idle phase then scales the canary down. A rollback during
+    /// promotion also puts the last promoted template back on the primary.
+    pub(super) async fn rollback(&mut self, reason: &str) {
+        if self.phase() == Phase::Promoting
+            && let Err(error) = self.restore_primary().await
+        {
+            self.event(
+                EventType::Warning,
+                "RestoreFailed",
+                clip(&format!(
+                    "cannot put revision {} back on {}: {error}",
+                    self.status.last_promoted_spec,
+                    primary_name(&self.plan.target)
+                )),
+            );
+        }
+        self.status.canary_weight = 0;
+        self.set_phase(Phase::Failed);
+        self.condition("False", "Failed", reason);
+        self.record_step(Vec::new());
+        self.event(
+            EventType::Warning,
+            "RolledBack",
+            format!("rolling back {}: {reason}", self.plan.target),
+        );
+        self.run_hooks("post-rollout").await;
+    }
+
+    /// The spec turned invalid mid-run: weights to 0 (the stored override, rewritten), the
+    /// canary scaled to zero, phase Failed.
+    pub(super) async fn stop_run_in_flight(&mut self, reason: &str) -> Result<(), Error> {
+        let stored = self
+            .ctx
+            .configs
+            .get(&ObjectRef::new(&self.config_name()).within(&self.namespace));
+        if let Some(stored) = stored {
+            let mut spec = stored.spec.clone();
+            for config in &mut spec.configs {
+                config
+                    .parameters
+                    .insert("weight".to_owned(), "0".to_owned());
+            }
+            self.write_config(Some(spec)).await?;
+        }
+        self.scale(&self.plan.target.clone(), 0).await?;
+        self.status.canary_weight = 0;
+        self.set_phase(Phase::Failed);
+        self.condition("False", "InvalidSpec", reason);
+        self.event(
+            EventType::Warning,
+            "RolledBack",
+            clip(&format!(
+                "rolling back {}: the spec is invalid: {reason}",
+                self.plan.target
+            )),
+        );
+        Ok(())
+    }
+
+    /// Sets the primary's template back to the last promoted revision's.
+    pub(super) async fn restore_primary(&mut self) -> Result<(), Error> {
+        let revision_name = format!("{}-{}", self.name, self.status.last_promoted_spec);
+        let revision = self
+            .api::<ControllerRevision>()
+            .get_opt(&revision_name)
+            .await?
+            .ok_or_else(|| Error::Invalid(format!("revision {revision_name} not found")))?;
+        let template = crate::ops::template_of(&revision)
+            .ok_or_else(|| Error::Invalid(format!("revision {revision_name} holds no template")))?;
+        let deployments = self.api::<Deployment>();
+        let Some(mut primary) = deployments
+            .get_opt(&primary_name(&self.plan.target))
+            .await?
+        else {
+            return Ok(());
+        };
+        let mut recorded = primary.clone();
+        recorded.spec.template = template;
+        // The revision holds the target's form; the primary runs it suffixed, on its copies.
+        let wanted = primary_template(&recorded, &self.plan.target, "");
+        if primary.spec.template != wanted {
+            primary.spec.template = wanted;
+            primary.status = None;
+            deployments
+                .replace(
+                    &primary_name(&self.plan.target),
+                    &PostParams::default(),
+                    &primary,
+                )
+                .await?;
+            self.wrote();
+        }
+        Ok(())
+    }
+
+    /// Idle: the canary at zero and no weights.
+    pub(super) async fn idle(&mut self, target: &Deployment) -> Result<(), Error> {
+        let replicas = target.spec.replicas.unwrap_or(1);
+        if replicas != 0 && self.status.last_applied_spec == self.hash(target) {
+            self.scale(&self.plan.target.clone(), 0).await?;
+        }
+        self.write_config(None).await
+    }
+}
