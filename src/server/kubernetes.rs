@@ -1,0 +1,77 @@
+//! Kubernetes-mode controllers: the expiry of applications whose pods are gone and the canary
+//! controller.
+
+use super::*;
+
+/// Kubernetes mode with pod-bound tokens: applications whose registering pods are gone leave
+/// their mappings after `mapping.expireAfter`. Without pod identities nothing can expire.
+pub(super) fn start_expiry(
+    config: &Config,
+    source: &Source,
+    cluster: Option<(&kube::Client, Arc<PodView>)>,
+    registry: &mut Registry,
+    tasks: &mut Supervisor,
+) {
+    let (Some((client, pods)), Some((_, outbox)), MappingSource::Cluster(view)) =
+        (cluster, &source.kube, &source.mappings)
+    else {
+        return;
+    };
+    if config.mapping.expire_after.is_zero() {
+        tracing::info!("mapping.expireAfter is 0: applications never expire");
+        return;
+    }
+    let expiry = k8s::expiry::Expiry::new(
+        client.clone(),
+        view.clone(),
+        pods,
+        outbox.clone(),
+        config.mapping.expire_after,
+    );
+    expiry.stats().register_metrics(registry);
+    let run = expiry.run(tasks.shutdown_receiver());
+    tasks.spawn("mapping expiry", async move {
+        run.await;
+        Ok(())
+    });
+}
+
+/// Kubernetes mode: the canary controller, behind its Lease.
+pub(super) fn start_canaries(
+    config: &Config,
+    client: &kube::Client,
+    registry: &mut Registry,
+    tasks: &mut Supervisor,
+) {
+    let settings = &config.canary;
+    if !settings.enabled {
+        return;
+    }
+    let identity = settings.identity.clone().unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "dubbo-cp".to_owned());
+        format!("{host}-{}", std::process::id())
+    });
+    let elector = crate::canary::lease::Elector::new(
+        client.clone(),
+        &settings.lease_namespace,
+        "dubbo-cp-canary",
+        &identity,
+        settings.lease_duration,
+    );
+    let stats = Arc::new(crate::canary::stats::CanaryStats::default());
+    stats.register_metrics(registry);
+    let run = crate::canary::controller::run(
+        client.clone(),
+        elector,
+        crate::canary::reconcile::Settings {
+            prometheus: settings.prometheus.clone(),
+            query_timeout: settings.query_timeout,
+        },
+        stats,
+        tasks.shutdown_receiver(),
+    );
+    tasks.spawn("canary controller", async move {
+        run.await;
+        Ok(())
+    });
+}

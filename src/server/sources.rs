@@ -1,0 +1,219 @@
+//! Where the state comes from: the embedded store, the rule table and directory, or the
+//! Kubernetes API (writer, watches, outbox).
+
+use super::*;
+
+/// Standalone: the embedded store is the truth; its change feed is debounced into the index.
+pub(super) async fn open_store(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    registry: &mut Registry,
+    tasks: &mut Supervisor,
+) -> anyhow::Result<Source> {
+    let (changes_tx, changes) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
+    let data_dir = config.data_dir.clone();
+    let limits = store_limits(config);
+    let (store, writer) =
+        tokio::task::spawn_blocking(move || Store::open(&data_dir, limits, changes_tx))
+            .await
+            .context("store open task failed")?
+            .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
+    let index = Arc::new(Index::new(store.opened_revision()));
+    let catalog = Arc::new(Catalog::default());
+    let rules = open_rules(config, &index, &catalog, store.opened_revision()).await?;
+    if let Some(dir) = &config.rules.dir {
+        // Watched first, so a change during the first apply is not missed.
+        let watching = store::rules_dir::watch(dir)?;
+        // Applied before the index is marked loaded: clients never see a state without it.
+        let (first_rules, first_catalog, first_dir) = (rules.clone(), catalog.clone(), dir.clone());
+        let mut state = store::rules_dir::DirState::default();
+        state.stats().register_metrics(registry);
+        let state = tokio::task::spawn_blocking(move || {
+            store::rules_dir::apply_once(&first_rules, &first_catalog, &first_dir, &mut state);
+            state
+        })
+        .await
+        .context("rules directory task failed")?;
+        let reload = store::rules_dir::run(
+            rules.clone(),
+            catalog.clone(),
+            dir.clone(),
+            state,
+            watching,
+            tasks.shutdown_receiver(),
+        );
+        tasks.spawn("rules directory", reload);
+    }
+    store::load_index(&store, &index);
+    tracing::info!(
+        mappings = index.current(Kind::ServiceNameMapping).objects.len(),
+        revision = store.opened_revision(),
+        data_dir = %config.data_dir.display(),
+        "store opened"
+    );
+    let publish = store::publish(
+        config.debounce,
+        changes,
+        store.clone(),
+        index.clone(),
+        metrics.clone(),
+    );
+    tasks.spawn("store publisher", async move {
+        publish.await;
+        Ok(())
+    });
+    Ok(Source {
+        index,
+        durable: Durable::Store(store.clone()),
+        writer,
+        mappings: MappingSource::Store(store),
+        kube: None,
+        catalog,
+        standalone_rules: Some(rules),
+    })
+}
+
+/// Standalone rules: the store's rule table (same file, its own connection) into the index.
+pub(super) async fn open_rules(
+    config: &Config,
+    index: &Arc<Index>,
+    catalog: &Arc<Catalog>,
+    revision: i64,
+) -> anyhow::Result<Arc<StandaloneRules>> {
+    let data_dir = config.data_dir.clone();
+    let (store, rules) = tokio::task::spawn_blocking(move || RuleStore::open(&data_dir))
+        .await
+        .context("rule store open task failed")?
+        .context("cannot open the rule store")?;
+    tracing::info!(rules = rules.len(), "rules loaded");
+    Ok(Arc::new(StandaloneRules::new(
+        store,
+        rules,
+        index.clone(),
+        catalog.clone(),
+        config.rules.root_namespace.clone(),
+        revision,
+    )))
+}
+
+/// Kubernetes mode: registrations wait in the outbox until the per-key writer has put them in
+/// the cluster; the watch of the objects is the only way into the index.
+pub(super) async fn open_kubernetes(
+    config: &Config,
+    client: &kube::Client,
+    metrics: &Arc<Metrics>,
+    registry: &mut Registry,
+    tasks: &mut Supervisor,
+) -> anyhow::Result<Source> {
+    anyhow::ensure!(
+        config.rules.dir.is_none(),
+        "rules.dir (--rules-dir) is for standalone mode; in Kubernetes mode apply the manifests with kubectl"
+    );
+    let cluster = Arc::new(ClusterView::default());
+    let catalog = Arc::new(Catalog::default());
+    let (changes_tx, changes) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
+    let data_dir = config.data_dir.clone();
+    let limits = store_limits(config);
+    let known = (cluster.applications(), cluster.registrants());
+    let (outbox, writer) =
+        tokio::task::spawn_blocking(move || Outbox::open(&data_dir, known, limits, changes_tx))
+            .await
+            .context("outbox open task failed")?
+            .with_context(|| format!("cannot open the outbox in {}", config.data_dir.display()))?;
+    outbox.register_metrics(registry);
+    let index = Arc::new(Index::new(outbox.opened_revision()));
+
+    let kube_writer = Arc::new(KubeWriter::new(
+        client.clone(),
+        config.kubernetes.writer,
+        cluster.clone(),
+    ));
+    kube_writer.register_metrics(registry);
+    // What was acknowledged but not yet written before the last stop goes out first.
+    let pending = outbox.pending();
+    tracing::info!(pending = pending.len(), data_dir = %config.data_dir.display(), "outbox opened");
+    let mut delta = crate::mapping::MappingDelta::default();
+    for (key, apps) in pending {
+        for app in apps {
+            delta.add(key.clone(), app);
+        }
+    }
+    kube_writer.enqueue(delta);
+
+    let shutdown = tasks.shutdown_receiver();
+    let run = kube_writer.clone().run(outbox.clone(), shutdown.clone());
+    tasks.spawn("Kubernetes writer", async move {
+        run.await;
+        Ok(())
+    });
+    let feed = k8s::writer::feed(
+        config.debounce,
+        changes,
+        kube_writer.clone(),
+        metrics.clone(),
+    );
+    tasks.spawn("outbox feed", async move {
+        feed.await;
+        Ok(())
+    });
+
+    let watch_stats = Arc::new(WatchStats::default());
+    watch_stats.register_metrics(registry);
+    let mappings = Arc::new(MappingKind {
+        cluster: cluster.clone(),
+    });
+    let watch = k8s::watch::run(
+        mappings,
+        client.clone(),
+        index.clone(),
+        config.debounce,
+        metrics.clone(),
+        watch_stats.clone(),
+        shutdown,
+    );
+    tasks.spawn("ServiceNameMapping watch", async move {
+        watch.await;
+        Ok(())
+    });
+    // One watch per rule kind, through the same debounce stage; each marks its kind loaded
+    // after its first list.
+    for kind in crate::rules::RULE_KINDS {
+        let watched = Arc::new(RuleKind {
+            kind,
+            catalog: catalog.clone(),
+            root_namespace: config.rules.root_namespace.clone(),
+        });
+        let watch = k8s::watch::run(
+            watched,
+            client.clone(),
+            index.clone(),
+            config.debounce,
+            metrics.clone(),
+            watch_stats.clone(),
+            tasks.shutdown_receiver(),
+        );
+        // Named by the plural, as `kubectl get` names them.
+        tasks.spawn(kind.plural(), async move {
+            watch.await;
+            Ok(())
+        });
+    }
+    Ok(Source {
+        index,
+        durable: Durable::Outbox(outbox.clone()),
+        writer,
+        mappings: MappingSource::Cluster(cluster),
+        kube: Some((kube_writer, outbox)),
+        catalog,
+        standalone_rules: None,
+    })
+}
+
+pub(super) fn store_limits(config: &Config) -> StoreLimits {
+    StoreLimits {
+        queue_capacity: config.ingest.queue_capacity,
+        queue_bytes: config.ingest.queue_bytes,
+        max_batch: config.ingest.max_batch,
+        max_applications_per_key: config.ingest.max_applications_per_key,
+    }
+}
