@@ -30,12 +30,12 @@ use clap::{ArgAction, FromArgMatches};
 use serde::{Deserialize, Serialize};
 
 use crate::telemetry::LogFormat;
-pub use dubbo_cp_debounce::DebounceConfig;
-pub use dubbo_cp_dds::DdsConfig;
-pub use dubbo_cp_ingest::IngestConfig;
 pub use dubbo_cp_auth::AuthConfig;
 pub use dubbo_cp_ca::CaConfig;
 pub use dubbo_cp_canary::CanaryConfig;
+pub use dubbo_cp_dds::DdsConfig;
+pub use dubbo_cp_debounce::DebounceConfig;
+pub use dubbo_cp_ingest::IngestConfig;
 pub use dubbo_cp_k8s::{KubernetesConfig, MappingConfig, WriterConfig};
 pub use dubbo_cp_webhook::WebhookConfig;
 

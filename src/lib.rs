@@ -46,10 +46,6 @@
 #![forbid(unsafe_code)]
 
 // The workspace's library crates, under the paths the rest of the code (and the tests) name.
-pub use dubbo_cp_domain::{kind, mapping, resource, rules};
-pub use dubbo_cp_index as index;
-pub use dubbo_cp_ingest as ingest;
-pub use dubbo_cp_k8s as k8s;
 pub use dubbo_cp_admin as admin;
 pub use dubbo_cp_admin::ui;
 pub use dubbo_cp_auth as auth;
@@ -58,6 +54,10 @@ pub use dubbo_cp_canary as canary;
 pub use dubbo_cp_dds as dds;
 pub use dubbo_cp_dds::{digest, objects as resources};
 pub use dubbo_cp_debounce as debounce;
+pub use dubbo_cp_domain::{kind, mapping, resource, rules};
+pub use dubbo_cp_index as index;
+pub use dubbo_cp_ingest as ingest;
+pub use dubbo_cp_k8s as k8s;
 pub use dubbo_cp_kit::{duration, metrics, ratelimit, shutdown};
 pub use dubbo_cp_store as store;
 pub use dubbo_cp_webhook as webhook;

@@ -258,9 +258,11 @@ pub(super) async fn open_ca(
         }
         (None, None, Some(client)) => {
             let data_dir = config.data_dir.clone();
-            let cache = tokio::task::spawn_blocking(move || SqliteRoots::open(&data_dir.join(store::DB_FILE)))
-                .await
-                .context("CA cache open task failed")??;
+            let cache = tokio::task::spawn_blocking(move || {
+                SqliteRoots::open(&data_dir.join(store::DB_FILE))
+            })
+            .await
+            .context("CA cache open task failed")??;
             Backend::Secret {
                 secret: SecretRoots::new(client.clone(), &ca.namespace),
                 cache: Arc::new(cache),
@@ -268,9 +270,11 @@ pub(super) async fn open_ca(
         }
         (None, None, None) => {
             let data_dir = config.data_dir.clone();
-            let roots = tokio::task::spawn_blocking(move || SqliteRoots::open(&data_dir.join(store::DB_FILE)))
-                .await
-                .context("CA store open task failed")??;
+            let roots = tokio::task::spawn_blocking(move || {
+                SqliteRoots::open(&data_dir.join(store::DB_FILE))
+            })
+            .await
+            .context("CA store open task failed")??;
             Backend::Sqlite(Arc::new(roots))
         }
     };

@@ -116,4 +116,3 @@ pub(super) async fn issue_certificate(
         "expireTime": humantime::format_rfc3339_seconds(issued.not_after).to_string(),
     })))
 }
-

@@ -25,8 +25,8 @@ mod views;
 
 use ca_api::*;
 use rule_api::*;
-pub use views::{ApplicationView, MappingView, OutboxView, SourceView, applications};
 use views::*;
+pub use views::{ApplicationView, MappingView, OutboxView, SourceView, applications};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

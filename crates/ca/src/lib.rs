@@ -14,8 +14,8 @@
 use dubbo_cp_auth as auth;
 use dubbo_cp_kit::{ratelimit, shutdown};
 
-pub mod config;
 pub mod authority;
+pub mod config;
 pub mod pb;
 pub mod publish;
 pub mod service;
@@ -35,8 +35,8 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::StreamExt;
 
-pub use config::CaConfig;
 pub use authority::{Bundle, IssueError, Issued, Root, Subject};
+pub use config::CaConfig;
 use store::{CaStoreError, SecretRoots, SqliteRoots, StoredRoots};
 
 /// How the roots are made and used.

@@ -10,7 +10,6 @@ use serde_json::Value;
 
 pub const PRIMARY_SUFFIX: &str = "-primary";
 
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ConfigKind {
     ConfigMap,

@@ -8,8 +8,8 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::crd::Canary;
 use super::crd::ACTION_ANNOTATION;
+use super::crd::Canary;
 use super::revisions::revisions_of;
 
 #[derive(Debug, thiserror::Error)]

@@ -7,8 +7,8 @@ use prost_types::Any;
 use crate::index::Kind;
 use crate::pb::rules::ServiceNameMappingToClient;
 
-pub use dubbo_cp_domain::resource::mapping_object;
 pub use crate::encode::mapping_any;
+pub use dubbo_cp_domain::resource::mapping_object;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeObjectError {

@@ -48,4 +48,3 @@ pub fn mapping_object(
     let value = Resource::mapping(key.interface.clone(), applications.iter().cloned());
     (client_key, value)
 }
-

@@ -15,8 +15,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::rules::StandaloneRules;
 use crate::index::catalog::Catalog;
-use dubbo_cp_domain::rules::{Rule, parse_manifests};
 use crate::shutdown::signalled;
+use dubbo_cp_domain::rules::{Rule, parse_manifests};
 
 /// Changes within this time are read as one (editors write files in several steps).
 const SETTLE: Duration = Duration::from_millis(200);

@@ -14,8 +14,8 @@
 use dubbo_cp_ca as ca;
 use dubbo_cp_kit::shutdown;
 
-pub mod config;
 pub mod cluster;
+pub mod config;
 pub mod configuration;
 pub mod inject;
 

@@ -238,7 +238,6 @@ pub fn clip(text: &str) -> String {
     clip_to(text, MESSAGE_BYTES)
 }
 
-
 /// One reconcile's working state: the status it will write and the events it will emit.
 struct Run<'a> {
     canary: &'a Canary,
@@ -447,7 +446,6 @@ enum ManualAction {
     Promote,
     Abort,
 }
-
 
 /// Deletion: the target serves again with the primary's template, and no weights remain.
 async fn cleanup(canary: &Canary, ctx: &Context) -> Result<Action, Error> {

@@ -37,7 +37,10 @@ impl Run<'_> {
         format!("{}-canary", self.name)
     }
 
-    pub(super) async fn write_config(&mut self, wanted: Option<DynamicConfigSpec>) -> Result<(), Error> {
+    pub(super) async fn write_config(
+        &mut self,
+        wanted: Option<DynamicConfigSpec>,
+    ) -> Result<(), Error> {
         let name = self.config_name();
         let stored = self
             .ctx
@@ -121,7 +124,11 @@ impl Run<'_> {
 
     /// Records a ControllerRevision for `hash` (once per distinct template) and prunes the
     /// history to `revisionHistoryLimit`.
-    pub(super) async fn record_revision(&mut self, target: &Deployment, hash: &str) -> Result<(), Error> {
+    pub(super) async fn record_revision(
+        &mut self,
+        target: &Deployment,
+        hash: &str,
+    ) -> Result<(), Error> {
         let api = self.api::<ControllerRevision>();
         let name = format!("{}-{hash}", self.name);
         let mut revisions = revisions_of(&api, &self.name).await?;

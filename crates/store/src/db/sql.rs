@@ -94,7 +94,9 @@ pub(super) fn bump_revision(conn: &mut Connection) -> rusqlite::Result<i64> {
 }
 
 /// Registering pods committed and not yet written to their objects (Kubernetes mode).
-pub(super) fn load_registrants(conn: &Connection) -> rusqlite::Result<DashMap<MappingKey, Pending>> {
+pub(super) fn load_registrants(
+    conn: &Connection,
+) -> rusqlite::Result<DashMap<MappingKey, Pending>> {
     let pending: DashMap<MappingKey, Pending> = DashMap::new();
     let mut stmt = conn.prepare("SELECT namespace, interface, application, pod FROM registrant")?;
     let mut rows = stmt.query([])?;
