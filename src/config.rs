@@ -1,4 +1,7 @@
-//! Configuration, declared once: every setting is one field of a section struct below.
+//! Configuration, declared once: every setting is one field of a section struct. Each component
+//! crate declares its own section (`dubbo_cp_dds::DdsConfig`, `dubbo_cp_ca::CaConfig`, ...) and
+//! takes only that; [`Config`] composes them with the binary's own (`grpc`, `tls`, `log`,
+//! `rules`).
 //!
 //! - The YAML file is deserialised straight into [`Config`]; a missing key takes the section's
 //!   `Default`, an unknown key is an error.
@@ -9,13 +12,14 @@
 //! - The field's doc comment is its `--help` and its row in the README's settings table; a test
 //!   keeps that table equal to what it generates from these declarations.
 //!
-//! A new setting is one field with its doc comment, its default in the section's `Default`, and
+//! A new setting is one field with its doc comment, its default (`#[default(...)]`, smart-default;
+//! none for the type's own default), and
 //! `#[arg(id = "<section>.<key>", long = "<section>-<key>", env = "DUBBO_CP_<SECTION>_<KEY>")]`
 //! (durations add `value_parser = DurationArg` and `#[serde(with = "duration")]`). A field
 //! without `#[arg]` would be a positional argument: the tests refuse that, and a README table
 //! that does not list the new key.
 //! Durations carry their unit (`100ms`, `10s`) everywhere; a YAML integer is nanoseconds, the way
-//! the reference control plane writes them (src/duration.rs).
+//! the reference control plane writes them (`dubbo_cp_kit::duration`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -38,33 +42,39 @@ pub use dubbo_cp_debounce::DebounceConfig;
 pub use dubbo_cp_ingest::IngestConfig;
 pub use dubbo_cp_k8s::{KubernetesConfig, MappingConfig, WriterConfig};
 pub use dubbo_cp_webhook::WebhookConfig;
+use smart_default::SmartDefault;
 
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:30060";
 pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:30070";
 pub const DEFAULT_DATA_DIR: &str = "./data";
 
 /// The effective configuration of `serve`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args, SmartDefault)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct Config {
     /// Address of the plain gRPC port.
     #[arg(id = "grpcAddr", long = "grpc-addr", env = "DUBBO_CP_GRPC_ADDR")]
+    #[default(SocketAddr::from(([127, 0, 0, 1], 30060)))]
     pub grpc_addr: SocketAddr,
     /// Address of the HTTP admin port (`/healthz`, `/readyz`, `/metrics`, `/debug/...`).
     #[arg(id = "adminAddr", long = "admin-addr", env = "DUBBO_CP_ADMIN_ADDR")]
+    #[default(SocketAddr::from(([127, 0, 0, 1], 30070)))]
     pub admin_addr: SocketAddr,
     /// Directory of the embedded database (`dubbo-cp.db`: the store, or the Kubernetes outbox);
     /// one process at a time.
     #[arg(id = "dataDir", long = "data-dir", env = "DUBBO_CP_DATA_DIR")]
+    #[default(PathBuf::from(DEFAULT_DATA_DIR))]
     pub data_dir: PathBuf,
     /// `standalone` (the embedded store is the truth) or `kubernetes` (ServiceNameMapping
     /// objects, the store is an outbox of pending writes).
     #[arg(id = "mode", long = "mode", env = "DUBBO_CP_MODE", value_enum)]
+    #[default(Mode::Standalone)]
     pub mode: Mode,
     /// How long shutdown waits for in-flight work before it gives up on it.
     #[arg(id = "shutdownGrace", long = "shutdown-grace", env = "DUBBO_CP_SHUTDOWN_GRACE",
           value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(15))]
     pub shutdown_grace: Duration,
     /// Serve on a non-loopback address without authentication (logged loudly).
     #[arg(id = "insecureAllowUnauthenticated", long = "insecure-allow-unauthenticated",
@@ -100,7 +110,7 @@ pub struct Config {
 }
 
 /// The rule kinds (TagRoute, ConditionRoute, DynamicConfig, the auth policies).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args, SmartDefault)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct RulesConfig {
     /// Auth policies in this namespace reach every client; elsewhere only their namespace's.
@@ -109,46 +119,12 @@ pub struct RulesConfig {
         long = "rules-root-namespace",
         env = "DUBBO_CP_RULES_ROOT_NAMESPACE"
     )]
+    #[default("dubbo-system".to_owned())]
     pub root_namespace: String,
     /// Standalone: a directory of rule manifests applied at start and on every change (files
     /// that fail to parse keep their last good objects).
     #[arg(id = "rules.dir", long = "rules-dir", env = "DUBBO_CP_RULES_DIR")]
     pub dir: Option<PathBuf>,
-}
-
-impl Default for RulesConfig {
-    fn default() -> Self {
-        Self {
-            root_namespace: "dubbo-system".to_owned(),
-            dir: None,
-        }
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 30060)),
-            admin_addr: SocketAddr::from(([127, 0, 0, 1], 30070)),
-            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
-            mode: Mode::Standalone,
-            shutdown_grace: Duration::from_secs(15),
-            insecure_allow_unauthenticated: false,
-            log: LogConfig::default(),
-            debounce: DebounceConfig::default(),
-            ingest: IngestConfig::default(),
-            dds: DdsConfig::default(),
-            grpc: GrpcConfig::default(),
-            tls: TlsConfig::default(),
-            auth: AuthConfig::default(),
-            kubernetes: KubernetesConfig::default(),
-            rules: RulesConfig::default(),
-            ca: CaConfig::default(),
-            webhook: WebhookConfig::default(),
-            mapping: MappingConfig::default(),
-            canary: CanaryConfig::default(),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
@@ -173,28 +149,32 @@ pub struct LogConfig {
 }
 
 /// Connection-level settings of the gRPC ports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args, SmartDefault)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct GrpcConfig {
     /// HTTP/2 PING interval that detects dead peers.
     #[arg(id = "grpc.keepaliveInterval", long = "grpc-keepalive-interval",
           env = "DUBBO_CP_GRPC_KEEPALIVE_INTERVAL", value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(30))]
     pub keepalive_interval: Duration,
     /// How long a PING may go unanswered before the connection is closed.
     #[arg(id = "grpc.keepaliveTimeout", long = "grpc-keepalive-timeout",
           env = "DUBBO_CP_GRPC_KEEPALIVE_TIMEOUT", value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(10))]
     pub keepalive_timeout: Duration,
     /// Connections older than this are closed so clients rebalance across replicas.
     #[arg(id = "grpc.maxConnectionAge", long = "max-connection-age",
           env = "DUBBO_CP_MAX_CONNECTION_AGE", value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(30 * 60))]
     pub max_connection_age: Duration,
     /// How long the streams of an aged connection may go on before it is cut.
     #[arg(id = "grpc.maxConnectionAgeGrace", long = "grpc-max-connection-age-grace",
           env = "DUBBO_CP_GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(60))]
     pub max_connection_age_grace: Duration,
     /// Concurrent streams per connection (HTTP/2 makes the next one wait for a free slot).
     #[arg(
@@ -202,27 +182,17 @@ pub struct GrpcConfig {
         long = "grpc-max-concurrent-streams",
         env = "DUBBO_CP_GRPC_MAX_CONCURRENT_STREAMS"
     )]
+    #[default(1024)]
     pub max_concurrent_streams: u32,
 }
 
-impl Default for GrpcConfig {
-    fn default() -> Self {
-        Self {
-            keepalive_interval: Duration::from_secs(30),
-            keepalive_timeout: Duration::from_secs(10),
-            max_connection_age: Duration::from_secs(30 * 60),
-            max_connection_age_grace: Duration::from_secs(60),
-            max_concurrent_streams: 1024,
-        }
-    }
-}
-
 /// The TLS gRPC port; served when a certificate and a key are given.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args, SmartDefault)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct TlsConfig {
     /// Address of the TLS gRPC port.
     #[arg(id = "tls.addr", long = "tls-addr", env = "DUBBO_CP_TLS_ADDR")]
+    #[default(SocketAddr::from(([127, 0, 0, 1], 30062)))]
     pub addr: SocketAddr,
     /// PEM certificate (chain) of the TLS port.
     #[arg(id = "tls.certFile", long = "tls-cert", env = "DUBBO_CP_TLS_CERT")]
@@ -245,19 +215,8 @@ pub struct TlsConfig {
         long = "tls-trust-domain",
         env = "DUBBO_CP_TLS_TRUST_DOMAIN"
     )]
+    #[default("cluster.local".to_owned())]
     pub trust_domain: String,
-}
-
-impl Default for TlsConfig {
-    fn default() -> Self {
-        Self {
-            addr: SocketAddr::from(([127, 0, 0, 1], 30062)),
-            cert_file: None,
-            key_file: None,
-            client_ca_file: None,
-            trust_domain: "cluster.local".to_owned(),
-        }
-    }
 }
 
 impl Config {

@@ -6,9 +6,10 @@ use std::time::Duration;
 use clap::ArgAction;
 use dubbo_cp_kit::duration::{self, DurationArg};
 use serde::{Deserialize, Serialize};
+use smart_default::SmartDefault;
 
 /// Who is calling and what they may do.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args, SmartDefault)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct AuthConfig {
     /// Static token file: authenticates callers (standalone) and allows non-loopback addresses.
@@ -22,6 +23,7 @@ pub struct AuthConfig {
     #[arg(id = "auth.reloadInterval", long = "auth-reload-interval",
           env = "DUBBO_CP_AUTH_RELOAD_INTERVAL", value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(2))]
     pub reload_interval: Duration,
     /// Identities that may register in any namespace (comma-separated in the variable).
     #[arg(
@@ -43,11 +45,13 @@ pub struct AuthConfig {
     #[arg(id = "auth.cacheTtl", long = "auth-cache-ttl", env = "DUBBO_CP_AUTH_CACHE_TTL",
           value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(30))]
     pub cache_ttl: Duration,
     /// How long a negative answer on a token is reused.
     #[arg(id = "auth.negativeCacheTtl", long = "auth-negative-cache-ttl",
           env = "DUBBO_CP_AUTH_NEGATIVE_CACHE_TTL", value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(10))]
     pub negative_cache_ttl: Duration,
     /// Bytes of tokens the authentication cache may hold (32 MiB by default).
     #[arg(
@@ -55,6 +59,7 @@ pub struct AuthConfig {
         long = "auth-cache-bytes",
         env = "DUBBO_CP_AUTH_CACHE_BYTES"
     )]
+    #[default(32 * 1024 * 1024)]
     pub cache_bytes: u64,
     /// TokenReviews (and pod GETs) per second, for tokens that cannot be verified locally.
     #[arg(
@@ -62,6 +67,7 @@ pub struct AuthConfig {
         long = "auth-token-reviews-per-second",
         env = "DUBBO_CP_AUTH_TOKEN_REVIEWS_PER_SECOND"
     )]
+    #[default(20.0)]
     pub token_reviews_per_second: f64,
     /// TokenReviews at once after a quiet period.
     #[arg(
@@ -69,11 +75,13 @@ pub struct AuthConfig {
         long = "auth-token-reviews-burst",
         env = "DUBBO_CP_AUTH_TOKEN_REVIEWS_BURST"
     )]
+    #[default(40)]
     pub token_reviews_burst: u32,
     /// How often the cluster's service-account signing keys are fetched again.
     #[arg(id = "auth.keysRefreshInterval", long = "auth-keys-refresh-interval",
           env = "DUBBO_CP_AUTH_KEYS_REFRESH_INTERVAL", value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(300))]
     pub keys_refresh_interval: Duration,
     /// Audiences of the API server, besides its issuer, that `kubernetes` tokens verified
     /// locally may carry (tokens for others go to a TokenReview; comma-separated).
@@ -84,23 +92,4 @@ pub struct AuthConfig {
         value_delimiter = ','
     )]
     pub api_audiences: Vec<String>,
-}
-
-impl Default for AuthConfig {
-    fn default() -> Self {
-        Self {
-            token_file: None,
-            reload_interval: Duration::from_secs(2),
-            admins: Vec::new(),
-            legacy_answers: false,
-            token_review: None,
-            cache_ttl: Duration::from_secs(30),
-            negative_cache_ttl: Duration::from_secs(10),
-            cache_bytes: 32 * 1024 * 1024,
-            token_reviews_per_second: 20.0,
-            token_reviews_burst: 40,
-            keys_refresh_interval: Duration::from_secs(300),
-            api_audiences: Vec::new(),
-        }
-    }
 }

@@ -6,29 +6,35 @@ use std::time::Duration;
 use clap::ArgAction;
 use dubbo_cp_kit::duration::{self, DurationArg};
 use serde::{Deserialize, Serialize};
+use smart_default::SmartDefault;
 
 /// The certificate authority (workload identity, the TLS port's own certificate).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args, SmartDefault)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct CaConfig {
     /// Run the CA: issue certificates, serve the TLS port with a CA certificate when no
     /// `tls.certFile` is given, accept `dubbo-jwt` tokens.
     #[arg(id = "ca.enabled", long = "ca-enabled", env = "DUBBO_CP_CA_ENABLED",
           action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[default(true)]
     pub enabled: bool,
     /// Validity of a generated root (rotated at two thirds of it when `ca.autoRotate`).
     #[arg(id = "ca.rootValidity", long = "ca-root-validity", env = "DUBBO_CP_CA_ROOT_VALIDITY",
           value_parser = DurationArg)]
     #[serde(with = "duration")]
+    // A year as humantime counts it (365.25 days), so it prints as `1year`.
+    #[default(Duration::from_secs(31_557_600))]
     pub root_validity: Duration,
     /// Validity of issued certificates (SDKs renew at half of it).
     #[arg(id = "ca.certValidity", long = "ca-cert-validity", env = "DUBBO_CP_CA_CERT_VALIDITY",
           value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(3600))]
     pub cert_validity: Duration,
     /// Replace a generated root at two thirds of its life (old and new trusted side by side).
     #[arg(id = "ca.autoRotate", long = "ca-auto-rotate", env = "DUBBO_CP_CA_AUTO_ROTATE",
           action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[default(true)]
     pub auto_rotate: bool,
     /// An operator's root certificate (PEM, ECDSA P-256), used as is with `ca.keyFile`.
     #[arg(id = "ca.certFile", long = "ca-cert", env = "DUBBO_CP_CA_CERT")]
@@ -39,6 +45,7 @@ pub struct CaConfig {
     /// The control plane's namespace: where Secret `dubbo-ca-secret` lives, and part of the
     /// TLS port's names.
     #[arg(id = "ca.namespace", long = "ca-namespace", env = "DUBBO_CP_NAMESPACE")]
+    #[default("dubbo-system".to_owned())]
     pub namespace: String,
     /// The control plane's Service, named in the TLS port's certificate
     /// (`<service>.<namespace>.svc`).
@@ -47,6 +54,7 @@ pub struct CaConfig {
         long = "ca-service-name",
         env = "DUBBO_CP_SERVICE_NAME"
     )]
+    #[default("dubbo-cp".to_owned())]
     pub service_name: String,
     /// Certificates per second one caller (pod, else service account) may ask for.
     #[arg(
@@ -54,6 +62,7 @@ pub struct CaConfig {
         long = "ca-issues-per-second",
         env = "DUBBO_CP_CA_ISSUES_PER_SECOND"
     )]
+    #[default(1.0)]
     pub issues_per_second: f64,
     /// Certificates one caller may ask for at once after a quiet period.
     #[arg(
@@ -61,23 +70,6 @@ pub struct CaConfig {
         long = "ca-issue-burst",
         env = "DUBBO_CP_CA_ISSUE_BURST"
     )]
+    #[default(5)]
     pub issue_burst: u32,
-}
-
-impl Default for CaConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            // A year as humantime counts it (365.25 days), so it prints as `1year`.
-            root_validity: Duration::from_secs(31_557_600),
-            cert_validity: Duration::from_secs(3600),
-            auto_rotate: true,
-            cert_file: None,
-            key_file: None,
-            namespace: "dubbo-system".to_owned(),
-            service_name: "dubbo-cp".to_owned(),
-            issues_per_second: 1.0,
-            issue_burst: 5,
-        }
-    }
 }

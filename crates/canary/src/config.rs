@@ -5,14 +5,16 @@ use std::time::Duration;
 use clap::ArgAction;
 use dubbo_cp_kit::duration::{self, DurationArg};
 use serde::{Deserialize, Serialize};
+use smart_default::SmartDefault;
 
 /// The canary controller (Kubernetes mode): progressive delivery of Dubbo applications.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args, SmartDefault)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct CanaryConfig {
     /// Run the canary controller (Kubernetes mode; needs the Canary CRD and its RBAC).
     #[arg(id = "canary.enabled", long = "canary-enabled", env = "DUBBO_CP_CANARY_ENABLED",
           action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[default(true)]
     pub enabled: bool,
     /// Prometheus base URL for Canaries that name none (`http://prometheus.monitoring:9090`).
     #[arg(
@@ -25,6 +27,7 @@ pub struct CanaryConfig {
     #[arg(id = "canary.queryTimeout", long = "canary-query-timeout",
           env = "DUBBO_CP_CANARY_QUERY_TIMEOUT", value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(10))]
     pub query_timeout: Duration,
     /// Namespace of the Lease `dubbo-cp-canary`: one control plane at a time drives Canaries.
     #[arg(
@@ -32,11 +35,13 @@ pub struct CanaryConfig {
         long = "canary-lease-namespace",
         env = "DUBBO_CP_CANARY_LEASE_NAMESPACE"
     )]
+    #[default("dubbo-system".to_owned())]
     pub lease_namespace: String,
     /// How long the Lease holds without renewal before another control plane takes over.
     #[arg(id = "canary.leaseDuration", long = "canary-lease-duration",
           env = "DUBBO_CP_CANARY_LEASE_DURATION", value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(15))]
     pub lease_duration: Duration,
     /// This control plane's name in the Lease (unset: the host name and process id).
     #[arg(
@@ -45,17 +50,4 @@ pub struct CanaryConfig {
         env = "DUBBO_CP_CANARY_IDENTITY"
     )]
     pub identity: Option<String>,
-}
-
-impl Default for CanaryConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            prometheus: None,
-            query_timeout: Duration::from_secs(10),
-            lease_namespace: "dubbo-system".to_owned(),
-            lease_duration: Duration::from_secs(15),
-            identity: None,
-        }
-    }
 }

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use clap::ArgAction;
 use dubbo_cp_kit::duration::{self, DurationArg};
 use serde::{Deserialize, Serialize};
+use smart_default::SmartDefault;
 
 /// The first timer of a batch, hard-coded in the reference control plane.
 pub const FIRST_TIMER: Duration = Duration::from_millis(200);
@@ -39,8 +40,6 @@ impl Merge for dubbo_cp_domain::mapping::MappingDelta {
         dubbo_cp_domain::mapping::MappingDelta::merge(self, other);
     }
 }
-
-/// `after`, `max` and `enable`, declared with the other settings.
 
 /// What a flush receives: the merged value and how it came about.
 #[derive(Debug)]
@@ -156,33 +155,26 @@ async fn sleep_until(deadline: Option<Instant>) {
 }
 
 /// The debounce loop of every source (this crate).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args, SmartDefault)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct DebounceConfig {
     /// Debounce on; `false` flushes every change on its own (still one flush at a time).
     #[arg(id = "debounce.enable", long = "debounce-enable", env = "DUBBO_CP_DEBOUNCE_ENABLE",
           action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[default(true)]
     pub enable: bool,
     /// Quiet time after the last change before a flush.
     #[arg(id = "debounce.after", long = "debounce-after", env = "DUBBO_CP_DEBOUNCE_AFTER",
           value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_millis(100))]
     pub after: Duration,
     /// Longest delay of a flush after the first change of a batch.
     #[arg(id = "debounce.max", long = "debounce-max", env = "DUBBO_CP_DEBOUNCE_MAX",
           value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(10))]
     pub max: Duration,
-}
-
-impl Default for DebounceConfig {
-    fn default() -> Self {
-        Self {
-            enable: true,
-            after: Duration::from_millis(100),
-            max: Duration::from_secs(10),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use dubbo_cp_kit::duration::{self, DurationArg};
 use serde::{Deserialize, Serialize};
+use smart_default::SmartDefault;
 
 /// Kubernetes mode: where the API server is and how it is written to.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, clap::Args)]
@@ -23,12 +24,13 @@ pub struct KubernetesConfig {
 }
 
 /// The per-key write queue ([`crate::writer`]); keys of the `kubernetes` section.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args, SmartDefault)]
 // No deny_unknown_fields: flattened into `KubernetesConfig`, which denies them.
 #[serde(default, rename_all = "camelCase")]
 pub struct WriterConfig {
     /// API requests per second to the Kubernetes API server, on average.
     #[arg(id = "kubernetes.qps", long = "kube-qps", env = "DUBBO_CP_KUBE_QPS")]
+    #[default(50.0)]
     pub qps: f64,
     /// API requests at once after a quiet period.
     #[arg(
@@ -36,6 +38,7 @@ pub struct WriterConfig {
         long = "kube-burst",
         env = "DUBBO_CP_KUBE_BURST"
     )]
+    #[default(100)]
     pub burst: u32,
     /// Keys upserted at the same time.
     #[arg(
@@ -44,27 +47,18 @@ pub struct WriterConfig {
         env = "DUBBO_CP_KUBE_MAX_PARALLEL_WRITES"
     )]
     #[serde(rename = "maxParallelWrites")]
+    #[default(16)]
     pub max_parallel: usize,
     /// How often a key parked by a permanent error (403, 422, too large...) is tried again.
     #[arg(id = "kubernetes.parkedRetryInterval", long = "kube-parked-retry-interval",
           env = "DUBBO_CP_KUBE_PARKED_RETRY_INTERVAL", value_parser = DurationArg)]
     #[serde(rename = "parkedRetryInterval", with = "duration")]
+    #[default(Duration::from_secs(60))]
     pub parked_retry: Duration,
 }
 
-impl Default for WriterConfig {
-    fn default() -> Self {
-        Self {
-            qps: 50.0,
-            burst: 100,
-            max_parallel: 16,
-            parked_retry: Duration::from_secs(60),
-        }
-    }
-}
-
 /// The lifecycle of mappings (Kubernetes mode).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args, SmartDefault)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct MappingConfig {
     /// An application leaves a mapping once none of the pods that registered it has existed
@@ -72,13 +66,6 @@ pub struct MappingConfig {
     #[arg(id = "mapping.expireAfter", long = "mapping-expire-after",
           env = "DUBBO_CP_MAPPING_EXPIRE_AFTER", value_parser = DurationArg)]
     #[serde(with = "duration")]
+    #[default(Duration::from_secs(24 * 3600))]
     pub expire_after: Duration,
-}
-
-impl Default for MappingConfig {
-    fn default() -> Self {
-        Self {
-            expire_after: Duration::from_secs(24 * 3600),
-        }
-    }
 }

@@ -138,7 +138,7 @@ mod tests {
 
     #[test]
     fn the_committed_crd_yaml_is_current() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crd.yaml");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crd.yaml");
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
         let generated = crd_yaml().unwrap_or_default();
         assert_eq!(
