@@ -296,10 +296,8 @@ impl Db {
         let (queue, rx) = mpsc::channel(limits.queue_capacity.max(1));
         let stats = Arc::new(StoreStats::default());
         let (exit_tx, exited) = oneshot::channel();
-        let checkpointer = Checkpointer::start(&mut conn, &data_dir.join(DB_FILE))?;
         let writer = Writer {
             conn,
-            _checkpointer: checkpointer,
             known: known.clone(),
             stats: stats.clone(),
             changes,
@@ -441,11 +439,8 @@ impl StoreWriter {
     }
 }
 
-mod checkpoint;
 mod sql;
 mod writer;
-
-use checkpoint::Checkpointer;
 
 use sql::*;
 use writer::*;

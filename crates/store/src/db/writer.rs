@@ -5,9 +5,6 @@ use super::*;
 
 pub(super) struct Writer {
     pub(super) conn: Connection,
-    /// Declared after `conn`: the connection (and its WAL hook) is dropped first, which lets the
-    /// checkpoint thread end.
-    pub(super) _checkpointer: Checkpointer,
     pub(super) known: Known,
     pub(super) stats: Arc<StoreStats>,
     pub(super) changes: mpsc::Sender<StoredChange>,
