@@ -416,6 +416,15 @@ pub fn distribution_binary(names: &[&str], package: &str) -> std::path::PathBuf 
     if let Some(path) = find() {
         return path;
     }
+    // Tests run in parallel, and two apt-gets at once fail on dpkg's lock: one installs at a time
+    // in this process, and each waits for a lock another process holds.
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _installing = INSTALLING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(path) = find() {
+        return path;
+    }
     let apt = |args: &[&str]| {
         let root = std::process::Command::new("id")
             .arg("-u")
@@ -429,6 +438,7 @@ pub fn distribution_binary(names: &[&str], package: &str) -> std::path::PathBuf 
             sudo
         };
         command
+            .args(["-o", "DPkg::Lock::Timeout=300"])
             .args(args)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()
