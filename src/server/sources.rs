@@ -215,5 +215,6 @@ pub(super) fn store_limits(config: &Config) -> StoreLimits {
         queue_bytes: config.ingest.queue_bytes,
         max_batch: config.ingest.max_batch,
         max_applications_per_key: config.ingest.max_applications_per_key,
+        ..StoreLimits::default()
     }
 }

@@ -89,6 +89,17 @@ pub enum StoreError {
     },
     #[error("data directory {0} is in use by another dubbo-cp process")]
     Locked(std::path::PathBuf),
+    /// A later dubbo-cp wrote the database in a format this one does not know; reading it
+    /// could miss what that version stored.
+    #[error(
+        "the database in {path} has schema version {found}; this dubbo-cp reads up to {supported}: \
+         run the newer dubbo-cp, which folds its journal on shutdown, or restore a backup"
+    )]
+    NewerSchema {
+        path: std::path::PathBuf,
+        found: i64,
+        supported: i64,
+    },
 }
 
 /// Limits on what the durable queue and the stored state may hold.
@@ -102,6 +113,11 @@ pub struct StoreLimits {
     pub max_batch: usize,
     /// Most applications one (namespace, interface) may hold.
     pub max_applications_per_key: usize,
+    /// Journal rows (new pairs committed in arrival order) that trigger a fold into the keyed
+    /// tables; an idle writer folds sooner.
+    pub fold_rows: usize,
+    /// How long a writer with unfolded journal rows waits for more work before folding them.
+    pub fold_idle: std::time::Duration,
 }
 
 impl Default for StoreLimits {
@@ -111,6 +127,8 @@ impl Default for StoreLimits {
             queue_bytes: 64 * 1024 * 1024,
             max_batch: 4096,
             max_applications_per_key: 1000,
+            fold_rows: 8192,
+            fold_idle: std::time::Duration::from_secs(1),
         }
     }
 }

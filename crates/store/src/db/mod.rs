@@ -47,7 +47,8 @@ fn restrict_permissions(data_dir: &Path) -> std::io::Result<()> {
 }
 /// Held with an exclusive lock while a process uses the data directory.
 const LOCK_FILE: &str = "dubbo-cp.lock";
-const SCHEMA_VERSION: i64 = 3;
+/// 4: new pairs are committed to `journal` first (see `sql::write_pairs`).
+const SCHEMA_VERSION: i64 = 4;
 
 /// What the table means, and so what the writer does besides committing.
 #[derive(Clone)]
@@ -77,6 +78,8 @@ pub struct StoreStats {
     pub already_stored: AtomicU64,
     /// (key, application) pairs an operator removed (`dubbo-cp unregister`).
     pub pairs_removed: AtomicU64,
+    /// Times the journal was moved into the keyed tables.
+    pub journal_folds: AtomicU64,
     /// Registrations waiting for the writer, and their bytes.
     pub queued: AtomicUsize,
     pub queued_bytes: AtomicUsize,
@@ -91,6 +94,7 @@ impl Default for StoreStats {
             pairs_written: AtomicU64::new(0),
             already_stored: AtomicU64::new(0),
             pairs_removed: AtomicU64::new(0),
+            journal_folds: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
             queued_bytes: AtomicUsize::new(0),
         }
@@ -128,6 +132,13 @@ impl StoreStats {
             "(interface, application) pairs an operator removed with unregister",
             self,
             |s| s.pairs_removed.load(Ordering::Relaxed),
+        );
+        scraped_counter(
+            registry,
+            "store_journal_folds",
+            "Times the store moved its journal of new pairs into the keyed tables",
+            self,
+            |s| s.journal_folds.load(Ordering::Relaxed),
         );
         scraped_counter(
             registry,
@@ -270,9 +281,20 @@ impl Db {
         let mut conn = Connection::open(data_dir.join(DB_FILE))?;
         // Rule writes (their own connection, see `store::rules`) may hold the write lock briefly.
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let found: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
+        if found > SCHEMA_VERSION {
+            return Err(StoreError::NewerSchema {
+                path: data_dir.to_path_buf(),
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
         prepare_schema(&conn)?;
         restrict_permissions(data_dir).map_err(dir_error)?;
         let opened_revision = bump_revision(&mut conn)?;
+        // Whatever the last run left in the journal (it stopped without folding) is loaded from
+        // the keyed tables like the rest.
+        fold(&mut conn)?;
         let committed = load_all(&conn)?;
         let pending_registrants = load_registrants(&conn)?;
         let mut taken: HashMap<String, HashSet<String>> = HashMap::new();
@@ -305,6 +327,7 @@ impl Db {
             taken,
             _lock: lock,
             revision: opened_revision,
+            journal_rows: 0,
             _exit: exit_tx,
         };
         let thread = std::thread::Builder::new()
@@ -439,6 +462,8 @@ impl StoreWriter {
     }
 }
 
+#[cfg(test)]
+mod journal_tests;
 mod sql;
 mod writer;
 

@@ -22,6 +22,8 @@ pub(super) fn delete_pairs(
     revision: Option<i64>,
 ) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
+    // A pair still in the journal is deleted from the keyed table once folded there.
+    fold_journal(&tx)?;
     {
         let mut forget = tx.prepare_cached(
             "DELETE FROM registrant WHERE namespace = ?1 AND interface = ?2 AND application = ?3 AND pod = ?4",
@@ -73,6 +75,13 @@ pub(super) fn prepare_schema(conn: &Connection) -> rusqlite::Result<()> {
              pod         TEXT NOT NULL,
              PRIMARY KEY (namespace, interface, application, pod)
          ) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS journal (
+             seq         INTEGER PRIMARY KEY,
+             namespace   TEXT NOT NULL,
+             interface   TEXT NOT NULL,
+             application TEXT,
+             name        TEXT
+         );
          CREATE TABLE IF NOT EXISTS meta (
              name  TEXT PRIMARY KEY,
              value INTEGER NOT NULL
@@ -179,6 +188,12 @@ pub(super) fn load_names(
     Ok(names)
 }
 
+/// Writes new pairs (and new keys' object names) to the journal in one transaction.
+///
+/// New pairs arrive in random key order, so inserting them into the keyed tables dirtied about
+/// one page per pair per table in every commit: 9 KB written per pair, the disk busy and the
+/// cores waiting on it. The journal is appended in arrival order (a few pages per commit);
+/// [`fold_journal`] moves its rows into the keyed tables in key order, thousands at a time.
 pub(super) fn write_pairs(
     conn: &mut Connection,
     pairs: &MappingDelta,
@@ -194,19 +209,21 @@ pub(super) fn write_pairs(
         for (key, application, pod) in registrant_rows(registrants) {
             record.execute(params![key.namespace, key.interface, application, pod])?;
         }
-        let mut insert = tx.prepare_cached(
-            "INSERT OR IGNORE INTO mapping (namespace, interface, application) VALUES (?1, ?2, ?3)",
+        let mut journal = tx.prepare_cached(
+            "INSERT INTO journal (namespace, interface, application, name) VALUES (?1, ?2, ?3, ?4)",
         )?;
         for (key, apps) in pairs.iter() {
             for app in apps {
-                insert.execute(params![key.namespace, key.interface, app])?;
+                journal.execute(params![key.namespace, key.interface, app, None::<&str>])?;
             }
         }
-        let mut name = tx.prepare_cached(
-            "INSERT INTO object_name (namespace, interface, name) VALUES (?1, ?2, ?3)",
-        )?;
         for (key, object_name) in names {
-            name.execute(params![key.namespace, key.interface, object_name])?;
+            journal.execute(params![
+                key.namespace,
+                key.interface,
+                None::<&str>,
+                object_name
+            ])?;
         }
         // Cached like the inserts: parsing it again on every commit cost the writer more than
         // running it.
@@ -214,4 +231,31 @@ pub(super) fn write_pairs(
             .execute(params![revision])?;
     }
     tx.commit()
+}
+
+/// Moves every journal row into `mapping` and `object_name`, in key order, inside `tx`;
+/// returns the rows moved. `OR IGNORE`: a pair already there stays as it is, and a key keeps
+/// the first name it was given (the writer never gives a key two, nor a name to two keys).
+pub(super) fn fold_journal(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<usize> {
+    tx.prepare_cached(
+        "INSERT OR IGNORE INTO mapping (namespace, interface, application)
+         SELECT namespace, interface, application FROM journal
+         WHERE application IS NOT NULL ORDER BY namespace, interface, application",
+    )?
+    .execute([])?;
+    tx.prepare_cached(
+        "INSERT OR IGNORE INTO object_name (namespace, interface, name)
+         SELECT namespace, interface, name FROM journal
+         WHERE name IS NOT NULL ORDER BY namespace, interface",
+    )?
+    .execute([])?;
+    tx.prepare_cached("DELETE FROM journal")?.execute([])
+}
+
+/// [`fold_journal`] in a transaction of its own.
+pub(super) fn fold(conn: &mut Connection) -> rusqlite::Result<usize> {
+    let tx = conn.transaction()?;
+    let moved = fold_journal(&tx)?;
+    tx.commit()?;
+    Ok(moved)
 }

@@ -14,6 +14,8 @@ pub(super) struct Writer {
     /// Keeps the data directory locked for as long as the writer runs.
     pub(super) _lock: File,
     pub(super) revision: i64,
+    /// Rows committed to the journal and not yet folded.
+    pub(super) journal_rows: usize,
     /// Dropped when the thread ends, which tells the supervisor.
     pub(super) _exit: oneshot::Sender<()>,
 }
@@ -24,8 +26,22 @@ impl Writer {
     pub(super) fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         let mut batch: Vec<(Registration, Reply)> = Vec::with_capacity(self.limits.max_batch);
         let mut stopping = false;
+        // Only a timer, so an idle writer can fold what a burst left in the journal.
+        let timer = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build();
         while !stopping {
-            let Some(first) = rx.blocking_recv() else {
+            let received = match &timer {
+                Ok(timer) if self.journal_rows > 0 => timer.block_on(async {
+                    tokio::time::timeout(self.limits.fold_idle, rx.recv()).await
+                }),
+                _ => Ok(rx.blocking_recv()),
+            };
+            let Ok(received) = received else {
+                self.fold();
+                continue;
+            };
+            let Some(first) = received else {
                 break;
             };
             let mut next = Some(first);
@@ -64,6 +80,28 @@ impl Writer {
                 }
             }
             self.commit(&mut batch);
+            if self.journal_rows >= self.limits.fold_rows {
+                self.fold();
+            }
+        }
+        self.fold();
+    }
+
+    /// Moves the journal into the keyed tables. On failure the rows stay in the journal, which
+    /// is as durable, and the next fold (or the next start) tries again.
+    pub(super) fn fold(&mut self) {
+        if self.journal_rows == 0 {
+            return;
+        }
+        match fold(&mut self.conn) {
+            Ok(_) => {
+                self.journal_rows = 0;
+                self.stats.journal_folds.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(err) => {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %err, rows = self.journal_rows, "cannot fold the store's journal");
+            }
         }
     }
 
@@ -93,6 +131,7 @@ impl Writer {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::CommitFailed(Arc::new(err)));
         }
+        self.journal_rows = 0;
         self.revision += 1;
         self.stats
             .pairs_removed
@@ -134,6 +173,7 @@ impl Writer {
             tracing::warn!(error = %err, "cannot remove written pairs from the outbox");
             return;
         }
+        self.journal_rows = 0;
         self.forget(&done);
         for (key, written) in registrants {
             if let Some(mut pending) = self.known.registrants.get_mut(key) {
@@ -287,6 +327,7 @@ impl Writer {
             .observe(started.elapsed().as_secs_f64());
         match written {
             Ok(()) => {
+                self.journal_rows += new_pairs.pairs() + new_names.len();
                 self.revision += 1;
                 self.stats.commits.fetch_add(1, Ordering::Relaxed);
                 self.stats
