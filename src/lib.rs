@@ -25,8 +25,8 @@
 //! ```
 //! - [`kind`]: the six kinds of the discovery stream.
 //! - [`mapping`]: domain types, validation, object names; no I/O.
-//! - [`rules`]: the rule kinds (specs, CRDs, validation, manifests, which clients an auth
-//!   policy reaches); no I/O. Standalone rules live in [`store`] (rule table, `--rules-dir`),
+//! - [`rules`]: the rule kinds (specs, validation, manifests, which clients an auth policy
+//!   reaches); no I/O. [`crds`]: the same kinds as Kubernetes custom resources. Standalone rules live in [`store`] (rule table, `--rules-dir`),
 //!   Kubernetes rules come from [`k8s`] watches; both feed the index.
 //! - [`ingest`]: the registration gRPC service.
 //! - [`store`]: the durable group-commit writer, as the standalone store or the outbox.
@@ -51,6 +51,7 @@ pub use dubbo_cp_admin::ui;
 pub use dubbo_cp_auth as auth;
 pub use dubbo_cp_ca as ca;
 pub use dubbo_cp_canary as canary;
+pub use dubbo_cp_crds as crds;
 pub use dubbo_cp_dds as dds;
 pub use dubbo_cp_dds::{digest, objects as resources};
 pub use dubbo_cp_debounce as debounce;

@@ -12,12 +12,14 @@ const PROTOCOLS: &[&str] = &["prost", "tonic", "dubbo-cp-dds", "dubbo-cp-ingest"
 
 /// Per crate: crates it must not depend on (by name prefix), normal and build dependencies.
 const FORBIDDEN: &[(&str, &[&str])] = &[
-    // The domain: no I/O, no protobuf, no runtime (kube's derive and k8s-openapi remain, for the
-    // CRD types; ARCHITECTURE.md "Still to cut").
+    // The domain: no I/O, no protobuf, no runtime, no Kubernetes (the custom resources are
+    // derived over its specs in dubbo-cp-crds).
     (
         "dubbo-cp-domain",
         &[
             "dubbo-cp",
+            "kube",
+            "k8s-openapi",
             "prost",
             "tonic",
             "tokio",
@@ -76,6 +78,18 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "dubbo-cp-index",
         ],
     ),
+    // The custom resources: types only (kube's derive, checked below), no runtime, no protocol.
+    (
+        "dubbo-cp-crds",
+        &[
+            "tokio",
+            "prost",
+            "tonic",
+            "rusqlite",
+            "hyper",
+            "dubbo-cp-index",
+        ],
+    ),
     // Sources, sinks and the debouncer between them: no protocol.
     ("dubbo-cp-store", PROTOCOLS),
     ("dubbo-cp-k8s", PROTOCOLS),
@@ -90,7 +104,11 @@ const OURS: &[(&str, &[&str])] = &[
     ("dubbo-cp-index", &["dubbo-cp-domain"]),
     ("dubbo-cp-debounce", &["dubbo-cp-domain", "dubbo-cp-kit"]),
     ("dubbo-cp-auth", &["dubbo-cp-domain", "dubbo-cp-kit"]),
-    ("dubbo-cp-canary", &["dubbo-cp-domain", "dubbo-cp-kit"]),
+    ("dubbo-cp-crds", &["dubbo-cp-domain"]),
+    (
+        "dubbo-cp-canary",
+        &["dubbo-cp-domain", "dubbo-cp-crds", "dubbo-cp-kit"],
+    ),
     (
         "dubbo-cp-store",
         &[
@@ -104,6 +122,7 @@ const OURS: &[(&str, &[&str])] = &[
         "dubbo-cp-k8s",
         &[
             "dubbo-cp-domain",
+            "dubbo-cp-crds",
             "dubbo-cp-index",
             "dubbo-cp-kit",
             "dubbo-cp-debounce",
@@ -150,6 +169,7 @@ const OURS: &[(&str, &[&str])] = &[
         "dubbo-cp",
         &[
             "dubbo-cp-domain",
+            "dubbo-cp-crds",
             "dubbo-cp-index",
             "dubbo-cp-kit",
             "dubbo-cp-debounce",
@@ -259,6 +279,37 @@ fn crates_depend_only_on_what_architecture_md_allows() {
 }
 
 /// Module path of a source file (`canary/mod.rs` -> `canary`, `lib.rs` -> ``).
+/// The custom resources' crate holds types: kube without its client, runtime or default features.
+#[test]
+fn the_crds_crate_takes_kubes_derive_only() {
+    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(root())
+        .output()
+        .expect("cargo metadata");
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let crds = metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "dubbo-cp-crds")
+        .expect("the crds crate");
+    let kube = crds["dependencies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "kube")
+        .expect("kube, for the derive");
+    assert_eq!(kube["uses_default_features"], false, "{kube}");
+    assert_eq!(kube["features"], serde_json::json!(["derive"]), "{kube}");
+}
+
 fn module_of(src: &Path, file: &Path) -> String {
     let relative = file.strip_prefix(src).unwrap().with_extension("");
     let mut parts: Vec<String> = relative

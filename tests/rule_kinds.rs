@@ -9,6 +9,7 @@ use serde_json::json;
 
 use prost_types::Any;
 
+use dubbo_cp::crds::crds;
 use dubbo_cp::pb::rules as pb;
 use dubbo_cp::rules::*;
 
@@ -49,7 +50,7 @@ fn refused(text: &str) -> String {
 /// Decodes `any` as `M` after checking its type URL, and checks that `M` re-encodes to exactly
 /// the same bytes: nothing was sent that `M` does not hold.
 fn decode<M: Message + Default>(any: &Any, kind: Kind) -> M {
-    assert_eq!(any.type_url, kind.type_url());
+    assert_eq!(any.type_url, dubbo_cp::dds::pb::type_url(kind));
     let message = M::decode(any.value.as_slice()).unwrap();
     assert_eq!(
         message.encode_to_vec(),

@@ -8,7 +8,7 @@ use serde_json::Value;
 /// The table of `list` (`{"items": [...]}`) of the rule kind `what` (a plural, singular or kind
 /// name, as kubectl takes them).
 pub fn table(what: &str, list: &Value) -> anyhow::Result<String> {
-    let crd = crate::rules::crds()
+    let crd = crate::crds::crds()
         .into_iter()
         .find(|crd| {
             let names = &crd.spec.names;

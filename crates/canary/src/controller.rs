@@ -21,7 +21,7 @@ use super::deployments::PRIMARY_SUFFIX;
 use super::lease::Elector;
 use super::reconcile::{Context, Settings, error_policy, reconcile};
 use super::stats::CanaryStats;
-use crate::rules::DynamicConfig;
+use dubbo_cp_crds::DynamicConfig;
 
 /// Runs the controller whenever this process holds the lease, until `shutdown`; releases the
 /// lease on the way out so another replica takes over at once.

@@ -66,7 +66,7 @@ pub fn mapping_any(
         }),
     };
     Any {
-        type_url: Kind::ServiceNameMapping.type_url().to_owned(),
+        type_url: crate::pb::type_url(Kind::ServiceNameMapping).to_owned(),
         value: message.encode_to_vec(),
     }
 }

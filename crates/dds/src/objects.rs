@@ -20,7 +20,7 @@ pub enum DecodeObjectError {
 
 /// Decodes a mapping object received on the stream (for clients of our own: `watch`, tests).
 pub fn decode_mapping(any: &Any) -> Result<ServiceNameMappingToClient, DecodeObjectError> {
-    if any.type_url != Kind::ServiceNameMapping.type_url() {
+    if any.type_url != crate::pb::type_url(Kind::ServiceNameMapping) {
         return Err(DecodeObjectError::TypeUrl(any.type_url.clone()));
     }
     Ok(ServiceNameMappingToClient::decode(any.value.as_slice())?)

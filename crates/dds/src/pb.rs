@@ -31,3 +31,27 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("dds_
 
 pub use dubbo::apache::org::v1alpha1 as rules;
 pub use org::apache::dubbo::auth::v1alpha1 as dds;
+
+/// Type URL of the `<Kind>ToClient` messages in `ObserveResponse.data` (the discovery stream's
+/// wire, so here with the messages and not in the domain).
+pub fn type_url(kind: crate::index::Kind) -> &'static str {
+    use crate::index::Kind;
+    match kind {
+        Kind::ServiceNameMapping => {
+            "type.googleapis.com/dubbo.apache.org.v1alpha1.ServiceNameMappingToClient"
+        }
+        Kind::TagRoute => "type.googleapis.com/dubbo.apache.org.v1alpha1.TagRouteToClient",
+        Kind::ConditionRoute => {
+            "type.googleapis.com/dubbo.apache.org.v1alpha1.ConditionRouteToClient"
+        }
+        Kind::DynamicConfig => {
+            "type.googleapis.com/dubbo.apache.org.v1alpha1.DynamicConfigToClient"
+        }
+        Kind::AuthenticationPolicy => {
+            "type.googleapis.com/dubbo.apache.org.v1alpha1.AuthenticationPolicyToClient"
+        }
+        Kind::AuthorizationPolicy => {
+            "type.googleapis.com/dubbo.apache.org.v1alpha1.AuthorizationPolicyToClient"
+        }
+    }
+}

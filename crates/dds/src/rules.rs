@@ -7,7 +7,7 @@ use prost_types::Any;
 use crate::pb::rules as pb;
 use dubbo_cp_domain::rules::*;
 
-/// The `<Kind>ToClient` message of `spec` with `key`, packed as `Any` with `kind.type_url()`.
+/// The `<Kind>ToClient` message of `spec` with `key`, packed as `Any` with [`crate::pb::type_url`].
 pub fn to_any(spec: &RuleSpec, client_key: &str) -> Any {
     let value = match spec {
         RuleSpec::TagRoute(spec) => spec.to_client(client_key).encode_to_vec(),
@@ -17,7 +17,7 @@ pub fn to_any(spec: &RuleSpec, client_key: &str) -> Any {
         RuleSpec::AuthorizationPolicy(spec) => spec.to_client(client_key).encode_to_vec(),
     };
     Any {
-        type_url: spec.kind().type_url().to_owned(),
+        type_url: crate::pb::type_url(spec.kind()).to_owned(),
         value,
     }
 }

@@ -67,28 +67,6 @@ impl Kind {
         }
     }
 
-    /// Type URL of the `<Kind>ToClient` messages in `ObserveResponse.data`.
-    pub fn type_url(self) -> &'static str {
-        match self {
-            Kind::ServiceNameMapping => {
-                "type.googleapis.com/dubbo.apache.org.v1alpha1.ServiceNameMappingToClient"
-            }
-            Kind::TagRoute => "type.googleapis.com/dubbo.apache.org.v1alpha1.TagRouteToClient",
-            Kind::ConditionRoute => {
-                "type.googleapis.com/dubbo.apache.org.v1alpha1.ConditionRouteToClient"
-            }
-            Kind::DynamicConfig => {
-                "type.googleapis.com/dubbo.apache.org.v1alpha1.DynamicConfigToClient"
-            }
-            Kind::AuthenticationPolicy => {
-                "type.googleapis.com/dubbo.apache.org.v1alpha1.AuthenticationPolicyToClient"
-            }
-            Kind::AuthorizationPolicy => {
-                "type.googleapis.com/dubbo.apache.org.v1alpha1.AuthorizationPolicyToClient"
-            }
-        }
-    }
-
     /// Position in [`Kind::ALL`].
     pub fn slot(self) -> usize {
         self as usize

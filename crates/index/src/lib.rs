@@ -454,21 +454,10 @@ mod tests {
                 kind.type_name(),
                 format!("dubbo.apache.org/v1alpha1/{}", kind.name())
             );
-            assert_eq!(
-                kind.type_url(),
-                format!(
-                    "type.googleapis.com/dubbo.apache.org.v1alpha1.{}ToClient",
-                    kind.name()
-                )
-            );
         }
         assert_eq!(
             Kind::ServiceNameMapping.type_name(),
             "dubbo.apache.org/v1alpha1/ServiceNameMapping"
-        );
-        assert_eq!(
-            Kind::ServiceNameMapping.type_url(),
-            "type.googleapis.com/dubbo.apache.org.v1alpha1.ServiceNameMappingToClient"
         );
         for unknown in [
             "",

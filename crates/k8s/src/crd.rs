@@ -64,7 +64,7 @@ impl ServiceNameMapping {
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     use kube::CustomResourceExt;
     let mut documents = vec![serde_yaml::to_string(&ServiceNameMapping::crd())?];
-    for crd in crate::rules::crds() {
+    for crd in dubbo_cp_crds::crds() {
         documents.push(serde_yaml::to_string(&crd)?);
     }
     documents.push(serde_yaml::to_string(&crate::canary::Canary::crd())?);

@@ -26,7 +26,8 @@ use super::http::HttpClient;
 use super::prometheus::{Placeholders, Prometheus};
 use super::stats::{CanaryLabels, CanaryStats};
 use super::weight;
-use crate::rules::{DynamicConfig, DynamicConfigSpec};
+use crate::rules::DynamicConfigSpec;
+use dubbo_cp_crds::DynamicConfig;
 
 pub use super::crd::ACTION_ANNOTATION;
 pub use super::revisions::{REVISION_LABEL, revisions_of};

@@ -455,7 +455,7 @@ impl Run<'_> {
             .configs
             .get(&ObjectRef::new(&self.config_name()).within(&self.namespace));
         if let Some(stored) = stored {
-            let mut spec = stored.spec.clone();
+            let mut spec = stored.spec.0.clone();
             for config in &mut spec.configs {
                 config
                     .parameters

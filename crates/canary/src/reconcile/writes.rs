@@ -71,9 +71,9 @@ impl Run<'_> {
                 self.wrote();
                 Ok(())
             }
-            (Some(spec), Some(stored)) if stored.spec == spec => Ok(()),
+            (Some(spec), Some(stored)) if stored.spec.0 == spec => Ok(()),
             (Some(spec), stored) => {
-                let mut object = DynamicConfig::new(&name, spec);
+                let mut object = DynamicConfig::new(&name, spec.into());
                 object.metadata.namespace = Some(self.namespace.clone());
                 object.metadata.labels = Some(BTreeMap::from([(
                     REVISION_LABEL.to_owned(),

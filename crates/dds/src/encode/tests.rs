@@ -120,3 +120,20 @@ fn digests_are_of_the_encoded_state() {
     assert_eq!(encoder.digest(&snapshot), expected);
     assert_eq!(encoder.object_digests(&snapshot).len(), 1);
 }
+
+#[test]
+fn type_urls_name_each_kinds_to_client_message() {
+    for kind in Kind::ALL {
+        assert_eq!(
+            crate::pb::type_url(kind),
+            format!(
+                "type.googleapis.com/dubbo.apache.org.v1alpha1.{}ToClient",
+                kind.name()
+            )
+        );
+    }
+    assert_eq!(
+        crate::pb::type_url(Kind::ServiceNameMapping),
+        "type.googleapis.com/dubbo.apache.org.v1alpha1.ServiceNameMappingToClient"
+    );
+}

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeSet;
 
-use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -16,21 +15,7 @@ use super::limits;
 /// What the Java SDK's `AuthenticationAction` takes.
 pub const AUTHENTICATION_ACTIONS: [&str; 4] = ["NONE", "DISABLED", "PERMISSIVE", "STRICT"];
 
-#[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[kube(
-    group = "dubbo.apache.org",
-    version = "v1alpha1",
-    kind = "AuthenticationPolicy",
-    doc = "An authentication policy: whether the selected workloads require mTLS from callers",
-    namespaced,
-    plural = "authenticationpolicies",
-    singular = "authenticationpolicy",
-    category = "dubbo",
-    printcolumn = r#"{"name":"Action","type":"string","jsonPath":".spec.action"}"#,
-    printcolumn = r#"{"name":"Selected Namespaces","type":"string","jsonPath":".spec.selector[*].namespaces"}"#,
-    printcolumn = r#"{"name":"Ports","type":"string","jsonPath":".spec.portLevel[*].port"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
-)]
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AuthenticationPolicySpec {
     #[schemars(extend("enum" = ["NONE", "DISABLED", "PERMISSIVE", "STRICT"]), length(max = limits::ENUM))]

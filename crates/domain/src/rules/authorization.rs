@@ -3,7 +3,6 @@
 //! A stream receives only the policies whose every rule's `to` matches its endpoint, and `to` is
 //! not sent ([`AuthorizationPolicySpec::to_client`]).
 
-use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -15,22 +14,7 @@ pub const AUTHORIZATION_ACTIONS: [&str; 3] = ["ALLOW", "DENY", "ADULT"];
 /// What the Java SDK's `AuthorizationMatchType` takes; empty means `ANY_MATCH`.
 pub const MATCH_TYPES: [&str; 2] = ["ANY_MATCH", "ALL_MATCH"];
 
-#[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[kube(
-    group = "dubbo.apache.org",
-    version = "v1alpha1",
-    kind = "AuthorizationPolicy",
-    doc = "An authorization policy: which callers the selected workloads let in or turn away",
-    namespaced,
-    plural = "authorizationpolicies",
-    singular = "authorizationpolicy",
-    category = "dubbo",
-    printcolumn = r#"{"name":"Action","type":"string","jsonPath":".spec.action"}"#,
-    printcolumn = r#"{"name":"Match Type","type":"string","jsonPath":".spec.matchType"}"#,
-    printcolumn = r#"{"name":"Target Namespaces","type":"string","jsonPath":".spec.rules[*].to.namespaces"}"#,
-    printcolumn = r#"{"name":"Samples","type":"number","jsonPath":".spec.samples","priority":1}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
-)]
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AuthorizationPolicySpec {
     #[schemars(extend("enum" = ["ALLOW", "DENY", "ADULT"]), length(max = limits::ENUM))]

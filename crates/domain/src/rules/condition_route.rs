@@ -1,7 +1,6 @@
 //! ConditionRoute: which providers requests may reach, by conditions in Dubbo's grammar
 //! ([`super::condition`]). `key` is a service (scope `service`) or an application (`application`).
 
-use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -9,23 +8,7 @@ use super::common::{Checked, FieldError, at_least_one, field, item, one_of, word
 use super::condition::parse_condition;
 use super::{SCOPES, config_version, limits};
 
-#[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[kube(
-    group = "dubbo.apache.org",
-    version = "v1alpha1",
-    kind = "ConditionRoute",
-    doc = "A condition route: which providers the requests a condition matches may reach",
-    namespaced,
-    plural = "conditionroutes",
-    singular = "conditionroute",
-    category = "dubbo",
-    printcolumn = r#"{"name":"Key","type":"string","jsonPath":".spec.key"}"#,
-    printcolumn = r#"{"name":"Scope","type":"string","jsonPath":".spec.scope"}"#,
-    printcolumn = r#"{"name":"Enabled","type":"boolean","jsonPath":".spec.enabled"}"#,
-    printcolumn = r#"{"name":"Conditions","type":"string","jsonPath":".spec.conditions"}"#,
-    printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","priority":1}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
-)]
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConditionRouteSpec {
     #[serde(default)]

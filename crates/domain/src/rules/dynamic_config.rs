@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -12,22 +11,7 @@ use super::common::{
 };
 use super::{SCOPES, config_version, limits};
 
-#[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[kube(
-    group = "dubbo.apache.org",
-    version = "v1alpha1",
-    kind = "DynamicConfig",
-    doc = "A dynamic config: parameters (weight, timeout, retries, ...) overridden at run time",
-    namespaced,
-    plural = "dynamicconfigs",
-    singular = "dynamicconfig",
-    category = "dubbo",
-    printcolumn = r#"{"name":"Key","type":"string","jsonPath":".spec.key"}"#,
-    printcolumn = r#"{"name":"Scope","type":"string","jsonPath":".spec.scope"}"#,
-    printcolumn = r#"{"name":"Enabled","type":"boolean","jsonPath":".spec.enabled"}"#,
-    printcolumn = r#"{"name":"Sides","type":"string","jsonPath":".spec.configs[*].side"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
-)]
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DynamicConfigSpec {
     /// A service key (`group/interface:version`, scope `service`) or an application name.
@@ -44,7 +28,7 @@ pub struct DynamicConfigSpec {
 }
 
 /// One override: `parameters` for the instances the other fields select.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OverrideConfig {
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -61,10 +45,11 @@ pub struct OverrideConfig {
         "minProperties" = 1,
         "maxProperties" = limits::PARAMETERS,
         "additionalProperties" = {"type": "string", "maxLength": limits::KEY},
+        "x-kubernetes-validations" = [{
+            "rule": "!has(self.weight) || (int(self.weight) >= 0 && int(self.weight) <= 1000000)",
+            "message": "weight must be an integer from 0 to 1000000",
+        }],
     ))]
-    #[x_kube(validation = Rule::new(
-        "!has(self.weight) || (int(self.weight) >= 0 && int(self.weight) <= 1000000)"
-    ).message("weight must be an integer from 0 to 1000000"))]
     pub parameters: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = limits::INSTANCES), inner(length(max = limits::NAME)))]

@@ -1,7 +1,7 @@
 //! Traffic rules as the control plane understands them: TagRoute, ConditionRoute, DynamicConfig,
 //! AuthenticationPolicy and AuthorizationPolicy (wire.md §2-3). Their spec types are the custom
-//! resources (derived here, so `deploy/` is generated from them), what `apply` reads and what the
-//! store keeps; [`RuleSpec::parse`] validates one, naming the field at fault, and
+//! resources' specs (the crds crate derives the resources over them, and `deploy/` is generated
+//! from those), what `apply` reads and what the store keeps; [`RuleSpec::parse`] validates one, naming the field at fault, and
 //! [`RuleSpec::to_any`] makes its discovery-stream message. No I/O here.
 
 pub mod cidr;
@@ -20,17 +20,13 @@ mod tag_route;
 
 use std::sync::OnceLock;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::CustomResourceExt;
 use serde::de::DeserializeOwned;
 
 pub use crate::kind::Kind;
-pub use authentication::{
-    AUTHENTICATION_ACTIONS, AuthenticationPolicy, AuthenticationPolicySpec, PortLevel,
-};
+pub use authentication::{AUTHENTICATION_ACTIONS, AuthenticationPolicySpec, PortLevel};
 pub use authorization::{
-    AUTHORIZATION_ACTIONS, AuthorizationPolicy, AuthorizationPolicySpec, AuthorizationRule,
-    Condition, MATCH_TYPES, Match,
+    AUTHORIZATION_ACTIONS, AuthorizationPolicySpec, AuthorizationRule, Condition, MATCH_TYPES,
+    Match,
 };
 pub use cidr::Cidr;
 pub use common::{
@@ -38,13 +34,13 @@ pub use common::{
     ParamMatch, PolicyExtend, PolicySelector, StringMatch,
 };
 pub use condition::{ConditionError, MatchClause, RouteCondition, parse_condition};
-pub use condition_route::{ConditionRoute, ConditionRouteSpec};
-pub use dynamic_config::{DynamicConfig, DynamicConfigSpec, OverrideConfig};
+pub use condition_route::ConditionRouteSpec;
+pub use dynamic_config::{DynamicConfigSpec, OverrideConfig};
 pub use manifest::{
     API_VERSION, DEFAULT_NAMESPACE, ManifestError, parse_manifests, parse_manifests_in,
 };
 pub use schema::{limits_markdown, limits_table};
-pub use tag_route::{Tag, TagRoute, TagRouteSpec};
+pub use tag_route::{Tag, TagRouteSpec};
 
 /// The kinds that are rules (every kind but ServiceNameMapping).
 pub const RULE_KINDS: [Kind; 5] = [
@@ -188,32 +184,19 @@ fn deserialize<T: DeserializeOwned>(spec: &serde_json::Value) -> Result<T, Field
     })
 }
 
-/// The CRD schema of `kind`'s spec, generated once.
+/// The CRD schema of `kind`'s spec, parsed once from `spec_schemas.json`: the custom resources
+/// are derived in the crds crate (the domain knows no Kubernetes), whose test keeps the file equal
+/// to what it generates.
 pub fn spec_schema(kind: Kind) -> Option<&'static serde_json::Value> {
-    static SCHEMAS: OnceLock<Vec<serde_json::Value>> = OnceLock::new();
+    static SCHEMAS: OnceLock<serde_json::Value> = OnceLock::new();
     let schemas = SCHEMAS.get_or_init(|| {
-        crds()
-            .iter()
-            .map(|crd| {
-                let schema = crd.spec.versions.first().and_then(|v| v.schema.as_ref());
-                let root = schema.and_then(|s| s.open_api_v3_schema.as_ref());
-                let root = root.and_then(|r| serde_json::to_value(r).ok());
-                root.map(|r| r["properties"]["spec"].clone())
-                    .unwrap_or_default()
-            })
-            .collect()
+        serde_json::from_str(SPEC_SCHEMAS).unwrap_or_else(|err| {
+            tracing::error!(%err, "spec_schemas.json does not parse; rule specs go unchecked by schema");
+            serde_json::Value::Null
+        })
     });
-    let index = RULE_KINDS.iter().position(|k| *k == kind)?;
-    schemas.get(index)
+    schemas.get(kind.name())
 }
 
-/// The five rule CRDs, in [`RULE_KINDS`] order.
-pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![
-        TagRoute::crd(),
-        ConditionRoute::crd(),
-        DynamicConfig::crd(),
-        AuthenticationPolicy::crd(),
-        AuthorizationPolicy::crd(),
-    ]
-}
+/// The text of `spec_schemas.json`, for the crds crate's freshness test.
+pub const SPEC_SCHEMAS: &str = include_str!("spec_schemas.json");

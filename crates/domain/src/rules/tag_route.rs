@@ -3,7 +3,6 @@
 
 use std::collections::BTreeSet;
 
-use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -12,26 +11,13 @@ use super::common::{
 };
 use super::{config_version, limits};
 
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[kube(
-    group = "dubbo.apache.org",
-    version = "v1alpha1",
-    kind = "TagRoute",
-    doc = "A tag route: requests carrying a tag go to the instances of that tag (grey releases)",
-    namespaced,
-    plural = "tagroutes",
-    singular = "tagroute",
-    category = "dubbo",
-    printcolumn = r#"{"name":"Key","type":"string","jsonPath":".spec.key"}"#,
-    printcolumn = r#"{"name":"Enabled","type":"boolean","jsonPath":".spec.enabled"}"#,
-    printcolumn = r#"{"name":"Tags","type":"string","jsonPath":".spec.tags[*].name"}"#,
-    printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","priority":1}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
-)]
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[x_kube(validation = Rule::new(
-    "self.configVersion == 'v3.0' || self.tags.all(t, !has(t.match))"
-).message("tags[].match needs configVersion v3.0 (older versions ignore it)"))]
+// A CEL rule the API server checks (kube's `x_kube(validation)` writes the same keyword).
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.configVersion == 'v3.0' || self.tags.all(t, !has(t.match))",
+    "message": "tags[].match needs configVersion v3.0 (older versions ignore it)",
+}]))]
 pub struct TagRouteSpec {
     #[serde(default)]
     pub priority: i32,
