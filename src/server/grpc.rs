@@ -1,25 +1,163 @@
-//! The gRPC ports: one tonic router over any listener (plain or TLS), and the shutdown wait.
+//! The gRPC ports: the services, one tonic router over any listener (plain or TLS), the ports
+//! that serve it, and the shutdown wait.
 
 use super::*;
 
+/// The registration service, the discovery stream, health and the CA service, with the
+/// discovery stream's metrics registered.
+pub(super) async fn grpc_services(
+    config: &Config,
+    source: &Source,
+    security: &Security,
+    wiring: &mut Wiring,
+) -> (Services, Edges) {
+    let Security { authority, policy } = security;
+    let registry = &mut wiring.registry;
+    let ingest = Ingest::new(
+        source.durable.clone(),
+        &config.ingest,
+        policy.clone(),
+        wiring.metrics.clone(),
+    );
+    let index = &source.index;
+    let encoder = Arc::new(crate::dds::encode::Encoder::default());
+    encoder.register_metrics(registry);
+    let rules = RuleService::new(
+        index.clone(),
+        encoder.clone(),
+        config.dds,
+        policy.clone(),
+        wiring.metrics.clone(),
+        wiring.shutdown_rx.clone(),
+    );
+    let dds_stats = rules.stats();
+    dds_stats.register_metrics(registry);
+    let clients = rules.clients();
+    clients.register_metrics(index.clone(), registry);
+    registry.register_collector(Box::new(crate::digest::DigestMetric(
+        index.clone(),
+        encoder.clone(),
+    )));
+    let health = tonic_health::server::HealthReporter::new();
+    let health_service = tonic_health::pb::health_server::HealthServer::new(
+        tonic_health::server::HealthService::from_health_reporter(health.clone()),
+    );
+    health.set_serving::<RegistrationServer>().await;
+    let ca_service = authority.clone().map(|authority| {
+        CaService::new(
+            authority,
+            policy.clone(),
+            IssueLimits {
+                per_second: config.ca.issues_per_second,
+                burst: config.ca.issue_burst,
+                concurrency: std::thread::available_parallelism()
+                    .map(|n| n.get() / 2)
+                    .unwrap_or(1),
+            },
+        )
+    });
+    let edges = Edges {
+        encoder,
+        dds_stats,
+        clients,
+        health,
+    };
+    ((ingest, rules, health_service, ca_service), edges)
+}
+
+/// Serves `services` on the gRPC port and the TLS port (if any) and starts the webhook (if
+/// any); returns the admin port's listener, which is served last.
+pub(super) fn serve_grpc(
+    config: &Config,
+    listeners: Listeners,
+    services: Services,
+    security: &Security,
+    kube_client: Option<&kube::Client>,
+    wiring: &mut Wiring,
+) -> anyhow::Result<TcpListener> {
+    let Listeners {
+        grpc,
+        tls,
+        admin,
+        webhook,
+    } = listeners;
+    let Wiring {
+        tasks,
+        registry,
+        metrics,
+        shutdown_rx,
+        ..
+    } = wiring;
+    let authority = &security.authority;
+    let tls_stats = Arc::new(TlsStats::default());
+    tls_stats.register_metrics(registry);
+    let tls_port = tls.as_ref().map_or(Ok(config.tls.addr.port()), |(l, _)| {
+        l.local_addr().map(|addr| addr.port())
+    })?;
+    if let (Some(listener), Some(authority), Some(client)) = (webhook, authority, kube_client) {
+        start_webhook(
+            config,
+            (listener, tls_port),
+            authority,
+            client,
+            tls_stats.clone(),
+            registry,
+            tasks,
+        )?;
+    }
+    if let Some((listener, identity)) = tls {
+        let (configs, maintain) = TlsConfigs::start(
+            identity,
+            config.tls.client_ca_file.clone(),
+            authority.clone(),
+            tls_stats.clone(),
+            GRPC_ALPN,
+            shutdown_rx.clone(),
+        )?;
+        tasks.spawn("TLS certificate", async move {
+            maintain.await;
+            Ok(())
+        });
+        let incoming = crate::tls::incoming(listener, configs.current, TCP_KEEPALIVE, tls_stats);
+        let serve = grpc_serve(
+            config,
+            metrics.clone(),
+            services.clone(),
+            incoming,
+            shutdown_rx.clone(),
+        )?;
+        tasks.spawn("TLS gRPC server", async move {
+            serve.await.context("TLS gRPC server failed")
+        });
+    }
+    let serve = grpc_serve(
+        config,
+        metrics.clone(),
+        services,
+        // Our own listener, so NODELAY and keepalive must be set on the incoming stream.
+        TcpIncoming::from(grpc)
+            .with_nodelay(Some(true))
+            .with_keepalive(Some(TCP_KEEPALIVE)),
+        shutdown_rx.clone(),
+    )?;
+    tasks.spawn("gRPC server", async move {
+        serve.await.context("gRPC server failed")
+    });
+    Ok(admin)
+}
+
 /// The gRPC server on `incoming` (plain TCP, or TLS connections), until shutdown: every
 /// service and the connection settings.
-pub(super) fn grpc_serve<H, I, IO>(
+pub(super) fn grpc_serve<I, IO>(
     config: &Config,
     metrics: Arc<Metrics>,
-    (ingest, rules, health, ca): (
-        Ingest,
-        RuleService,
-        tonic_health::pb::health_server::HealthServer<H>,
-        Option<CaService>,
-    ),
+    (ingest, rules, health, ca): Services,
     incoming: I,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<
-    impl std::future::Future<Output = Result<(), tonic::transport::Error>> + use<H, I, IO>,
+    impl std::future::Future<Output = Result<(), tonic::transport::Error>> + use<I, IO>,
 >
 where
-    H: tonic_health::pb::health_server::Health,
     I: tokio_stream::Stream<Item = Result<IO, std::io::Error>> + Send + 'static,
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Connected + Unpin + Send + 'static,
 {

@@ -83,6 +83,31 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
+    /// The started server; its task shuts everything down in order once asked to.
+    fn new(config: &Config, addrs: Addrs, source: Source, edges: Edges, wiring: Wiring) -> Self {
+        RunningServer {
+            grpc_addr: addrs.grpc,
+            tls_addr: addrs.tls,
+            webhook_addr: addrs.webhook,
+            admin_addr: addrs.admin,
+            index: source.index,
+            encoder: edges.encoder,
+            store_stats: source.durable.stats().clone(),
+            dds_stats: edges.dds_stats,
+            kube_stats: source.kube.as_ref().map(|(writer, _)| writer.stats()),
+            readiness: wiring.readiness.clone(),
+            task: tokio::spawn(shutdown_in_order(
+                wiring.tasks,
+                source.writer,
+                wiring.readiness,
+                edges.health,
+                config.shutdown_grace,
+                wiring.shutdown_rx,
+            )),
+            shutdown: wiring.shutdown,
+        }
+    }
+
     /// Starts a graceful shutdown; [`RunningServer::wait`] returns when it is done.
     pub fn shutdown(&self) {
         self.shutdown.send_replace(true);
@@ -112,232 +137,177 @@ struct Source {
     standalone_rules: Option<Arc<StandaloneRules>>,
 }
 
+/// What every step shares: the shutdown signal, readiness, the task supervisor, the metrics.
+struct Wiring {
+    shutdown: watch::Sender<bool>,
+    shutdown_rx: watch::Receiver<bool>,
+    readiness: Readiness,
+    tasks: Supervisor,
+    metrics: Arc<Metrics>,
+    registry: Registry,
+}
+
+impl Wiring {
+    fn new() -> Wiring {
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let readiness = Readiness::default();
+        let tasks = Supervisor::new(shutdown.clone(), readiness.clone());
+        let metrics = Arc::new(Metrics::default());
+        let mut registry = Registry::with_prefix("dubbo_cp");
+        metrics.register_metrics(&mut registry);
+        Wiring {
+            shutdown,
+            shutdown_rx,
+            readiness,
+            tasks,
+            metrics,
+            registry,
+        }
+    }
+}
+
+/// Who may do what, and the CA that backs it.
+struct Security {
+    authority: Option<Authority>,
+    policy: Policy,
+}
+
+/// The discovery stream's shared parts the admin port and the caller read too.
+struct Edges {
+    encoder: Arc<crate::dds::encode::Encoder>,
+    dds_stats: Arc<DdsStats>,
+    clients: Arc<crate::dds::clients::Clients>,
+    health: tonic_health::server::HealthReporter,
+}
+
+/// The gRPC services every gRPC port serves.
+type Services = (
+    Ingest,
+    RuleService,
+    tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
+    Option<CaService>,
+);
+
 /// Starts the control plane; returns once every port accepts connections.
 pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
-    check_bind_policy(&config)?;
-    if let Some(dir) = &config.rules.dir {
-        store::rules_dir::check_dir(dir)?;
-    }
-    let (shutdown, shutdown_rx) = watch::channel(false);
-    let readiness = Readiness::default();
-    let mut tasks = Supervisor::new(shutdown.clone(), readiness.clone());
-    let metrics = Arc::new(Metrics::default());
-    let mut registry = Registry::with_prefix("dubbo_cp");
-    metrics.register_metrics(&mut registry);
-
+    check_config(&config)?;
+    let mut wiring = Wiring::new();
     let listeners = Listeners::bind(&config).await?;
     let kube_client = match config.mode {
         Mode::Kubernetes => Some(k8s::client(config.kubernetes.api_server.as_deref()).await?),
         Mode::Standalone => None,
     };
-    let mut source = match &kube_client {
-        None => open_store(&config, &metrics, &mut registry, &mut tasks).await?,
-        Some(client) => {
-            open_kubernetes(&config, client, &metrics, &mut registry, &mut tasks).await?
-        }
+    let source = open_source(&config, kube_client.as_ref(), &mut wiring).await?;
+    let security = open_security(&config, kube_client.as_ref(), &source, &mut wiring).await?;
+    let (services, edges) = grpc_services(&config, &source, &security, &mut wiring).await;
+    let addrs = listeners.addrs()?;
+    let admin_listener = serve_grpc(
+        &config,
+        listeners,
+        services,
+        &security,
+        kube_client.as_ref(),
+        &mut wiring,
+    )?;
+    serve_admin(
+        &config,
+        admin_listener,
+        (&source, &security, &edges),
+        kube_client,
+        &mut wiring,
+    );
+    wiring.readiness.set(true);
+    announce(&addrs);
+    Ok(RunningServer::new(&config, addrs, source, edges, wiring))
+}
+
+/// Settings that are wrong together, refused before anything is bound or opened.
+fn check_config(config: &Config) -> anyhow::Result<()> {
+    check_bind_policy(config)?;
+    if let Some(dir) = &config.rules.dir {
+        store::rules_dir::check_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// The source of truth of the mode, with its metrics and the writer thread under supervision.
+async fn open_source(
+    config: &Config,
+    kube_client: Option<&kube::Client>,
+    wiring: &mut Wiring,
+) -> anyhow::Result<Source> {
+    let Wiring {
+        metrics,
+        registry,
+        tasks,
+        ..
+    } = wiring;
+    let mut source = match kube_client {
+        None => open_store(config, metrics, registry, tasks).await?,
+        Some(client) => open_kubernetes(config, client, metrics, registry, tasks).await?,
     };
-    let index = source.index.clone();
-    index.register_metrics(&mut registry);
-    source.durable.stats().register_metrics(&mut registry);
+    source.index.register_metrics(registry);
+    source.durable.stats().register_metrics(registry);
     if let Some(exited) = source.writer.take_exit_signal() {
         tasks.spawn("store writer", async move {
             let _ = exited.await;
             Ok(())
         });
     }
+    Ok(source)
+}
 
-    let authority = open_ca(&config, kube_client.as_ref(), &mut registry, &mut tasks).await?;
-    let (policy, pods) = auth_policy(
-        &config,
-        kube_client.as_ref(),
-        &mut registry,
-        &mut tasks,
-        shutdown_rx.clone(),
-    )?;
-    start_expiry(
-        &config,
-        &source,
-        kube_client.as_ref().zip(pods),
-        &mut registry,
-        &mut tasks,
-    );
-    if let Some(client) = &kube_client {
-        start_canaries(&config, client, &mut registry, &mut tasks);
-    }
-    let policy = policy.with_dubbo_jwt(
-        authority
-            .clone()
-            .map(|a| Arc::new(a) as Arc<dyn TokenVerifier>),
-    );
-    let ingest = Ingest::new(
-        source.durable.clone(),
-        &config.ingest,
-        policy.clone(),
-        metrics.clone(),
-    );
-    let encoder = Arc::new(crate::dds::encode::Encoder::default());
-    encoder.register_metrics(&mut registry);
-    let rules = RuleService::new(
-        index.clone(),
-        encoder.clone(),
-        config.dds,
-        policy.clone(),
-        metrics.clone(),
-        shutdown_rx.clone(),
-    );
-    let dds_stats = rules.stats();
-    dds_stats.register_metrics(&mut registry);
-    let clients = rules.clients();
-    clients.register_metrics(index.clone(), &mut registry);
-    registry.register_collector(Box::new(crate::digest::DigestMetric(
-        index.clone(),
-        encoder.clone(),
-    )));
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<RegistrationServer>().await;
-    let ca_service = authority.clone().map(|authority| {
-        CaService::new(
-            authority,
-            policy.clone(),
-            IssueLimits {
-                per_second: config.ca.issues_per_second,
-                burst: config.ca.issue_burst,
-                concurrency: std::thread::available_parallelism()
-                    .map(|n| n.get() / 2)
-                    .unwrap_or(1),
-            },
-        )
-    });
-    let services = (ingest, rules, health_service, ca_service);
-
-    let Listeners {
-        grpc,
-        tls,
-        admin: admin_listener,
-        webhook: webhook_listener,
-        grpc_addr,
-        tls_addr,
-        admin_addr,
-        webhook_addr,
-    } = listeners;
-    let tls_stats = Arc::new(TlsStats::default());
-    tls_stats.register_metrics(&mut registry);
-    if let (Some(listener), Some(authority), Some(client)) =
-        (webhook_listener, &authority, &kube_client)
-    {
-        start_webhook(
-            &config,
-            (
-                listener,
-                tls_addr.map_or(config.tls.addr.port(), |addr| addr.port()),
-            ),
-            authority,
-            client,
-            tls_stats.clone(),
-            &mut registry,
-            &mut tasks,
-        )?;
-    }
-    if let Some((listener, identity)) = tls {
-        let stats = tls_stats.clone();
-        let (configs, maintain) = TlsConfigs::start(
-            identity,
-            config.tls.client_ca_file.clone(),
-            authority.clone(),
-            stats.clone(),
-            GRPC_ALPN,
-            shutdown_rx.clone(),
-        )?;
-        tasks.spawn("TLS certificate", async move {
-            maintain.await;
-            Ok(())
-        });
-        let incoming = crate::tls::incoming(listener, configs.current, TCP_KEEPALIVE, stats);
-        let serve = grpc_serve(
-            &config,
-            metrics.clone(),
-            services.clone(),
-            incoming,
-            shutdown_rx.clone(),
-        )?;
-        tasks.spawn("TLS gRPC server", async move {
-            serve.await.context("TLS gRPC server failed")
-        });
-    }
-    let serve = grpc_serve(
-        &config,
-        metrics.clone(),
-        services,
-        // Our own listener, so NODELAY and keepalive must be set on the incoming stream.
-        TcpIncoming::from(grpc)
-            .with_nodelay(Some(true))
-            .with_keepalive(Some(TCP_KEEPALIVE)),
-        shutdown_rx.clone(),
-    )?;
-    tasks.spawn("gRPC server", async move {
-        serve.await.context("gRPC server failed")
-    });
-
-    let admin_state = admin::AdminState {
-        readiness: readiness.clone(),
-        index: index.clone(),
-        encoder: encoder.clone(),
+/// The admin port (HTTP) until shutdown: health, metrics (every one is registered by now), the
+/// read-only views, the rule and CA APIs.
+fn serve_admin(
+    config: &Config,
+    listener: TcpListener,
+    (source, security, edges): (&Source, &Security, &Edges),
+    kube_client: Option<kube::Client>,
+    wiring: &mut Wiring,
+) {
+    let state = admin::AdminState {
+        readiness: wiring.readiness.clone(),
+        index: source.index.clone(),
+        encoder: edges.encoder.clone(),
         mappings: source.mappings.clone(),
         outbox: source.kube.clone(),
-        registry: Arc::new(registry),
+        registry: Arc::new(std::mem::take(&mut wiring.registry)),
         rules: admin::RuleAdmin {
             catalog: source.catalog.clone(),
             standalone: source.standalone_rules.clone(),
-            policy: policy.clone(),
+            policy: security.policy.clone(),
         },
-        ca: authority.clone(),
-        clients,
-        canaries: kube_client.clone().filter(|_| config.canary.enabled),
+        ca: security.authority.clone(),
+        clients: edges.clients.clone(),
+        canaries: kube_client.filter(|_| config.canary.enabled),
     };
-    let admin_listener = admin_listener.tap_io(|tcp| {
+    let listener = listener.tap_io(|tcp| {
         // Small responses (probes, /metrics) should not wait for Nagle.
         let _ = tcp.set_nodelay(true);
     });
-    let admin_serve = axum::serve(
-        admin_listener,
-        admin::router(admin_state).into_make_service_with_connect_info::<SocketAddr>(),
+    let serve = axum::serve(
+        listener,
+        admin::router(state).into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(wait_for_shutdown(shutdown_rx.clone()));
-    tasks.spawn("admin server", async move {
-        admin_serve.await.context("admin server failed")
+    .with_graceful_shutdown(wait_for_shutdown(wiring.shutdown_rx.clone()));
+    wiring.tasks.spawn("admin server", async move {
+        serve.await.context("admin server failed")
     });
+}
 
-    readiness.set(true);
-    match tls_addr {
+fn announce(addrs: &Addrs) {
+    let Addrs {
+        grpc: grpc_addr,
+        admin: admin_addr,
+        ..
+    } = addrs;
+    match addrs.tls {
         Some(tls_addr) => tracing::info!(%grpc_addr, %tls_addr, %admin_addr, "dubbo-cp serving"),
         None => tracing::info!(%grpc_addr, %admin_addr, "dubbo-cp serving"),
     }
     // Where an operator looks first; the admin port's `/` redirects there too.
     tracing::info!("dashboard at http://{admin_addr}/ui");
-    let store_stats = source.durable.stats().clone();
-    let kube_stats = source.kube.as_ref().map(|(writer, _)| writer.stats());
-    let task = tokio::spawn(shutdown_in_order(
-        tasks,
-        source.writer,
-        readiness.clone(),
-        health,
-        config.shutdown_grace,
-        shutdown_rx,
-    ));
-    Ok(RunningServer {
-        grpc_addr,
-        tls_addr,
-        webhook_addr,
-        admin_addr,
-        index,
-        encoder,
-        store_stats,
-        dds_stats,
-        kube_stats,
-        readiness,
-        shutdown,
-        task,
-    })
 }
 
 /// Every port, bound before anything else starts, so a port in use fails the start at once.
@@ -346,10 +316,15 @@ struct Listeners {
     tls: Option<(TcpListener, ServingIdentity)>,
     admin: TcpListener,
     webhook: Option<TcpListener>,
-    grpc_addr: SocketAddr,
-    tls_addr: Option<SocketAddr>,
-    admin_addr: SocketAddr,
-    webhook_addr: Option<SocketAddr>,
+}
+
+/// Where the ports listen (an address given with port 0 has its real port here).
+#[derive(Clone, Copy)]
+struct Addrs {
+    grpc: SocketAddr,
+    tls: Option<SocketAddr>,
+    admin: SocketAddr,
+    webhook: Option<SocketAddr>,
 }
 
 impl Listeners {
@@ -372,14 +347,23 @@ impl Listeners {
             None => None,
         };
         Ok(Listeners {
-            grpc_addr: grpc.local_addr()?,
-            admin_addr: admin.local_addr()?,
-            tls_addr: tls.as_ref().map(|(l, _)| l.local_addr()).transpose()?,
-            webhook_addr: webhook.as_ref().map(TcpListener::local_addr).transpose()?,
             webhook,
             grpc,
             tls,
             admin,
+        })
+    }
+
+    fn addrs(&self) -> anyhow::Result<Addrs> {
+        Ok(Addrs {
+            grpc: self.grpc.local_addr()?,
+            admin: self.admin.local_addr()?,
+            tls: self.tls.as_ref().map(|(l, _)| l.local_addr()).transpose()?,
+            webhook: self
+                .webhook
+                .as_ref()
+                .map(TcpListener::local_addr)
+                .transpose()?,
         })
     }
 }

@@ -3,6 +3,34 @@
 
 use super::*;
 
+/// The CA (if enabled), the authentication policy (which trusts the CA's tokens), and in
+/// Kubernetes mode the expiry of applications whose pods are gone and the canary controller.
+pub(super) async fn open_security(
+    config: &Config,
+    kube_client: Option<&kube::Client>,
+    source: &Source,
+    wiring: &mut Wiring,
+) -> anyhow::Result<Security> {
+    let Wiring {
+        tasks,
+        registry,
+        shutdown_rx,
+        ..
+    } = wiring;
+    let authority = open_ca(config, kube_client, registry, tasks).await?;
+    let (policy, pods) = auth_policy(config, kube_client, registry, tasks, shutdown_rx.clone())?;
+    start_expiry(config, source, kube_client.zip(pods), registry, tasks);
+    if let Some(client) = kube_client {
+        start_canaries(config, client, registry, tasks);
+    }
+    let policy = policy.with_dubbo_jwt(
+        authority
+            .clone()
+            .map(|a| Arc::new(a) as Arc<dyn TokenVerifier>),
+    );
+    Ok(Security { authority, policy })
+}
+
 /// The authentication and authorization of the configuration: a token file (watched for
 /// changes), service-account tokens in Kubernetes mode, or none.
 pub(super) fn auth_policy(
