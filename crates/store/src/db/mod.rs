@@ -296,6 +296,7 @@ impl Db {
         // the keyed tables like the rest.
         fold(&mut conn)?;
         let committed = load_all(&conn)?;
+        let table_rows = committed.iter().map(|entry| entry.value().len()).sum();
         let pending_registrants = load_registrants(&conn)?;
         let mut taken: HashMap<String, HashSet<String>> = HashMap::new();
         let names = DashMap::new();
@@ -328,6 +329,7 @@ impl Db {
             _lock: lock,
             revision: opened_revision,
             journal_rows: 0,
+            table_rows,
             _exit: exit_tx,
         };
         let thread = std::thread::Builder::new()

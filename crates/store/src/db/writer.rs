@@ -16,6 +16,8 @@ pub(super) struct Writer {
     pub(super) revision: i64,
     /// Rows committed to the journal and not yet folded.
     pub(super) journal_rows: usize,
+    /// About how many pairs the keyed table holds (what folds added, less what was deleted).
+    pub(super) table_rows: usize,
     /// Dropped when the thread ends, which tells the supervisor.
     pub(super) _exit: oneshot::Sender<()>,
 }
@@ -80,7 +82,9 @@ impl Writer {
                 }
             }
             self.commit(&mut batch);
-            if self.journal_rows >= self.limits.fold_rows {
+            // A fold writes about one page per row for rows scattered over a big table, so folds
+            // grow with the table (1/8 of it): each then writes each page about once, amortized.
+            if self.journal_rows >= self.limits.fold_rows.max(self.table_rows / 8) {
                 self.fold();
             }
         }
@@ -95,6 +99,7 @@ impl Writer {
         }
         match fold(&mut self.conn) {
             Ok(_) => {
+                self.table_rows += self.journal_rows;
                 self.journal_rows = 0;
                 self.stats.journal_folds.fetch_add(1, Ordering::Relaxed);
             }
@@ -131,6 +136,7 @@ impl Writer {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::CommitFailed(Arc::new(err)));
         }
+        self.table_rows = (self.table_rows + self.journal_rows).saturating_sub(removed.pairs());
         self.journal_rows = 0;
         self.revision += 1;
         self.stats
@@ -173,6 +179,7 @@ impl Writer {
             tracing::warn!(error = %err, "cannot remove written pairs from the outbox");
             return;
         }
+        self.table_rows = (self.table_rows + self.journal_rows).saturating_sub(done.pairs());
         self.journal_rows = 0;
         self.forget(&done);
         for (key, written) in registrants {
