@@ -7,9 +7,11 @@
 //! - [`rules`]: the rule kinds (specs, CRD schemas, validation, manifests, which clients an
 //!   auth policy reaches).
 //! - [`resource`]: one object of any kind, as the index holds it.
+//! - [`service`]: services and their endpoints, for the edges that route traffic (xDS).
 #![forbid(unsafe_code)]
 
 pub mod kind;
 pub mod mapping;
 pub mod resource;
 pub mod rules;
+pub mod service;
