@@ -8,7 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// What no protocol edge, source or sink may see: the wire formats and the Kubernetes client.
-const PROTOCOLS: &[&str] = &["prost", "tonic", "dubbo-cp-dds", "dubbo-cp-ingest"];
+const PROTOCOLS: &[&str] = &[
+    "prost",
+    "tonic",
+    "envoy-types",
+    "dubbo-cp-dds",
+    "dubbo-cp-ingest",
+    "dubbo-cp-xds",
+];
 
 /// Per crate: crates it must not depend on (by name prefix), normal and build dependencies.
 const FORBIDDEN: &[(&str, &[&str])] = &[
@@ -90,6 +97,18 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "dubbo-cp-index",
         ],
     ),
+    (
+        "dubbo-cp-xds",
+        &[
+            "kube",
+            "k8s-openapi",
+            "rusqlite",
+            "dubbo-cp-store",
+            "dubbo-cp-k8s",
+            "dubbo-cp-dds",
+            "dubbo-cp-ingest",
+        ],
+    ),
     // Sources, sinks and the debouncer between them: no protocol.
     ("dubbo-cp-store", PROTOCOLS),
     ("dubbo-cp-k8s", PROTOCOLS),
@@ -105,6 +124,7 @@ const OURS: &[(&str, &[&str])] = &[
     ("dubbo-cp-debounce", &["dubbo-cp-domain", "dubbo-cp-kit"]),
     ("dubbo-cp-auth", &["dubbo-cp-domain", "dubbo-cp-kit"]),
     ("dubbo-cp-crds", &["dubbo-cp-domain"]),
+    ("dubbo-cp-xds", &["dubbo-cp-domain"]),
     (
         "dubbo-cp-canary",
         &["dubbo-cp-domain", "dubbo-cp-crds", "dubbo-cp-kit"],

@@ -1,0 +1,125 @@
+//! The connected xDS clients as operators (and tests) see them: node, subscriptions, the
+//! version each type acknowledged, the last rejection. One entry per open stream, removed when
+//! it ends.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use tokio::sync::watch;
+
+use crate::protocol::{Nack, Stream};
+
+/// One type of one client.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TypeStatus {
+    /// Names subscribed (not counting a wildcard).
+    pub names: usize,
+    pub wildcard: bool,
+    /// The version last sent, and the last one acknowledged.
+    pub sent: Option<String>,
+    pub acked: Option<String>,
+    pub nack: Option<Nack>,
+}
+
+/// One client (one stream).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientStatus {
+    pub node_id: String,
+    pub namespace: String,
+    pub types: BTreeMap<&'static str, TypeStatus>,
+}
+
+impl ClientStatus {
+    fn of(stream: &Stream, namespace: &str) -> ClientStatus {
+        ClientStatus {
+            node_id: stream
+                .node
+                .as_ref()
+                .map(|n| n.id.clone())
+                .unwrap_or_default(),
+            namespace: namespace.to_owned(),
+            types: stream
+                .subscribed()
+                .filter_map(|type_url| {
+                    let state = stream.state(type_url)?;
+                    Some((
+                        type_url,
+                        TypeStatus {
+                            names: state.names.len(),
+                            wildcard: state.wildcard,
+                            sent: state.sent.as_ref().map(|s| s.version.clone()),
+                            acked: state.acked.clone(),
+                            nack: state.nack.clone(),
+                        },
+                    ))
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Every open stream's status, and a counter that moves on every change to wait on.
+#[derive(Debug)]
+pub struct Clients {
+    streams: Mutex<BTreeMap<u64, ClientStatus>>,
+    changes: watch::Sender<u64>,
+    next_id: AtomicU64,
+}
+
+impl Default for Clients {
+    fn default() -> Self {
+        Clients {
+            streams: Mutex::new(BTreeMap::new()),
+            changes: watch::channel(0).0,
+            next_id: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Clients {
+    /// A new stream's id; its entry appears with its first [`Clients::update`].
+    pub(crate) fn open(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn update(&self, id: u64, stream: &Stream, namespace: &str) {
+        let status = ClientStatus::of(stream, namespace);
+        self.streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, status);
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    pub(crate) fn close(&self, id: u64) {
+        self.streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Every open stream, by the order they opened.
+    pub fn list(&self) -> Vec<ClientStatus> {
+        self.streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Waits until `done` holds for the list of clients.
+    pub async fn wait_for(&self, mut done: impl FnMut(&[ClientStatus]) -> bool) {
+        let mut changes = self.changes.subscribe();
+        loop {
+            if done(&self.list()) {
+                return;
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Listeners, routes, clusters and load assignments from the domain's services.
+//!
+//! Names follow Istio's, so tools that read them keep working: the listener and its route
+//! configuration are named as the client asked (`greeter.shop:7070`), clusters
+//! `outbound|<port>||<fqdn>` with the same EDS service name.
+
+use std::collections::BTreeMap;
+
+use dubbo_cp_domain::service::{HostName, Service, ServiceEndpoint, ServicePort};
+use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
+use envoy_types::pb::envoy::config::core::v3::{
+    AggregatedConfigSource, ApiVersion, ConfigSource, HealthStatus, Locality, SocketAddress,
+    address, config_source, socket_address,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
+};
+use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
+use envoy_types::pb::envoy::config::route::v3::{
+    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action,
+    route_match,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+};
+use envoy_types::pb::google::protobuf::UInt32Value;
+use envoy_types::util::pack_any;
+
+/// What a requested name resolves to: a service and the port meant.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    pub service: &'a Service,
+    pub port: &'a ServicePort,
+}
+
+/// Resolves a listener name a client asked for, Kubernetes style (`svc`, `svc.ns`,
+/// `svc.ns.svc.cluster.local`, each with or without `:port`); a name without a namespace is
+/// looked up in the client's. `None` when no service (or no single port) answers to it.
+pub fn resolve<'a>(
+    services: &'a [Service],
+    requested: &str,
+    client_namespace: &str,
+) -> Option<Target<'a>> {
+    let host = HostName::parse(requested)?;
+    let namespace = host.namespace.as_deref().unwrap_or(client_namespace);
+    let service = services
+        .iter()
+        .find(|s| s.namespace == namespace && s.name == host.name)?;
+    let port = service.port(host.port)?;
+    Some(Target { service, port })
+}
+
+/// `outbound|<port>||<fqdn>`, the cluster (and EDS service) name of a service port.
+pub fn cluster_name(target: Target<'_>) -> String {
+    format!("outbound|{}||{}", target.port.number, target.service.fqdn())
+}
+
+fn ads() -> ConfigSource {
+    ConfigSource {
+        resource_api_version: ApiVersion::V3 as i32,
+        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
+            AggregatedConfigSource {},
+        )),
+        ..Default::default()
+    }
+}
+
+/// The API listener of `requested`: an HTTP connection manager whose routes come over ADS under
+/// the same name.
+pub fn listener(requested: &str) -> Listener {
+    // Clients refuse an empty filter chain and need the router last (xds.md).
+    let router = HttpFilter {
+        name: "envoy.filters.http.router".into(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(
+            Router::default(),
+        ))),
+        ..Default::default()
+    };
+    let manager = HttpConnectionManager {
+        stat_prefix: requested.to_owned(),
+        http_filters: vec![router],
+        route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
+            config_source: Some(ads()),
+            route_config_name: requested.to_owned(),
+        })),
+        ..Default::default()
+    };
+    Listener {
+        name: requested.to_owned(),
+        api_listener: Some(ApiListener {
+            api_listener: Some(pack_any(manager)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The route configuration of `requested`: every request to the target's cluster.
+pub fn route_configuration(requested: &str, target: Target<'_>) -> RouteConfiguration {
+    let route = Route {
+        r#match: Some(RouteMatch {
+            path_specifier: Some(route_match::PathSpecifier::Prefix(String::new())),
+            ..Default::default()
+        }),
+        action: Some(route::Action::Route(RouteAction {
+            cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster_name(
+                target,
+            ))),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    RouteConfiguration {
+        name: requested.to_owned(),
+        virtual_hosts: vec![VirtualHost {
+            name: requested.to_owned(),
+            // The client matches its authority, port included: with no matching domain every RPC
+            // fails. The configuration is this listener's alone, so `*` is safe beside the name.
+            domains: vec![requested.to_owned(), "*".to_owned()],
+            routes: vec![route],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// The EDS cluster of a target.
+pub fn cluster(target: Target<'_>) -> Cluster {
+    let name = cluster_name(target);
+    Cluster {
+        // The type must be given: the default (STATIC) is refused by gRPC clients.
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Eds as i32,
+        )),
+        eds_cluster_config: Some(cluster::EdsClusterConfig {
+            eds_config: Some(ads()),
+            service_name: name.clone(),
+        }),
+        name,
+        ..Default::default()
+    }
+}
+
+/// The endpoints of a target, weighted in a form gRPC clients apply.
+///
+/// gRPC's round robin ignores endpoint weights and honours locality weights, so endpoints are
+/// grouped by (locality, weight): each group is a locality of its own (the weight is appended to
+/// its sub-zone) weighing `weight` x its endpoints. Endpoints of weight 0 take no traffic and
+/// are left out; a locality must not be empty or unweighted, or clients drop it silently.
+pub fn load_assignment(target: Target<'_>) -> ClusterLoadAssignment {
+    let mut groups: BTreeMap<(&str, u32), Vec<&ServiceEndpoint>> = BTreeMap::new();
+    for endpoint in &target.service.endpoints {
+        if endpoint.weight > 0 {
+            groups
+                .entry((endpoint.locality.as_str(), endpoint.weight))
+                .or_default()
+                .push(endpoint);
+        }
+    }
+    let endpoints = groups
+        .into_iter()
+        .map(|((locality, weight), members)| {
+            let mut parts = locality.splitn(3, '/');
+            let region = parts.next().unwrap_or_default().to_owned();
+            let zone = parts.next().unwrap_or_default().to_owned();
+            let sub_zone = parts.next().unwrap_or_default();
+            let count = u32::try_from(members.len()).unwrap_or(u32::MAX);
+            LocalityLbEndpoints {
+                locality: Some(Locality {
+                    region,
+                    zone,
+                    sub_zone: format!("{sub_zone}#weight={weight}"),
+                }),
+                load_balancing_weight: Some(UInt32Value {
+                    value: weight.saturating_mul(count),
+                }),
+                lb_endpoints: members
+                    .into_iter()
+                    .map(|endpoint| lb_endpoint_of(endpoint, target.port))
+                    .collect(),
+                ..Default::default()
+            }
+        })
+        .collect();
+    ClusterLoadAssignment {
+        cluster_name: cluster_name(target),
+        endpoints,
+        ..Default::default()
+    }
+}
+
+fn lb_endpoint_of(endpoint: &ServiceEndpoint, port: &ServicePort) -> LbEndpoint {
+    let address = SocketAddress {
+        address: endpoint.address.to_string(),
+        port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
+            endpoint.port_for(port),
+        ))),
+        ..Default::default()
+    };
+    LbEndpoint {
+        health_status: HealthStatus::Healthy as i32,
+        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+            address: Some(envoy_types::pb::envoy::config::core::v3::Address {
+                address: Some(address::Address::SocketAddress(address)),
+            }),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,29 @@
+//! The xDS edge (Envoy's Aggregated Discovery Service), as released gRPC clients (grpcio,
+//! grpc-java/go, grpc-js-xds), Envoy and Dubbo Java's xDS module speak it.
+//!
+//! # Layout
+//! - [`generate`]: a listener, route configuration, cluster and load assignment per name a
+//!   client asks for, from the domain's services (`dubbo_cp_domain::service`). What released
+//!   clients accept and silently drop is in `shared/spec/xds.md`; each rule it imposes is kept
+//!   here and named in a comment.
+//! - [`protocol`]: one stream's state of the world per type: subscriptions, versions, nonces,
+//!   ACKs and NACKs, and what to answer. No I/O.
+//! - [`snapshot`]: the services at one version, and the resources a subscription selects.
+//! - [`server`]: the ADS gRPC service, one task per stream over the published snapshots.
+//! - [`clients`]: the connected clients' status (node, subscriptions, ACKed versions, NACKs).
+#![forbid(unsafe_code)]
+
+pub mod clients;
+pub mod generate;
+pub mod protocol;
+pub mod server;
+pub mod snapshot;
+
+/// The type URLs of the four resource types, in the order a push sends them (clusters, then
+/// endpoints, then listeners, then routes: a client never sees a name before what it names).
+pub const PUSH_ORDER: [&str; 4] = [CLUSTER, ENDPOINT, LISTENER, ROUTE];
+
+pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+pub const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+pub const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";

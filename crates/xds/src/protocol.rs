@@ -1,0 +1,190 @@
+//! One ADS stream's state of the world, per resource type: what the client subscribed to, what
+//! was last sent (version, nonce, a digest per resource), what it acknowledged or rejected.
+//! No I/O; the server feeds it requests and asks it what to send.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::protobuf::Any;
+
+use crate::{CLUSTER, LISTENER, PUSH_ORDER};
+
+/// Most names one type's subscription may hold; a client asking for more is refused.
+pub const MAX_NAMES: usize = 10_000;
+
+/// What the server does with a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Answer the type in full (a first request, a reconnect, a changed subscription).
+    Answer(&'static str),
+    /// Nothing to send: an ACK or NACK of what was sent, with the same names.
+    Settled,
+    /// A request answering an older response (its nonce is not the last one sent): ignored.
+    Stale,
+}
+
+/// A request the stream refuses; the server ends the stream with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("type_url {0:?} is not served; one of {PUSH_ORDER:?}")]
+    UnknownType(String),
+    #[error("resource_names holds {0} names for {1}; at most {MAX_NAMES} per type")]
+    TooManyNames(usize, &'static str),
+}
+
+/// A response the client rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nack {
+    /// The version it rejected.
+    pub version: String,
+    pub message: String,
+}
+
+/// What was last sent for a type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    pub version: String,
+    pub nonce: String,
+    /// Name -> digest of its encoding, to tell whether a new version changes anything.
+    digests: BTreeMap<String, u64>,
+}
+
+/// One type's state on one stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TypeState {
+    pub names: BTreeSet<String>,
+    /// Every resource of the type (listeners and clusters only).
+    pub wildcard: bool,
+    pub sent: Option<Sent>,
+    /// The last version the client acknowledged.
+    pub acked: Option<String>,
+    /// The last rejection, kept until a later version is acknowledged.
+    pub nack: Option<Nack>,
+}
+
+/// One ADS stream.
+#[derive(Debug, Default)]
+pub struct Stream {
+    /// The client's node, from its first request.
+    pub node: Option<Node>,
+    types: BTreeMap<&'static str, TypeState>,
+    nonces: u64,
+}
+
+fn known_type(type_url: &str) -> Option<&'static str> {
+    PUSH_ORDER.into_iter().find(|known| *known == type_url)
+}
+
+fn digest(any: &Any) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    any.type_url.hash(&mut hasher);
+    any.value.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl Stream {
+    /// Takes one request: records the node, the subscription, an ACK or a NACK, and says
+    /// whether to answer.
+    pub fn on_request(&mut self, request: &DiscoveryRequest) -> Result<Verdict, Refused> {
+        let Some(type_url) = known_type(&request.type_url) else {
+            return Err(Refused::UnknownType(request.type_url.clone()));
+        };
+        if request.resource_names.len() > MAX_NAMES {
+            return Err(Refused::TooManyNames(
+                request.resource_names.len(),
+                type_url,
+            ));
+        }
+        if self.node.is_none() {
+            self.node = request.node.clone();
+        }
+        let state = self.types.entry(type_url).or_default();
+        let first = state.sent.is_none() && state.names.is_empty() && !state.wildcard;
+        if !request.response_nonce.is_empty()
+            && state.sent.as_ref().map(|s| s.nonce.as_str()) != Some(&request.response_nonce)
+        {
+            return Ok(Verdict::Stale);
+        }
+        let mut names: BTreeSet<String> = request.resource_names.iter().cloned().collect();
+        // Wildcard exists for listeners and clusters only: `*`, or no names in the first request
+        // (and after it, for as long as the client keeps sending none).
+        let wildcard = (type_url == LISTENER || type_url == CLUSTER)
+            && (names.remove("*") || (names.is_empty() && (first || state.wildcard)));
+        let changed = names != state.names || wildcard != state.wildcard;
+        state.names = names;
+        state.wildcard = wildcard;
+        if request.response_nonce.is_empty() {
+            // A first request, or a reconnect (which carries the last version it had): answered
+            // in full whatever it says it has.
+            return Ok(Verdict::Answer(type_url));
+        }
+        let sent_version = state.sent.as_ref().map(|s| s.version.clone());
+        match &request.error_detail {
+            Some(status) => {
+                state.nack = Some(Nack {
+                    version: sent_version.unwrap_or_default(),
+                    message: status.message.clone(),
+                });
+            }
+            None => {
+                state.acked = sent_version;
+                state.nack = None;
+            }
+        }
+        Ok(if changed {
+            Verdict::Answer(type_url)
+        } else {
+            Verdict::Settled
+        })
+    }
+
+    /// The state of `type_url` (what the client subscribed to, sent, acknowledged).
+    pub fn state(&self, type_url: &str) -> Option<&TypeState> {
+        self.types.get(type_url)
+    }
+
+    /// The types the client subscribed to, in push order.
+    pub fn subscribed(&self) -> impl Iterator<Item = &'static str> + '_ {
+        PUSH_ORDER
+            .into_iter()
+            .filter(|type_url| self.types.contains_key(type_url))
+    }
+
+    /// The response for `type_url` at `version` holding `resources`, recorded as sent. Unless
+    /// `force`, `None` when it would say nothing new (the same resources as last sent).
+    pub fn respond(
+        &mut self,
+        type_url: &'static str,
+        version: &str,
+        resources: Vec<(String, Any)>,
+        force: bool,
+    ) -> Option<DiscoveryResponse> {
+        let state = self.types.entry(type_url).or_default();
+        let digests: BTreeMap<String, u64> = resources
+            .iter()
+            .map(|(name, any)| (name.clone(), digest(any)))
+            .collect();
+        if !force && state.sent.as_ref().is_some_and(|s| s.digests == digests) {
+            return None;
+        }
+        self.nonces += 1;
+        let nonce = self.nonces.to_string();
+        state.sent = Some(Sent {
+            version: version.to_owned(),
+            nonce: nonce.clone(),
+            digests,
+        });
+        Some(DiscoveryResponse {
+            version_info: version.to_owned(),
+            resources: resources.into_iter().map(|(_, any)| any).collect(),
+            type_url: type_url.to_owned(),
+            nonce,
+            ..Default::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,169 @@
+use envoy_types::pb::google::rpc::Status;
+
+use super::*;
+use crate::{ENDPOINT, ROUTE};
+
+fn request(type_url: &str, names: &[&str], version: &str, nonce: &str) -> DiscoveryRequest {
+    DiscoveryRequest {
+        type_url: type_url.into(),
+        resource_names: names.iter().map(|n| n.to_string()).collect(),
+        version_info: version.into(),
+        response_nonce: nonce.into(),
+        ..Default::default()
+    }
+}
+
+fn nack(type_url: &str, names: &[&str], version: &str, nonce: &str) -> DiscoveryRequest {
+    DiscoveryRequest {
+        error_detail: Some(Status {
+            code: 3,
+            message: "route has no domains".into(),
+            ..Default::default()
+        }),
+        ..request(type_url, names, version, nonce)
+    }
+}
+
+fn any(value: &[u8]) -> Any {
+    Any {
+        type_url: ROUTE.into(),
+        value: value.to_vec(),
+    }
+}
+
+#[test]
+fn first_request_is_answered_and_an_ack_with_the_same_names_is_not() {
+    let mut stream = Stream::default();
+    assert_eq!(
+        stream.on_request(&request(ROUTE, &["a"], "", "")),
+        Ok(Verdict::Answer(ROUTE))
+    );
+    let sent = stream
+        .respond(ROUTE, "1", vec![("a".into(), any(b"a1"))], true)
+        .expect("forced");
+    assert_eq!(sent.version_info, "1");
+    assert_eq!(
+        stream.on_request(&request(ROUTE, &["a"], "1", &sent.nonce)),
+        Ok(Verdict::Settled)
+    );
+    let state = stream.state(ROUTE).cloned().unwrap_or_default();
+    assert_eq!(state.acked.as_deref(), Some("1"));
+    // A new version with the same bytes says nothing new; a changed one does.
+    assert!(
+        stream
+            .respond(ROUTE, "2", vec![("a".into(), any(b"a1"))], false)
+            .is_none()
+    );
+    let next = stream.respond(ROUTE, "3", vec![("a".into(), any(b"a2"))], false);
+    assert_eq!(next.map(|r| r.version_info).as_deref(), Some("3"));
+}
+
+#[test]
+fn stale_nonces_are_ignored_and_a_new_subscription_is_answered() {
+    let mut stream = Stream::default();
+    stream.on_request(&request(ROUTE, &["a"], "", "")).ok();
+    let first = stream
+        .respond(ROUTE, "1", vec![("a".into(), any(b"a"))], true)
+        .expect("sent");
+    let second = stream
+        .respond(ROUTE, "2", vec![("a".into(), any(b"b"))], false)
+        .expect("sent");
+    // The ACK of the first response arrives after the second was sent: stale, even with new
+    // names in it.
+    assert_eq!(
+        stream.on_request(&request(ROUTE, &["a", "b"], "1", &first.nonce)),
+        Ok(Verdict::Stale)
+    );
+    assert_eq!(stream.state(ROUTE).map(|s| s.names.len()), Some(1));
+    assert_eq!(
+        stream.on_request(&request(ROUTE, &["a", "b"], "2", &second.nonce)),
+        Ok(Verdict::Answer(ROUTE))
+    );
+    assert_eq!(stream.state(ROUTE).map(|s| s.names.len()), Some(2));
+}
+
+#[test]
+fn a_nack_keeps_the_last_good_version_and_is_recorded() {
+    let mut stream = Stream::default();
+    stream.on_request(&request(ROUTE, &["a"], "", "")).ok();
+    let good = stream
+        .respond(ROUTE, "1", vec![("a".into(), any(b"good"))], true)
+        .expect("sent");
+    stream
+        .on_request(&request(ROUTE, &["a"], "1", &good.nonce))
+        .ok();
+    let bad = stream
+        .respond(ROUTE, "2", vec![("a".into(), any(b"bad"))], false)
+        .expect("sent");
+    assert_eq!(
+        stream.on_request(&nack(ROUTE, &["a"], "1", &bad.nonce)),
+        Ok(Verdict::Settled),
+        "a NACK is not answered with the same thing again"
+    );
+    let state = stream.state(ROUTE).cloned().unwrap_or_default();
+    assert_eq!(state.acked.as_deref(), Some("1"));
+    assert_eq!(
+        state.nack,
+        Some(Nack {
+            version: "2".into(),
+            message: "route has no domains".into()
+        })
+    );
+    // The next good version goes out, and its ACK clears the NACK.
+    let fixed = stream
+        .respond(ROUTE, "3", vec![("a".into(), any(b"fixed"))], false)
+        .expect("a changed version is sent after a NACK");
+    stream
+        .on_request(&request(ROUTE, &["a"], "3", &fixed.nonce))
+        .ok();
+    let state = stream.state(ROUTE).cloned().unwrap_or_default();
+    assert_eq!((state.acked.as_deref(), state.nack), (Some("3"), None));
+}
+
+#[test]
+fn wildcard_is_for_listeners_and_clusters_only() {
+    let mut stream = Stream::default();
+    stream.on_request(&request(LISTENER, &[], "", "")).ok();
+    assert!(stream.state(LISTENER).is_some_and(|s| s.wildcard));
+    stream
+        .on_request(&request(CLUSTER, &["*", "c"], "", ""))
+        .ok();
+    let clusters = stream.state(CLUSTER).cloned().unwrap_or_default();
+    assert!(clusters.wildcard);
+    assert_eq!(clusters.names.len(), 1);
+    stream.on_request(&request(ENDPOINT, &[], "", "")).ok();
+    assert!(stream.state(ENDPOINT).is_some_and(|s| !s.wildcard));
+    assert_eq!(
+        stream.subscribed().collect::<Vec<_>>(),
+        vec![CLUSTER, ENDPOINT, LISTENER],
+        "push order"
+    );
+}
+
+#[test]
+fn unknown_types_and_oversized_subscriptions_are_refused() {
+    let mut stream = Stream::default();
+    assert!(matches!(
+        stream.on_request(&request("type.googleapis.com/x.Secret", &[], "", "")),
+        Err(Refused::UnknownType(_))
+    ));
+    let names: Vec<String> = (0..=MAX_NAMES).map(|i| format!("n{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let refused = stream.on_request(&request(ROUTE, &names, "", ""));
+    assert_eq!(refused, Err(Refused::TooManyNames(MAX_NAMES + 1, ROUTE)));
+    assert!(
+        refused
+            .err()
+            .is_some_and(|e| e.to_string().contains("10000"))
+    );
+}
+
+#[test]
+fn a_reconnect_is_answered_in_full() {
+    let mut stream = Stream::default();
+    // A new stream from a client that had version 7 before: no nonce, answered.
+    assert_eq!(
+        stream.on_request(&request(ROUTE, &["a"], "7", "")),
+        Ok(Verdict::Answer(ROUTE))
+    );
+}

@@ -1,0 +1,141 @@
+//! The ADS protocol over a real socket, seen by a raw client built on Envoy's protos: nothing
+//! before the sources are synced, an answer per subscription, ACKed versions not resent, a new
+//! version pushed when it changes what the client holds.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+
+use dubbo_cp_xds::{ENDPOINT, LISTENER};
+
+struct Client {
+    requests: mpsc::Sender<DiscoveryRequest>,
+    responses: Streaming<DiscoveryResponse>,
+}
+
+impl Client {
+    async fn connect(addr: std::net::SocketAddr) -> Client {
+        let mut ads = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let (requests, rx) = mpsc::channel(16);
+        let responses = ads
+            .stream_aggregated_resources(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        Client {
+            requests,
+            responses,
+        }
+    }
+
+    async fn send(&self, type_url: &str, names: &[&str], version: &str, nonce: &str) {
+        let request = DiscoveryRequest {
+            type_url: type_url.into(),
+            resource_names: names.iter().map(|n| n.to_string()).collect(),
+            version_info: version.into(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        };
+        self.requests.send(request).await.unwrap();
+    }
+
+    async fn next(&mut self) -> DiscoveryResponse {
+        tokio::time::timeout(Duration::from_secs(10), self.responses.message())
+            .await
+            .expect("a response within 10 s")
+            .unwrap()
+            .expect("the stream is open")
+    }
+
+    /// Whether a response arrives within `wait` (used only to show that none does).
+    async fn silent_for(&mut self, wait: Duration) -> bool {
+        tokio::time::timeout(wait, self.responses.message())
+            .await
+            .is_err()
+    }
+}
+
+fn ports_of(response: &DiscoveryResponse) -> Vec<String> {
+    let assignment = ClusterLoadAssignment::decode(response.resources[0].value.as_slice()).unwrap();
+    let mut found: Vec<String> = assignment
+        .endpoints
+        .iter()
+        .flat_map(|l| l.lb_endpoints.iter())
+        .map(|lb| format!("{lb:?}"))
+        .collect();
+    found.sort();
+    found
+}
+
+#[tokio::test]
+async fn nothing_is_answered_before_the_sources_are_synced_then_everything_asked() {
+    let server = support::Server::start().await;
+    let mut client = Client::connect(server.addr).await;
+    client.send(LISTENER, &["greeter:7070"], "", "").await;
+    // An answer now would say the listener does not exist. A negative can only be shown over a
+    // window; the version check below is what fails if the unsynced state was answered.
+    assert!(client.silent_for(Duration::from_millis(300)).await);
+    server.publish(vec![support::greeter("default", &[(9001, 1)])]);
+    let listeners = client.next().await;
+    assert_eq!(listeners.type_url, LISTENER);
+    assert_eq!(listeners.version_info, "1");
+    assert_eq!(listeners.resources.len(), 1);
+}
+
+#[tokio::test]
+async fn acked_versions_are_not_resent_and_changes_are_pushed() {
+    let server = support::Server::start().await;
+    server.publish(vec![support::greeter("default", &[(9001, 1)])]);
+    let mut client = Client::connect(server.addr).await;
+    let cluster = "outbound|7070||greeter.default.svc.cluster.local";
+    client.send(ENDPOINT, &[cluster], "", "").await;
+    let first = client.next().await;
+    assert_eq!(first.resources.len(), 1);
+    client
+        .send(ENDPOINT, &[cluster], &first.version_info, &first.nonce)
+        .await;
+    // Version 2 changes nothing this client holds, version 3 changes its endpoints: the next
+    // message is version 3, so 2 was never sent.
+    server.publish(vec![
+        support::greeter("default", &[(9001, 1)]),
+        support::greeter("other", &[(9009, 1)]),
+    ]);
+    server.publish(vec![support::greeter("default", &[(9001, 1), (9002, 1)])]);
+    let pushed = client.next().await;
+    assert_eq!(pushed.version_info, "3");
+    assert_ne!(pushed.nonce, first.nonce);
+    assert_eq!(ports_of(&pushed).len(), 2);
+    assert_ne!(ports_of(&pushed), ports_of(&first));
+}
+
+#[tokio::test]
+async fn an_unknown_type_ends_the_stream_with_a_clear_status() {
+    let server = support::Server::start().await;
+    server.publish(vec![]);
+    let mut client = Client::connect(server.addr).await;
+    client
+        .send(
+            "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
+            &[],
+            "",
+            "",
+        )
+        .await;
+    let status = tokio::time::timeout(Duration::from_secs(10), client.responses.message())
+        .await
+        .expect("an answer")
+        .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("Secret"), "{}", status.message());
+}

@@ -1,0 +1,186 @@
+//! A released xDS client, grpcio (Python), routed by what the server pushes, proven by real
+//! traffic: backends on loopback answer their names, and the client counts who answered.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Mutex;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+/// The released client under test.
+const GRPCIO: &str = "grpcio==1.85.3";
+
+/// A virtual environment with grpcio, made once per target directory by this test itself, so a
+/// fresh machine needs only python3 (pip fetches the wheel from PyPI).
+fn python() -> PathBuf {
+    static MAKING: Mutex<()> = Mutex::new(());
+    let _making = MAKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(GRPCIO.replace("==", "-"));
+    let python = venv.join("bin/python");
+    let has_grpc = |python: &PathBuf| {
+        std::process::Command::new(python)
+            .args(["-c", "import grpc"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !has_grpc(&python) {
+        let made = std::process::Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python3 is needed for the grpcio tests");
+        assert!(made.success(), "python3 -m venv {} failed", venv.display());
+        let installed = std::process::Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                GRPCIO,
+            ])
+            .status()
+            .unwrap();
+        assert!(installed.success(), "pip install {GRPCIO} failed");
+    }
+    python
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/grpc_xds.py")
+}
+
+/// A process of the script, stopped when dropped.
+struct Proc {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Proc {
+    fn spawn(args: &[&str], env: &[(&str, String)]) -> Proc {
+        let mut command = Command::new(python());
+        command
+            .arg(script())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Proc {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    async fn line(&mut self) -> String {
+        self.lines.next_line().await.unwrap().expect("a line")
+    }
+}
+
+async fn backend(name: &str) -> (Proc, u16) {
+    let mut proc = Proc::spawn(&["backend", name], &[]);
+    let port = proc.line().await.trim().parse().unwrap();
+    (proc, port)
+}
+
+fn bootstrap(server: &support::Server) -> String {
+    serde_json::json!({
+        "xds_servers": [{
+            "server_uri": server.addr.to_string(),
+            "channel_creds": [{"type": "insecure"}],
+            "server_features": ["xds_v3"],
+        }],
+        "node": {"id": "grpcio-test", "locality": {}},
+    })
+    .to_string()
+}
+
+/// Makes `count` calls and returns who answered them.
+async fn count(client: &mut Proc, count: usize) -> serde_json::Value {
+    client
+        .stdin
+        .write_all(format!("count {count}\n").as_bytes())
+        .await
+        .unwrap();
+    serde_json::from_str(&client.line().await).unwrap()
+}
+
+fn answers(counts: &serde_json::Value, who: &str) -> u64 {
+    counts[who].as_u64().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call() {
+    let (_a, port_a) = backend("a").await;
+    let (_b, port_b) = backend("b").await;
+    let server = support::Server::start().await;
+    server.publish(vec![support::greeter(
+        "default",
+        &[(port_a, 80), (port_b, 20)],
+    )]);
+    let mut client = Proc::spawn(
+        &["client", "xds:///greeter:7070"],
+        &[("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(&server))],
+    );
+    // The first call waits for the configuration, so every call counted ran on it. With 2,000
+    // calls an 80/20 split lands within 5 points except with probability about 2e-8.
+    let counts = count(&mut client, 2000).await;
+    let a = answers(&counts, "a");
+    assert_eq!(
+        a + answers(&counts, "b"),
+        2000,
+        "every call answered: {counts}"
+    );
+    assert!(
+        (1500..=1700).contains(&a),
+        "a answered {a} of 2000, wanted 80% +/- 5: {counts}"
+    );
+
+    // 0/100: a weight of 0 takes no traffic. Counted once the client acknowledged it.
+    let version = server.publish(vec![support::greeter(
+        "default",
+        &[(port_a, 0), (port_b, 100)],
+    )]);
+    server.acked(dubbo_cp_xds::ENDPOINT, &version).await;
+    let counts = count(&mut client, 2000).await;
+    assert_eq!(answers(&counts, "b"), 2000, "all to b: {counts}");
+
+    // 50/50, pushed while calls run: none of them fails across the switch.
+    client.stdin.write_all(b"count 3000\n").await.unwrap();
+    let version = server.publish(vec![support::greeter(
+        "default",
+        &[(port_a, 50), (port_b, 50)],
+    )]);
+    let during: serde_json::Value = serde_json::from_str(&client.line().await).unwrap();
+    assert_eq!(
+        answers(&during, "a") + answers(&during, "b"),
+        3000,
+        "no call failed across the switch: {during}"
+    );
+    server.acked(dubbo_cp_xds::ENDPOINT, &version).await;
+    let counts = count(&mut client, 2000).await;
+    let a = answers(&counts, "a");
+    assert_eq!(
+        a + answers(&counts, "b"),
+        2000,
+        "every call answered: {counts}"
+    );
+    assert!(
+        (900..=1100).contains(&a),
+        "a answered {a} of 2000, wanted 50% +/- 5: {counts}"
+    );
+    drop(client.child.start_kill());
+}

@@ -1,0 +1,55 @@
+"""Real gRPC xDS traffic for the tests: released grpcio, no generated code.
+
+backend NAME: serves every unary method on 127.0.0.1:0, answering NAME; prints the port.
+client TARGET: reads "count N" lines on stdin, makes N unary calls to TARGET (an xds:/// URI,
+bootstrap from GRPC_XDS_BOOTSTRAP_CONFIG) and prints a JSON object {backend: answers, "error": n}.
+"""
+import json
+import sys
+from concurrent import futures
+
+import grpc
+
+METHOD = "/dubbo.test.Echo/Who"
+
+
+def backend(name):
+    answer = name.encode()
+
+    class Handler(grpc.GenericRpcHandler):
+        def service(self, handler_call_details):
+            return grpc.unary_unary_rpc_method_handler(lambda request, context: answer)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((Handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)
+    sys.stdin.read()  # until the test closes stdin
+    server.stop(None)
+
+
+def client(target):
+    channel = grpc.insecure_channel(target)
+    call = channel.unary_unary(METHOD)
+    for line in sys.stdin:
+        words = line.split()
+        if len(words) != 2 or words[0] != "count":
+            print(json.dumps({"error": "bad command " + line.strip()}), flush=True)
+            continue
+        counts = {}
+        for _ in range(int(words[1])):
+            try:
+                who = call(b"", timeout=10).decode()
+            except grpc.RpcError as err:
+                who = "error"
+                counts.setdefault("last_error", str(err.details()))
+            counts[who] = counts.get(who, 0) + 1
+        print(json.dumps(counts), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "backend":
+        backend(sys.argv[2])
+    else:
+        client(sys.argv[2])

@@ -1,0 +1,90 @@
+//! What the xDS tests share: an ADS server on 127.0.0.1:0 and services to publish.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use dubbo_cp_domain::service::{Service, ServiceEndpoint, ServicePort};
+use dubbo_cp_xds::clients::Clients;
+use dubbo_cp_xds::server::Ads;
+use dubbo_cp_xds::snapshot::Snapshot;
+use tokio::sync::watch;
+
+/// An ADS server serving what is sent on `snapshots`.
+pub struct Server {
+    pub addr: SocketAddr,
+    pub snapshots: watch::Sender<Arc<Snapshot>>,
+    pub clients: Arc<Clients>,
+}
+
+impl Server {
+    pub async fn start() -> Server {
+        let (snapshots, rx) = watch::channel(Arc::new(Snapshot::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let ads = Ads::new(rx);
+        let clients = ads.clients();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(ads.into_service())
+                .serve_with_incoming(incoming),
+        );
+        Server {
+            addr,
+            snapshots,
+            clients,
+        }
+    }
+
+    /// Publishes `services` as the next synced version; returns it.
+    pub fn publish(&self, services: Vec<Service>) -> String {
+        let version = self.snapshots.borrow().version + 1;
+        self.snapshots.send_replace(Arc::new(Snapshot {
+            version,
+            services: Arc::new(services),
+            synced: true,
+        }));
+        version.to_string()
+    }
+
+    /// Waits until every connected client acknowledged `version` of `type_url`.
+    pub async fn acked(&self, type_url: &str, version: &str) {
+        self.clients
+            .wait_for(|clients| {
+                !clients.is_empty()
+                    && clients.iter().all(|c| {
+                        c.types
+                            .get(type_url)
+                            .is_some_and(|t| t.acked.as_deref() == Some(version))
+                    })
+            })
+            .await;
+    }
+}
+
+/// `greeter` in `namespace` on port 7070 (named `grpc`), one endpoint per (port, weight) on
+/// 127.0.0.1.
+pub fn greeter(namespace: &str, endpoints: &[(u16, u32)]) -> Service {
+    Service {
+        namespace: namespace.into(),
+        name: "greeter".into(),
+        labels: BTreeMap::new(),
+        ports: vec![ServicePort {
+            number: 7070,
+            name: "grpc".into(),
+            protocol: "GRPC".into(),
+        }],
+        endpoints: endpoints
+            .iter()
+            .map(|(port, weight)| ServiceEndpoint {
+                address: std::net::IpAddr::from([127, 0, 0, 1]),
+                ports: BTreeMap::from([("grpc".to_string(), *port)]),
+                labels: BTreeMap::new(),
+                weight: *weight,
+                locality: String::new(),
+            })
+            .collect(),
+    }
+}
