@@ -3,7 +3,7 @@
 //! it ends.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::watch;
@@ -65,22 +65,37 @@ pub struct Clients {
     streams: Mutex<BTreeMap<u64, ClientStatus>>,
     changes: watch::Sender<u64>,
     next_id: AtomicU64,
+    /// Streams open now, and the most that may be.
+    open: AtomicUsize,
+    max_streams: usize,
 }
 
-impl Default for Clients {
-    fn default() -> Self {
+impl Clients {
+    pub fn new(max_streams: usize) -> Clients {
         Clients {
             streams: Mutex::new(BTreeMap::new()),
             changes: watch::channel(0).0,
             next_id: AtomicU64::new(0),
+            open: AtomicUsize::new(0),
+            max_streams,
         }
     }
-}
 
-impl Clients {
-    /// A new stream's id; its entry appears with its first [`Clients::update`].
-    pub(crate) fn open(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    /// A new stream's id, or `None` when `max_streams` are open; its entry appears with its
+    /// first [`Clients::update`], and [`Clients::close`] must follow.
+    pub(crate) fn open(&self) -> Option<u64> {
+        let admitted = self
+            .open
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |open| {
+                (open < self.max_streams).then_some(open + 1)
+            })
+            .is_ok();
+        admitted.then(|| self.next_id.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    /// Streams open now.
+    pub fn open_streams(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
     }
 
     pub(crate) fn update(&self, id: u64, stream: &Stream, namespace: &str) {
@@ -93,6 +108,7 @@ impl Clients {
     }
 
     pub(crate) fn close(&self, id: u64) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
         self.streams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

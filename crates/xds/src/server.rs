@@ -34,11 +34,15 @@ pub struct Ads {
     clients: Arc<Clients>,
 }
 
+/// Streams one server holds open at most, unless told otherwise.
+pub const DEFAULT_MAX_STREAMS: usize = 100_000;
+
 impl Ads {
-    pub fn new(snapshots: watch::Receiver<Arc<Snapshot>>) -> Self {
+    /// Serves `snapshots` to at most `max_streams` streams at once.
+    pub fn new(snapshots: watch::Receiver<Arc<Snapshot>>, max_streams: usize) -> Self {
         Ads {
             snapshots,
-            clients: Arc::default(),
+            clients: Arc::new(Clients::new(max_streams)),
         }
     }
 
@@ -81,8 +85,14 @@ impl AggregatedDiscoveryService for Ads {
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Responses>, Status> {
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        let Some(id) = self.clients.open() else {
+            return Err(Status::resource_exhausted(format!(
+                "{} xDS streams are open, the most this server holds; retry against another replica",
+                self.clients.open_streams()
+            )));
+        };
         let registered = Registered {
-            id: self.clients.open(),
+            id,
             clients: self.clients.clone(),
         };
         tokio::spawn(run(

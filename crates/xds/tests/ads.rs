@@ -24,19 +24,22 @@ struct Client {
 
 impl Client {
     async fn connect(addr: std::net::SocketAddr) -> Client {
+        Client::connect_raw(addr).await.unwrap()
+    }
+
+    async fn connect_raw(addr: std::net::SocketAddr) -> Result<Client, tonic::Status> {
         let mut ads = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
             .await
             .unwrap();
         let (requests, rx) = mpsc::channel(16);
         let responses = ads
             .stream_aggregated_resources(ReceiverStream::new(rx))
-            .await
-            .unwrap()
+            .await?
             .into_inner();
-        Client {
+        Ok(Client {
             requests,
             responses,
-        }
+        })
     }
 
     async fn send(&self, type_url: &str, names: &[&str], version: &str, nonce: &str) {
@@ -138,4 +141,31 @@ async fn an_unknown_type_ends_the_stream_with_a_clear_status() {
         .expect_err("refused");
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("Secret"), "{}", status.message());
+}
+
+#[tokio::test]
+async fn streams_past_the_limit_are_refused_and_a_closed_one_frees_its_place() {
+    let server = support::Server::start_with(1).await;
+    server.publish(vec![]);
+    let mut first = Client::connect(server.addr).await;
+    first.send(LISTENER, &[], "", "").await;
+    first.next().await;
+    let Err(refused) = Client::connect_raw(server.addr).await else {
+        panic!("one stream at most");
+    };
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("1 xDS streams"),
+        "{}",
+        refused.message()
+    );
+    drop(first);
+    server.clients.wait_for(|clients| clients.is_empty()).await;
+    let mut third = Client::connect(server.addr).await;
+    third.send(LISTENER, &[], "", "").await;
+    assert_eq!(third.next().await.type_url, LISTENER);
+    assert!(
+        Client::connect_raw(server.addr).await.is_err(),
+        "the third holds the one place"
+    );
 }

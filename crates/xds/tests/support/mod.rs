@@ -20,11 +20,15 @@ pub struct Server {
 
 impl Server {
     pub async fn start() -> Server {
+        Server::start_with(dubbo_cp_xds::server::DEFAULT_MAX_STREAMS).await
+    }
+
+    pub async fn start_with(max_streams: usize) -> Server {
         let (snapshots, rx) = watch::channel(Arc::new(Snapshot::default()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let ads = Ads::new(rx);
+        let ads = Ads::new(rx, max_streams);
         let clients = ads.clients();
         tokio::spawn(
             tonic::transport::Server::builder()
