@@ -27,12 +27,15 @@ pub struct TypeStatus {
 pub struct ClientStatus {
     pub node_id: String,
     pub namespace: String,
+    /// The last published version the stream has taken in hand (pushed what it changed).
+    pub seen: Option<String>,
     pub types: BTreeMap<&'static str, TypeStatus>,
 }
 
 impl ClientStatus {
-    fn of(stream: &Stream, namespace: &str) -> ClientStatus {
+    fn of(stream: &Stream, namespace: &str, seen: Option<u64>) -> ClientStatus {
         ClientStatus {
+            seen: seen.map(|v| v.to_string()),
             node_id: stream
                 .node
                 .as_ref()
@@ -98,8 +101,8 @@ impl Clients {
         self.open.load(Ordering::SeqCst)
     }
 
-    pub(crate) fn update(&self, id: u64, stream: &Stream, namespace: &str) {
-        let status = ClientStatus::of(stream, namespace);
+    pub(crate) fn update(&self, id: u64, stream: &Stream, namespace: &str, seen: Option<u64>) {
+        let status = ClientStatus::of(stream, namespace, seen);
         self.streams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

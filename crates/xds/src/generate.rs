@@ -34,19 +34,30 @@ pub struct Target<'a> {
     pub port: &'a ServicePort,
 }
 
+/// Where services are looked up by namespace and name.
+pub trait Services {
+    fn find(&self, namespace: &str, name: &str) -> Option<&Service>;
+}
+
+/// A plain list, searched in order (small sets and tests; a snapshot keeps an index).
+impl Services for [Service] {
+    fn find(&self, namespace: &str, name: &str) -> Option<&Service> {
+        self.iter()
+            .find(|s| s.namespace == namespace && s.name == name)
+    }
+}
+
 /// Resolves a listener name a client asked for, Kubernetes style (`svc`, `svc.ns`,
 /// `svc.ns.svc.cluster.local`, each with or without `:port`); a name without a namespace is
 /// looked up in the client's. `None` when no service (or no single port) answers to it.
-pub fn resolve<'a>(
-    services: &'a [Service],
+pub fn resolve<'a, S: Services + ?Sized>(
+    services: &'a S,
     requested: &str,
     client_namespace: &str,
 ) -> Option<Target<'a>> {
     let host = HostName::parse(requested)?;
     let namespace = host.namespace.as_deref().unwrap_or(client_namespace);
-    let service = services
-        .iter()
-        .find(|s| s.namespace == namespace && s.name == host.name)?;
+    let service = services.find(namespace, &host.name)?;
     let port = service.port(host.port)?;
     Some(Target { service, port })
 }
@@ -148,23 +159,29 @@ pub fn cluster(target: Target<'_>) -> Cluster {
 /// its sub-zone) weighing `weight` x its endpoints. Endpoints of weight 0 take no traffic and
 /// are left out; a locality must not be empty or unweighted, or clients drop it silently.
 pub fn load_assignment(target: Target<'_>) -> ClusterLoadAssignment {
-    let mut groups: BTreeMap<(&str, u32), Vec<&ServiceEndpoint>> = BTreeMap::new();
+    // Clients refuse a response naming one address twice: the first listing of an address wins.
+    let mut addresses = std::collections::BTreeSet::new();
+    let mut groups: BTreeMap<([String; 3], u32), Vec<&ServiceEndpoint>> = BTreeMap::new();
     for endpoint in &target.service.endpoints {
-        if endpoint.weight > 0 {
+        let address = (endpoint.address, endpoint.port_for(target.port));
+        if endpoint.weight > 0 && addresses.insert(address) {
             groups
-                .entry((endpoint.locality.as_str(), endpoint.weight))
+                .entry((locality_of(&endpoint.locality), endpoint.weight))
                 .or_default()
                 .push(endpoint);
         }
     }
+    // The weights of a priority must sum to at most u32::MAX: scaled down together if not.
+    let total: u64 = groups
+        .iter()
+        .map(|((_, weight), members)| u64::from(*weight) * members.len() as u64)
+        .sum();
+    let divisor = total.div_ceil(u64::from(u32::MAX)).max(1);
     let endpoints = groups
         .into_iter()
         .map(|((locality, weight), members)| {
-            let mut parts = locality.splitn(3, '/');
-            let region = parts.next().unwrap_or_default().to_owned();
-            let zone = parts.next().unwrap_or_default().to_owned();
-            let sub_zone = parts.next().unwrap_or_default();
-            let count = u32::try_from(members.len()).unwrap_or(u32::MAX);
+            let share = u64::from(weight) * members.len() as u64 / divisor;
+            let [region, zone, sub_zone] = locality;
             LocalityLbEndpoints {
                 locality: Some(Locality {
                     region,
@@ -172,7 +189,7 @@ pub fn load_assignment(target: Target<'_>) -> ClusterLoadAssignment {
                     sub_zone: format!("{sub_zone}#weight={weight}"),
                 }),
                 load_balancing_weight: Some(UInt32Value {
-                    value: weight.saturating_mul(count),
+                    value: u32::try_from(share.max(1)).unwrap_or(u32::MAX),
                 }),
                 lb_endpoints: members
                     .into_iter()
@@ -187,6 +204,14 @@ pub fn load_assignment(target: Target<'_>) -> ClusterLoadAssignment {
         endpoints,
         ..Default::default()
     }
+}
+
+/// `region/zone/subzone` as its three parts; missing parts are empty, so `us/east` and
+/// `us/east/` are one locality.
+fn locality_of(text: &str) -> [String; 3] {
+    let mut parts = text.splitn(3, '/');
+    let mut next = || parts.next().unwrap_or_default().to_owned();
+    [next(), next(), next()]
 }
 
 fn lb_endpoint_of(endpoint: &ServiceEndpoint, port: &ServicePort) -> LbEndpoint {

@@ -18,7 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::clients::Clients;
-use crate::protocol::{Stream, Verdict};
+use crate::protocol::{Refused, Stream, Verdict};
 use crate::snapshot::{Snapshot, resources};
 
 /// Responses one stream may have queued; a client that reads none of them holds only these.
@@ -114,22 +114,23 @@ impl AggregatedDiscoveryService for Ads {
     }
 }
 
-/// Sends every subscribed type of `types` that `snapshot` answers; `force` for requests (the
-/// client waits for an answer), not for pushes of a new version.
+/// Sends, in push order, every subscribed type whose resources in `snapshot` differ from what
+/// the client holds, and every type in `forced` (requests the client waits on) whatever it holds.
 async fn answer(
     stream: &mut Stream,
     snapshot: &Snapshot,
-    types: &[&'static str],
-    force: bool,
+    forced: &[&'static str],
     tx: &mpsc::Sender<Result<DiscoveryResponse, Status>>,
 ) -> Result<(), ()> {
     let namespace = client_namespace(stream.node.as_ref());
     let version = snapshot.version.to_string();
+    let types: Vec<&'static str> = stream.subscribed().collect();
     for type_url in types {
         let Some(state) = stream.state(type_url) else {
             continue;
         };
         let selected = resources(snapshot, type_url, state, &namespace);
+        let force = forced.contains(&type_url);
         if let Some(response) = stream.respond(type_url, &version, selected, force) {
             tx.send(Ok(response)).await.map_err(|_| ())?;
         }
@@ -144,9 +145,9 @@ struct Registered {
 }
 
 impl Registered {
-    fn update(&self, stream: &Stream) {
+    fn update(&self, stream: &Stream, seen: Option<u64>) {
         let namespace = client_namespace(stream.node.as_ref());
-        self.clients.update(self.id, stream, &namespace);
+        self.clients.update(self.id, stream, &namespace, seen);
     }
 }
 
@@ -165,6 +166,8 @@ async fn run(
     let mut stream = Stream::default();
     // Types asked for before the sources were synced, answered once they are.
     let mut waiting: Vec<&'static str> = Vec::new();
+    // The last version whose changes were pushed (for operators and tests).
+    let mut seen: Option<u64> = None;
     loop {
         tokio::select! {
             message = incoming.message() => {
@@ -173,26 +176,37 @@ async fn run(
                     Ok(None) | Err(_) => return,
                 };
                 let verdict = stream.on_request(&request);
-                registered.update(&stream);
+                registered.update(&stream, seen);
                 let type_url = match verdict {
                     Ok(Verdict::Answer(type_url)) => type_url,
                     Ok(Verdict::Settled | Verdict::Stale) => continue,
+                    // Envoy may ask for more over ADS (secrets, runtime): not ours to answer, and
+                    // ending its stream would only make it reconnect and ask again.
+                    Err(Refused::UnknownType(type_url)) => {
+                        tracing::debug!(%type_url, "xDS request for a type not served; ignored");
+                        continue;
+                    }
                     Err(refused) => {
                         let _ = tx.send(Err(Status::invalid_argument(refused.to_string()))).await;
                         return;
                     }
                 };
-                let snapshot = snapshots.borrow_and_update().clone();
+                // `borrow`, not `borrow_and_update`: a version published meanwhile must still
+                // wake the push branch for the other types.
+                let snapshot = snapshots.borrow().clone();
                 if !snapshot.synced {
                     if !waiting.contains(&type_url) {
                         waiting.push(type_url);
                     }
                     continue;
                 }
-                if answer(&mut stream, &snapshot, &[type_url], true, &tx).await.is_err() {
+                // Answered now, with the types answered before still waiting (in push order).
+                waiting.push(type_url);
+                if answer(&mut stream, &snapshot, &waiting, &tx).await.is_err() {
                     return;
                 }
-                registered.update(&stream);
+                waiting.clear();
+                registered.update(&stream, seen);
             }
             changed = snapshots.changed() => {
                 if changed.is_err() {
@@ -202,14 +216,12 @@ async fn run(
                 if !snapshot.synced {
                     continue;
                 }
-                let forced: Vec<&'static str> = std::mem::take(&mut waiting);
-                let pushed: Vec<&'static str> = stream.subscribed().collect();
-                if answer(&mut stream, &snapshot, &forced, true, &tx).await.is_err()
-                    || answer(&mut stream, &snapshot, &pushed, false, &tx).await.is_err()
-                {
+                if answer(&mut stream, &snapshot, &waiting, &tx).await.is_err() {
                     return;
                 }
-                registered.update(&stream);
+                waiting.clear();
+                seen = Some(snapshot.version);
+                registered.update(&stream, seen);
             }
         }
     }

@@ -1,13 +1,14 @@
 //! What one version of the served state holds, and the resources of a type a stream's
 //! subscription selects from it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use dubbo_cp_domain::service::{HostName, Service};
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::util::pack_any;
 
-use crate::generate::{self, Target};
+use crate::generate::{self, Services, Target};
 use crate::protocol::TypeState;
 use crate::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
 
@@ -16,12 +17,42 @@ use crate::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     pub version: u64,
-    pub services: Arc<Vec<Service>>,
     pub synced: bool,
+    services: Arc<Vec<Service>>,
+    /// (namespace, name) -> position in `services`: every stream resolves every name it holds
+    /// on every push, so lookups must not scan.
+    by_name: Arc<HashMap<(String, String), usize>>,
+}
+
+impl Snapshot {
+    pub fn new(version: u64, services: Vec<Service>, synced: bool) -> Snapshot {
+        let by_name = services
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ((s.namespace.clone(), s.name.clone()), i))
+            .collect();
+        Snapshot {
+            version,
+            synced,
+            services: Arc::new(services),
+            by_name: Arc::new(by_name),
+        }
+    }
+
+    pub fn services(&self) -> &[Service] {
+        &self.services
+    }
+}
+
+impl Services for Snapshot {
+    fn find(&self, namespace: &str, name: &str) -> Option<&Service> {
+        let position = self.by_name.get(&(namespace.to_owned(), name.to_owned()))?;
+        self.services.get(*position)
+    }
 }
 
 /// The target of a cluster name `outbound|<port>||<fqdn>`.
-fn cluster_target<'a>(services: &'a [Service], name: &str) -> Option<Target<'a>> {
+fn cluster_target<'a>(services: &'a Snapshot, name: &str) -> Option<Target<'a>> {
     let mut parts = name.split('|');
     let (Some("outbound"), Some(port), Some(""), Some(fqdn), None) = (
         parts.next(),
@@ -35,9 +66,7 @@ fn cluster_target<'a>(services: &'a [Service], name: &str) -> Option<Target<'a>>
     let port: u16 = port.parse().ok()?;
     let host = HostName::parse(fqdn)?;
     let namespace = host.namespace?;
-    let service = services
-        .iter()
-        .find(|s| s.namespace == namespace && s.name == host.name)?;
+    let service = services.find(&namespace, &host.name)?;
     let port = service.port(Some(port))?;
     Some(Target { service, port })
 }
@@ -62,30 +91,24 @@ pub fn resources(
     state: &TypeState,
     client_namespace: &str,
 ) -> Vec<(String, Any)> {
-    let services = snapshot.services.as_slice();
     let mut out: Vec<(String, Any)> = Vec::new();
     match type_url {
         LISTENER => {
             if state.wildcard {
-                for (name, _) in every_target(services) {
+                for (name, _) in every_target(snapshot.services()) {
                     out.push((name.clone(), pack_any(generate::listener(&name))));
                 }
             }
             for name in &state.names {
-                if generate::resolve(services, name, client_namespace).is_some() {
+                if generate::resolve(snapshot, name, client_namespace).is_some() {
                     out.push((name.clone(), pack_any(generate::listener(name))));
                 }
             }
         }
         ROUTE => {
             for name in &state.names {
-                let target = generate::resolve(services, name, client_namespace).or_else(|| {
-                    // Wildcard listeners name their routes by fqdn:port.
-                    every_target(services)
-                        .find(|(n, _)| n == name)
-                        .map(|(_, t)| t)
-                });
-                if let Some(target) = target {
+                // Wildcard listeners' routes are named fqdn:port, which resolves like any name.
+                if let Some(target) = generate::resolve(snapshot, name, client_namespace) {
                     let routes = generate::route_configuration(name, target);
                     out.push((name.clone(), pack_any(routes)));
                 }
@@ -93,7 +116,7 @@ pub fn resources(
         }
         CLUSTER => {
             if state.wildcard {
-                for (_, target) in every_target(services) {
+                for (_, target) in every_target(snapshot.services()) {
                     out.push((
                         generate::cluster_name(target),
                         pack_any(generate::cluster(target)),
@@ -101,14 +124,14 @@ pub fn resources(
                 }
             }
             for name in &state.names {
-                if let Some(target) = cluster_target(services, name) {
+                if let Some(target) = cluster_target(snapshot, name) {
                     out.push((name.clone(), pack_any(generate::cluster(target))));
                 }
             }
         }
         ENDPOINT => {
             for name in &state.names {
-                if let Some(target) = cluster_target(services, name) {
+                if let Some(target) = cluster_target(snapshot, name) {
                     let assignment = generate::load_assignment(target);
                     out.push((name.clone(), pack_any(assignment)));
                 }

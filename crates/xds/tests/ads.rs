@@ -104,43 +104,82 @@ async fn acked_versions_are_not_resent_and_changes_are_pushed() {
     let cluster = "outbound|7070||greeter.default.svc.cluster.local";
     client.send(ENDPOINT, &[cluster], "", "").await;
     let first = client.next().await;
-    assert_eq!(first.resources.len(), 1);
-    client
-        .send(ENDPOINT, &[cluster], &first.version_info, &first.nonce)
-        .await;
-    // Version 2 changes nothing this client holds, version 3 changes its endpoints: the next
-    // message is version 3, so 2 was never sent.
+    assert_eq!(
+        (first.type_url.as_str(), first.version_info.as_str()),
+        (ENDPOINT, "1")
+    );
+    client.send(ENDPOINT, &[cluster], "1", &first.nonce).await;
+    server.acked(ENDPOINT, "1").await;
+
+    // Version 2 changes nothing this client holds. A listener request answered at version 2
+    // shows the stream has it; no endpoints come before or with it.
     server.publish(vec![
         support::greeter("default", &[(9001, 1)]),
         support::greeter("other", &[(9009, 1)]),
     ]);
+    server.published_to_all("2").await;
+    client.send(LISTENER, &["greeter:7070"], "", "").await;
+    let listeners = client.next().await;
+    assert_eq!(
+        (listeners.type_url.as_str(), listeners.version_info.as_str()),
+        (LISTENER, "2")
+    );
+
+    // Version 3 changes its endpoints, published while the client's next request (an ACK of
+    // the listeners that also asks for another one) is on its way: the request must not
+    // swallow the push.
     server.publish(vec![support::greeter("default", &[(9001, 1), (9002, 1)])]);
-    let pushed = client.next().await;
+    client
+        .send(
+            LISTENER,
+            &["greeter:7070", "greeter.default:7070"],
+            "2",
+            &listeners.nonce,
+        )
+        .await;
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|r: &DiscoveryResponse| r.type_url == ENDPOINT)
+    {
+        seen.push(client.next().await);
+    }
+    let pushed = seen.iter().find(|r| r.type_url == ENDPOINT).unwrap();
     assert_eq!(pushed.version_info, "3");
     assert_ne!(pushed.nonce, first.nonce);
-    assert_eq!(ports_of(&pushed).len(), 2);
-    assert_ne!(ports_of(&pushed), ports_of(&first));
+    assert_eq!(ports_of(pushed).len(), 2);
+    assert_ne!(ports_of(pushed), ports_of(&first));
 }
 
 #[tokio::test]
-async fn an_unknown_type_ends_the_stream_with_a_clear_status() {
+async fn unknown_types_are_ignored_and_oversized_subscriptions_end_the_stream() {
     let server = support::Server::start().await;
-    server.publish(vec![]);
+    server.publish(vec![support::greeter("default", &[(9001, 1)])]);
     let mut client = Client::connect(server.addr).await;
+    // Envoy asks for secrets over ADS too: not answered, and the stream goes on.
     client
         .send(
             "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
-            &[],
+            &["s"],
             "",
             "",
         )
         .await;
+    client.send(LISTENER, &["greeter:7070"], "", "").await;
+    assert_eq!(client.next().await.type_url, LISTENER);
+    let names: Vec<String> = (0..=10_000).map(|i| format!("n{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    client.send(ENDPOINT, &names, "", "").await;
     let status = tokio::time::timeout(Duration::from_secs(10), client.responses.message())
         .await
         .expect("an answer")
         .expect_err("refused");
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(status.message().contains("Secret"), "{}", status.message());
+    assert!(
+        status.message().contains("at most 10000"),
+        "{}",
+        status.message()
+    );
 }
 
 #[tokio::test]

@@ -158,8 +158,13 @@ async fn endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call
     let counts = count(&mut client, 2000).await;
     assert_eq!(answers(&counts, "b"), 2000, "all to b: {counts}");
 
-    // 50/50, pushed while calls run: none of them fails across the switch.
-    client.stdin.write_all(b"count 3000\n").await.unwrap();
+    // 50/50, pushed once 300 of 3,000 calls are done: none of them fails across the switch.
+    client
+        .stdin
+        .write_all(b"count 3000 running\n")
+        .await
+        .unwrap();
+    assert_eq!(client.line().await, "running");
     let version = server.publish(vec![support::greeter(
         "default",
         &[(port_a, 50), (port_b, 50)],
@@ -169,6 +174,11 @@ async fn endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call
         answers(&during, "a") + answers(&during, "b"),
         3000,
         "no call failed across the switch: {during}"
+    );
+    // The first 300 ran on 0/100; a answering some of the rest shows the switch came mid-run.
+    assert!(
+        answers(&during, "b") >= 300 && answers(&during, "a") > 0,
+        "the switch landed while calls ran: {during}"
     );
     server.acked(dubbo_cp_xds::ENDPOINT, &version).await;
     let counts = count(&mut client, 2000).await;

@@ -54,7 +54,7 @@ fn services() -> Vec<Service> {
 fn names_resolve_in_the_clients_namespace_or_the_one_named() {
     let services = services();
     let found = |name: &str, ns: &str| {
-        resolve(&services, name, ns).map(|t| (t.service.namespace.clone(), t.port.number))
+        resolve(services.as_slice(), name, ns).map(|t| (t.service.namespace.clone(), t.port.number))
     };
     assert_eq!(found("greeter", "shop"), Some(("shop".into(), 7070)));
     assert_eq!(found("greeter:7070", "shop"), Some(("shop".into(), 7070)));
@@ -106,7 +106,7 @@ fn the_listener_routes_over_ads_with_the_router_last() {
 #[test]
 fn routes_clusters_and_endpoints_name_each_other() {
     let services = services();
-    let target = resolve(&services, "greeter:7070", "shop").expect("resolves");
+    let target = resolve(services.as_slice(), "greeter:7070", "shop").expect("resolves");
     let routes = route_configuration("greeter:7070", target);
     let host = &routes.virtual_hosts[0];
     assert!(host.domains.contains(&"greeter:7070".to_string()));
@@ -137,7 +137,7 @@ fn routes_clusters_and_endpoints_name_each_other() {
 #[test]
 fn endpoint_weights_become_locality_weights() {
     let services = services();
-    let target = resolve(&services, "greeter", "shop").expect("resolves");
+    let target = resolve(services.as_slice(), "greeter", "shop").expect("resolves");
     let assignment = load_assignment(target);
     let mut localities: Vec<(u32, Vec<String>)> = assignment
         .endpoints
@@ -186,7 +186,7 @@ fn endpoint_weights_become_locality_weights() {
         .map(|l| l.locality.clone().unwrap_or_default().sub_zone)
         .collect();
     assert_eq!(distinct.len(), 2, "each group is a locality of its own");
-    let other = resolve(&services, "greeter.other:8080", "shop").expect("resolves");
+    let other = resolve(services.as_slice(), "greeter.other:8080", "shop").expect("resolves");
     let locality = load_assignment(other).endpoints[0]
         .locality
         .clone()
@@ -198,5 +198,48 @@ fn endpoint_weights_become_locality_weights() {
             locality.sub_zone.as_str()
         ),
         ("r", "z", "s#weight=1")
+    );
+}
+
+#[test]
+fn duplicate_addresses_one_locality_per_spelling_and_weights_that_fit_a_u32() {
+    let mut services = services();
+    services[0].endpoints = vec![
+        endpoint("10.0.0.1", 5, "us/east"),
+        endpoint("10.0.0.1", 7, "us/east/"),
+        endpoint("10.0.0.2", 5, "us/east/"),
+        endpoint("10.0.0.3", u32::MAX, ""),
+        endpoint("10.0.0.4", u32::MAX, ""),
+    ];
+    let target = resolve(services.as_slice(), "greeter", "shop").expect("resolves");
+    let assignment = load_assignment(target);
+    let listed: usize = assignment
+        .endpoints
+        .iter()
+        .map(|l| l.lb_endpoints.len())
+        .sum();
+    assert_eq!(listed, 4, "10.0.0.1 once");
+    let localities: Vec<_> = assignment
+        .endpoints
+        .iter()
+        .map(|l| l.locality.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        localities.len(),
+        2,
+        "us/east and us/east/ are one: {localities:?}"
+    );
+    let total: u64 = assignment
+        .endpoints
+        .iter()
+        .map(|l| u64::from(l.load_balancing_weight.map(|w| w.value).unwrap_or(0)))
+        .sum();
+    assert!(total <= u64::from(u32::MAX), "{total}");
+    assert!(
+        assignment
+            .endpoints
+            .iter()
+            .all(|l| l.load_balancing_weight.is_some_and(|w| w.value > 0)),
+        "no locality scaled to nothing"
     );
 }

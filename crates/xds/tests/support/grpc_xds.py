@@ -3,6 +3,8 @@
 backend NAME: serves every unary method on 127.0.0.1:0, answering NAME; prints the port.
 client TARGET: reads "count N" lines on stdin, makes N unary calls to TARGET (an xds:/// URI,
 bootstrap from GRPC_XDS_BOOTSTRAP_CONFIG) and prints a JSON object {backend: answers, "error": n}.
+"count N running" also prints the line "running" once a tenth of the calls are done, so a test
+can change the configuration while the rest run.
 """
 import json
 import sys
@@ -34,11 +36,14 @@ def client(target):
     call = channel.unary_unary(METHOD)
     for line in sys.stdin:
         words = line.split()
-        if len(words) != 2 or words[0] != "count":
+        if len(words) not in (2, 3) or words[0] != "count":
             print(json.dumps({"error": "bad command " + line.strip()}), flush=True)
             continue
+        total = int(words[1])
         counts = {}
-        for _ in range(int(words[1])):
+        for i in range(total):
+            if len(words) == 3 and i == total // 10:
+                print("running", flush=True)
             try:
                 who = call(b"", timeout=10).decode()
             except grpc.RpcError as err:

@@ -45,26 +45,40 @@ impl Server {
     /// Publishes `services` as the next synced version; returns it.
     pub fn publish(&self, services: Vec<Service>) -> String {
         let version = self.snapshots.borrow().version + 1;
-        self.snapshots.send_replace(Arc::new(Snapshot {
-            version,
-            services: Arc::new(services),
-            synced: true,
-        }));
+        self.snapshots
+            .send_replace(Arc::new(Snapshot::new(version, services, true)));
         version.to_string()
     }
 
-    /// Waits until every connected client acknowledged `version` of `type_url`.
+    /// Waits (30 s at most, then fails) until every connected client acknowledged `version` of
+    /// `type_url`.
     pub async fn acked(&self, type_url: &str, version: &str) {
-        self.clients
-            .wait_for(|clients| {
-                !clients.is_empty()
-                    && clients.iter().all(|c| {
-                        c.types
-                            .get(type_url)
-                            .is_some_and(|t| t.acked.as_deref() == Some(version))
-                    })
-            })
-            .await;
+        let wait = self.clients.wait_for(|clients| {
+            !clients.is_empty()
+                && clients.iter().all(|c| {
+                    c.types
+                        .get(type_url)
+                        .is_some_and(|t| t.acked.as_deref() == Some(version))
+                })
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(30), wait)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no ACK of {type_url} version {version}: {:?}",
+                    self.clients.list()
+                )
+            });
+    }
+
+    /// Waits (30 s at most) until every connected stream has taken `version` in hand.
+    pub async fn published_to_all(&self, version: &str) {
+        let wait = self
+            .clients
+            .wait_for(|clients| clients.iter().all(|c| c.seen.as_deref() == Some(version)));
+        tokio::time::timeout(std::time::Duration::from_secs(30), wait)
+            .await
+            .unwrap_or_else(|_| panic!("version {version} not taken: {:?}", self.clients.list()));
     }
 }
 
