@@ -114,7 +114,8 @@ pub struct StoreLimits {
     /// Most applications one (namespace, interface) may hold.
     pub max_applications_per_key: usize,
     /// Journal rows (new pairs committed in arrival order) that trigger a fold into the keyed
-    /// tables, or 1/8 of the pairs stored if more; an idle writer folds sooner.
+    /// tables, or 1/8 of the pairs stored if more (at most 16 times this); an idle writer folds
+    /// sooner.
     pub fold_rows: usize,
     /// How long a writer with unfolded journal rows waits for more work before folding them.
     pub fold_idle: std::time::Duration,

@@ -189,3 +189,30 @@ async fn a_database_from_a_newer_dubbo_cp_is_refused_untouched() {
         "the version was rewritten"
     );
 }
+
+#[tokio::test]
+async fn folds_grow_with_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = StoreLimits {
+        fold_rows: 1,
+        ..never_folding()
+    };
+    let (store, writer, _changes) = open(dir.path(), limits);
+    for i in 0..64 {
+        store
+            .register(registration(&format!("app-{i}"), &["I1"]))
+            .await
+            .unwrap();
+    }
+    // With a fixed limit of one row every commit would fold (64 folds); 1/8 of the table
+    // waits longer as the table grows.
+    let folds = store.stats().journal_folds.load(Ordering::SeqCst);
+    assert!((10..50).contains(&folds), "{folds} folds for 64 pairs");
+    let (journal, mapping) = rows(dir.path());
+    assert!(
+        journal <= 8,
+        "{journal} rows wait, more than 1/8 of {mapping}"
+    );
+    assert_eq!(journal + mapping, 64);
+    close(writer).await;
+}

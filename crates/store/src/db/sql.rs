@@ -14,16 +14,18 @@ pub(super) fn registrant_rows(
 }
 
 /// Deletes `pairs` and written registrant records; with `revision`, also moves the stored
-/// revision to it (a change clients see).
+/// revision to it (a change clients see). Returns the rows the journal added to `mapping` and
+/// the rows deleted from it.
 pub(super) fn delete_pairs(
     conn: &mut Connection,
     pairs: &MappingDelta,
     registrants: &PendingRegistrants,
     revision: Option<i64>,
-) -> rusqlite::Result<()> {
+) -> rusqlite::Result<(usize, usize)> {
     let tx = conn.transaction()?;
     // A pair still in the journal is deleted from the keyed table once folded there.
-    fold_journal(&tx)?;
+    let folded = fold_journal(&tx)?;
+    let mut deleted = 0;
     {
         let mut forget = tx.prepare_cached(
             "DELETE FROM registrant WHERE namespace = ?1 AND interface = ?2 AND application = ?3 AND pod = ?4",
@@ -42,11 +44,12 @@ pub(super) fn delete_pairs(
         )?;
         for (key, apps) in pairs.iter() {
             for app in apps {
-                delete.execute(params![key.namespace, key.interface, app])?;
+                deleted += delete.execute(params![key.namespace, key.interface, app])?;
             }
         }
     }
-    tx.commit()
+    tx.commit()?;
+    Ok((folded, deleted))
 }
 
 pub(super) fn prepare_schema(conn: &Connection) -> rusqlite::Result<()> {
@@ -234,22 +237,25 @@ pub(super) fn write_pairs(
 }
 
 /// Moves every journal row into `mapping` and `object_name`, in key order, inside `tx`;
-/// returns the rows moved. `OR IGNORE`: a pair already there stays as it is, and a key keeps
+/// returns the pairs it added to `mapping` (a pair journaled twice, or already there, counts
+/// once or not at all). `OR IGNORE`: a pair already there stays as it is, and a key keeps
 /// the first name it was given (the writer never gives a key two, nor a name to two keys).
 pub(super) fn fold_journal(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<usize> {
-    tx.prepare_cached(
-        "INSERT OR IGNORE INTO mapping (namespace, interface, application)
+    let added = tx
+        .prepare_cached(
+            "INSERT OR IGNORE INTO mapping (namespace, interface, application)
          SELECT namespace, interface, application FROM journal
          WHERE application IS NOT NULL ORDER BY namespace, interface, application",
-    )?
-    .execute([])?;
+        )?
+        .execute([])?;
     tx.prepare_cached(
         "INSERT OR IGNORE INTO object_name (namespace, interface, name)
          SELECT namespace, interface, name FROM journal
          WHERE name IS NOT NULL ORDER BY namespace, interface",
     )?
     .execute([])?;
-    tx.prepare_cached("DELETE FROM journal")?.execute([])
+    tx.prepare_cached("DELETE FROM journal")?.execute([])?;
+    Ok(added)
 }
 
 /// [`fold_journal`] in a transaction of its own.

@@ -32,6 +32,10 @@ impl Writer {
         let timer = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build();
+        if let Err(err) = &timer {
+            // Folds then happen at the row limit, on shutdown and at the next start only.
+            tracing::warn!(error = %err, "no timer for the store writer; the journal is not folded when idle");
+        }
         while !stopping {
             let received = match &timer {
                 Ok(timer) if self.journal_rows > 0 => timer.block_on(async {
@@ -84,7 +88,10 @@ impl Writer {
             self.commit(&mut batch);
             // A fold writes about one page per row for rows scattered over a big table, so folds
             // grow with the table (1/8 of it): each then writes each page about once, amortized.
-            if self.journal_rows >= self.limits.fold_rows.max(self.table_rows / 8) {
+            // Capped at 16 x fold_rows, so one fold (a transaction the writer waits for) stays
+            // well under a second.
+            let threshold = (self.table_rows / 8).min(self.limits.fold_rows.saturating_mul(16));
+            if self.journal_rows >= self.limits.fold_rows.max(threshold) {
                 self.fold();
             }
         }
@@ -98,8 +105,8 @@ impl Writer {
             return;
         }
         match fold(&mut self.conn) {
-            Ok(_) => {
-                self.table_rows += self.journal_rows;
+            Ok(added) => {
+                self.table_rows += added;
                 self.journal_rows = 0;
                 self.stats.journal_folds.fetch_add(1, Ordering::Relaxed);
             }
@@ -132,11 +139,15 @@ impl Writer {
             return Ok(removed);
         }
         let none = PendingRegistrants::new();
-        if let Err(err) = delete_pairs(&mut self.conn, &removed, &none, Some(self.revision + 1)) {
-            self.stats.errors.fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::CommitFailed(Arc::new(err)));
-        }
-        self.table_rows = (self.table_rows + self.journal_rows).saturating_sub(removed.pairs());
+        let (folded, deleted) =
+            match delete_pairs(&mut self.conn, &removed, &none, Some(self.revision + 1)) {
+                Ok(counts) => counts,
+                Err(err) => {
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(StoreError::CommitFailed(Arc::new(err)));
+                }
+            };
+        self.table_rows = (self.table_rows + folded).saturating_sub(deleted);
         self.journal_rows = 0;
         self.revision += 1;
         self.stats
@@ -174,12 +185,15 @@ impl Writer {
                 }
             }
         }
-        if let Err(err) = delete_pairs(&mut self.conn, &done, registrants, None) {
-            // They stay in the outbox and are written again (a no-op upsert) after a restart.
-            tracing::warn!(error = %err, "cannot remove written pairs from the outbox");
-            return;
-        }
-        self.table_rows = (self.table_rows + self.journal_rows).saturating_sub(done.pairs());
+        let (folded, deleted) = match delete_pairs(&mut self.conn, &done, registrants, None) {
+            Ok(counts) => counts,
+            Err(err) => {
+                // They stay in the outbox and are written again (a no-op upsert) after a restart.
+                tracing::warn!(error = %err, "cannot remove written pairs from the outbox");
+                return;
+            }
+        };
+        self.table_rows = (self.table_rows + folded).saturating_sub(deleted);
         self.journal_rows = 0;
         self.forget(&done);
         for (key, written) in registrants {
