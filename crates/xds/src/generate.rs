@@ -17,15 +17,18 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
 use envoy_types::pb::envoy::config::route::v3::{
-    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action,
-    route_match,
+    HeaderMatcher, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, header_matcher,
+    route, route_action, route_match,
 };
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
+use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
 use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
+
+use crate::tags::{FORCE_HEADERS, Subset, TAG_HEADERS, Tagging};
 
 /// What a requested name resolves to: a service and the port meant.
 #[derive(Debug, Clone, Copy)]
@@ -64,7 +67,17 @@ pub fn resolve<'a, S: Services + ?Sized>(
 
 /// `outbound|<port>||<fqdn>`, the cluster (and EDS service) name of a service port.
 pub fn cluster_name(target: Target<'_>) -> String {
-    format!("outbound|{}||{}", target.port.number, target.service.fqdn())
+    subset_cluster_name(target, None)
+}
+
+/// `outbound|<port>|<subset>|<fqdn>`: the cluster of a subset of a service port's endpoints.
+pub fn subset_cluster_name(target: Target<'_>, subset: Option<&Subset>) -> String {
+    let subset = subset.map(Subset::name).unwrap_or_default();
+    format!(
+        "outbound|{}|{subset}|{}",
+        target.port.number,
+        target.service.fqdn()
+    )
 }
 
 fn ads() -> ConfigSource {
@@ -106,20 +119,82 @@ pub fn listener(requested: &str) -> Listener {
     }
 }
 
-/// The route configuration of `requested`: every request to the target's cluster.
-pub fn route_configuration(requested: &str, target: Target<'_>) -> RouteConfiguration {
-    let route = Route {
+fn route_to(cluster: String, headers: Vec<HeaderMatcher>) -> Route {
+    Route {
         r#match: Some(RouteMatch {
             path_specifier: Some(route_match::PathSpecifier::Prefix(String::new())),
+            headers,
             ..Default::default()
         }),
         action: Some(route::Action::Route(RouteAction {
-            cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster_name(
-                target,
-            ))),
+            cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster)),
             ..Default::default()
         })),
         ..Default::default()
+    }
+}
+
+fn header_is(name: &str, value: &str) -> HeaderMatcher {
+    HeaderMatcher {
+        name: name.to_owned(),
+        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
+            StringMatcher {
+                match_pattern: Some(string_matcher::MatchPattern::Exact(value.to_owned())),
+                // Dubbo reads the force flag with Boolean.parseBoolean.
+                ignore_case: true,
+            },
+        )),
+        ..Default::default()
+    }
+}
+
+fn header_present(name: &str) -> HeaderMatcher {
+    HeaderMatcher {
+        name: name.to_owned(),
+        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::PresentMatch(true)),
+        ..Default::default()
+    }
+}
+
+/// The routes of tag routing (see [`crate::tags`]), most specific first: a tag forced, a tag,
+/// any other tag forced, any other tag, no tag. "Any other tag" is the subset of the empty tag.
+fn tag_routes(target: Target<'_>, tagging: &Tagging<'_>) -> Vec<Route> {
+    let cluster = |subset: Subset| subset_cluster_name(target, Some(&subset));
+    let mut routes = Vec::new();
+    let tags: Vec<&str> = tagging.tags().into_iter().collect();
+    for tag in tags.iter().copied().chain([""]) {
+        for header in TAG_HEADERS {
+            let tagged = || match tag {
+                "" => header_present(header),
+                tag => header_is(header, tag),
+            };
+            for force in FORCE_HEADERS {
+                routes.push(route_to(
+                    cluster(Subset::Forced(tag.to_owned())),
+                    vec![tagged(), header_is(force, "true")],
+                ));
+            }
+            routes.push(route_to(
+                cluster(Subset::Tagged(tag.to_owned())),
+                vec![tagged()],
+            ));
+        }
+    }
+    routes.push(route_to(cluster(Subset::Untagged), Vec::new()));
+    routes
+}
+
+/// The route configuration of `requested`: every request to the target's cluster, or with tag
+/// routing (a TagRoute of the service's application, or static tags), to the subset its tag
+/// selects.
+pub fn route_configuration(
+    requested: &str,
+    target: Target<'_>,
+    tagging: Option<&Tagging<'_>>,
+) -> RouteConfiguration {
+    let routes = match tagging.filter(|t| t.applies()) {
+        Some(tagging) => tag_routes(target, tagging),
+        None => vec![route_to(cluster_name(target), Vec::new())],
     };
     RouteConfiguration {
         name: requested.to_owned(),
@@ -128,7 +203,7 @@ pub fn route_configuration(requested: &str, target: Target<'_>) -> RouteConfigur
             // The client matches its authority, port included: with no matching domain every RPC
             // fails. The configuration is this listener's alone, so `*` is safe beside the name.
             domains: vec![requested.to_owned(), "*".to_owned()],
-            routes: vec![route],
+            routes,
             ..Default::default()
         }],
         ..Default::default()
@@ -137,7 +212,12 @@ pub fn route_configuration(requested: &str, target: Target<'_>) -> RouteConfigur
 
 /// The EDS cluster of a target.
 pub fn cluster(target: Target<'_>) -> Cluster {
-    let name = cluster_name(target);
+    subset_cluster(target, None)
+}
+
+/// The EDS cluster of a subset of a target's endpoints.
+pub fn subset_cluster(target: Target<'_>, subset: Option<&Subset>) -> Cluster {
+    let name = subset_cluster_name(target, subset);
     Cluster {
         // The type must be given: the default (STATIC) is refused by gRPC clients.
         cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
@@ -159,10 +239,20 @@ pub fn cluster(target: Target<'_>) -> Cluster {
 /// its sub-zone) weighing `weight` x its endpoints. Endpoints of weight 0 take no traffic and
 /// are left out; a locality must not be empty or unweighted, or clients drop it silently.
 pub fn load_assignment(target: Target<'_>) -> ClusterLoadAssignment {
+    let all: Vec<&ServiceEndpoint> = target.service.endpoints.iter().collect();
+    subset_load_assignment(target, None, &all)
+}
+
+/// The load assignment of a subset's cluster: `endpoints`, weighted as [`load_assignment`].
+pub fn subset_load_assignment(
+    target: Target<'_>,
+    subset: Option<&Subset>,
+    endpoints: &[&ServiceEndpoint],
+) -> ClusterLoadAssignment {
     // Clients refuse a response naming one address twice: the first listing of an address wins.
     let mut addresses = std::collections::BTreeSet::new();
     let mut groups: BTreeMap<([String; 3], u32), Vec<&ServiceEndpoint>> = BTreeMap::new();
-    for endpoint in &target.service.endpoints {
+    for endpoint in endpoints.iter().copied() {
         let address = (endpoint.address, endpoint.port_for(target.port));
         if endpoint.weight > 0 && addresses.insert(address) {
             groups
@@ -200,7 +290,7 @@ pub fn load_assignment(target: Target<'_>) -> ClusterLoadAssignment {
         })
         .collect();
     ClusterLoadAssignment {
-        cluster_name: cluster_name(target),
+        cluster_name: subset_cluster_name(target, subset),
         endpoints,
         ..Default::default()
     }

@@ -9,6 +9,7 @@
 //! - [`protocol`]: one stream's state of the world per type: subscriptions, versions, nonces,
 //!   ACKs and NACKs, and what to answer. No I/O.
 //! - [`snapshot`]: the services at one version, and the resources a subscription selects.
+//! - [`tags`]: Dubbo's tag routing (TagRoute, static tags) as header-matched routes to subsets.
 //! - [`server`]: the ADS gRPC service, one task per stream over the published snapshots.
 //! - [`clients`]: the connected clients' status (node, subscriptions, ACKed versions, NACKs).
 #![forbid(unsafe_code)]
@@ -18,6 +19,7 @@ pub mod generate;
 pub mod protocol;
 pub mod server;
 pub mod snapshot;
+pub mod tags;
 
 /// The type URLs of the four resource types, in the order a push sends them (clusters, then
 /// endpoints, then listeners, then routes: a client never sees a name before what it names).

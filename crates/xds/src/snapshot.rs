@@ -10,7 +10,9 @@ use envoy_types::util::pack_any;
 
 use crate::generate::{self, Services, Target};
 use crate::protocol::TypeState;
+use crate::tags::{Subset, Tagging};
 use crate::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
+use dubbo_cp_domain::rules::TagRouteSpec;
 
 /// The services at one version. Nothing is answered from a snapshot that is not `synced`: an
 /// empty listener or cluster answer would tell clients that everything was deleted.
@@ -22,6 +24,8 @@ pub struct Snapshot {
     /// (namespace, name) -> position in `services`: every stream resolves every name it holds
     /// on every push, so lookups must not scan.
     by_name: Arc<HashMap<(String, String), usize>>,
+    /// Enabled TagRoutes by (namespace, application).
+    tag_routes: Arc<HashMap<(String, String), TagRouteSpec>>,
 }
 
 impl Snapshot {
@@ -36,6 +40,33 @@ impl Snapshot {
             synced,
             services: Arc::new(services),
             by_name: Arc::new(by_name),
+            tag_routes: Arc::default(),
+        }
+    }
+
+    /// The same services with `rules` (namespace, spec) routing by tag; disabled ones are left
+    /// out, as Dubbo ignores them.
+    pub fn with_tag_routes(mut self, rules: Vec<(String, TagRouteSpec)>) -> Snapshot {
+        self.tag_routes = Arc::new(
+            rules
+                .into_iter()
+                .filter(|(_, rule)| rule.enabled)
+                .map(|(namespace, rule)| ((namespace, rule.key.clone()), rule))
+                .collect(),
+        );
+        self
+    }
+
+    /// Tag routing for a target's service.
+    fn tagging<'a>(&'a self, target: Target<'a>) -> Tagging<'a> {
+        let key = (
+            target.service.namespace.clone(),
+            target.service.application().to_owned(),
+        );
+        Tagging {
+            endpoints: &target.service.endpoints,
+            port: target.port,
+            rule: self.tag_routes.get(&key),
         }
     }
 
@@ -51,10 +82,10 @@ impl Services for Snapshot {
     }
 }
 
-/// The target of a cluster name `outbound|<port>||<fqdn>`.
-fn cluster_target<'a>(services: &'a Snapshot, name: &str) -> Option<Target<'a>> {
+/// The target (and subset) of a cluster name `outbound|<port>|<subset>|<fqdn>`.
+fn cluster_target<'a>(services: &'a Snapshot, name: &str) -> Option<(Target<'a>, Option<Subset>)> {
     let mut parts = name.split('|');
-    let (Some("outbound"), Some(port), Some(""), Some(fqdn), None) = (
+    let (Some("outbound"), Some(port), Some(subset), Some(fqdn), None) = (
         parts.next(),
         parts.next(),
         parts.next(),
@@ -68,7 +99,11 @@ fn cluster_target<'a>(services: &'a Snapshot, name: &str) -> Option<Target<'a>> 
     let namespace = host.namespace?;
     let service = services.find(&namespace, &host.name)?;
     let port = service.port(Some(port))?;
-    Some(Target { service, port })
+    let subset = match subset {
+        "" => None,
+        subset => Some(Subset::parse(subset)?),
+    };
+    Some((Target { service, port }, subset))
 }
 
 /// Every service port, for wildcard subscriptions (Envoy's): `(fqdn:port, target)`.
@@ -109,7 +144,8 @@ pub fn resources(
             for name in &state.names {
                 // Wildcard listeners' routes are named fqdn:port, which resolves like any name.
                 if let Some(target) = generate::resolve(snapshot, name, client_namespace) {
-                    let routes = generate::route_configuration(name, target);
+                    let tagging = snapshot.tagging(target);
+                    let routes = generate::route_configuration(name, target, Some(&tagging));
                     out.push((name.clone(), pack_any(routes)));
                 }
             }
@@ -124,15 +160,21 @@ pub fn resources(
                 }
             }
             for name in &state.names {
-                if let Some(target) = cluster_target(snapshot, name) {
-                    out.push((name.clone(), pack_any(generate::cluster(target))));
+                if let Some((target, subset)) = cluster_target(snapshot, name) {
+                    let cluster = generate::subset_cluster(target, subset.as_ref());
+                    out.push((name.clone(), pack_any(cluster)));
                 }
             }
         }
         ENDPOINT => {
             for name in &state.names {
-                if let Some(target) = cluster_target(snapshot, name) {
-                    let assignment = generate::load_assignment(target);
+                if let Some((target, subset)) = cluster_target(snapshot, name) {
+                    let endpoints = match &subset {
+                        Some(subset) => snapshot.tagging(target).endpoints_of(subset),
+                        None => target.service.endpoints.iter().collect(),
+                    };
+                    let assignment =
+                        generate::subset_load_assignment(target, subset.as_ref(), &endpoints);
                     out.push((name.clone(), pack_any(assignment)));
                 }
             }

@@ -110,9 +110,27 @@ fn bootstrap(server: &support::Server) -> String {
 
 /// Makes `count` calls and returns who answered them.
 async fn count(client: &mut Proc, count: usize) -> serde_json::Value {
+    count_with(client, count, "").await
+}
+
+/// Calls with `metadata` until `who` answers `run` calls in a row ("error": until calls fail),
+/// so what is counted next runs on the version the client acknowledged: the client rebuilds its
+/// balancer a moment after the ACK. Fails after 5,000 calls.
+async fn settle(client: &mut Proc, who: &str, run: usize, metadata: &str) {
     client
         .stdin
-        .write_all(format!("count {count}\n").as_bytes())
+        .write_all(format!("settle {who} {run} {metadata}\n").as_bytes())
+        .await
+        .unwrap();
+    let settled: serde_json::Value = serde_json::from_str(&client.line().await).unwrap();
+    assert_eq!(settled["settled"], true, "{who} never answered: {settled}");
+}
+
+/// Makes `count` calls with `metadata` (`key=value` words) and returns who answered them.
+async fn count_with(client: &mut Proc, count: usize, metadata: &str) -> serde_json::Value {
+    client
+        .stdin
+        .write_all(format!("count {count} {metadata}\n").as_bytes())
         .await
         .unwrap();
     serde_json::from_str(&client.line().await).unwrap()
@@ -149,12 +167,14 @@ async fn endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call
         "a answered {a} of 2000, wanted 80% +/- 5: {counts}"
     );
 
-    // 0/100: a weight of 0 takes no traffic. Counted once the client acknowledged it.
+    // 0/100: a weight of 0 takes no traffic. Counted once the client acknowledged it and b
+    // answered 100 calls in a row (under 80/20 that happens with probability 1e-70).
     let version = server.publish(vec![support::greeter(
         "default",
         &[(port_a, 0), (port_b, 100)],
     )]);
     server.acked(dubbo_cp_xds::ENDPOINT, &version).await;
+    settle(&mut client, "b", 100, "").await;
     let counts = count(&mut client, 2000).await;
     assert_eq!(answers(&counts, "b"), 2000, "all to b: {counts}");
 
@@ -181,6 +201,7 @@ async fn endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call
         "the switch landed while calls ran: {during}"
     );
     server.acked(dubbo_cp_xds::ENDPOINT, &version).await;
+    settle(&mut client, "a", 1, "").await;
     let counts = count(&mut client, 2000).await;
     let a = answers(&counts, "a");
     assert_eq!(
@@ -191,6 +212,72 @@ async fn endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call
     assert!(
         (900..=1100).contains(&a),
         "a answered {a} of 2000, wanted 50% +/- 5: {counts}"
+    );
+    drop(client.child.start_kill());
+}
+
+fn tag_route(force: bool, gray: &[String]) -> dubbo_cp_domain::rules::TagRouteSpec {
+    serde_json::from_value(serde_json::json!({
+        "key": "greeter", "configVersion": "v3.0", "force": force,
+        "tags": [{"name": "gray", "addresses": gray}],
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tag_route_sends_tagged_calls_to_its_endpoints_with_dubbos_fallback() {
+    let (_a, port_a) = backend("a").await;
+    let (_g, port_g) = backend("g").await;
+    let server = support::Server::start().await;
+    let greeter = support::greeter("default", &[(port_a, 1), (port_g, 1)]);
+    let gray = vec![format!("127.0.0.1:{port_g}")];
+    server.publish_with_tags(vec![greeter.clone()], vec![tag_route(false, &gray)]);
+    let mut client = Proc::spawn(
+        &["client", "xds:///greeter:7070"],
+        &[("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(&server))],
+    );
+    let only = |counts: &serde_json::Value, who: &str, n: u64| {
+        assert_eq!(answers(counts, who), n, "{counts}");
+    };
+    // Tagged calls reach the tagged endpoint; untagged ones never do.
+    only(
+        &count_with(&mut client, 200, "dubbo-tag=gray").await,
+        "g",
+        200,
+    );
+    only(&count(&mut client, 200).await, "a", 200);
+    // A tag nobody has falls back to the untagged endpoints, unless the call forces it.
+    only(
+        &count_with(&mut client, 200, "dubbo-tag=blue").await,
+        "a",
+        200,
+    );
+    let forced = count_with(&mut client, 50, "dubbo-tag=blue dubbo-force-tag=true").await;
+    only(&forced, "error", 50);
+
+    // The gray address gone: without force, gray calls fall back to the endpoints in no tag,
+    // which g now is too (the rule no longer lists it); with force they fail.
+    let gone = vec!["127.0.0.1:1".to_string()];
+    let version = server.publish_with_tags(vec![greeter.clone()], vec![tag_route(false, &gone)]);
+    server.acked(dubbo_cp_xds::ENDPOINT, &version).await;
+    settle(&mut client, "a", 1, "dubbo-tag=gray").await;
+    let fallback = count_with(&mut client, 200, "dubbo-tag=gray").await;
+    assert_eq!(
+        answers(&fallback, "a") + answers(&fallback, "g"),
+        200,
+        "{fallback}"
+    );
+    assert!(
+        answers(&fallback, "a") > 0 && answers(&fallback, "g") > 0,
+        "{fallback}"
+    );
+    let version = server.publish_with_tags(vec![greeter], vec![tag_route(true, &gone)]);
+    server.acked(dubbo_cp_xds::ENDPOINT, &version).await;
+    settle(&mut client, "error", 1, "dubbo-tag=gray").await;
+    only(
+        &count_with(&mut client, 50, "dubbo-tag=gray").await,
+        "error",
+        50,
     );
     drop(client.child.start_kill());
 }

@@ -107,7 +107,7 @@ fn the_listener_routes_over_ads_with_the_router_last() {
 fn routes_clusters_and_endpoints_name_each_other() {
     let services = services();
     let target = resolve(services.as_slice(), "greeter:7070", "shop").expect("resolves");
-    let routes = route_configuration("greeter:7070", target);
+    let routes = route_configuration("greeter:7070", target, None);
     let host = &routes.virtual_hosts[0];
     assert!(host.domains.contains(&"greeter:7070".to_string()));
     let Some(route::Action::Route(action)) = host.routes[0].action.clone() else {

@@ -4,7 +4,10 @@ backend NAME: serves every unary method on 127.0.0.1:0, answering NAME; prints t
 client TARGET: reads "count N" lines on stdin, makes N unary calls to TARGET (an xds:/// URI,
 bootstrap from GRPC_XDS_BOOTSTRAP_CONFIG) and prints a JSON object {backend: answers, "error": n}.
 "count N running" also prints the line "running" once a tenth of the calls are done, so a test
-can change the configuration while the rest run.
+can change the configuration while the rest run; words "key=value" after N are sent as metadata.
+"settle WHO RUN [key=value ...]" calls until WHO answers RUN calls in a row (WHO "error": until
+calls fail), at most 5,000 calls, and prints {"calls": n, "settled": bool}: a client applies a version it acknowledged a moment
+later (its balancer is rebuilt after the ACK), so a test settles before it counts.
 """
 import json
 import sys
@@ -34,18 +37,34 @@ def backend(name):
 def client(target):
     channel = grpc.insecure_channel(target)
     call = channel.unary_unary(METHOD)
+    def who_answers(metadata):
+        try:
+            return call(b"", timeout=10, metadata=metadata).decode()
+        except grpc.RpcError:
+            return "error"
+
     for line in sys.stdin:
         words = line.split()
-        if len(words) not in (2, 3) or words[0] != "count":
+        if len(words) >= 3 and words[0] == "settle":
+            metadata = tuple(tuple(w.split("=", 1)) for w in words[3:] if "=" in w)
+            calls, run, wanted = 0, 0, int(words[2])
+            while calls < 5000 and run < wanted:
+                calls += 1
+                run = run + 1 if who_answers(metadata) == words[1] else 0
+            print(json.dumps({"calls": calls, "settled": run >= wanted}), flush=True)
+            continue
+        if len(words) < 2 or words[0] != "count":
             print(json.dumps({"error": "bad command " + line.strip()}), flush=True)
             continue
         total = int(words[1])
+        running = "running" in words[2:]
+        metadata = tuple(tuple(w.split("=", 1)) for w in words[2:] if "=" in w)
         counts = {}
         for i in range(total):
-            if len(words) == 3 and i == total // 10:
+            if running and i == total // 10:
                 print("running", flush=True)
             try:
-                who = call(b"", timeout=10).decode()
+                who = call(b"", timeout=10, metadata=metadata).decode()
             except grpc.RpcError as err:
                 who = "error"
                 counts.setdefault("last_error", str(err.details()))

@@ -50,6 +50,23 @@ impl Server {
         version.to_string()
     }
 
+    /// Publishes `services` with TagRoutes (all in `default`) as the next synced version.
+    pub fn publish_with_tags(
+        &self,
+        services: Vec<Service>,
+        tag_routes: Vec<dubbo_cp_domain::rules::TagRouteSpec>,
+    ) -> String {
+        let version = self.snapshots.borrow().version + 1;
+        let rules = tag_routes
+            .into_iter()
+            .map(|rule| ("default".to_string(), rule))
+            .collect();
+        self.snapshots.send_replace(Arc::new(
+            Snapshot::new(version, services, true).with_tag_routes(rules),
+        ));
+        version.to_string()
+    }
+
     /// Waits (30 s at most, then fails) until every connected client acknowledged `version` of
     /// `type_url`.
     pub async fn acked(&self, type_url: &str, version: &str) {

@@ -1,0 +1,163 @@
+//! Dubbo's tag routing (TagRoute rules and static `dubbo.tag` labels) as header-matched routes
+//! over subsets of a service's endpoints, with Dubbo's fallback and `force` semantics kept:
+//!
+//! - a request tagged T goes to the endpoints the rule gives T by address; if none and the rule
+//!   is not `force`, or T has no addresses in the rule, to the endpoints whose static tag is T;
+//!   if still none, unless the request forces its tag (`dubbo-force-tag: true`), to the
+//!   endpoints in no tag at all (neither listed by the rule nor statically tagged);
+//! - a request without a tag goes to the endpoints no tag of the rule lists by address, less
+//!   those statically tagged with one of the rule's tag names (nothing, when every endpoint is
+//!   listed); without a rule, to the endpoints without a static tag.
+//!
+//! This is Dubbo 3's `TagStateRouter`. Tags that select instances by parameters (`match`, v3.0)
+//! are not translated yet: such a tag selects no endpoint by address (docs/xds.md).
+
+use std::collections::BTreeSet;
+
+use dubbo_cp_domain::rules::TagRouteSpec;
+use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
+
+/// The request header (gRPC metadata) that carries the tag, as Dubbo's Triple clients send it
+/// and as gRPC metadata allows it (`dubbo.tag` is the attachment name).
+pub const TAG_HEADERS: [&str; 2] = ["dubbo-tag", "dubbo.tag"];
+/// The header that forbids the fallback to untagged endpoints (Dubbo's `dubbo.force.tag`).
+pub const FORCE_HEADERS: [&str; 2] = ["dubbo-force-tag", "dubbo.force.tag"];
+/// The endpoint label of a static tag (Dubbo's `dubbo.tag` URL parameter).
+pub const TAG_LABEL: &str = "dubbo.tag";
+
+/// A set of a service's endpoints a route sends to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Subset {
+    /// What a request tagged with the name gets.
+    Tagged(String),
+    /// What it gets when it forces its tag (no fallback).
+    Forced(String),
+    /// What a request without a tag gets.
+    Untagged,
+}
+
+impl Subset {
+    /// The subset's part of a cluster name (`outbound|<port>|<subset>|<fqdn>`).
+    pub fn name(&self) -> String {
+        match self {
+            Subset::Tagged(tag) => format!("tag-{tag}"),
+            Subset::Forced(tag) => format!("tag-{tag}-forced"),
+            Subset::Untagged => "untagged".to_owned(),
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Subset> {
+        if name == "untagged" {
+            return Some(Subset::Untagged);
+        }
+        let tag = name.strip_prefix("tag-")?;
+        Some(match tag.strip_suffix("-forced") {
+            Some(tag) => Subset::Forced(tag.to_owned()),
+            None => Subset::Tagged(tag.to_owned()),
+        })
+    }
+}
+
+/// One service port's endpoints and the rule of its application, if enabled.
+pub struct Tagging<'a> {
+    pub endpoints: &'a [ServiceEndpoint],
+    pub port: &'a ServicePort,
+    pub rule: Option<&'a TagRouteSpec>,
+}
+
+fn static_tag(endpoint: &ServiceEndpoint) -> Option<&str> {
+    endpoint
+        .labels
+        .get(TAG_LABEL)
+        .map(String::as_str)
+        .filter(|tag| !tag.is_empty())
+}
+
+impl<'a> Tagging<'a> {
+    /// Whether tags change anything: a rule, or an endpoint with a static tag.
+    pub fn applies(&self) -> bool {
+        self.rule.is_some() || self.endpoints.iter().any(|e| static_tag(e).is_some())
+    }
+
+    /// Whether the rule lists `endpoint` among `addresses` (`ip:port`, `ip`, or `*`).
+    fn listed(&self, endpoint: &ServiceEndpoint, addresses: &[String]) -> bool {
+        let ip = endpoint.address.to_string();
+        let with_port = format!("{ip}:{}", endpoint.port_for(self.port));
+        addresses
+            .iter()
+            .any(|a| a == "*" || *a == ip || *a == with_port)
+    }
+
+    fn addresses_of(&self, tag: &str) -> &'a [String] {
+        self.rule
+            .and_then(|rule| rule.tags.iter().find(|t| t.name == tag))
+            .map_or(&[], |t| t.addresses.as_slice())
+    }
+
+    fn in_any_tag(&self, endpoint: &ServiceEndpoint) -> bool {
+        self.rule.is_some_and(|rule| {
+            rule.tags
+                .iter()
+                .any(|t| !t.addresses.is_empty() && self.listed(endpoint, &t.addresses))
+        })
+    }
+
+    fn select(&self, keep: impl Fn(&ServiceEndpoint) -> bool) -> Vec<&'a ServiceEndpoint> {
+        self.endpoints.iter().filter(|e| keep(e)).collect()
+    }
+
+    /// The endpoints of `subset`.
+    pub fn endpoints_of(&self, subset: &Subset) -> Vec<&'a ServiceEndpoint> {
+        match subset {
+            Subset::Untagged => {
+                let rule_names: BTreeSet<&str> = self
+                    .rule
+                    .map(|r| r.tags.iter().map(|t| t.name.as_str()).collect())
+                    .unwrap_or_default();
+                let Some(_) = self.rule else {
+                    return self.select(|e| static_tag(e).is_none());
+                };
+                let outside = self.select(|e| !self.in_any_tag(e));
+                outside
+                    .into_iter()
+                    .filter(|e| static_tag(e).is_none_or(|tag| !rule_names.contains(tag)))
+                    .collect()
+            }
+            Subset::Forced(tag) => self.only(tag).0,
+            Subset::Tagged(tag) => match self.only(tag) {
+                (found, _) if !found.is_empty() => found,
+                (found, true) => found,
+                _ => self.select(|e| !self.in_any_tag(e) && static_tag(e).is_none()),
+            },
+        }
+    }
+
+    /// The endpoints a request tagged `tag` may reach before any fallback, and whether the rule
+    /// forbids the fallback (`force` with the tag's addresses given).
+    fn only(&self, tag: &str) -> (Vec<&'a ServiceEndpoint>, bool) {
+        let addresses = self.addresses_of(tag);
+        if !addresses.is_empty() {
+            let found = self.select(|e| self.listed(e, addresses));
+            let force = self.rule.is_some_and(|r| r.force);
+            if !found.is_empty() || force {
+                return (found, force);
+            }
+            // Listed addresses that are all gone, without force: fall back, as Dubbo does.
+            return (found, false);
+        }
+        (self.select(|e| static_tag(e) == Some(tag)), false)
+    }
+
+    /// The tags a request may name that route differently: the rule's and the static ones.
+    pub fn tags(&self) -> BTreeSet<&'a str> {
+        let mut tags: BTreeSet<&'a str> = self
+            .rule
+            .map(|r| r.tags.iter().map(|t| t.name.as_str()).collect())
+            .unwrap_or_default();
+        tags.extend(self.endpoints.iter().filter_map(static_tag));
+        tags
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,191 @@
+use std::collections::BTreeMap;
+
+use dubbo_cp_domain::rules::TagRouteSpec;
+use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
+
+use super::*;
+
+fn endpoint(last: u8, tag: Option<&str>) -> ServiceEndpoint {
+    ServiceEndpoint {
+        address: std::net::IpAddr::from([10, 0, 0, last]),
+        ports: BTreeMap::new(),
+        labels: tag
+            .map(|t| BTreeMap::from([(TAG_LABEL.to_string(), t.to_string())]))
+            .unwrap_or_default(),
+        weight: 1,
+        locality: String::new(),
+    }
+}
+
+fn port() -> ServicePort {
+    ServicePort {
+        number: 7070,
+        name: "grpc".into(),
+        protocol: "GRPC".into(),
+    }
+}
+
+fn rule(force: bool, tags: &[(&str, &[&str])]) -> TagRouteSpec {
+    let tags: Vec<serde_json::Value> = tags
+        .iter()
+        .map(|(name, addresses)| serde_json::json!({"name": name, "addresses": addresses}))
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "key": "greeter", "configVersion": "v3.0", "force": force, "tags": tags,
+    }))
+    .unwrap_or_else(|err| panic!("{err}"))
+}
+
+fn picked(tagging: &Tagging<'_>, subset: Subset) -> Vec<u8> {
+    tagging
+        .endpoints_of(&subset)
+        .iter()
+        .map(|e| match e.address {
+            std::net::IpAddr::V4(v4) => v4.octets()[3],
+            std::net::IpAddr::V6(_) => 0,
+        })
+        .collect()
+}
+
+#[test]
+fn without_a_rule_static_tags_route_and_untagged_requests_avoid_them() {
+    let endpoints = [endpoint(1, None), endpoint(2, Some("gray"))];
+    let port = port();
+    let tagging = Tagging {
+        endpoints: &endpoints,
+        port: &port,
+        rule: None,
+    };
+    assert!(tagging.applies());
+    assert_eq!(picked(&tagging, Subset::Tagged("gray".into())), [2]);
+    assert_eq!(picked(&tagging, Subset::Untagged), [1]);
+    // An unknown tag falls back to the untagged endpoints, unless forced.
+    assert_eq!(picked(&tagging, Subset::Tagged("blue".into())), [1]);
+    assert_eq!(
+        picked(&tagging, Subset::Forced("blue".into())),
+        Vec::<u8>::new()
+    );
+    let plain = [endpoint(1, None)];
+    let none = Tagging {
+        endpoints: &plain,
+        port: &port,
+        rule: None,
+    };
+    assert!(!none.applies(), "no rule and no static tag: plain routing");
+}
+
+#[test]
+fn a_rules_addresses_take_their_endpoints_out_of_untagged_traffic() {
+    let endpoints = [
+        endpoint(1, None),
+        endpoint(2, None),
+        endpoint(3, Some("blue")),
+    ];
+    let port = port();
+    let gray = rule(false, &[("gray", &["10.0.0.2:7070"]), ("blue", &[])]);
+    let tagging = Tagging {
+        endpoints: &endpoints,
+        port: &port,
+        rule: Some(&gray),
+    };
+    assert_eq!(picked(&tagging, Subset::Tagged("gray".into())), [2]);
+    // `blue` has no addresses in the rule: its static tag decides.
+    assert_eq!(picked(&tagging, Subset::Tagged("blue".into())), [3]);
+    // No tag: not listed by the rule, and no static tag named by the rule.
+    assert_eq!(picked(&tagging, Subset::Untagged), [1]);
+    // An unknown tag: neither listed nor statically tagged.
+    assert_eq!(picked(&tagging, Subset::Tagged("red".into())), [1]);
+}
+
+#[test]
+fn force_decides_what_happens_when_a_tags_addresses_are_gone() {
+    let endpoints = [endpoint(1, None)];
+    let port = port();
+    let lenient = rule(false, &[("gray", &["10.0.0.9"])]);
+    let tagging = Tagging {
+        endpoints: &endpoints,
+        port: &port,
+        rule: Some(&lenient),
+    };
+    assert_eq!(
+        picked(&tagging, Subset::Tagged("gray".into())),
+        [1],
+        "falls back"
+    );
+    assert_eq!(
+        picked(&tagging, Subset::Forced("gray".into())),
+        Vec::<u8>::new()
+    );
+    let strict = rule(true, &[("gray", &["10.0.0.9"])]);
+    let tagging = Tagging {
+        endpoints: &endpoints,
+        port: &port,
+        rule: Some(&strict),
+    };
+    assert_eq!(
+        picked(&tagging, Subset::Tagged("gray".into())),
+        Vec::<u8>::new()
+    );
+}
+
+#[test]
+fn when_every_endpoint_is_in_a_tag_untagged_requests_reach_none() {
+    let endpoints = [endpoint(1, None), endpoint(2, None)];
+    let port = port();
+    let all = rule(false, &[("gray", &["10.0.0.1", "10.0.0.2:7070"])]);
+    let tagging = Tagging {
+        endpoints: &endpoints,
+        port: &port,
+        rule: Some(&all),
+    };
+    assert_eq!(picked(&tagging, Subset::Untagged), Vec::<u8>::new());
+    assert_eq!(picked(&tagging, Subset::Tagged("gray".into())), [1, 2]);
+}
+
+#[test]
+fn subset_names_round_trip() {
+    for subset in [
+        Subset::Untagged,
+        Subset::Tagged("gray".into()),
+        Subset::Forced("gray".into()),
+        Subset::Tagged(String::new()),
+        Subset::Forced(String::new()),
+    ] {
+        assert_eq!(
+            Subset::parse(&subset.name()),
+            Some(subset.clone()),
+            "{subset:?}"
+        );
+    }
+    assert_eq!(Subset::parse("other"), None);
+}
+
+#[test]
+fn debug_untagged_with_ports() {
+    let mut a = endpoint(1, None);
+    a.address = std::net::IpAddr::from([127, 0, 0, 1]);
+    a.ports = BTreeMap::from([("grpc".to_string(), 5001)]);
+    let mut g = a.clone();
+    g.ports = BTreeMap::from([("grpc".to_string(), 5002)]);
+    let endpoints = [a, g];
+    let port = port();
+    let r = rule(false, &[("gray", &["127.0.0.1:5002"])]);
+    let tagging = Tagging {
+        endpoints: &endpoints,
+        port: &port,
+        rule: Some(&r),
+    };
+    let ports = |s: Subset| {
+        tagging
+            .endpoints_of(&s)
+            .iter()
+            .map(|e| e.port_for(&port))
+            .collect::<Vec<_>>()
+    };
+    eprintln!(
+        "untagged {:?} gray {:?} other {:?}",
+        ports(Subset::Untagged),
+        ports(Subset::Tagged("gray".into())),
+        ports(Subset::Tagged("".into()))
+    );
+}
