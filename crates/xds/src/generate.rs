@@ -16,9 +16,10 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
+use envoy_types::pb::envoy::config::route::v3::weighted_cluster::ClusterWeight;
 use envoy_types::pb::envoy::config::route::v3::{
-    HeaderMatcher, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, header_matcher,
-    route, route_action, route_match,
+    HeaderMatcher, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
+    WeightedCluster, header_matcher, route, route_action, route_match,
 };
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
@@ -37,9 +38,18 @@ pub struct Target<'a> {
     pub port: &'a ServicePort,
 }
 
-/// Where services are looked up by namespace and name.
+/// Where services are looked up: by namespace and name, by application, and the applications
+/// serving an interface (the ServiceNameMappings).
 pub trait Services {
     fn find(&self, namespace: &str, name: &str) -> Option<&Service>;
+
+    /// The services of `application` in `namespace`.
+    fn of_application(&self, namespace: &str, application: &str) -> Vec<&Service>;
+
+    /// The applications serving `interface` in `namespace`.
+    fn serving(&self, _namespace: &str, _interface: &str) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A plain list, searched in order (small sets and tests; a snapshot keeps an index).
@@ -48,6 +58,54 @@ impl Services for [Service] {
         self.iter()
             .find(|s| s.namespace == namespace && s.name == name)
     }
+
+    fn of_application(&self, namespace: &str, application: &str) -> Vec<&Service> {
+        self.iter()
+            .filter(|s| s.namespace == namespace && s.application() == application)
+            .collect()
+    }
+}
+
+/// Resolves a listener name to every service port it means: a Kubernetes name (see
+/// [`resolve`]) is one; else, in the client's namespace, an application name means that
+/// application's services, and an interface name the services of every application its
+/// ServiceNameMapping lists. Each with the port given, or its only one. Empty when nothing
+/// answers.
+pub fn resolve_all<'a, S: Services + ?Sized>(
+    services: &'a S,
+    requested: &str,
+    client_namespace: &str,
+) -> Vec<Target<'a>> {
+    if let Some(target) = resolve(services, requested, client_namespace) {
+        return vec![target];
+    }
+    let (host, port) = match requested.rsplit_once(':') {
+        Some((host, port)) => match port.parse::<u16>() {
+            Ok(port) => (host, Some(port)),
+            Err(_) => return Vec::new(),
+        },
+        None => (requested, None),
+    };
+    if host.is_empty() {
+        return Vec::new();
+    }
+    let mut applications = vec![host.to_owned()];
+    if services.of_application(client_namespace, host).is_empty() {
+        applications = services.serving(client_namespace, host);
+    }
+    let mut targets: Vec<Target<'a>> = applications
+        .iter()
+        .flat_map(|application| services.of_application(client_namespace, application))
+        .filter_map(|service| {
+            Some(Target {
+                service,
+                port: service.port(port)?,
+            })
+        })
+        .collect();
+    targets.sort_by(|a, b| (&a.service.name, a.port.number).cmp(&(&b.service.name, b.port.number)));
+    targets.dedup_by(|a, b| a.service.name == b.service.name && a.port.number == b.port.number);
+    targets
 }
 
 /// Resolves a listener name a client asked for, Kubernetes style (`svc`, `svc.ns`,
@@ -184,18 +242,53 @@ fn tag_routes(target: Target<'_>, tagging: &Tagging<'_>) -> Vec<Route> {
     routes
 }
 
-/// The route configuration of `requested`: every request to the target's cluster, or with tag
-/// routing (a TagRoute of the service's application, or static tags), to the subset its tag
-/// selects.
-pub fn route_configuration(
-    requested: &str,
-    target: Target<'_>,
-    tagging: Option<&Tagging<'_>>,
-) -> RouteConfiguration {
-    let routes = match tagging.filter(|t| t.applies()) {
-        Some(tagging) => tag_routes(target, tagging),
-        None => vec![route_to(cluster_name(target), Vec::new())],
+/// The route configuration of a name that means several services (an interface served by
+/// several applications): one route over their clusters, each weighted by its endpoints that
+/// take traffic, so every endpoint gets an equal share.
+pub fn weighted_route_configuration(requested: &str, targets: &[Target<'_>]) -> RouteConfiguration {
+    let clusters: Vec<ClusterWeight> = targets
+        .iter()
+        .map(|target| {
+            let endpoints = target
+                .service
+                .endpoints
+                .iter()
+                .filter(|e| e.weight > 0)
+                .count();
+            ClusterWeight {
+                name: cluster_name(*target),
+                weight: Some(UInt32Value {
+                    value: u32::try_from(endpoints).unwrap_or(u32::MAX),
+                }),
+                ..Default::default()
+            }
+        })
+        .filter(|c| c.weight.is_some_and(|w| w.value > 0))
+        .collect();
+    let route = match (clusters.len(), targets.first()) {
+        (0, Some(first)) => route_to(cluster_name(*first), Vec::new()),
+        (1, _) => route_to(clusters[0].name.clone(), Vec::new()),
+        _ => Route {
+            r#match: Some(RouteMatch {
+                path_specifier: Some(route_match::PathSpecifier::Prefix(String::new())),
+                ..Default::default()
+            }),
+            action: Some(route::Action::Route(RouteAction {
+                cluster_specifier: Some(route_action::ClusterSpecifier::WeightedClusters(
+                    WeightedCluster {
+                        clusters,
+                        ..Default::default()
+                    },
+                )),
+                ..Default::default()
+            })),
+            ..Default::default()
+        },
     };
+    virtual_host_config(requested, vec![route])
+}
+
+fn virtual_host_config(requested: &str, routes: Vec<Route>) -> RouteConfiguration {
     RouteConfiguration {
         name: requested.to_owned(),
         virtual_hosts: vec![VirtualHost {
@@ -208,6 +301,21 @@ pub fn route_configuration(
         }],
         ..Default::default()
     }
+}
+
+/// The route configuration of `requested`: every request to the target's cluster, or with tag
+/// routing (a TagRoute of the service's application, or static tags), to the subset its tag
+/// selects.
+pub fn route_configuration(
+    requested: &str,
+    target: Target<'_>,
+    tagging: Option<&Tagging<'_>>,
+) -> RouteConfiguration {
+    let routes = match tagging.filter(|t| t.applies()) {
+        Some(tagging) => tag_routes(target, tagging),
+        None => vec![route_to(cluster_name(target), Vec::new())],
+    };
+    virtual_host_config(requested, routes)
 }
 
 /// The EDS cluster of a target.

@@ -26,6 +26,10 @@ pub struct Snapshot {
     by_name: Arc<HashMap<(String, String), usize>>,
     /// Enabled TagRoutes by (namespace, application).
     tag_routes: Arc<HashMap<(String, String), TagRouteSpec>>,
+    /// (namespace, application) -> positions in `services`.
+    by_application: Arc<HashMap<(String, String), Vec<usize>>>,
+    /// (namespace, interface) -> the applications serving it (ServiceNameMappings).
+    mappings: Arc<HashMap<(String, String), Vec<String>>>,
 }
 
 impl Snapshot {
@@ -35,13 +39,34 @@ impl Snapshot {
             .enumerate()
             .map(|(i, s)| ((s.namespace.clone(), s.name.clone()), i))
             .collect();
+        let mut by_application: HashMap<(String, String), Vec<usize>> = HashMap::new();
+        for (i, service) in services.iter().enumerate() {
+            by_application
+                .entry((service.namespace.clone(), service.application().to_owned()))
+                .or_default()
+                .push(i);
+        }
         Snapshot {
             version,
             synced,
             services: Arc::new(services),
             by_name: Arc::new(by_name),
             tag_routes: Arc::default(),
+            by_application: Arc::new(by_application),
+            mappings: Arc::default(),
         }
+    }
+
+    /// The same services with the ServiceNameMappings `(namespace, interface, applications)`
+    /// that resolve interface names.
+    pub fn with_mappings(mut self, mappings: Vec<(String, String, Vec<String>)>) -> Snapshot {
+        self.mappings = Arc::new(
+            mappings
+                .into_iter()
+                .map(|(namespace, interface, applications)| ((namespace, interface), applications))
+                .collect(),
+        );
+        self
     }
 
     /// The same services with `rules` (namespace, spec) routing by tag; disabled ones are left
@@ -79,6 +104,25 @@ impl Services for Snapshot {
     fn find(&self, namespace: &str, name: &str) -> Option<&Service> {
         let position = self.by_name.get(&(namespace.to_owned(), name.to_owned()))?;
         self.services.get(*position)
+    }
+
+    fn of_application(&self, namespace: &str, application: &str) -> Vec<&Service> {
+        self.by_application
+            .get(&(namespace.to_owned(), application.to_owned()))
+            .map(|positions| {
+                positions
+                    .iter()
+                    .filter_map(|i| self.services.get(*i))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn serving(&self, namespace: &str, interface: &str) -> Vec<String> {
+        self.mappings
+            .get(&(namespace.to_owned(), interface.to_owned()))
+            .cloned()
+            .unwrap_or_default()
     }
 }
 
@@ -135,7 +179,7 @@ pub fn resources(
                 }
             }
             for name in &state.names {
-                if generate::resolve(snapshot, name, client_namespace).is_some() {
+                if !generate::resolve_all(snapshot, name, client_namespace).is_empty() {
                     out.push((name.clone(), pack_any(generate::listener(name))));
                 }
             }
@@ -143,11 +187,16 @@ pub fn resources(
         ROUTE => {
             for name in &state.names {
                 // Wildcard listeners' routes are named fqdn:port, which resolves like any name.
-                if let Some(target) = generate::resolve(snapshot, name, client_namespace) {
-                    let tagging = snapshot.tagging(target);
-                    let routes = generate::route_configuration(name, target, Some(&tagging));
-                    out.push((name.clone(), pack_any(routes)));
-                }
+                let targets = generate::resolve_all(snapshot, name, client_namespace);
+                let routes = match targets.as_slice() {
+                    [] => continue,
+                    [target] => {
+                        let tagging = snapshot.tagging(*target);
+                        generate::route_configuration(name, *target, Some(&tagging))
+                    }
+                    several => generate::weighted_route_configuration(name, several),
+                };
+                out.push((name.clone(), pack_any(routes)));
             }
         }
         CLUSTER => {
@@ -185,3 +234,6 @@ pub fn resources(
     out.dedup_by(|a, b| a.0 == b.0);
     out
 }
+
+#[cfg(test)]
+mod tests;

@@ -281,3 +281,37 @@ async fn a_tag_route_sends_tagged_calls_to_its_endpoints_with_dubbos_fallback() 
     );
     drop(client.child.start_kill());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dubbo_interface_name_reaches_the_applications_its_mapping_lists() {
+    let (_a, port_a) = backend("a").await;
+    let (_b, port_b) = backend("b").await;
+    let server = support::Server::start().await;
+    server.publish_with_mappings(
+        vec![
+            support::app_service("greeter-svc", "greeter", port_a),
+            support::app_service("billing-svc", "billing", port_b),
+        ],
+        vec![("org.example.Shared", vec!["greeter", "billing"])],
+    );
+    let env = [("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(&server))];
+    // An application name: that application's services.
+    let mut by_application = Proc::spawn(&["client", "xds:///greeter"], &env);
+    let counts = count(&mut by_application, 200).await;
+    assert_eq!(answers(&counts, "a"), 200, "{counts}");
+    // An interface served by two applications of one endpoint each: an even split.
+    let mut by_interface = Proc::spawn(&["client", "xds:///org.example.Shared:7070"], &env);
+    let counts = count(&mut by_interface, 2000).await;
+    let a = answers(&counts, "a");
+    assert_eq!(
+        a + answers(&counts, "b"),
+        2000,
+        "every call answered: {counts}"
+    );
+    assert!(
+        (900..=1100).contains(&a),
+        "a answered {a} of 2000, wanted 50% +/- 5: {counts}"
+    );
+    drop(by_application.child.start_kill());
+    drop(by_interface.child.start_kill());
+}

@@ -67,6 +67,29 @@ impl Server {
         version.to_string()
     }
 
+    /// Publishes `services` with ServiceNameMappings `(interface, applications)` in `default`.
+    pub fn publish_with_mappings(
+        &self,
+        services: Vec<Service>,
+        mappings: Vec<(&str, Vec<&str>)>,
+    ) -> String {
+        let version = self.snapshots.borrow().version + 1;
+        let mappings = mappings
+            .into_iter()
+            .map(|(interface, apps)| {
+                (
+                    "default".to_string(),
+                    interface.to_string(),
+                    apps.into_iter().map(str::to_owned).collect(),
+                )
+            })
+            .collect();
+        self.snapshots.send_replace(Arc::new(
+            Snapshot::new(version, services, true).with_mappings(mappings),
+        ));
+        version.to_string()
+    }
+
     /// Waits (30 s at most, then fails) until every connected client acknowledged `version` of
     /// `type_url`.
     pub async fn acked(&self, type_url: &str, version: &str) {
@@ -122,4 +145,15 @@ pub fn greeter(namespace: &str, endpoints: &[(u16, u32)]) -> Service {
             })
             .collect(),
     }
+}
+
+/// A service `name` of `application` in `default` on port 7070, one endpoint on 127.0.0.1:`port`.
+pub fn app_service(name: &str, application: &str, port: u16) -> Service {
+    let mut service = greeter("default", &[(port, 1)]);
+    service.name = name.into();
+    service.labels = BTreeMap::from([(
+        dubbo_cp_domain::service::APPLICATION_LABEL.to_string(),
+        application.to_string(),
+    )]);
+    service
 }

@@ -1,0 +1,143 @@
+use std::collections::BTreeMap;
+
+use dubbo_cp_domain::service::{APPLICATION_LABEL, Service, ServiceEndpoint, ServicePort};
+use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, route, route_action};
+use prost::Message;
+
+use super::*;
+use crate::protocol::TypeState;
+
+fn service(name: &str, application: &str, endpoints: usize) -> Service {
+    Service {
+        namespace: "shop".into(),
+        name: name.into(),
+        labels: BTreeMap::from([(APPLICATION_LABEL.to_string(), application.to_string())]),
+        ports: vec![ServicePort {
+            number: 50051,
+            name: "triple".into(),
+            protocol: "TRIPLE".into(),
+        }],
+        endpoints: (0..endpoints)
+            .map(|i| ServiceEndpoint {
+                address: std::net::IpAddr::from([10, 0, 0, i as u8 + 1]),
+                ports: BTreeMap::new(),
+                labels: BTreeMap::new(),
+                weight: 1,
+                locality: String::new(),
+            })
+            .collect(),
+    }
+}
+
+fn snapshot() -> Snapshot {
+    Snapshot::new(
+        1,
+        vec![
+            service("greeter-v1", "greeter", 1),
+            service("greeter-v2", "greeter", 2),
+            service("billing", "billing", 1),
+        ],
+        true,
+    )
+    .with_mappings(vec![
+        (
+            "shop".into(),
+            "org.example.Greeter".into(),
+            vec!["greeter".into()],
+        ),
+        (
+            "shop".into(),
+            "org.example.Shared".into(),
+            vec!["billing".into(), "greeter".into()],
+        ),
+    ])
+}
+
+fn names(targets: &[Target<'_>]) -> Vec<String> {
+    targets.iter().map(|t| t.service.name.clone()).collect()
+}
+
+#[test]
+fn application_and_interface_names_resolve_in_the_clients_namespace() {
+    let snapshot = snapshot();
+    let resolve = |name: &str, ns: &str| names(&generate::resolve_all(&snapshot, name, ns));
+    assert_eq!(
+        resolve("billing", "shop"),
+        ["billing"],
+        "a Kubernetes name first"
+    );
+    assert_eq!(resolve("greeter", "shop"), ["greeter-v1", "greeter-v2"]);
+    assert_eq!(
+        resolve("greeter:50051", "shop"),
+        ["greeter-v1", "greeter-v2"]
+    );
+    assert_eq!(
+        resolve("org.example.Greeter", "shop"),
+        ["greeter-v1", "greeter-v2"]
+    );
+    assert_eq!(
+        resolve("org.example.Shared:50051", "shop"),
+        ["billing", "greeter-v1", "greeter-v2"]
+    );
+    assert!(
+        resolve("org.example.Greeter", "other").is_empty(),
+        "another namespace"
+    );
+    assert!(
+        resolve("org.example.Greeter:7070", "shop").is_empty(),
+        "no such port"
+    );
+    assert!(resolve("org.example.Nobody", "shop").is_empty());
+}
+
+#[test]
+fn an_interface_of_several_services_splits_by_their_endpoints() {
+    let snapshot = snapshot();
+    let state = TypeState {
+        names: ["org.example.Greeter".to_string()].into(),
+        ..Default::default()
+    };
+    let routes = resources(&snapshot, crate::ROUTE, &state, "shop");
+    assert_eq!(routes.len(), 1);
+    let config = RouteConfiguration::decode(routes[0].1.value.as_slice()).unwrap_or_default();
+    let Some(route::Action::Route(action)) = config.virtual_hosts[0].routes[0].action.clone()
+    else {
+        panic!("a route action");
+    };
+    let Some(route_action::ClusterSpecifier::WeightedClusters(weighted)) = action.cluster_specifier
+    else {
+        panic!("weighted clusters");
+    };
+    let weights: Vec<(String, u32)> = weighted
+        .clusters
+        .iter()
+        .map(|c| (c.name.clone(), c.weight.map(|w| w.value).unwrap_or(0)))
+        .collect();
+    assert_eq!(
+        weights,
+        [
+            (
+                "outbound|50051||greeter-v1.shop.svc.cluster.local".to_string(),
+                1
+            ),
+            (
+                "outbound|50051||greeter-v2.shop.svc.cluster.local".to_string(),
+                2
+            ),
+        ]
+    );
+    let listeners = resources(
+        &snapshot,
+        crate::LISTENER,
+        &TypeState {
+            names: [
+                "org.example.Greeter".to_string(),
+                "org.example.Nobody".to_string(),
+            ]
+            .into(),
+            ..Default::default()
+        },
+        "shop",
+    );
+    assert_eq!(listeners.len(), 1, "a name nothing answers to is left out");
+}
