@@ -102,7 +102,10 @@ impl Clients {
     }
 
     pub(crate) fn update(&self, id: u64, stream: &Stream, namespace: &str, seen: Option<u64>) {
-        let status = ClientStatus::of(stream, namespace, seen);
+        self.update_status(id, ClientStatus::of(stream, namespace, seen));
+    }
+
+    pub(crate) fn update_status(&self, id: u64, status: ClientStatus) {
         self.streams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

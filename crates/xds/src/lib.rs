@@ -8,6 +8,7 @@
 //!   here and named in a comment.
 //! - [`protocol`]: one stream's state of the world per type: subscriptions, versions, nonces,
 //!   ACKs and NACKs, and what to answer. No I/O.
+//! - [`delta`]: the same for incremental streams (Envoy's): only changes and removals are sent.
 //! - [`snapshot`]: the services at one version, and the resources a subscription selects.
 //! - [`tags`]: Dubbo's tag routing (TagRoute, static tags) as header-matched routes to subsets.
 //! - [`server`]: the ADS gRPC service, one task per stream over the published snapshots.
@@ -15,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clients;
+pub mod delta;
 pub mod generate;
 pub mod protocol;
 pub mod server;

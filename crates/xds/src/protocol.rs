@@ -73,11 +73,11 @@ pub struct Stream {
     nonces: u64,
 }
 
-fn known_type(type_url: &str) -> Option<&'static str> {
+pub(crate) fn known_type(type_url: &str) -> Option<&'static str> {
     PUSH_ORDER.into_iter().find(|known| *known == type_url)
 }
 
-fn digest(any: &Any) -> u64 {
+pub(crate) fn digest(any: &Any) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     any.type_url.hash(&mut hasher);
     any.value.hash(&mut hasher);

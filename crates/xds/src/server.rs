@@ -18,6 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::clients::Clients;
+use crate::delta::DeltaStream;
 use crate::protocol::{Refused, Stream, Verdict};
 use crate::snapshot::{Snapshot, resources};
 
@@ -44,6 +45,20 @@ impl Ads {
             snapshots,
             clients: Arc::new(Clients::new(max_streams)),
         }
+    }
+
+    /// A place for a new stream, or `RESOURCE_EXHAUSTED` when every place is taken.
+    fn register(&self) -> Result<Registered, Status> {
+        let Some(id) = self.clients.open() else {
+            return Err(Status::resource_exhausted(format!(
+                "{} xDS streams are open, the most this server holds; retry against another replica",
+                self.clients.open_streams()
+            )));
+        };
+        Ok(Registered {
+            id,
+            clients: self.clients.clone(),
+        })
     }
 
     /// The connected clients' status.
@@ -85,16 +100,7 @@ impl AggregatedDiscoveryService for Ads {
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Responses>, Status> {
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        let Some(id) = self.clients.open() else {
-            return Err(Status::resource_exhausted(format!(
-                "{} xDS streams are open, the most this server holds; retry against another replica",
-                self.clients.open_streams()
-            )));
-        };
-        let registered = Registered {
-            id,
-            clients: self.clients.clone(),
-        };
+        let registered = self.register()?;
         tokio::spawn(run(
             request.into_inner(),
             self.snapshots.clone(),
@@ -106,11 +112,17 @@ impl AggregatedDiscoveryService for Ads {
 
     async fn delta_aggregated_resources(
         &self,
-        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaResponses>, Status> {
-        Err(Status::unimplemented(
-            "incremental xDS is not served yet; use StreamAggregatedResources (state of the world)",
-        ))
+        let registered = self.register()?;
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        tokio::spawn(run_delta(
+            request.into_inner(),
+            self.snapshots.clone(),
+            tx,
+            registered,
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
 
@@ -222,6 +234,99 @@ async fn run(
                 waiting.clear();
                 seen = Some(snapshot.version);
                 registered.update(&stream, seen);
+            }
+        }
+    }
+}
+
+/// Sends, in push order, what changed of every subscribed type of a delta stream, and an answer
+/// for every type in `forced` whatever changed.
+async fn answer_delta(
+    stream: &mut DeltaStream,
+    snapshot: &Snapshot,
+    forced: &[&'static str],
+    tx: &mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+) -> Result<(), ()> {
+    let namespace = client_namespace(stream.node.as_ref());
+    let version = snapshot.version.to_string();
+    let types: Vec<&'static str> = stream.subscribed().collect();
+    for type_url in types {
+        let Some(subscription) = stream.subscription(type_url) else {
+            continue;
+        };
+        let selected = resources(snapshot, type_url, &subscription, &namespace);
+        let force = forced.contains(&type_url);
+        if let Some(response) = stream.respond(type_url, &version, selected, force) {
+            tx.send(Ok(response)).await.map_err(|_| ())?;
+        }
+    }
+    Ok(())
+}
+
+/// [`run`] for incremental streams: the same rules, with only changes and removals sent.
+async fn run_delta(
+    mut incoming: Streaming<DeltaDiscoveryRequest>,
+    mut snapshots: watch::Receiver<Arc<Snapshot>>,
+    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    registered: Registered,
+) {
+    let mut stream = DeltaStream::default();
+    let mut waiting: Vec<&'static str> = Vec::new();
+    let mut seen: Option<u64> = None;
+    let report = |stream: &DeltaStream, seen: Option<u64>| {
+        let namespace = client_namespace(stream.node.as_ref());
+        registered
+            .clients
+            .update_status(registered.id, stream.status(&namespace, seen));
+    };
+    loop {
+        tokio::select! {
+            message = incoming.message() => {
+                let request = match message {
+                    Ok(Some(request)) => request,
+                    Ok(None) | Err(_) => return,
+                };
+                let verdict = stream.on_request(&request);
+                report(&stream, seen);
+                let type_url = match verdict {
+                    Ok(Verdict::Answer(type_url)) => type_url,
+                    Ok(Verdict::Settled | Verdict::Stale) => continue,
+                    Err(Refused::UnknownType(type_url)) => {
+                        tracing::debug!(%type_url, "delta xDS request for a type not served; ignored");
+                        continue;
+                    }
+                    Err(refused) => {
+                        let _ = tx.send(Err(Status::invalid_argument(refused.to_string()))).await;
+                        return;
+                    }
+                };
+                let snapshot = snapshots.borrow().clone();
+                if !waiting.contains(&type_url) {
+                    waiting.push(type_url);
+                }
+                if !snapshot.synced {
+                    continue;
+                }
+                if answer_delta(&mut stream, &snapshot, &waiting, &tx).await.is_err() {
+                    return;
+                }
+                waiting.clear();
+                report(&stream, seen);
+            }
+            changed = snapshots.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let snapshot = snapshots.borrow_and_update().clone();
+                if !snapshot.synced {
+                    continue;
+                }
+                if answer_delta(&mut stream, &snapshot, &waiting, &tx).await.is_err() {
+                    return;
+                }
+                waiting.clear();
+                seen = Some(snapshot.version);
+                report(&stream, seen);
             }
         }
     }

@@ -1,0 +1,204 @@
+//! One incremental (delta) ADS stream's state per type: subscriptions that grow and shrink, the
+//! version of every resource the client holds, and what to send: only resources that changed,
+//! and the names of those that are gone. Envoy speaks it; gRPC clients speak state of the world.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
+};
+use envoy_types::pb::google::protobuf::Any;
+
+use crate::clients::{ClientStatus, TypeStatus};
+use crate::protocol::{MAX_NAMES, Nack, Refused, TypeState, Verdict, digest, known_type};
+use crate::{CLUSTER, LISTENER, PUSH_ORDER};
+
+/// One type's state on one delta stream.
+#[derive(Debug, Clone, Default)]
+struct DeltaType {
+    subscribed: BTreeSet<String>,
+    wildcard: bool,
+    /// Name -> version of every resource the client holds (as far as this server knows).
+    known: BTreeMap<String, String>,
+    nonce: Option<String>,
+    sent: Option<String>,
+    acked: Option<String>,
+    nack: Option<Nack>,
+}
+
+/// One delta ADS stream.
+#[derive(Debug, Default)]
+pub struct DeltaStream {
+    pub node: Option<Node>,
+    types: BTreeMap<&'static str, DeltaType>,
+    nonces: u64,
+}
+
+impl DeltaStream {
+    /// Takes one request: subscriptions, an ACK or a NACK, and whether to answer. Subscription
+    /// changes count even when the nonce is stale (the protocol says so).
+    pub fn on_request(&mut self, request: &DeltaDiscoveryRequest) -> Result<Verdict, Refused> {
+        let Some(type_url) = known_type(&request.type_url) else {
+            return Err(Refused::UnknownType(request.type_url.clone()));
+        };
+        if self.node.is_none() {
+            self.node = request.node.clone();
+        }
+        let state = self.types.entry(type_url).or_default();
+        let wanted = state.subscribed.len()
+            + request.resource_names_subscribe.len()
+            + request.initial_resource_versions.len();
+        if wanted > MAX_NAMES {
+            return Err(Refused::TooManyNames(wanted, type_url));
+        }
+        let first = state.nonce.is_none() && state.subscribed.is_empty() && !state.wildcard;
+        if first {
+            // A reconnecting client says what it holds; only what differs is sent.
+            state.known = request
+                .initial_resource_versions
+                .iter()
+                .map(|(name, version)| (name.clone(), version.clone()))
+                .collect();
+        }
+        let mut added = false;
+        for name in &request.resource_names_subscribe {
+            if name == "*" {
+                added |= !state.wildcard;
+                state.wildcard = true;
+            } else {
+                added |= state.subscribed.insert(name.clone());
+            }
+        }
+        for name in &request.resource_names_unsubscribe {
+            if name == "*" {
+                state.wildcard = false;
+            } else {
+                state.subscribed.remove(name);
+                state.known.remove(name);
+            }
+        }
+        if first
+            && request.resource_names_subscribe.is_empty()
+            && (type_url == LISTENER || type_url == CLUSTER)
+        {
+            state.wildcard = true;
+        }
+        let nonce = request.response_nonce.as_str();
+        if !nonce.is_empty() && state.nonce.as_deref() == Some(nonce) {
+            match &request.error_detail {
+                Some(status) => {
+                    state.nack = Some(Nack {
+                        version: state.sent.clone().unwrap_or_default(),
+                        message: status.message.clone(),
+                    });
+                }
+                None => {
+                    state.acked = state.sent.clone();
+                    state.nack = None;
+                }
+            }
+        } else if !nonce.is_empty() && !added {
+            return Ok(Verdict::Stale);
+        }
+        Ok(if first || added {
+            Verdict::Answer(type_url)
+        } else {
+            Verdict::Settled
+        })
+    }
+
+    /// The subscription of `type_url` in the form [`crate::snapshot::resources`] reads.
+    pub fn subscription(&self, type_url: &str) -> Option<TypeState> {
+        self.types.get(type_url).map(|state| TypeState {
+            names: state.subscribed.clone(),
+            wildcard: state.wildcard,
+            ..Default::default()
+        })
+    }
+
+    /// The types the client subscribed to, in push order.
+    pub fn subscribed(&self) -> impl Iterator<Item = &'static str> + '_ {
+        PUSH_ORDER
+            .into_iter()
+            .filter(|type_url| self.types.contains_key(type_url))
+    }
+
+    /// The resources of `resources` the client does not hold at their version, and the names it
+    /// holds that are gone; `None` when that is nothing and the client is not waiting (`force`).
+    pub fn respond(
+        &mut self,
+        type_url: &'static str,
+        version: &str,
+        resources: Vec<(String, Any)>,
+        force: bool,
+    ) -> Option<DeltaDiscoveryResponse> {
+        let state = self.types.entry(type_url).or_default();
+        let present: BTreeSet<&str> = resources.iter().map(|(name, _)| name.as_str()).collect();
+        let removed: Vec<String> = state
+            .known
+            .keys()
+            .filter(|name| !present.contains(name.as_str()))
+            .cloned()
+            .collect();
+        let mut changed = Vec::new();
+        for (name, any) in resources {
+            let resource_version = format!("{:016x}", digest(&any));
+            if state.known.get(&name) != Some(&resource_version) {
+                state.known.insert(name.clone(), resource_version.clone());
+                changed.push(Resource {
+                    name,
+                    version: resource_version,
+                    resource: Some(any),
+                    ..Default::default()
+                });
+            }
+        }
+        for name in &removed {
+            state.known.remove(name);
+        }
+        if changed.is_empty() && removed.is_empty() && !force {
+            return None;
+        }
+        self.nonces += 1;
+        let nonce = self.nonces.to_string();
+        state.nonce = Some(nonce.clone());
+        state.sent = Some(version.to_owned());
+        Some(DeltaDiscoveryResponse {
+            system_version_info: version.to_owned(),
+            resources: changed,
+            type_url: type_url.to_owned(),
+            removed_resources: removed,
+            nonce,
+            ..Default::default()
+        })
+    }
+
+    /// The stream as operators see it.
+    pub fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus {
+        ClientStatus {
+            node_id: self.node.as_ref().map(|n| n.id.clone()).unwrap_or_default(),
+            namespace: namespace.to_owned(),
+            seen: seen.map(|v| v.to_string()),
+            types: self
+                .types
+                .iter()
+                .map(|(type_url, state)| {
+                    (
+                        *type_url,
+                        TypeStatus {
+                            names: state.subscribed.len(),
+                            wildcard: state.wildcard,
+                            sent: state.sent.clone(),
+                            acked: state.acked.clone(),
+                            nack: state.nack.clone(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,153 @@
+use envoy_types::pb::google::rpc::Status;
+
+use super::*;
+use crate::{ENDPOINT, ROUTE};
+
+fn request(
+    type_url: &str,
+    subscribe: &[&str],
+    unsubscribe: &[&str],
+    nonce: &str,
+) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: type_url.into(),
+        resource_names_subscribe: subscribe.iter().map(|n| n.to_string()).collect(),
+        resource_names_unsubscribe: unsubscribe.iter().map(|n| n.to_string()).collect(),
+        response_nonce: nonce.into(),
+        ..Default::default()
+    }
+}
+
+fn any(value: &[u8]) -> Any {
+    Any {
+        type_url: ROUTE.into(),
+        value: value.to_vec(),
+    }
+}
+
+fn names(response: &DeltaDiscoveryResponse) -> Vec<&str> {
+    response.resources.iter().map(|r| r.name.as_str()).collect()
+}
+
+#[test]
+fn only_changed_resources_and_removals_are_sent() {
+    let mut stream = DeltaStream::default();
+    assert_eq!(
+        stream.on_request(&request(ROUTE, &["a", "b"], &[], "")),
+        Ok(Verdict::Answer(ROUTE))
+    );
+    let first = stream
+        .respond(
+            ROUTE,
+            "1",
+            vec![("a".into(), any(b"a")), ("b".into(), any(b"b"))],
+            true,
+        )
+        .expect("forced");
+    assert_eq!(names(&first), ["a", "b"]);
+    assert_eq!(
+        stream.on_request(&request(ROUTE, &[], &[], &first.nonce)),
+        Ok(Verdict::Settled)
+    );
+    // b changes: only b is sent.
+    let second = stream
+        .respond(
+            ROUTE,
+            "2",
+            vec![("a".into(), any(b"a")), ("b".into(), any(b"b2"))],
+            false,
+        )
+        .expect("b changed");
+    assert_eq!(names(&second), ["b"]);
+    assert!(second.removed_resources.is_empty());
+    // Nothing changes: nothing is sent.
+    assert!(
+        stream
+            .respond(
+                ROUTE,
+                "3",
+                vec![("a".into(), any(b"a")), ("b".into(), any(b"b2"))],
+                false
+            )
+            .is_none()
+    );
+    // a is gone: its name is sent as removed.
+    let third = stream
+        .respond(ROUTE, "4", vec![("b".into(), any(b"b2"))], false)
+        .expect("a removed");
+    assert!(third.resources.is_empty());
+    assert_eq!(third.removed_resources, ["a"]);
+}
+
+#[test]
+fn a_reconnect_gets_only_what_differs_from_what_it_holds() {
+    let mut stream = DeltaStream::default();
+    let mut reconnect = request(ROUTE, &["a", "b"], &[], "");
+    let held = format!("{:016x}", crate::protocol::digest(&any(b"a")));
+    reconnect.initial_resource_versions = [("a".to_string(), held)].into();
+    stream.on_request(&reconnect).ok();
+    let response = stream
+        .respond(
+            ROUTE,
+            "9",
+            vec![("a".into(), any(b"a")), ("b".into(), any(b"b"))],
+            true,
+        )
+        .expect("forced");
+    assert_eq!(names(&response), ["b"], "a is held at its version");
+}
+
+#[test]
+fn subscriptions_count_on_a_stale_nonce_and_nacks_are_recorded() {
+    let mut stream = DeltaStream::default();
+    stream.on_request(&request(ENDPOINT, &["c1"], &[], "")).ok();
+    let sent = stream
+        .respond(ENDPOINT, "1", vec![("c1".into(), any(b"1"))], true)
+        .expect("sent");
+    let later = stream
+        .respond(ENDPOINT, "2", vec![("c1".into(), any(b"2"))], false)
+        .expect("sent");
+    // An answer to the first response, with a new name: stale, but the name counts.
+    assert_eq!(
+        stream.on_request(&request(ENDPOINT, &["c2"], &[], &sent.nonce)),
+        Ok(Verdict::Answer(ENDPOINT))
+    );
+    assert_eq!(
+        stream.subscription(ENDPOINT).map(|s| s.names.len()),
+        Some(2)
+    );
+    let mut nack = request(ENDPOINT, &[], &[], &later.nonce);
+    nack.error_detail = Some(Status {
+        code: 3,
+        message: "duplicate endpoint".into(),
+        ..Default::default()
+    });
+    assert_eq!(stream.on_request(&nack), Ok(Verdict::Settled));
+    let status = stream.status("default", None);
+    let endpoints = status.types.get(ENDPOINT).cloned().unwrap_or_default();
+    assert_eq!(
+        endpoints.nack.map(|n| (n.version, n.message)),
+        Some(("2".to_string(), "duplicate endpoint".to_string()))
+    );
+    // Unsubscribing forgets the name.
+    stream.on_request(&request(ENDPOINT, &[], &["c1"], "")).ok();
+    assert_eq!(
+        stream.subscription(ENDPOINT).map(|s| s.names.len()),
+        Some(1)
+    );
+}
+
+#[test]
+fn wildcard_and_oversized_subscriptions() {
+    let mut stream = DeltaStream::default();
+    stream.on_request(&request(LISTENER, &[], &[], "")).ok();
+    assert!(stream.subscription(LISTENER).is_some_and(|s| s.wildcard));
+    stream.on_request(&request(CLUSTER, &["*"], &[], "")).ok();
+    assert!(stream.subscription(CLUSTER).is_some_and(|s| s.wildcard));
+    let names: Vec<String> = (0..=MAX_NAMES).map(|i| format!("n{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    assert!(matches!(
+        stream.on_request(&request(ROUTE, &names, &[], "")),
+        Err(Refused::TooManyNames(_, _))
+    ));
+}
