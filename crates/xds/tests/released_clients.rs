@@ -1,5 +1,6 @@
-//! A released xDS client, grpcio (Python), routed by what the server pushes, proven by real
-//! traffic: backends on loopback answer their names, and the client counts who answered.
+//! Released xDS clients, grpcio (Python) and @grpc/grpc-js-xds (Node.js), routed by what the
+//! server pushes, proven by real traffic: backends on loopback answer their names, and the
+//! client counts who answered. Each scenario runs once per client.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -11,8 +12,15 @@ use std::sync::Mutex;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-/// The released client under test.
+/// The released clients under test.
 const GRPCIO: &str = "grpcio==1.85.3";
+const GRPC_JS_XDS: [&str; 2] = ["@grpc/grpc-js-xds@1.14.1", "@grpc/grpc-js@1.14.7"];
+
+#[derive(Clone, Copy, Debug)]
+enum Released {
+    Grpcio,
+    GrpcJs,
+}
 
 /// A virtual environment with grpcio, made once per target directory by this test itself, so a
 /// fresh machine needs only python3 (pip fetches the wheel from PyPI).
@@ -52,8 +60,31 @@ fn python() -> PathBuf {
     python
 }
 
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/grpc_xds.py")
+/// `node_modules` with @grpc/grpc-js-xds, installed once per target directory by this test
+/// itself from the npm registry.
+fn node_modules() -> PathBuf {
+    static MAKING: Mutex<()> = Mutex::new(());
+    let _making = MAKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let prefix = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("grpc-js-xds-1.14.1");
+    let modules = prefix.join("node_modules");
+    if !modules.join("@grpc/grpc-js-xds/package.json").is_file() {
+        let installed = std::process::Command::new("npm")
+            .args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&prefix)
+            .args(GRPC_JS_XDS)
+            .status()
+            .expect("npm is needed for the grpc-js-xds tests");
+        assert!(installed.success(), "npm install {GRPC_JS_XDS:?} failed");
+    }
+    modules
+}
+
+fn script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/support")
+        .join(name)
 }
 
 /// A process of the script, stopped when dropped.
@@ -64,10 +95,22 @@ struct Proc {
 }
 
 impl Proc {
-    fn spawn(args: &[&str], env: &[(&str, String)]) -> Proc {
-        let mut command = Command::new(python());
+    fn spawn(kind: Released, args: &[&str], env: &[(&str, String)]) -> Proc {
+        let mut command = match kind {
+            Released::Grpcio => {
+                let mut command = Command::new(python());
+                command.arg(script("grpc_xds.py"));
+                command
+            }
+            Released::GrpcJs => {
+                let mut command = Command::new("node");
+                command
+                    .arg(script("grpc_xds.js"))
+                    .env("NODE_PATH", node_modules());
+                command
+            }
+        };
         command
-            .arg(script())
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -90,8 +133,8 @@ impl Proc {
     }
 }
 
-async fn backend(name: &str) -> (Proc, u16) {
-    let mut proc = Proc::spawn(&["backend", name], &[]);
+async fn backend(kind: Released, name: &str) -> (Proc, u16) {
+    let mut proc = Proc::spawn(kind, &["backend", name], &[]);
     let port = proc.line().await.trim().parse().unwrap();
     (proc, port)
 }
@@ -103,7 +146,8 @@ fn bootstrap(server: &support::Server) -> String {
             "channel_creds": [{"type": "insecure"}],
             "server_features": ["xds_v3"],
         }],
-        "node": {"id": "grpcio-test", "locality": {}},
+        // grpc-js-xds refuses a bootstrap without a locality.
+        "node": {"id": "released-client-test", "locality": {}},
     })
     .to_string()
 }
@@ -140,16 +184,16 @@ fn answers(counts: &serde_json::Value, who: &str) -> u64 {
     counts[who].as_u64().unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call() {
-    let (_a, port_a) = backend("a").await;
-    let (_b, port_b) = backend("b").await;
+async fn endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call(kind: Released) {
+    let (_a, port_a) = backend(kind, "a").await;
+    let (_b, port_b) = backend(kind, "b").await;
     let server = support::Server::start().await;
     server.publish(vec![support::greeter(
         "default",
         &[(port_a, 80), (port_b, 20)],
     )]);
     let mut client = Proc::spawn(
+        kind,
         &["client", "xds:///greeter:7070"],
         &[("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(&server))],
     );
@@ -224,15 +268,15 @@ fn tag_route(force: bool, gray: &[String]) -> dubbo_cp_domain::rules::TagRouteSp
     .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_tag_route_sends_tagged_calls_to_its_endpoints_with_dubbos_fallback() {
-    let (_a, port_a) = backend("a").await;
-    let (_g, port_g) = backend("g").await;
+async fn a_tag_route_sends_tagged_calls_to_its_endpoints_with_dubbos_fallback(kind: Released) {
+    let (_a, port_a) = backend(kind, "a").await;
+    let (_g, port_g) = backend(kind, "g").await;
     let server = support::Server::start().await;
     let greeter = support::greeter("default", &[(port_a, 1), (port_g, 1)]);
     let gray = vec![format!("127.0.0.1:{port_g}")];
     server.publish_with_tags(vec![greeter.clone()], vec![tag_route(false, &gray)]);
     let mut client = Proc::spawn(
+        kind,
         &["client", "xds:///greeter:7070"],
         &[("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(&server))],
     );
@@ -282,10 +326,9 @@ async fn a_tag_route_sends_tagged_calls_to_its_endpoints_with_dubbos_fallback() 
     drop(client.child.start_kill());
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_dubbo_interface_name_reaches_the_applications_its_mapping_lists() {
-    let (_a, port_a) = backend("a").await;
-    let (_b, port_b) = backend("b").await;
+async fn a_dubbo_interface_name_reaches_the_applications_its_mapping_lists(kind: Released) {
+    let (_a, port_a) = backend(kind, "a").await;
+    let (_b, port_b) = backend(kind, "b").await;
     let server = support::Server::start().await;
     server.publish_with_mappings(
         vec![
@@ -296,11 +339,11 @@ async fn a_dubbo_interface_name_reaches_the_applications_its_mapping_lists() {
     );
     let env = [("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(&server))];
     // An application name: that application's services.
-    let mut by_application = Proc::spawn(&["client", "xds:///greeter"], &env);
+    let mut by_application = Proc::spawn(kind, &["client", "xds:///greeter"], &env);
     let counts = count(&mut by_application, 200).await;
     assert_eq!(answers(&counts, "a"), 200, "{counts}");
     // An interface served by two applications of one endpoint each: an even split.
-    let mut by_interface = Proc::spawn(&["client", "xds:///org.example.Shared:7070"], &env);
+    let mut by_interface = Proc::spawn(kind, &["client", "xds:///org.example.Shared:7070"], &env);
     let counts = count(&mut by_interface, 2000).await;
     let a = answers(&counts, "a");
     assert_eq!(
@@ -315,3 +358,30 @@ async fn a_dubbo_interface_name_reaches_the_applications_its_mapping_lists() {
     drop(by_application.child.start_kill());
     drop(by_interface.child.start_kill());
 }
+
+macro_rules! per_client {
+    ($($scenario:ident),* $(,)?) => {
+        mod grpcio {
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $scenario() {
+                    super::$scenario(super::Released::Grpcio).await;
+                }
+            )*
+        }
+        mod grpc_js_xds {
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $scenario() {
+                    super::$scenario(super::Released::GrpcJs).await;
+                }
+            )*
+        }
+    };
+}
+
+per_client!(
+    endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call,
+    a_tag_route_sends_tagged_calls_to_its_endpoints_with_dubbos_fallback,
+    a_dubbo_interface_name_reaches_the_applications_its_mapping_lists,
+);
