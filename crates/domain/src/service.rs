@@ -42,7 +42,8 @@ pub struct ServiceEndpoint {
     /// service port's number.
     pub ports: BTreeMap<String, u16>,
     pub labels: BTreeMap<String, String>,
-    /// Share of the service's traffic relative to its other endpoints; 0 takes none.
+    /// Share of the service's traffic relative to its other endpoints, on Dubbo's scale (a
+    /// provider's default is 100, which DynamicConfig `weight` overrides); 0 takes none.
     pub weight: u32,
     /// `region/zone/subzone`, any part may be empty.
     pub locality: String,

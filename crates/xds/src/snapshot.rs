@@ -12,7 +12,8 @@ use crate::generate::{self, Services, Target};
 use crate::protocol::TypeState;
 use crate::tags::{Subset, Tagging};
 use crate::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
-use dubbo_cp_domain::rules::TagRouteSpec;
+use dubbo_cp_domain::rules::{DynamicConfigSpec, OverrideConfig, TagRouteSpec};
+use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
 
 /// The services at one version. Nothing is answered from a snapshot that is not `synced`: an
 /// empty listener or cluster answer would tell clients that everything was deleted.
@@ -55,6 +56,58 @@ impl Snapshot {
             by_application: Arc::new(by_application),
             mappings: Arc::default(),
         }
+    }
+
+    /// The same services with the DynamicConfigs `(namespace, spec)` applied to their endpoints'
+    /// weights, as Dubbo providers apply them: an enabled application-scoped config whose
+    /// provider-side override lists an endpoint's address (`ip`, `ip:port`, `0.0.0.0` or `*`)
+    /// sets its `weight`, or takes it out with `disabled: "true"`; later overrides win. Service-
+    /// scoped configs and overrides that select by `match` are not translated yet.
+    pub fn with_dynamic_configs(mut self, configs: Vec<(String, DynamicConfigSpec)>) -> Snapshot {
+        let mut by_application: HashMap<(String, String), Vec<OverrideConfig>> = HashMap::new();
+        for (namespace, spec) in configs {
+            if !spec.enabled || spec.scope != "application" {
+                continue;
+            }
+            let overrides = by_application.entry((namespace, spec.key)).or_default();
+            overrides.extend(spec.configs.into_iter().filter(|o| {
+                o.enabled && o.r#match.is_none() && (o.side.is_empty() || o.side == "provider")
+            }));
+        }
+        if by_application.is_empty() {
+            return self;
+        }
+        let mut services = self.services.as_ref().clone();
+        for service in &mut services {
+            let key = (service.namespace.clone(), service.application().to_owned());
+            let Some(overrides) = by_application.get(&key) else {
+                continue;
+            };
+            let ports: Vec<_> = service.ports.clone();
+            for endpoint in &mut service.endpoints {
+                for config in overrides {
+                    if !ports
+                        .iter()
+                        .any(|port| overrides_endpoint(config, endpoint, port))
+                    {
+                        continue;
+                    }
+                    if config
+                        .parameters
+                        .get("disabled")
+                        .is_some_and(|d| d == "true")
+                    {
+                        endpoint.weight = 0;
+                    } else if let Some(weight) =
+                        config.parameters.get("weight").and_then(|w| w.parse().ok())
+                    {
+                        endpoint.weight = weight;
+                    }
+                }
+            }
+        }
+        self.services = Arc::new(services);
+        self
     }
 
     /// The same services with the ServiceNameMappings `(namespace, interface, applications)`
@@ -124,6 +177,21 @@ impl Services for Snapshot {
             .cloned()
             .unwrap_or_default()
     }
+}
+
+/// Whether `config` lists `endpoint` (as serving `port`) among its addresses.
+fn overrides_endpoint(
+    config: &OverrideConfig,
+    endpoint: &ServiceEndpoint,
+    port: &ServicePort,
+) -> bool {
+    let ip = endpoint.address.to_string();
+    let with_port = format!("{ip}:{}", endpoint.port_for(port));
+    config
+        .addresses
+        .iter()
+        .chain(&config.provider_addresses)
+        .any(|a| a == "*" || a == "0.0.0.0" || *a == ip || *a == with_port)
 }
 
 /// The target (and subset) of a cluster name `outbound|<port>|<subset>|<fqdn>`.

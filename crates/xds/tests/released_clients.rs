@@ -359,6 +359,57 @@ async fn a_dubbo_interface_name_reaches_the_applications_its_mapping_lists(kind:
     drop(by_interface.child.start_kill());
 }
 
+fn dynamic_config(overrides: serde_json::Value) -> dubbo_cp_domain::rules::DynamicConfigSpec {
+    serde_json::from_value(serde_json::json!({
+        "key": "greeter", "scope": "application", "configVersion": "v3.0",
+        "configs": overrides,
+    }))
+    .unwrap()
+}
+
+async fn dynamic_config_weights_and_disabled_instances_move_traffic(kind: Released) {
+    let (_a, port_a) = backend(kind, "a").await;
+    let (_b, port_b) = backend(kind, "b").await;
+    let server = support::Server::start().await;
+    // Both at Dubbo's default weight, b overridden to 25 by address: 100/25 is 80/20.
+    let greeter = support::greeter("default", &[(port_a, 100), (port_b, 100)]);
+    let b = format!("127.0.0.1:{port_b}");
+    server.publish_with_configs(
+        vec![greeter.clone()],
+        vec![dynamic_config(serde_json::json!([
+            {"side": "provider", "addresses": [b], "parameters": {"weight": "25"}},
+        ]))],
+    );
+    let mut client = Proc::spawn(
+        kind,
+        &["client", "xds:///greeter:7070"],
+        &[("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(&server))],
+    );
+    let counts = count(&mut client, 2000).await;
+    let a = answers(&counts, "a");
+    assert_eq!(
+        a + answers(&counts, "b"),
+        2000,
+        "every call answered: {counts}"
+    );
+    assert!(
+        (1500..=1700).contains(&a),
+        "a answered {a} of 2000, wanted 80% +/- 5: {counts}"
+    );
+    // b disabled: no call reaches it once the client applied the version.
+    let version = server.publish_with_configs(
+        vec![greeter],
+        vec![dynamic_config(serde_json::json!([
+            {"addresses": [b], "parameters": {"disabled": "true"}},
+        ]))],
+    );
+    server.acked(dubbo_cp_xds::ENDPOINT, &version).await;
+    settle(&mut client, "a", 100, "").await;
+    let counts = count(&mut client, 1000).await;
+    assert_eq!(answers(&counts, "a"), 1000, "{counts}");
+    drop(client.child.start_kill());
+}
+
 macro_rules! per_client {
     ($($scenario:ident),* $(,)?) => {
         mod grpcio {
@@ -384,4 +435,5 @@ per_client!(
     endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call,
     a_tag_route_sends_tagged_calls_to_its_endpoints_with_dubbos_fallback,
     a_dubbo_interface_name_reaches_the_applications_its_mapping_lists,
+    dynamic_config_weights_and_disabled_instances_move_traffic,
 );

@@ -6,6 +6,7 @@ use prost::Message;
 
 use super::*;
 use crate::protocol::TypeState;
+use dubbo_cp_domain::rules::DynamicConfigSpec;
 
 fn service(name: &str, application: &str, endpoints: usize) -> Service {
     Service {
@@ -140,4 +141,44 @@ fn an_interface_of_several_services_splits_by_their_endpoints() {
         "shop",
     );
     assert_eq!(listeners.len(), 1, "a name nothing answers to is left out");
+}
+
+fn dynamic_config(overrides: serde_json::Value) -> (String, DynamicConfigSpec) {
+    let spec = serde_json::from_value(serde_json::json!({
+        "key": "greeter", "scope": "application", "configVersion": "v3.0",
+        "configs": overrides,
+    }))
+    .unwrap_or_else(|err| panic!("{err}"));
+    ("shop".to_string(), spec)
+}
+
+fn weights(snapshot: &Snapshot, service: &str) -> Vec<u32> {
+    snapshot
+        .find("shop", service)
+        .map(|s| s.endpoints.iter().map(|e| e.weight).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn dynamic_configs_set_and_disable_endpoint_weights() {
+    let configs = vec![dynamic_config(serde_json::json!([
+        {"side": "provider", "addresses": ["10.0.0.1"], "parameters": {"weight": "25"}},
+        {"addresses": ["10.0.0.2:50051"], "parameters": {"disabled": "true"}},
+        {"side": "consumer", "addresses": ["10.0.0.1"], "parameters": {"weight": "7"}},
+        {"addresses": ["10.0.0.1"], "parameters": {"weight": "9"}, "enabled": false},
+    ]))];
+    let snapshot = snapshot().with_dynamic_configs(configs);
+    assert_eq!(weights(&snapshot, "greeter-v2"), [25, 0]);
+    assert_eq!(weights(&snapshot, "greeter-v1"), [25]);
+    assert_eq!(weights(&snapshot, "billing"), [1], "another application");
+    // Later overrides win; `*` lists every endpoint; a disabled config changes nothing.
+    let mut off = dynamic_config(serde_json::json!([
+        {"addresses": ["*"], "parameters": {"weight": "3"}},
+        {"addresses": ["10.0.0.2"], "parameters": {"weight": "4"}},
+    ]));
+    let snapshot = self::snapshot().with_dynamic_configs(vec![off.clone()]);
+    assert_eq!(weights(&snapshot, "greeter-v2"), [3, 4]);
+    off.1.enabled = false;
+    let snapshot = self::snapshot().with_dynamic_configs(vec![off]);
+    assert_eq!(weights(&snapshot, "greeter-v2"), [1, 1]);
 }

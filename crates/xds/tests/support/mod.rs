@@ -67,6 +67,23 @@ impl Server {
         version.to_string()
     }
 
+    /// Publishes `services` with DynamicConfigs (all in `default`) as the next synced version.
+    pub fn publish_with_configs(
+        &self,
+        services: Vec<Service>,
+        configs: Vec<dubbo_cp_domain::rules::DynamicConfigSpec>,
+    ) -> String {
+        let version = self.snapshots.borrow().version + 1;
+        let configs = configs
+            .into_iter()
+            .map(|spec| ("default".to_string(), spec))
+            .collect();
+        self.snapshots.send_replace(Arc::new(
+            Snapshot::new(version, services, true).with_dynamic_configs(configs),
+        ));
+        version.to_string()
+    }
+
     /// Publishes `services` with ServiceNameMappings `(interface, applications)` in `default`.
     pub fn publish_with_mappings(
         &self,
