@@ -124,6 +124,16 @@ impl DeltaStream {
             .filter(|type_url| self.types.contains_key(type_url))
     }
 
+    /// Whether answering `type_url` with `resources` would remove a resource the client holds.
+    pub fn would_remove(&self, type_url: &str, resources: &[(String, Any)]) -> bool {
+        self.types.get(type_url).is_some_and(|state| {
+            state
+                .known
+                .keys()
+                .any(|name| !resources.iter().any(|(n, _)| n == name))
+        })
+    }
+
     /// The resources of `resources` the client does not hold at their version, and the names it
     /// holds that are gone; `None` when that is nothing and the client is not waiting (`force`).
     pub fn respond(

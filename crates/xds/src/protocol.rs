@@ -152,6 +152,19 @@ impl Stream {
             .filter(|type_url| self.types.contains_key(type_url))
     }
 
+    /// Whether answering `type_url` with `resources` would take away a resource the client
+    /// was sent (state of the world: one left out is deleted).
+    pub fn would_remove(&self, type_url: &str, resources: &[(String, Any)]) -> bool {
+        self.types
+            .get(type_url)
+            .and_then(|state| state.sent.as_ref())
+            .is_some_and(|sent| {
+                sent.digests
+                    .keys()
+                    .any(|name| !resources.iter().any(|(n, _)| n == name))
+            })
+    }
+
     /// The response for `type_url` at `version` holding `resources`, recorded as sent. Unless
     /// `force`, `None` when it would say nothing new (the same resources as last sent).
     pub fn respond(

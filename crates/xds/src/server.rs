@@ -12,11 +12,12 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
-use envoy_types::pb::google::protobuf::value;
+use envoy_types::pb::google::protobuf::{Any, value};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::CLUSTER;
 use crate::clients::Clients;
 use crate::delta::DeltaStream;
 use crate::protocol::{Refused, Stream, Verdict};
@@ -136,18 +137,39 @@ async fn answer(
 ) -> Result<(), ()> {
     let namespace = client_namespace(stream.node.as_ref());
     let version = snapshot.version.to_string();
-    let types: Vec<&'static str> = stream.subscribed().collect();
-    for type_url in types {
-        let Some(state) = stream.state(type_url) else {
-            continue;
-        };
-        let selected = resources(snapshot, type_url, state, &namespace);
+    let mut plan: Vec<(&'static str, Vec<(String, Any)>)> = stream
+        .subscribed()
+        .filter_map(|type_url| {
+            let state = stream.state(type_url)?;
+            Some((type_url, resources(snapshot, type_url, state, &namespace)))
+        })
+        .collect();
+    make_before_break(&mut plan, |type_url, selected| {
+        stream.would_remove(type_url, selected)
+    });
+    for (type_url, selected) in plan {
         let force = forced.contains(&type_url);
         if let Some(response) = stream.respond(type_url, &version, selected, force) {
             tx.send(Ok(response)).await.map_err(|_| ())?;
         }
     }
     Ok(())
+}
+
+/// Moves a cluster answer that removes clusters after the listeners and routes of the same push:
+/// routes stop naming a cluster before it goes (make before break). Added clusters then come
+/// after the routes that name them too; gRPC clients wait for a cluster they have not seen yet.
+fn make_before_break(
+    plan: &mut Vec<(&'static str, Vec<(String, Any)>)>,
+    removes: impl Fn(&str, &[(String, Any)]) -> bool,
+) {
+    if let Some(at) = plan
+        .iter()
+        .position(|(type_url, selected)| *type_url == CLUSTER && removes(type_url, selected))
+    {
+        let clusters = plan.remove(at);
+        plan.push(clusters);
+    }
 }
 
 /// A stream's entry in [`Clients`], removed however the stream ends.
@@ -249,12 +271,20 @@ async fn answer_delta(
 ) -> Result<(), ()> {
     let namespace = client_namespace(stream.node.as_ref());
     let version = snapshot.version.to_string();
-    let types: Vec<&'static str> = stream.subscribed().collect();
-    for type_url in types {
-        let Some(subscription) = stream.subscription(type_url) else {
-            continue;
-        };
-        let selected = resources(snapshot, type_url, &subscription, &namespace);
+    let mut plan: Vec<(&'static str, Vec<(String, Any)>)> = stream
+        .subscribed()
+        .filter_map(|type_url| {
+            let subscription = stream.subscription(type_url)?;
+            Some((
+                type_url,
+                resources(snapshot, type_url, &subscription, &namespace),
+            ))
+        })
+        .collect();
+    make_before_break(&mut plan, |type_url, selected| {
+        stream.would_remove(type_url, selected)
+    });
+    for (type_url, selected) in plan {
         let force = forced.contains(&type_url);
         if let Some(response) = stream.respond(type_url, &version, selected, force) {
             tx.send(Ok(response)).await.map_err(|_| ())?;

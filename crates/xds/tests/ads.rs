@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
-use dubbo_cp_xds::{ENDPOINT, LISTENER};
+use dubbo_cp_xds::{CLUSTER, ENDPOINT, LISTENER};
 
 struct Client {
     requests: mpsc::Sender<DiscoveryRequest>,
@@ -206,5 +206,40 @@ async fn streams_past_the_limit_are_refused_and_a_closed_one_frees_its_place() {
     assert!(
         Client::connect_raw(server.addr).await.is_err(),
         "the third holds the one place"
+    );
+}
+
+#[tokio::test]
+async fn a_removed_service_leaves_its_listener_before_its_cluster() {
+    let server = support::Server::start().await;
+    server.publish(vec![
+        support::greeter("default", &[(9001, 1)]),
+        support::greeter("shop", &[(9101, 1)]),
+    ]);
+    let mut client = Client::connect(server.addr).await;
+    client.send(CLUSTER, &[], "", "").await;
+    let clusters = client.next().await;
+    assert_eq!(clusters.resources.len(), 2);
+    client.send(CLUSTER, &[], "1", &clusters.nonce).await;
+    client.send(LISTENER, &["greeter.shop:7070"], "", "").await;
+    let listeners = client.next().await;
+    assert_eq!(listeners.resources.len(), 1);
+    client
+        .send(LISTENER, &["greeter.shop:7070"], "1", &listeners.nonce)
+        .await;
+    server.acked(LISTENER, "1").await;
+
+    server.publish(vec![support::greeter("default", &[(9001, 1)])]);
+    let first = client.next().await;
+    let second = client.next().await;
+    assert_eq!(
+        (first.type_url.as_str(), first.resources.len()),
+        (LISTENER, 0),
+        "the listener goes first"
+    );
+    assert_eq!(
+        (second.type_url.as_str(), second.resources.len()),
+        (CLUSTER, 1),
+        "then the cluster"
     );
 }

@@ -98,7 +98,8 @@ async fn a_delta_stream_sees_only_changed_resources_and_removals() {
         .await
         .unwrap();
 
-    // The shop service goes: its cluster and its endpoints are removed by name.
+    // The shop service goes: its endpoints and then its cluster are removed by name (the
+    // cluster last: make before break).
     server.publish(vec![support::greeter("default", &[(9001, 1)])]);
     let mut removed = Vec::new();
     for _ in 0..2 {
@@ -109,12 +110,11 @@ async fn a_delta_stream_sees_only_changed_resources_and_removals() {
             response.removed_resources.clone(),
         ));
     }
-    removed.sort();
     assert_eq!(
         removed,
         [
-            (CLUSTER.to_string(), vec![in_shop.to_string()]),
             (ENDPOINT.to_string(), vec![in_shop.to_string()]),
+            (CLUSTER.to_string(), vec![in_shop.to_string()]),
         ]
     );
 }
