@@ -1,8 +1,9 @@
 //! What one version of the served state holds, and the resources of a type a stream's
 //! subscription selects from it.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use dubbo_cp_domain::service::{HostName, Service};
 use envoy_types::pb::google::protobuf::Any;
@@ -14,6 +15,9 @@ use crate::tags::{Subset, Tagging};
 use crate::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
 use dubbo_cp_domain::rules::{DynamicConfigSpec, OverrideConfig, TagRouteSpec};
 use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
+
+/// (type, name, namespace) -> the encoded resource.
+type Encoded = HashMap<(String, String, String), Arc<Any>>;
 
 /// The services at one version. Nothing is answered from a snapshot that is not `synced`: an
 /// empty listener or cluster answer would tell clients that everything was deleted.
@@ -31,6 +35,9 @@ pub struct Snapshot {
     by_application: Arc<HashMap<(String, String), Vec<usize>>>,
     /// (namespace, interface) -> the applications serving it (ServiceNameMappings).
     mappings: Arc<HashMap<(String, String), Vec<String>>>,
+    /// (type, name, namespace) -> the encoded resource, shared by every stream at this version.
+    cache: Arc<Mutex<Encoded>>,
+    encodes: Arc<AtomicU64>,
 }
 
 impl Snapshot {
@@ -55,6 +62,8 @@ impl Snapshot {
             tag_routes: Arc::default(),
             by_application: Arc::new(by_application),
             mappings: Arc::default(),
+            cache: Arc::default(),
+            encodes: Arc::default(),
         }
     }
 
@@ -64,6 +73,8 @@ impl Snapshot {
     /// sets its `weight`, or takes it out with `disabled: "true"`; later overrides win. Service-
     /// scoped configs and overrides that select by `match` are not translated yet.
     pub fn with_dynamic_configs(mut self, configs: Vec<(String, DynamicConfigSpec)>) -> Snapshot {
+        // What was encoded before describes other state.
+        self.cache = Arc::default();
         let mut by_application: HashMap<(String, String), Vec<OverrideConfig>> = HashMap::new();
         for (namespace, spec) in configs {
             if !spec.enabled || spec.scope != "application" {
@@ -113,6 +124,8 @@ impl Snapshot {
     /// The same services with the ServiceNameMappings `(namespace, interface, applications)`
     /// that resolve interface names.
     pub fn with_mappings(mut self, mappings: Vec<(String, String, Vec<String>)>) -> Snapshot {
+        // What was encoded before describes other state.
+        self.cache = Arc::default();
         self.mappings = Arc::new(
             mappings
                 .into_iter()
@@ -125,6 +138,8 @@ impl Snapshot {
     /// The same services with `rules` (namespace, spec) routing by tag; disabled ones are left
     /// out, as Dubbo ignores them.
     pub fn with_tag_routes(mut self, rules: Vec<(String, TagRouteSpec)>) -> Snapshot {
+        // What was encoded before describes other state.
+        self.cache = Arc::default();
         self.tag_routes = Arc::new(
             rules
                 .into_iter()
@@ -230,6 +245,76 @@ fn every_target(services: &[Service]) -> impl Iterator<Item = (String, Target<'_
     })
 }
 
+/// The resource `name` of `type_url` for a client in `client_namespace`, generated and encoded.
+/// `None` when nothing answers to the name.
+fn generate_one(
+    snapshot: &Snapshot,
+    type_url: &str,
+    name: &str,
+    client_namespace: &str,
+) -> Option<Any> {
+    match type_url {
+        LISTENER => {
+            let exists = !generate::resolve_all(snapshot, name, client_namespace).is_empty();
+            exists.then(|| pack_any(generate::listener(name)))
+        }
+        ROUTE => {
+            // Wildcard listeners' routes are named fqdn:port, which resolves like any name.
+            let targets = generate::resolve_all(snapshot, name, client_namespace);
+            let routes = match targets.as_slice() {
+                [] => return None,
+                [target] => {
+                    let tagging = snapshot.tagging(*target);
+                    generate::route_configuration(name, *target, Some(&tagging))
+                }
+                several => generate::weighted_route_configuration(name, several),
+            };
+            Some(pack_any(routes))
+        }
+        CLUSTER => {
+            let (target, subset) = cluster_target(snapshot, name)?;
+            Some(pack_any(generate::subset_cluster(target, subset.as_ref())))
+        }
+        ENDPOINT => {
+            let (target, subset) = cluster_target(snapshot, name)?;
+            let endpoints = match &subset {
+                Some(subset) => snapshot.tagging(target).endpoints_of(subset),
+                None => target.service.endpoints.iter().collect(),
+            };
+            let assignment = generate::subset_load_assignment(target, subset.as_ref(), &endpoints);
+            Some(pack_any(assignment))
+        }
+        _ => None,
+    }
+}
+
+impl Snapshot {
+    /// [`generate_one`], once per version for every stream: the bytes are shared. Only
+    /// resources that exist are kept, so names clients make up cannot grow the cache.
+    fn encoded(&self, type_url: &str, name: &str, client_namespace: &str) -> Option<Any> {
+        // Clusters and load assignments are named absolutely; listeners and routes resolve in
+        // the client's namespace.
+        let namespace = match type_url {
+            LISTENER | ROUTE => client_namespace,
+            _ => "",
+        };
+        let key = (type_url.to_owned(), name.to_owned(), namespace.to_owned());
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(any) = cache.get(&key) {
+            return Some(any.as_ref().clone());
+        }
+        let any = generate_one(self, type_url, name, client_namespace)?;
+        self.encodes.fetch_add(1, Ordering::Relaxed);
+        cache.insert(key, Arc::new(any.clone()));
+        Some(any)
+    }
+
+    /// Resources generated and encoded at this version, across every stream.
+    pub fn encodes(&self) -> u64 {
+        self.encodes.load(Ordering::Relaxed)
+    }
+}
+
 /// The resources of `type_url` that `state` subscribes to, by name. A name that resolves to
 /// nothing is left out, which tells the client it does not exist.
 pub fn resources(
@@ -238,69 +323,22 @@ pub fn resources(
     state: &TypeState,
     client_namespace: &str,
 ) -> Vec<(String, Any)> {
-    let mut out: Vec<(String, Any)> = Vec::new();
-    match type_url {
-        LISTENER => {
-            if state.wildcard {
-                for (name, _) in every_target(snapshot.services()) {
-                    out.push((name.clone(), pack_any(generate::listener(&name))));
-                }
-            }
-            for name in &state.names {
-                if !generate::resolve_all(snapshot, name, client_namespace).is_empty() {
-                    out.push((name.clone(), pack_any(generate::listener(name))));
-                }
-            }
+    let mut names: BTreeSet<String> = state.names.clone();
+    if state.wildcard {
+        let targets = every_target(snapshot.services());
+        match type_url {
+            LISTENER => names.extend(targets.map(|(name, _)| name)),
+            CLUSTER => names.extend(targets.map(|(_, target)| generate::cluster_name(target))),
+            _ => {}
         }
-        ROUTE => {
-            for name in &state.names {
-                // Wildcard listeners' routes are named fqdn:port, which resolves like any name.
-                let targets = generate::resolve_all(snapshot, name, client_namespace);
-                let routes = match targets.as_slice() {
-                    [] => continue,
-                    [target] => {
-                        let tagging = snapshot.tagging(*target);
-                        generate::route_configuration(name, *target, Some(&tagging))
-                    }
-                    several => generate::weighted_route_configuration(name, several),
-                };
-                out.push((name.clone(), pack_any(routes)));
-            }
-        }
-        CLUSTER => {
-            if state.wildcard {
-                for (_, target) in every_target(snapshot.services()) {
-                    out.push((
-                        generate::cluster_name(target),
-                        pack_any(generate::cluster(target)),
-                    ));
-                }
-            }
-            for name in &state.names {
-                if let Some((target, subset)) = cluster_target(snapshot, name) {
-                    let cluster = generate::subset_cluster(target, subset.as_ref());
-                    out.push((name.clone(), pack_any(cluster)));
-                }
-            }
-        }
-        ENDPOINT => {
-            for name in &state.names {
-                if let Some((target, subset)) = cluster_target(snapshot, name) {
-                    let endpoints = match &subset {
-                        Some(subset) => snapshot.tagging(target).endpoints_of(subset),
-                        None => target.service.endpoints.iter().collect(),
-                    };
-                    let assignment =
-                        generate::subset_load_assignment(target, subset.as_ref(), &endpoints);
-                    out.push((name.clone(), pack_any(assignment)));
-                }
-            }
-        }
-        _ => {}
     }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out.dedup_by(|a, b| a.0 == b.0);
-    out
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let any = snapshot.encoded(type_url, &name, client_namespace)?;
+            Some((name, any))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -182,3 +182,32 @@ fn dynamic_configs_set_and_disable_endpoint_weights() {
     let snapshot = self::snapshot().with_dynamic_configs(vec![off]);
     assert_eq!(weights(&snapshot, "greeter-v2"), [1, 1]);
 }
+
+#[test]
+fn every_stream_shares_one_encoding_per_resource_and_version() {
+    let snapshot = snapshot();
+    let clusters = TypeState {
+        wildcard: true,
+        ..Default::default()
+    };
+    let routes = TypeState {
+        names: [
+            "org.example.Greeter".to_string(),
+            "made.up.Name".to_string(),
+        ]
+        .into(),
+        ..Default::default()
+    };
+    // A thousand streams asking for the same things.
+    for _ in 0..1000 {
+        assert_eq!(
+            resources(&snapshot, crate::CLUSTER, &clusters, "shop").len(),
+            3
+        );
+        assert_eq!(resources(&snapshot, crate::ROUTE, &routes, "shop").len(), 1);
+    }
+    assert_eq!(snapshot.encodes(), 4, "3 clusters and 1 route, once each");
+    // A route resolves in the client's namespace, so another namespace is another encoding.
+    resources(&snapshot, crate::ROUTE, &routes, "other");
+    assert_eq!(snapshot.encodes(), 4, "nothing answers there: nothing kept");
+}
