@@ -192,14 +192,15 @@ fn route_to(cluster: String, headers: Vec<HeaderMatcher>) -> Route {
     }
 }
 
-fn header_is(name: &str, value: &str) -> HeaderMatcher {
+/// A header equal to `value`; `ignore_case` for the force flag only (Dubbo reads it with
+/// Boolean.parseBoolean, and compares tags exactly).
+fn header_is(name: &str, value: &str, ignore_case: bool) -> HeaderMatcher {
     HeaderMatcher {
         name: name.to_owned(),
         header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
             StringMatcher {
                 match_pattern: Some(string_matcher::MatchPattern::Exact(value.to_owned())),
-                // Dubbo reads the force flag with Boolean.parseBoolean.
-                ignore_case: true,
+                ignore_case,
             },
         )),
         ..Default::default()
@@ -224,12 +225,12 @@ fn tag_routes(target: Target<'_>, tagging: &Tagging<'_>) -> Vec<Route> {
         for header in TAG_HEADERS {
             let tagged = || match tag {
                 "" => header_present(header),
-                tag => header_is(header, tag),
+                tag => header_is(header, tag, false),
             };
             for force in FORCE_HEADERS {
                 routes.push(route_to(
                     cluster(Subset::Forced(tag.to_owned())),
-                    vec![tagged(), header_is(force, "true")],
+                    vec![tagged(), header_is(force, "true", true)],
                 ));
             }
             routes.push(route_to(
@@ -243,27 +244,38 @@ fn tag_routes(target: Target<'_>, tagging: &Tagging<'_>) -> Vec<Route> {
 }
 
 /// The route configuration of a name that means several services (an interface served by
-/// several applications): one route over their clusters, each weighted by its endpoints that
-/// take traffic, so every endpoint gets an equal share.
+/// several applications): one route over their clusters, each weighted by the sum of its
+/// endpoints' weights, as Dubbo balances over all the providers of an interface. Tag routing is
+/// not applied across several services (docs/xds.md).
 pub fn weighted_route_configuration(requested: &str, targets: &[Target<'_>]) -> RouteConfiguration {
-    let clusters: Vec<ClusterWeight> = targets
+    // Dubbo balances over every provider of the interface by weight, so a service's share is
+    // the sum of its endpoints' weights; scaled together if the sum would not fit a u32.
+    let totals: Vec<u64> = targets
         .iter()
-        .map(|target| {
-            let endpoints = target
-                .service
+        .map(|t| {
+            t.service
                 .endpoints
                 .iter()
-                .filter(|e| e.weight > 0)
-                .count();
-            ClusterWeight {
-                name: cluster_name(*target),
-                weight: Some(UInt32Value {
-                    value: u32::try_from(endpoints).unwrap_or(u32::MAX),
-                }),
-                ..Default::default()
-            }
+                .map(|e| u64::from(e.weight))
+                .sum()
         })
-        .filter(|c| c.weight.is_some_and(|w| w.value > 0))
+        .collect();
+    let divisor = totals
+        .iter()
+        .sum::<u64>()
+        .div_ceil(u64::from(u32::MAX))
+        .max(1);
+    let clusters: Vec<ClusterWeight> = targets
+        .iter()
+        .zip(totals)
+        .filter(|(_, total)| *total > 0)
+        .map(|(target, total)| ClusterWeight {
+            name: cluster_name(*target),
+            weight: Some(UInt32Value {
+                value: u32::try_from((total / divisor).max(1)).unwrap_or(u32::MAX),
+            }),
+            ..Default::default()
+        })
         .collect();
     let route = match (clusters.len(), targets.first()) {
         (0, Some(first)) => route_to(cluster_name(*first), Vec::new()),

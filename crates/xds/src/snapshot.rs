@@ -69,9 +69,10 @@ impl Snapshot {
 
     /// The same services with the DynamicConfigs `(namespace, spec)` applied to their endpoints'
     /// weights, as Dubbo providers apply them: an enabled application-scoped config whose
-    /// provider-side override lists an endpoint's address (`ip`, `ip:port`, `0.0.0.0` or `*`)
-    /// sets its `weight`, or takes it out with `disabled: "true"`; later overrides win. Service-
-    /// scoped configs and overrides that select by `match` are not translated yet.
+    /// provider-side override lists an endpoint's address (`ip`, `ip:port`, `0.0.0.0` or `*`; no
+    /// address at all lists every one) sets its `weight` (later overrides win), or takes it out
+    /// with `disabled: "true"` (which a later weight does not undo). Service-scoped configs and
+    /// overrides that select by `match` are not translated yet.
     pub fn with_dynamic_configs(mut self, configs: Vec<(String, DynamicConfigSpec)>) -> Snapshot {
         // What was encoded before describes other state.
         self.cache = Arc::default();
@@ -96,6 +97,8 @@ impl Snapshot {
             };
             let ports: Vec<_> = service.ports.clone();
             for endpoint in &mut service.endpoints {
+                // Disabled stays disabled, whatever weight a later override sets.
+                let mut disabled = false;
                 for config in overrides {
                     if !ports
                         .iter()
@@ -103,17 +106,17 @@ impl Snapshot {
                     {
                         continue;
                     }
-                    if config
-                        .parameters
-                        .get("disabled")
-                        .is_some_and(|d| d == "true")
-                    {
-                        endpoint.weight = 0;
-                    } else if let Some(weight) =
+                    if let Some(flag) = config.parameters.get("disabled") {
+                        disabled = flag == "true";
+                    }
+                    if let Some(weight) =
                         config.parameters.get("weight").and_then(|w| w.parse().ok())
                     {
                         endpoint.weight = weight;
                     }
+                }
+                if disabled {
+                    endpoint.weight = 0;
                 }
             }
         }
@@ -202,11 +205,13 @@ fn overrides_endpoint(
 ) -> bool {
     let ip = endpoint.address.to_string();
     let with_port = format!("{ip}:{}", endpoint.port_for(port));
-    config
-        .addresses
-        .iter()
-        .chain(&config.provider_addresses)
-        .any(|a| a == "*" || a == "0.0.0.0" || *a == ip || *a == with_port)
+    // No address at all means every instance, as an override URL without a host does.
+    (config.addresses.is_empty() && config.provider_addresses.is_empty())
+        || config
+            .addresses
+            .iter()
+            .chain(&config.provider_addresses)
+            .any(|a| a == "*" || a == "0.0.0.0" || *a == ip || *a == with_port)
 }
 
 /// The target (and subset) of a cluster name `outbound|<port>|<subset>|<fqdn>`.
@@ -230,7 +235,15 @@ fn cluster_target<'a>(services: &'a Snapshot, name: &str) -> Option<(Target<'a>,
         "" => None,
         subset => Some(Subset::parse(subset)?),
     };
-    Some((Target { service, port }, subset))
+    let target = Target { service, port };
+    // Only subsets the routes name exist: clients cannot make up others (and grow the cache).
+    if subset
+        .as_ref()
+        .is_some_and(|subset| !services.tagging(target).routes_to(subset))
+    {
+        return None;
+    }
+    Some((target, subset))
 }
 
 /// Every service port, for wildcard subscriptions (Envoy's): `(fqdn:port, target)`.
@@ -295,7 +308,12 @@ impl Snapshot {
         // Clusters and load assignments are named absolutely; listeners and routes resolve in
         // the client's namespace.
         let namespace = match type_url {
-            LISTENER | ROUTE => client_namespace,
+            // A name that says its namespace resolves the same for every client.
+            LISTENER | ROUTE
+                if HostName::parse(name).is_none_or(|host| host.namespace.is_none()) =>
+            {
+                client_namespace
+            }
             _ => "",
         };
         let key = (type_url.to_owned(), name.to_owned(), namespace.to_owned());

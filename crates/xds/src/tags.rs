@@ -37,11 +37,14 @@ pub enum Subset {
 }
 
 impl Subset {
-    /// The subset's part of a cluster name (`outbound|<port>|<subset>|<fqdn>`).
+    /// The subset's part of a cluster name (`outbound|<port>|<subset>|<fqdn>`). Tag names may
+    /// hold any character but whitespace, so they are written in hex: `|` or a `-forced` suffix
+    /// in a tag must not change what the name means.
     pub fn name(&self) -> String {
+        let hex = |tag: &str| tag.bytes().map(|b| format!("{b:02x}")).collect::<String>();
         match self {
-            Subset::Tagged(tag) => format!("tag-{tag}"),
-            Subset::Forced(tag) => format!("tag-{tag}-forced"),
+            Subset::Tagged(tag) => format!("tag-{}", hex(tag)),
+            Subset::Forced(tag) => format!("forced-{}", hex(tag)),
             Subset::Untagged => "untagged".to_owned(),
         }
     }
@@ -50,11 +53,28 @@ impl Subset {
         if name == "untagged" {
             return Some(Subset::Untagged);
         }
-        let tag = name.strip_prefix("tag-")?;
-        Some(match tag.strip_suffix("-forced") {
-            Some(tag) => Subset::Forced(tag.to_owned()),
-            None => Subset::Tagged(tag.to_owned()),
-        })
+        let unhex = |hex: &str| -> Option<String> {
+            if !hex.len().is_multiple_of(2) {
+                return None;
+            }
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                .collect::<Option<Vec<u8>>>()?;
+            String::from_utf8(bytes).ok()
+        };
+        if let Some(hex) = name.strip_prefix("tag-") {
+            return Some(Subset::Tagged(unhex(hex)?));
+        }
+        Some(Subset::Forced(unhex(name.strip_prefix("forced-")?)?))
+    }
+
+    /// The tag the subset is for (`None` for untagged calls).
+    pub fn tag(&self) -> Option<&str> {
+        match self {
+            Subset::Tagged(tag) | Subset::Forced(tag) => Some(tag),
+            Subset::Untagged => None,
+        }
     }
 }
 
@@ -146,6 +166,15 @@ impl<'a> Tagging<'a> {
             return (found, false);
         }
         (self.select(|e| static_tag(e) == Some(tag)), false)
+    }
+
+    /// Whether routes of this tagging name `subset`: it applies, and the subset is untagged calls,
+    /// one of [`Tagging::tags`], or any other tag (the empty one). Clients cannot make up others.
+    pub fn routes_to(&self, subset: &Subset) -> bool {
+        self.applies()
+            && subset
+                .tag()
+                .is_none_or(|tag| tag.is_empty() || self.tags().contains(tag))
     }
 
     /// The tags a request may name that route differently: the rule's and the static ones.

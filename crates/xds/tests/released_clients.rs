@@ -290,6 +290,12 @@ async fn a_tag_route_sends_tagged_calls_to_its_endpoints_with_dubbos_fallback(ki
         200,
     );
     only(&count(&mut client, 200).await, "a", 200);
+    // Tags compare exactly, as in Dubbo: GRAY is a tag nobody has.
+    only(
+        &count_with(&mut client, 100, "dubbo-tag=GRAY").await,
+        "a",
+        100,
+    );
     // A tag nobody has falls back to the untagged endpoints, unless the call forces it.
     only(
         &count_with(&mut client, 200, "dubbo-tag=blue").await,

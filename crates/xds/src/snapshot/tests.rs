@@ -211,3 +211,56 @@ fn every_stream_shares_one_encoding_per_resource_and_version() {
     resources(&snapshot, crate::ROUTE, &routes, "other");
     assert_eq!(snapshot.encodes(), 4, "nothing answers there: nothing kept");
 }
+
+#[test]
+fn dubbo_override_rules_all_instances_and_disabled_stays_disabled() {
+    let configs = vec![dynamic_config(serde_json::json!([
+        {"parameters": {"weight": "5"}},
+        {"addresses": ["10.0.0.2"], "parameters": {"disabled": "true"}},
+        {"addresses": ["10.0.0.2"], "parameters": {"weight": "50"}},
+    ]))];
+    let snapshot = snapshot().with_dynamic_configs(configs);
+    assert_eq!(weights(&snapshot, "greeter-v2"), [5, 0]);
+}
+
+#[test]
+fn made_up_subsets_and_namespaces_are_not_served_or_kept() {
+    let tagged = Snapshot::new(
+        1,
+        vec![{
+            let mut s = service("greeter-v1", "greeter", 1);
+            s.endpoints[0]
+                .labels
+                .insert(crate::tags::TAG_LABEL.into(), "gray".into());
+            s
+        }],
+        true,
+    );
+    let cluster = |subset: &str| TypeState {
+        names: [format!(
+            "outbound|50051|{subset}|greeter-v1.shop.svc.cluster.local"
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let gray = crate::tags::Subset::Tagged("gray".into()).name();
+    let junk = crate::tags::Subset::Tagged("junk".into()).name();
+    assert_eq!(
+        resources(&tagged, crate::CLUSTER, &cluster(&gray), "shop").len(),
+        1
+    );
+    assert!(resources(&tagged, crate::CLUSTER, &cluster(&junk), "shop").is_empty());
+    assert_eq!(tagged.encodes(), 1, "nothing kept for the made-up subset");
+    // A name that says its namespace is one encoding whatever namespace clients claim.
+    let routes = TypeState {
+        names: ["greeter-v1.shop.svc.cluster.local:50051".to_string()].into(),
+        ..Default::default()
+    };
+    for namespace in ["a", "b", "c"] {
+        assert_eq!(
+            resources(&tagged, crate::ROUTE, &routes, namespace).len(),
+            1
+        );
+    }
+    assert_eq!(tagged.encodes(), 2);
+}

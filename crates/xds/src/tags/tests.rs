@@ -150,6 +150,8 @@ fn subset_names_round_trip() {
         Subset::Forced("gray".into()),
         Subset::Tagged(String::new()),
         Subset::Forced(String::new()),
+        Subset::Tagged("canary-forced".into()),
+        Subset::Tagged("a|b".into()),
     ] {
         assert_eq!(
             Subset::parse(&subset.name()),
@@ -158,34 +160,34 @@ fn subset_names_round_trip() {
         );
     }
     assert_eq!(Subset::parse("other"), None);
+    assert_ne!(
+        Subset::Tagged("x-forced".into()).name(),
+        Subset::Forced("x".into()).name()
+    );
+    assert!(!Subset::Tagged("a|b".into()).name().contains('|'));
 }
 
 #[test]
-fn debug_untagged_with_ports() {
-    let mut a = endpoint(1, None);
-    a.address = std::net::IpAddr::from([127, 0, 0, 1]);
-    a.ports = BTreeMap::from([("grpc".to_string(), 5001)]);
-    let mut g = a.clone();
-    g.ports = BTreeMap::from([("grpc".to_string(), 5002)]);
-    let endpoints = [a, g];
+fn only_subsets_the_routes_name_are_served() {
+    let endpoints = [endpoint(1, None), endpoint(2, Some("gray"))];
     let port = port();
-    let r = rule(false, &[("gray", &["127.0.0.1:5002"])]);
     let tagging = Tagging {
         endpoints: &endpoints,
         port: &port,
-        rule: Some(&r),
+        rule: None,
     };
-    let ports = |s: Subset| {
-        tagging
-            .endpoints_of(&s)
-            .iter()
-            .map(|e| e.port_for(&port))
-            .collect::<Vec<_>>()
+    assert!(tagging.routes_to(&Subset::Tagged("gray".into())));
+    assert!(tagging.routes_to(&Subset::Forced(String::new())));
+    assert!(tagging.routes_to(&Subset::Untagged));
+    assert!(!tagging.routes_to(&Subset::Tagged("made-up".into())));
+    let plain = [endpoint(1, None)];
+    let none = Tagging {
+        endpoints: &plain,
+        port: &port,
+        rule: None,
     };
-    eprintln!(
-        "untagged {:?} gray {:?} other {:?}",
-        ports(Subset::Untagged),
-        ports(Subset::Tagged("gray".into())),
-        ports(Subset::Tagged("".into()))
+    assert!(
+        !none.routes_to(&Subset::Untagged),
+        "no tag routing, no subsets"
     );
 }
