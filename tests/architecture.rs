@@ -224,7 +224,8 @@ struct Package {
     src: PathBuf,
 }
 
-fn packages() -> Vec<Package> {
+/// `cargo metadata` of the workspace (no dependencies' own packages).
+fn metadata() -> serde_json::Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
         .args([
@@ -242,7 +243,11 @@ fn packages() -> Vec<Package> {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn packages() -> Vec<Package> {
+    let metadata = metadata();
     metadata["packages"]
         .as_array()
         .unwrap()
@@ -302,18 +307,7 @@ fn crates_depend_only_on_what_architecture_md_allows() {
 /// The custom resources' crate holds types: kube without its client, runtime or default features.
 #[test]
 fn the_crds_crate_takes_kubes_derive_only() {
-    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .current_dir(root())
-        .output()
-        .expect("cargo metadata");
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let metadata = metadata();
     let crds = metadata["packages"]
         .as_array()
         .unwrap()

@@ -161,14 +161,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::Ordering;
 
-    fn registration(ns: &str, app: &str, interfaces: &[&str]) -> Registration {
-        Registration {
-            namespace: ns.into(),
-            application: app.into(),
-            interfaces: interfaces.iter().map(|s| s.to_string()).collect(),
-            pod: None,
-        }
-    }
+    use crate::test_registration as registration;
 
     fn open_with(
         dir: &Path,

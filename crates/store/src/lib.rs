@@ -148,3 +148,18 @@ impl Merge for StoredChange {
         self.revision = self.revision.max(other.revision);
     }
 }
+
+/// A registration without a pod, as the tests make them.
+#[cfg(test)]
+pub(crate) fn test_registration(
+    namespace: &str,
+    application: &str,
+    interfaces: &[&str],
+) -> mapping::Registration {
+    mapping::Registration {
+        namespace: namespace.into(),
+        application: application.into(),
+        interfaces: interfaces.iter().map(|s| s.to_string()).collect(),
+        pod: None,
+    }
+}

@@ -8,7 +8,13 @@ use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::watch;
 
-use crate::protocol::{Nack, Stream};
+/// A response the client rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nack {
+    /// The version it rejected.
+    pub version: String,
+    pub message: String,
+}
 
 /// One type of one client.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -30,36 +36,6 @@ pub struct ClientStatus {
     /// The last published version the stream has taken in hand (pushed what it changed).
     pub seen: Option<String>,
     pub types: BTreeMap<&'static str, TypeStatus>,
-}
-
-impl ClientStatus {
-    fn of(stream: &Stream, namespace: &str, seen: Option<u64>) -> ClientStatus {
-        ClientStatus {
-            seen: seen.map(|v| v.to_string()),
-            node_id: stream
-                .node
-                .as_ref()
-                .map(|n| n.id.clone())
-                .unwrap_or_default(),
-            namespace: namespace.to_owned(),
-            types: stream
-                .subscribed()
-                .filter_map(|type_url| {
-                    let state = stream.state(type_url)?;
-                    Some((
-                        type_url,
-                        TypeStatus {
-                            names: state.names.len(),
-                            wildcard: state.wildcard,
-                            sent: state.sent.as_ref().map(|s| s.version.clone()),
-                            acked: state.acked.clone(),
-                            nack: state.nack.clone(),
-                        },
-                    ))
-                })
-                .collect(),
-        }
-    }
 }
 
 /// Every open stream's status, and a counter that moves on every change to wait on.
@@ -99,10 +75,6 @@ impl Clients {
     /// Streams open now.
     pub fn open_streams(&self) -> usize {
         self.open.load(Ordering::SeqCst)
-    }
-
-    pub(crate) fn update(&self, id: u64, stream: &Stream, namespace: &str, seen: Option<u64>) {
-        self.update_status(id, ClientStatus::of(stream, namespace, seen));
     }
 
     pub(crate) fn update_status(&self, id: u64, status: ClientStatus) {

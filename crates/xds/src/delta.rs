@@ -11,7 +11,9 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use envoy_types::pb::google::protobuf::Any;
 
 use crate::clients::{ClientStatus, TypeStatus};
-use crate::protocol::{MAX_NAMES, Nack, Refused, TypeState, Verdict, digest, known_type};
+use crate::protocol::{
+    MAX_NAMES, Nack, Refused, TypeState, Verdict, digest, known_type, record_answer,
+};
 use crate::{CLUSTER, LISTENER, PUSH_ORDER};
 
 /// One type's state on one delta stream.
@@ -86,18 +88,12 @@ impl DeltaStream {
         }
         let nonce = request.response_nonce.as_str();
         if !nonce.is_empty() && state.nonce.as_deref() == Some(nonce) {
-            match &request.error_detail {
-                Some(status) => {
-                    state.nack = Some(Nack {
-                        version: state.sent.clone().unwrap_or_default(),
-                        message: status.message.clone(),
-                    });
-                }
-                None => {
-                    state.acked = state.sent.clone();
-                    state.nack = None;
-                }
-            }
+            record_answer(
+                &mut state.acked,
+                &mut state.nack,
+                state.sent.clone(),
+                request.error_detail.as_ref(),
+            );
         } else if !nonce.is_empty() && !added {
             return Ok(Verdict::Stale);
         }

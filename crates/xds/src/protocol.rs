@@ -9,6 +9,8 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::protobuf::Any;
 
+pub use crate::clients::Nack;
+use crate::clients::{ClientStatus, TypeStatus};
 use crate::{CLUSTER, LISTENER, PUSH_ORDER};
 
 /// Most names one type's subscription may hold; a client asking for more is refused.
@@ -32,14 +34,6 @@ pub enum Refused {
     UnknownType(String),
     #[error("resource_names holds {0} names for {1}; at most {MAX_NAMES} per type")]
     TooManyNames(usize, &'static str),
-}
-
-/// A response the client rejected.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Nack {
-    /// The version it rejected.
-    pub version: String,
-    pub message: String,
 }
 
 /// What was last sent for a type.
@@ -84,6 +78,28 @@ pub(crate) fn digest(any: &Any) -> u64 {
     hasher.finish()
 }
 
+/// Records the client's answer to the last response (sent at `sent_version`): an ACK moves the
+/// acknowledged version and clears the last NACK; a NACK (`error`) is kept until then.
+pub(crate) fn record_answer(
+    acked: &mut Option<String>,
+    nack: &mut Option<Nack>,
+    sent_version: Option<String>,
+    error: Option<&envoy_types::pb::google::rpc::Status>,
+) {
+    match error {
+        Some(status) => {
+            *nack = Some(Nack {
+                version: sent_version.unwrap_or_default(),
+                message: status.message.clone(),
+            });
+        }
+        None => {
+            *acked = sent_version;
+            *nack = None;
+        }
+    }
+}
+
 impl Stream {
     /// Takes one request: records the node, the subscription, an ACK or a NACK, and says
     /// whether to answer.
@@ -121,23 +137,40 @@ impl Stream {
             return Ok(Verdict::Answer(type_url));
         }
         let sent_version = state.sent.as_ref().map(|s| s.version.clone());
-        match &request.error_detail {
-            Some(status) => {
-                state.nack = Some(Nack {
-                    version: sent_version.unwrap_or_default(),
-                    message: status.message.clone(),
-                });
-            }
-            None => {
-                state.acked = sent_version;
-                state.nack = None;
-            }
-        }
+        record_answer(
+            &mut state.acked,
+            &mut state.nack,
+            sent_version,
+            request.error_detail.as_ref(),
+        );
         Ok(if changed {
             Verdict::Answer(type_url)
         } else {
             Verdict::Settled
         })
+    }
+
+    /// The stream as operators see it.
+    pub fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus {
+        ClientStatus {
+            node_id: self.node.as_ref().map(|n| n.id.clone()).unwrap_or_default(),
+            namespace: namespace.to_owned(),
+            seen: seen.map(|v| v.to_string()),
+            types: self
+                .types
+                .iter()
+                .map(|(type_url, state)| {
+                    let status = TypeStatus {
+                        names: state.names.len(),
+                        wildcard: state.wildcard,
+                        sent: state.sent.as_ref().map(|s| s.version.clone()),
+                        acked: state.acked.clone(),
+                        nack: state.nack.clone(),
+                    };
+                    (*type_url, status)
+                })
+                .collect(),
+        }
     }
 
     /// The state of `type_url` (what the client subscribed to, sent, acknowledged).

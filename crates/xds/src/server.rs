@@ -18,7 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::CLUSTER;
-use crate::clients::Clients;
+use crate::clients::{ClientStatus, Clients};
 use crate::delta::DeltaStream;
 use crate::protocol::{Refused, Stream, Verdict};
 use crate::snapshot::{Snapshot, resources};
@@ -102,7 +102,7 @@ impl AggregatedDiscoveryService for Ads {
     ) -> Result<Response<Responses>, Status> {
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         let registered = self.register()?;
-        tokio::spawn(run(
+        tokio::spawn(run::<Stream>(
             request.into_inner(),
             self.snapshots.clone(),
             tx,
@@ -117,7 +117,7 @@ impl AggregatedDiscoveryService for Ads {
     ) -> Result<Response<DeltaResponses>, Status> {
         let registered = self.register()?;
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        tokio::spawn(run_delta(
+        tokio::spawn(run::<DeltaStream>(
             request.into_inner(),
             self.snapshots.clone(),
             tx,
@@ -127,22 +127,109 @@ impl AggregatedDiscoveryService for Ads {
     }
 }
 
+/// What the stream loop needs of a stream, state of the world or incremental.
+trait AdsStream: Default + Send + 'static {
+    type Request: Send + 'static;
+    type Response: Send + 'static;
+    fn on_request(&mut self, request: &Self::Request) -> Result<Verdict, Refused>;
+    fn node(&self) -> Option<&Node>;
+    /// The types the client subscribed to, in push order.
+    fn types(&self) -> Vec<&'static str>;
+    /// The resources of `type_url` the subscription selects from `snapshot`.
+    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Vec<(String, Any)>;
+    fn would_remove(&self, type_url: &str, resources: &[(String, Any)]) -> bool;
+    fn respond(
+        &mut self,
+        type_url: &'static str,
+        version: &str,
+        resources: Vec<(String, Any)>,
+        force: bool,
+    ) -> Option<Self::Response>;
+    fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus;
+}
+
+impl AdsStream for Stream {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+    fn on_request(&mut self, request: &DiscoveryRequest) -> Result<Verdict, Refused> {
+        Stream::on_request(self, request)
+    }
+    fn node(&self) -> Option<&Node> {
+        self.node.as_ref()
+    }
+    fn types(&self) -> Vec<&'static str> {
+        self.subscribed().collect()
+    }
+    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Vec<(String, Any)> {
+        self.state(type_url)
+            .map(|state| resources(snapshot, type_url, state, namespace))
+            .unwrap_or_default()
+    }
+    fn would_remove(&self, type_url: &str, resources: &[(String, Any)]) -> bool {
+        Stream::would_remove(self, type_url, resources)
+    }
+    fn respond(
+        &mut self,
+        type_url: &'static str,
+        version: &str,
+        resources: Vec<(String, Any)>,
+        force: bool,
+    ) -> Option<DiscoveryResponse> {
+        Stream::respond(self, type_url, version, resources, force)
+    }
+    fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus {
+        Stream::status(self, namespace, seen)
+    }
+}
+
+impl AdsStream for DeltaStream {
+    type Request = DeltaDiscoveryRequest;
+    type Response = DeltaDiscoveryResponse;
+    fn on_request(&mut self, request: &DeltaDiscoveryRequest) -> Result<Verdict, Refused> {
+        DeltaStream::on_request(self, request)
+    }
+    fn node(&self) -> Option<&Node> {
+        self.node.as_ref()
+    }
+    fn types(&self) -> Vec<&'static str> {
+        self.subscribed().collect()
+    }
+    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Vec<(String, Any)> {
+        self.subscription(type_url)
+            .map(|state| resources(snapshot, type_url, &state, namespace))
+            .unwrap_or_default()
+    }
+    fn would_remove(&self, type_url: &str, resources: &[(String, Any)]) -> bool {
+        DeltaStream::would_remove(self, type_url, resources)
+    }
+    fn respond(
+        &mut self,
+        type_url: &'static str,
+        version: &str,
+        resources: Vec<(String, Any)>,
+        force: bool,
+    ) -> Option<DeltaDiscoveryResponse> {
+        DeltaStream::respond(self, type_url, version, resources, force)
+    }
+    fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus {
+        DeltaStream::status(self, namespace, seen)
+    }
+}
+
 /// Sends, in push order, every subscribed type whose resources in `snapshot` differ from what
 /// the client holds, and every type in `forced` (requests the client waits on) whatever it holds.
-async fn answer(
-    stream: &mut Stream,
+async fn answer<S: AdsStream>(
+    stream: &mut S,
     snapshot: &Snapshot,
     forced: &[&'static str],
-    tx: &mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    tx: &mpsc::Sender<Result<S::Response, Status>>,
 ) -> Result<(), ()> {
-    let namespace = client_namespace(stream.node.as_ref());
+    let namespace = client_namespace(stream.node());
     let version = snapshot.version.to_string();
     let mut plan: Vec<(&'static str, Vec<(String, Any)>)> = stream
-        .subscribed()
-        .filter_map(|type_url| {
-            let state = stream.state(type_url)?;
-            Some((type_url, resources(snapshot, type_url, state, &namespace)))
-        })
+        .types()
+        .into_iter()
+        .map(|type_url| (type_url, stream.selected(snapshot, type_url, &namespace)))
         .collect();
     make_before_break(&mut plan, |type_url, selected| {
         stream.would_remove(type_url, selected)
@@ -179,9 +266,10 @@ struct Registered {
 }
 
 impl Registered {
-    fn update(&self, stream: &Stream, seen: Option<u64>) {
-        let namespace = client_namespace(stream.node.as_ref());
-        self.clients.update(self.id, stream, &namespace, seen);
+    fn update(&self, stream: &impl AdsStream, seen: Option<u64>) {
+        let namespace = client_namespace(stream.node());
+        self.clients
+            .update_status(self.id, stream.status(&namespace, seen));
     }
 }
 
@@ -191,13 +279,14 @@ impl Drop for Registered {
     }
 }
 
-async fn run(
-    mut incoming: Streaming<DiscoveryRequest>,
+/// One stream, state of the world or incremental, until the client or the snapshots go.
+async fn run<S: AdsStream>(
+    mut incoming: Streaming<S::Request>,
     mut snapshots: watch::Receiver<Arc<Snapshot>>,
-    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    tx: mpsc::Sender<Result<S::Response, Status>>,
     registered: Registered,
 ) {
-    let mut stream = Stream::default();
+    let mut stream = S::default();
     // Types asked for before the sources were synced, answered once they are.
     let mut waiting: Vec<&'static str> = Vec::new();
     // The last version whose changes were pushed (for operators and tests).
@@ -225,17 +314,16 @@ async fn run(
                         return;
                     }
                 };
+                if !waiting.contains(&type_url) {
+                    waiting.push(type_url);
+                }
                 // `borrow`, not `borrow_and_update`: a version published meanwhile must still
                 // wake the push branch for the other types.
                 let snapshot = snapshots.borrow().clone();
                 if !snapshot.synced {
-                    if !waiting.contains(&type_url) {
-                        waiting.push(type_url);
-                    }
                     continue;
                 }
-                // Answered now, with the types answered before still waiting (in push order).
-                waiting.push(type_url);
+                // Answered now, with the types asked for before the sources synced.
                 if answer(&mut stream, &snapshot, &waiting, &tx).await.is_err() {
                     return;
                 }
@@ -256,107 +344,6 @@ async fn run(
                 waiting.clear();
                 seen = Some(snapshot.version);
                 registered.update(&stream, seen);
-            }
-        }
-    }
-}
-
-/// Sends, in push order, what changed of every subscribed type of a delta stream, and an answer
-/// for every type in `forced` whatever changed.
-async fn answer_delta(
-    stream: &mut DeltaStream,
-    snapshot: &Snapshot,
-    forced: &[&'static str],
-    tx: &mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
-) -> Result<(), ()> {
-    let namespace = client_namespace(stream.node.as_ref());
-    let version = snapshot.version.to_string();
-    let mut plan: Vec<(&'static str, Vec<(String, Any)>)> = stream
-        .subscribed()
-        .filter_map(|type_url| {
-            let subscription = stream.subscription(type_url)?;
-            Some((
-                type_url,
-                resources(snapshot, type_url, &subscription, &namespace),
-            ))
-        })
-        .collect();
-    make_before_break(&mut plan, |type_url, selected| {
-        stream.would_remove(type_url, selected)
-    });
-    for (type_url, selected) in plan {
-        let force = forced.contains(&type_url);
-        if let Some(response) = stream.respond(type_url, &version, selected, force) {
-            tx.send(Ok(response)).await.map_err(|_| ())?;
-        }
-    }
-    Ok(())
-}
-
-/// [`run`] for incremental streams: the same rules, with only changes and removals sent.
-async fn run_delta(
-    mut incoming: Streaming<DeltaDiscoveryRequest>,
-    mut snapshots: watch::Receiver<Arc<Snapshot>>,
-    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
-    registered: Registered,
-) {
-    let mut stream = DeltaStream::default();
-    let mut waiting: Vec<&'static str> = Vec::new();
-    let mut seen: Option<u64> = None;
-    let report = |stream: &DeltaStream, seen: Option<u64>| {
-        let namespace = client_namespace(stream.node.as_ref());
-        registered
-            .clients
-            .update_status(registered.id, stream.status(&namespace, seen));
-    };
-    loop {
-        tokio::select! {
-            message = incoming.message() => {
-                let request = match message {
-                    Ok(Some(request)) => request,
-                    Ok(None) | Err(_) => return,
-                };
-                let verdict = stream.on_request(&request);
-                report(&stream, seen);
-                let type_url = match verdict {
-                    Ok(Verdict::Answer(type_url)) => type_url,
-                    Ok(Verdict::Settled | Verdict::Stale) => continue,
-                    Err(Refused::UnknownType(type_url)) => {
-                        tracing::debug!(%type_url, "delta xDS request for a type not served; ignored");
-                        continue;
-                    }
-                    Err(refused) => {
-                        let _ = tx.send(Err(Status::invalid_argument(refused.to_string()))).await;
-                        return;
-                    }
-                };
-                let snapshot = snapshots.borrow().clone();
-                if !waiting.contains(&type_url) {
-                    waiting.push(type_url);
-                }
-                if !snapshot.synced {
-                    continue;
-                }
-                if answer_delta(&mut stream, &snapshot, &waiting, &tx).await.is_err() {
-                    return;
-                }
-                waiting.clear();
-                report(&stream, seen);
-            }
-            changed = snapshots.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                let snapshot = snapshots.borrow_and_update().clone();
-                if !snapshot.synced {
-                    continue;
-                }
-                if answer_delta(&mut stream, &snapshot, &waiting, &tx).await.is_err() {
-                    return;
-                }
-                waiting.clear();
-                seen = Some(snapshot.version);
-                report(&stream, seen);
             }
         }
     }

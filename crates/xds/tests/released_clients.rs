@@ -180,6 +180,29 @@ async fn count_with(client: &mut Proc, count: usize, metadata: &str) -> serde_js
     serde_json::from_str(&client.line().await).unwrap()
 }
 
+/// Asserts that a and b answered every call of `counts`, a within 5 points of `percent`: with
+/// 2,000 calls a wrong verdict comes with probability about 2e-8.
+fn assert_split(counts: &serde_json::Value, percent: u64) {
+    let a = answers(counts, "a");
+    let total = a + answers(counts, "b");
+    assert_eq!(total, 2000, "every call answered by a or b: {counts}");
+    let wanted = percent * total / 100;
+    let slack = 5 * total / 100;
+    assert!(
+        a.abs_diff(wanted) <= slack,
+        "a answered {a} of {total}, wanted {percent}% +/- 5: {counts}"
+    );
+}
+
+/// A client process calling `target` through the xDS server.
+fn client(kind: Released, server: &support::Server, target: &str) -> Proc {
+    Proc::spawn(
+        kind,
+        &["client", target],
+        &[("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(server))],
+    )
+}
+
 fn answers(counts: &serde_json::Value, who: &str) -> u64 {
     counts[who].as_u64().unwrap_or(0)
 }
@@ -192,24 +215,10 @@ async fn endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call
         "default",
         &[(port_a, 80), (port_b, 20)],
     )]);
-    let mut client = Proc::spawn(
-        kind,
-        &["client", "xds:///greeter:7070"],
-        &[("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(&server))],
-    );
+    let mut client = client(kind, &server, "xds:///greeter:7070");
     // The first call waits for the configuration, so every call counted ran on it. With 2,000
     // calls an 80/20 split lands within 5 points except with probability about 2e-8.
-    let counts = count(&mut client, 2000).await;
-    let a = answers(&counts, "a");
-    assert_eq!(
-        a + answers(&counts, "b"),
-        2000,
-        "every call answered: {counts}"
-    );
-    assert!(
-        (1500..=1700).contains(&a),
-        "a answered {a} of 2000, wanted 80% +/- 5: {counts}"
-    );
+    assert_split(&count(&mut client, 2000).await, 80);
 
     // 0/100: a weight of 0 takes no traffic. Counted once the client acknowledged it and b
     // answered 100 calls in a row (under 80/20 that happens with probability 1e-70).
@@ -246,17 +255,7 @@ async fn endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call
     );
     server.acked(dubbo_cp_xds::ENDPOINT, &version).await;
     settle(&mut client, "a", 1, "").await;
-    let counts = count(&mut client, 2000).await;
-    let a = answers(&counts, "a");
-    assert_eq!(
-        a + answers(&counts, "b"),
-        2000,
-        "every call answered: {counts}"
-    );
-    assert!(
-        (900..=1100).contains(&a),
-        "a answered {a} of 2000, wanted 50% +/- 5: {counts}"
-    );
+    assert_split(&count(&mut client, 2000).await, 50);
     drop(client.child.start_kill());
 }
 
@@ -275,11 +274,7 @@ async fn a_tag_route_sends_tagged_calls_to_its_endpoints_with_dubbos_fallback(ki
     let greeter = support::greeter("default", &[(port_a, 1), (port_g, 1)]);
     let gray = vec![format!("127.0.0.1:{port_g}")];
     server.publish_with_tags(vec![greeter.clone()], vec![tag_route(false, &gray)]);
-    let mut client = Proc::spawn(
-        kind,
-        &["client", "xds:///greeter:7070"],
-        &[("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(&server))],
-    );
+    let mut client = client(kind, &server, "xds:///greeter:7070");
     let only = |counts: &serde_json::Value, who: &str, n: u64| {
         assert_eq!(answers(counts, who), n, "{counts}");
     };
@@ -343,24 +338,13 @@ async fn a_dubbo_interface_name_reaches_the_applications_its_mapping_lists(kind:
         ],
         vec![("org.example.Shared", vec!["greeter", "billing"])],
     );
-    let env = [("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(&server))];
     // An application name: that application's services.
-    let mut by_application = Proc::spawn(kind, &["client", "xds:///greeter"], &env);
+    let mut by_application = client(kind, &server, "xds:///greeter");
     let counts = count(&mut by_application, 200).await;
     assert_eq!(answers(&counts, "a"), 200, "{counts}");
     // An interface served by two applications of one endpoint each: an even split.
-    let mut by_interface = Proc::spawn(kind, &["client", "xds:///org.example.Shared:7070"], &env);
-    let counts = count(&mut by_interface, 2000).await;
-    let a = answers(&counts, "a");
-    assert_eq!(
-        a + answers(&counts, "b"),
-        2000,
-        "every call answered: {counts}"
-    );
-    assert!(
-        (900..=1100).contains(&a),
-        "a answered {a} of 2000, wanted 50% +/- 5: {counts}"
-    );
+    let mut by_interface = client(kind, &server, "xds:///org.example.Shared:7070");
+    assert_split(&count(&mut by_interface, 2000).await, 50);
     drop(by_application.child.start_kill());
     drop(by_interface.child.start_kill());
 }
@@ -386,22 +370,8 @@ async fn dynamic_config_weights_and_disabled_instances_move_traffic(kind: Releas
             {"side": "provider", "addresses": [b], "parameters": {"weight": "25"}},
         ]))],
     );
-    let mut client = Proc::spawn(
-        kind,
-        &["client", "xds:///greeter:7070"],
-        &[("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(&server))],
-    );
-    let counts = count(&mut client, 2000).await;
-    let a = answers(&counts, "a");
-    assert_eq!(
-        a + answers(&counts, "b"),
-        2000,
-        "every call answered: {counts}"
-    );
-    assert!(
-        (1500..=1700).contains(&a),
-        "a answered {a} of 2000, wanted 80% +/- 5: {counts}"
-    );
+    let mut client = client(kind, &server, "xds:///greeter:7070");
+    assert_split(&count(&mut client, 2000).await, 80);
     // b disabled: no call reaches it once the client applied the version.
     let version = server.publish_with_configs(
         vec![greeter],

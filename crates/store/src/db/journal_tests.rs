@@ -11,17 +11,8 @@ use tokio::sync::mpsc;
 
 use super::DB_FILE;
 use crate::embedded::Store;
-use crate::mapping::{MappingKey, Registration};
-use crate::{StoreError, StoreLimits, StoreWriter, StoredChange};
-
-fn registration(app: &str, interfaces: &[&str]) -> Registration {
-    Registration {
-        namespace: "ns".into(),
-        application: app.into(),
-        interfaces: interfaces.iter().map(|s| s.to_string()).collect(),
-        pod: None,
-    }
-}
+use crate::mapping::MappingKey;
+use crate::{StoreError, StoreLimits, StoreWriter, StoredChange, test_registration};
 
 /// Limits under which the writer never folds on its own during a test.
 fn never_folding() -> StoreLimits {
@@ -80,10 +71,13 @@ async fn acknowledged_pairs_in_the_journal_survive_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let (store, writer, _changes) = open(dir.path(), never_folding());
     store
-        .register(registration("a", &["I1", "I2"]))
+        .register(test_registration("ns", "a", &["I1", "I2"]))
         .await
         .unwrap();
-    store.register(registration("b", &["I1"])).await.unwrap();
+    store
+        .register(test_registration("ns", "b", &["I1"]))
+        .await
+        .unwrap();
     // Two new keys: three pairs and two object names, all in the journal.
     assert_eq!(rows(dir.path()), (5, 0));
 
@@ -111,13 +105,22 @@ async fn the_writer_folds_at_the_row_limit_when_idle_and_on_shutdown() {
         ..never_folding()
     };
     let (store, writer, _changes) = open(dir.path(), limits);
-    store.register(registration("a", &["I1"])).await.unwrap();
+    store
+        .register(test_registration("ns", "a", &["I1"]))
+        .await
+        .unwrap();
     assert_eq!(rows(dir.path()), (2, 0));
     // 2 + 2 rows reach the limit.
-    store.register(registration("a", &["I2"])).await.unwrap();
+    store
+        .register(test_registration("ns", "a", &["I2"]))
+        .await
+        .unwrap();
     wait_for_folds(&store, 1).await;
     assert_eq!(rows(dir.path()), (0, 2));
-    store.register(registration("b", &["I2"])).await.unwrap();
+    store
+        .register(test_registration("ns", "b", &["I2"]))
+        .await
+        .unwrap();
     assert_eq!(rows(dir.path()), (1, 2));
     close(writer).await;
     assert_eq!(rows(dir.path()), (0, 3), "shutdown folds");
@@ -127,7 +130,10 @@ async fn the_writer_folds_at_the_row_limit_when_idle_and_on_shutdown() {
         ..never_folding()
     };
     let (store, writer, _changes) = open(dir.path(), limits);
-    store.register(registration("c", &["I3"])).await.unwrap();
+    store
+        .register(test_registration("ns", "c", &["I3"]))
+        .await
+        .unwrap();
     wait_for_folds(&store, 1).await;
     assert_eq!(rows(dir.path()), (0, 4));
     close(writer).await;
@@ -138,10 +144,13 @@ async fn unregistering_a_pair_still_in_the_journal_removes_it() {
     let dir = tempfile::tempdir().unwrap();
     let (store, writer, _changes) = open(dir.path(), never_folding());
     store
-        .register(registration("a", &["I1", "I2"]))
+        .register(test_registration("ns", "a", &["I1", "I2"]))
         .await
         .unwrap();
-    store.register(registration("b", &["I1"])).await.unwrap();
+    store
+        .register(test_registration("ns", "b", &["I1"]))
+        .await
+        .unwrap();
     let removed = store
         .unregister("ns", "a", Some(BTreeSet::from(["I1".to_string()])))
         .await
@@ -160,7 +169,10 @@ async fn unregistering_a_pair_still_in_the_journal_removes_it() {
 async fn a_database_from_a_newer_dubbo_cp_is_refused_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let (store, writer, _changes) = open(dir.path(), never_folding());
-    store.register(registration("a", &["I1"])).await.unwrap();
+    store
+        .register(test_registration("ns", "a", &["I1"]))
+        .await
+        .unwrap();
     close(writer).await;
     let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
     conn.pragma_update(None, "user_version", super::SCHEMA_VERSION + 1)
@@ -200,7 +212,7 @@ async fn folds_grow_with_the_table() {
     let (store, writer, _changes) = open(dir.path(), limits);
     for i in 0..64 {
         store
-            .register(registration(&format!("app-{i}"), &["I1"]))
+            .register(test_registration("ns", &format!("app-{i}"), &["I1"]))
             .await
             .unwrap();
     }
