@@ -512,6 +512,8 @@ fn the_rbac_grants_exactly_what_the_control_plane_uses() {
         "conditionroutes",
         "authenticationpolicies",
         "authorizationpolicies",
+        // Services and endpoints for xDS, read like the rules.
+        "serviceentries",
     ] {
         grant("cluster", &format!("dubbo.apache.org/{rule}[]"), &read);
     }

@@ -386,6 +386,23 @@ fn authentication_policy_reaches_the_wire_without_its_selectors() {
     round_trips(&rule);
 }
 
+const SERVICE_ENTRY: &str = r#"
+apiVersion: dubbo.apache.org/v1alpha1
+kind: ServiceEntry
+metadata:
+  name: greeter
+  namespace: demo
+spec:
+  hosts: [greeter, hello.demo.svc.cluster.local]
+  ports:
+    - {number: 50051, name: grpc, protocol: GRPC}
+  resolution: STATIC
+  location: MESH_INTERNAL
+  endpoints:
+    - {address: 10.0.0.11, weight: 80, locality: eu/west-1a}
+    - {address: "fd00::12", ports: {grpc: 50052}, labels: {version: v2}}
+"#;
+
 const AUTHORIZATION_POLICY: &str = r#"
 apiVersion: dubbo.apache.org/v1alpha1
 kind: AuthorizationPolicy
@@ -423,6 +440,35 @@ spec:
     - to:
         principals: [cluster.local/ns/demo/sa/shop]
 "#;
+
+#[test]
+fn a_service_entry_is_services_for_xds_and_round_trips() {
+    let rule = one(SERVICE_ENTRY);
+    let RuleSpec::ServiceEntry(entry) = &rule.spec else {
+        panic!("{:?}", rule.spec);
+    };
+    let services = entry.services(&rule.namespace);
+    let names: Vec<&str> = services.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["greeter", "hello"]);
+    assert_eq!(services[0].endpoints.len(), 2);
+    assert_eq!(
+        services[0].endpoints[1].weight, 100,
+        "Istio's absent weight"
+    );
+    // What `get -o yaml` prints, `apply` takes back unchanged.
+    assert_eq!(
+        RuleSpec::parse(Kind::ServiceEntry, &rule.spec.to_json()),
+        Ok(rule.spec.clone())
+    );
+    // Hosts name services of the entry's own namespace.
+    let elsewhere = SERVICE_ENTRY.replace("namespace: demo", "namespace: prod");
+    assert_eq!(
+        refused(&elsewhere),
+        "document 1 (ServiceEntry prod/greeter): spec.hosts[1]: names namespace \"demo\", but the \
+         entry is in namespace \"prod\": an entry declares services in its own namespace (got \
+         \"hello.demo.svc.cluster.local\")"
+    );
+}
 
 #[test]
 fn authorization_policy_reaches_the_wire_without_its_targets() {
@@ -933,13 +979,18 @@ fn auth_policy_rules() {
 fn manifests_hold_many_documents_and_lists() {
     let text = format!(
         "{TAG_ROUTE}---\n# only a comment\n---\n{CONDITION_ROUTE}\n---\napiVersion: v1\nkind: List\nitems:\n{}",
-        [DYNAMIC_CONFIG, AUTHENTICATION_POLICY, AUTHORIZATION_POLICY]
-            .iter()
-            .map(|doc| {
-                let value: serde_json::Value = serde_yaml::from_str(doc).unwrap();
-                format!("  - {}\n", serde_json::to_string(&value).unwrap())
-            })
-            .collect::<String>()
+        [
+            DYNAMIC_CONFIG,
+            AUTHENTICATION_POLICY,
+            AUTHORIZATION_POLICY,
+            SERVICE_ENTRY
+        ]
+        .iter()
+        .map(|doc| {
+            let value: serde_json::Value = serde_yaml::from_str(doc).unwrap();
+            format!("  - {}\n", serde_json::to_string(&value).unwrap())
+        })
+        .collect::<String>()
     );
     let rules = parse_manifests(&text).unwrap();
     let kinds: Vec<Kind> = rules.iter().map(Rule::kind).collect();
@@ -970,11 +1021,11 @@ fn manifest_envelopes_are_checked() {
         ),
         (
             tag(&|v| v["kind"] = json!("ServiceNameMapping")),
-            r#"document 1: kind: must be one of TagRoute, ConditionRoute, DynamicConfig, AuthenticationPolicy, AuthorizationPolicy (got "ServiceNameMapping")"#,
+            r#"document 1: kind: must be one of TagRoute, ConditionRoute, DynamicConfig, AuthenticationPolicy, AuthorizationPolicy, ServiceEntry (got "ServiceNameMapping")"#,
         ),
         (
             tag(&|v| v["kind"] = json!("Tagroute")),
-            r#"document 1: kind: must be one of TagRoute, ConditionRoute, DynamicConfig, AuthenticationPolicy, AuthorizationPolicy (got "Tagroute")"#,
+            r#"document 1: kind: must be one of TagRoute, ConditionRoute, DynamicConfig, AuthenticationPolicy, AuthorizationPolicy, ServiceEntry (got "Tagroute")"#,
         ),
         (
             tag(&|v| {
@@ -1318,6 +1369,7 @@ mod cel {
             DYNAMIC_CONFIG,
             AUTHENTICATION_POLICY,
             AUTHORIZATION_POLICY,
+            SERVICE_ENTRY,
         ] {
             assert_eq!(cel_failures(manifest), Vec::<String>::new(), "{manifest}");
         }

@@ -39,12 +39,12 @@ struct StateView {
 fn parse_kind(kind: &str) -> anyhow::Result<Kind> {
     Kind::from_type_name(kind)
         .or_else(|| {
-            Kind::ALL
+            Kind::DISCOVERY
                 .into_iter()
                 .find(|k| k.name().eq_ignore_ascii_case(kind))
         })
         .with_context(|| {
-            let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+            let known: Vec<&str> = Kind::DISCOVERY.iter().map(|k| k.name()).collect();
             format!("unknown type {kind:?}; known: {}", known.join(", "))
         })
 }
@@ -98,7 +98,8 @@ fn rule_spec(kind: Kind, any: &prost_types::Any) -> Option<serde_json::Value> {
     use prost::Message;
     let bytes = any.value.as_slice();
     let json = match kind {
-        Kind::ServiceNameMapping => return None,
+        // Not on the discovery stream (`parse_kind` refuses it).
+        Kind::ServiceNameMapping | Kind::ServiceEntry => return None,
         Kind::TagRoute => serde_json::to_value(pb::TagRouteToClient::decode(bytes).ok()?.spec),
         Kind::ConditionRoute => {
             serde_json::to_value(pb::ConditionRouteToClient::decode(bytes).ok()?.spec)

@@ -1,4 +1,4 @@
-//! The five rule kinds as Kubernetes custom resources. The domain owns their specs (fields,
+//! The rule kinds as Kubernetes custom resources. The domain owns their specs (fields,
 //! limits, CEL rules, validation) and knows nothing of Kubernetes; this crate wraps each spec in
 //! kube's `CustomResource` derive, so `deploy/crd.yaml`, the watches and the canary controller get
 //! the typed resources, and the domain's copy of the schemas (`spec_schemas.json`) is checked
@@ -154,7 +154,30 @@ pub struct AuthorizationPolicySpec(pub rules::AuthorizationPolicySpec);
 
 spec_newtype!(AuthorizationPolicySpec);
 
-/// The five rule CRDs, in [`rules::RULE_KINDS`] order.
+// The domain's `ServiceEntrySpec` as the resource's spec: kube's derive needs a type of its own, serde and
+// schemars see straight through it (a doc comment here would become the schema's description).
+#[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[kube(
+    group = "dubbo.apache.org",
+    version = "v1alpha1",
+    kind = "ServiceEntry",
+    doc = "A service entry: services and their endpoints, declared (Istio's ServiceEntry fields), served to xDS clients",
+    namespaced,
+    plural = "serviceentries",
+    singular = "serviceentry",
+    category = "dubbo",
+    printcolumn = r#"{"name":"Hosts","type":"string","jsonPath":".spec.hosts"}"#,
+    printcolumn = r#"{"name":"Ports","type":"string","jsonPath":".spec.ports[*].number"}"#,
+    printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".spec.endpoints[*].address","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(transparent)]
+#[schemars(transparent)]
+pub struct ServiceEntrySpec(pub rules::ServiceEntrySpec);
+
+spec_newtype!(ServiceEntrySpec);
+
+/// The rule CRDs, in [`rules::RULE_KINDS`] order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         TagRoute::crd(),
@@ -162,6 +185,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         DynamicConfig::crd(),
         AuthenticationPolicy::crd(),
         AuthorizationPolicy::crd(),
+        ServiceEntry::crd(),
     ]
 }
 

@@ -313,8 +313,8 @@ impl std::fmt::Debug for NotSynced {
 
 impl Collector for NotSynced {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let mut behind: BTreeMap<Kind, i64> = Kind::ALL.iter().map(|k| (*k, 0)).collect();
-        let current: BTreeMap<Kind, i64> = Kind::ALL
+        let mut behind: BTreeMap<Kind, i64> = Kind::DISCOVERY.iter().map(|k| (*k, 0)).collect();
+        let current: BTreeMap<Kind, i64> = Kind::DISCOVERY
             .iter()
             .map(|k| (*k, self.index.current(*k).revision))
             .collect();

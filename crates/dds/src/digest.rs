@@ -42,7 +42,7 @@ pub struct DigestView {
 
 /// Every kind's digest at its current revision.
 pub fn view(index: &Index, encoder: &Encoder, with_objects: bool) -> DigestView {
-    let kinds = Kind::ALL
+    let kinds = Kind::DISCOVERY
         .iter()
         .map(|kind| {
             let state = index.current(*kind);
@@ -149,7 +149,7 @@ impl Collector for DigestMetric {
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?;
-        for kind in Kind::ALL {
+        for kind in Kind::DISCOVERY {
             let state = self.0.current(kind);
             // No revision label: each would be a new series per change.
             let labels = [

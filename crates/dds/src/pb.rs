@@ -53,5 +53,7 @@ pub fn type_url(kind: crate::index::Kind) -> &'static str {
         Kind::AuthorizationPolicy => {
             "type.googleapis.com/dubbo.apache.org.v1alpha1.AuthorizationPolicyToClient"
         }
+        // Not a discovery-stream kind (`Kind::DISCOVERY`): no client subscribes to it.
+        Kind::ServiceEntry => "type.googleapis.com/dubbo.apache.org.v1alpha1.ServiceEntry",
     }
 }

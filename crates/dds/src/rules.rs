@@ -15,6 +15,9 @@ pub fn to_any(spec: &RuleSpec, client_key: &str) -> Any {
         RuleSpec::DynamicConfig(spec) => spec.to_client(client_key).encode_to_vec(),
         RuleSpec::AuthenticationPolicy(spec) => spec.to_client(client_key).encode_to_vec(),
         RuleSpec::AuthorizationPolicy(spec) => spec.to_client(client_key).encode_to_vec(),
+        // The discovery stream has no message for it and never subscribes to it
+        // (`Kind::DISCOVERY`); xDS serves it.
+        RuleSpec::ServiceEntry(_) => Vec::new(),
     };
     Any {
         type_url: crate::pb::type_url(spec.kind()).to_owned(),

@@ -9,10 +9,24 @@ pub enum Kind {
     DynamicConfig,
     AuthenticationPolicy,
     AuthorizationPolicy,
+    /// Services and endpoints declared as a rule (Istio's ServiceEntry); served over xDS only.
+    ServiceEntry,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
+        Kind::ServiceNameMapping,
+        Kind::TagRoute,
+        Kind::ConditionRoute,
+        Kind::DynamicConfig,
+        Kind::AuthenticationPolicy,
+        Kind::AuthorizationPolicy,
+        Kind::ServiceEntry,
+    ];
+
+    /// The kinds the discovery stream serves (wire.md §2): every kind but ServiceEntry, which
+    /// no DDS client reads (xDS serves it as clusters and endpoints).
+    pub const DISCOVERY: [Kind; 6] = [
         Kind::ServiceNameMapping,
         Kind::TagRoute,
         Kind::ConditionRoute,
@@ -29,6 +43,7 @@ impl Kind {
             Kind::DynamicConfig => "DynamicConfig",
             Kind::AuthenticationPolicy => "AuthenticationPolicy",
             Kind::AuthorizationPolicy => "AuthorizationPolicy",
+            Kind::ServiceEntry => "ServiceEntry",
         }
     }
 
@@ -41,11 +56,13 @@ impl Kind {
             Kind::DynamicConfig => "dubbo.apache.org/v1alpha1/DynamicConfig",
             Kind::AuthenticationPolicy => "dubbo.apache.org/v1alpha1/AuthenticationPolicy",
             Kind::AuthorizationPolicy => "dubbo.apache.org/v1alpha1/AuthorizationPolicy",
+            Kind::ServiceEntry => "dubbo.apache.org/v1alpha1/ServiceEntry",
         }
     }
 
+    /// The discovery-stream kind `type_name` names (ServiceEntry is none).
     pub fn from_type_name(type_name: &str) -> Option<Kind> {
-        Kind::ALL
+        Kind::DISCOVERY
             .into_iter()
             .find(|kind| kind.type_name() == type_name)
     }
@@ -64,6 +81,7 @@ impl Kind {
             Kind::DynamicConfig => "dynamicconfigs",
             Kind::AuthenticationPolicy => "authenticationpolicies",
             Kind::AuthorizationPolicy => "authorizationpolicies",
+            Kind::ServiceEntry => "serviceentries",
         }
     }
 

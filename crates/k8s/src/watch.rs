@@ -541,8 +541,11 @@ impl WatchedKind for RuleKind {
             .cloned()
             .unwrap_or(serde_json::Value::Null);
         let spec = RuleSpec::parse(self.kind, &spec).map_err(|err| err.to_string())?;
+        let namespace = object.metadata.namespace.clone().unwrap_or_default();
+        spec.check_namespace(&namespace)
+            .map_err(|err| err.to_string())?;
         Ok(Rule {
-            namespace: object.metadata.namespace.clone().unwrap_or_default(),
+            namespace,
             name: object.metadata.name.clone().unwrap_or_default(),
             spec,
         })

@@ -123,7 +123,7 @@ fn digests_are_of_the_encoded_state() {
 
 #[test]
 fn type_urls_name_each_kinds_to_client_message() {
-    for kind in Kind::ALL {
+    for kind in Kind::DISCOVERY {
         assert_eq!(
             crate::pb::type_url(kind),
             format!(

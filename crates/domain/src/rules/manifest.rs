@@ -172,7 +172,9 @@ fn parse_object(value: &Value, default_namespace: &str) -> Result<Rule, ObjectEr
     }
     let described = Some(describe(kind, namespace, name));
     let spec = object.get("spec").unwrap_or(&Value::Null);
-    let spec = RuleSpec::parse(kind, spec).map_err(|e| (described, e))?;
+    let spec = RuleSpec::parse(kind, spec).map_err(|e| (described.clone(), e))?;
+    spec.check_namespace(namespace)
+        .map_err(|e| (described, e))?;
     Ok(Rule {
         namespace: namespace.to_owned(),
         name: name.to_owned(),

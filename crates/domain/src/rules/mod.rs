@@ -16,6 +16,7 @@ mod dynamic_config;
 pub mod limits;
 mod manifest;
 pub mod schema;
+pub mod service_entry;
 mod tag_route;
 
 use std::sync::OnceLock;
@@ -40,15 +41,17 @@ pub use manifest::{
     API_VERSION, DEFAULT_NAMESPACE, ManifestError, parse_manifests, parse_manifests_in,
 };
 pub use schema::{limits_markdown, limits_table};
+pub use service_entry::{EntryEndpoint, EntryPort, ServiceEntrySpec};
 pub use tag_route::{Tag, TagRouteSpec};
 
 /// The kinds that are rules (every kind but ServiceNameMapping).
-pub const RULE_KINDS: [Kind; 5] = [
+pub const RULE_KINDS: [Kind; 6] = [
     Kind::TagRoute,
     Kind::ConditionRoute,
     Kind::DynamicConfig,
     Kind::AuthenticationPolicy,
     Kind::AuthorizationPolicy,
+    Kind::ServiceEntry,
 ];
 
 /// `scope` of condition routes and dynamic configs.
@@ -106,6 +109,7 @@ pub enum RuleSpec {
     DynamicConfig(DynamicConfigSpec),
     AuthenticationPolicy(AuthenticationPolicySpec),
     AuthorizationPolicy(AuthorizationPolicySpec),
+    ServiceEntry(ServiceEntrySpec),
 }
 
 impl RuleSpec {
@@ -116,6 +120,7 @@ impl RuleSpec {
             RuleSpec::DynamicConfig(_) => Kind::DynamicConfig,
             RuleSpec::AuthenticationPolicy(_) => Kind::AuthenticationPolicy,
             RuleSpec::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
+            RuleSpec::ServiceEntry(_) => Kind::ServiceEntry,
         }
     }
 
@@ -136,6 +141,7 @@ impl RuleSpec {
             Kind::DynamicConfig => RuleSpec::DynamicConfig(deserialize(spec)?),
             Kind::AuthenticationPolicy => RuleSpec::AuthenticationPolicy(deserialize(spec)?),
             Kind::AuthorizationPolicy => RuleSpec::AuthorizationPolicy(deserialize(spec)?),
+            Kind::ServiceEntry => RuleSpec::ServiceEntry(deserialize(spec)?),
             Kind::ServiceNameMapping => {
                 return Err(FieldError::new(
                     "kind",
@@ -149,6 +155,7 @@ impl RuleSpec {
             RuleSpec::DynamicConfig(spec) => spec.check(PATH)?,
             RuleSpec::AuthenticationPolicy(spec) => spec.check(PATH)?,
             RuleSpec::AuthorizationPolicy(spec) => spec.check(PATH)?,
+            RuleSpec::ServiceEntry(spec) => spec.check(PATH)?,
         }
         // After the kind's own checks, whose messages say more for what they cover: what is
         // left is the schema's bounds, the same the API server enforces.
@@ -156,6 +163,15 @@ impl RuleSpec {
             schema::check(schema, spec, PATH, schema::Depth::Full)?;
         }
         Ok(parsed)
+    }
+
+    /// What a spec may say only about its own namespace (a ServiceEntry's hosts), checked where
+    /// the object's namespace is known.
+    pub fn check_namespace(&self, namespace: &str) -> Result<(), FieldError> {
+        match self {
+            RuleSpec::ServiceEntry(spec) => spec.check_namespace("spec", namespace),
+            _ => Ok(()),
+        }
     }
 
     /// Back to the spec JSON (for `get -o yaml`, the store); [`RuleSpec::parse`] takes it back.
@@ -166,6 +182,7 @@ impl RuleSpec {
             RuleSpec::DynamicConfig(spec) => serde_json::to_value(spec),
             RuleSpec::AuthenticationPolicy(spec) => serde_json::to_value(spec),
             RuleSpec::AuthorizationPolicy(spec) => serde_json::to_value(spec),
+            RuleSpec::ServiceEntry(spec) => serde_json::to_value(spec),
         };
         // Plain structs with string keys: serialising them cannot fail.
         json.unwrap_or_default()
