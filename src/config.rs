@@ -42,6 +42,7 @@ pub use dubbo_cp_debounce::DebounceConfig;
 pub use dubbo_cp_ingest::IngestConfig;
 pub use dubbo_cp_k8s::{KubernetesConfig, MappingConfig, WriterConfig};
 pub use dubbo_cp_webhook::WebhookConfig;
+pub use dubbo_cp_xds::XdsConfig;
 use smart_default::SmartDefault;
 
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:30060";
@@ -89,6 +90,8 @@ pub struct Config {
     pub ingest: IngestConfig,
     #[command(flatten)]
     pub dds: DdsConfig,
+    #[command(flatten)]
+    pub xds: XdsConfig,
     #[command(flatten)]
     pub grpc: GrpcConfig,
     #[command(flatten)]
@@ -366,6 +369,7 @@ impl Config {
         );
         at_least_one("dds.newStreamsBurst", u64::from(self.dds.new_streams_burst));
         at_least_one("dds.maxStreams", self.dds.max_streams as u64);
+        at_least_one("xds.maxStreams", self.xds.max_streams as u64);
         at_least_one(
             "grpc.maxConcurrentStreams",
             u64::from(self.grpc.max_concurrent_streams),

@@ -34,6 +34,7 @@
 //! - [`k8s`]: custom resources, the write queue, the watches and the cluster view.
 //! - [`index`]: the state the discovery stream reads; [`resources`] turns mappings into objects.
 //! - [`dds`]: the discovery stream, `RuleService/Observe`.
+//! - [`xds`]: Envoy's Aggregated Discovery Service, built from the same index.
 //! - [`auth`]: who is calling and what they may do.
 //! - [`ca`]: the certificate authority (roots, issuing, rotation, the published ConfigMaps);
 //!   [`tls`]: the TLS port, with a certificate from the CA renewed while it serves;
@@ -62,6 +63,7 @@ pub use dubbo_cp_k8s as k8s;
 pub use dubbo_cp_kit::{duration, metrics, ratelimit, shutdown};
 pub use dubbo_cp_store as store;
 pub use dubbo_cp_webhook as webhook;
+pub use dubbo_cp_xds as xds;
 
 pub mod cli;
 pub mod config;

@@ -124,7 +124,10 @@ const OURS: &[(&str, &[&str])] = &[
     ("dubbo-cp-debounce", &["dubbo-cp-domain", "dubbo-cp-kit"]),
     ("dubbo-cp-auth", &["dubbo-cp-domain", "dubbo-cp-kit"]),
     ("dubbo-cp-crds", &["dubbo-cp-domain"]),
-    ("dubbo-cp-xds", &["dubbo-cp-domain"]),
+    (
+        "dubbo-cp-xds",
+        &["dubbo-cp-domain", "dubbo-cp-index", "dubbo-cp-kit"],
+    ),
     (
         "dubbo-cp-canary",
         &["dubbo-cp-domain", "dubbo-cp-crds", "dubbo-cp-kit"],
@@ -181,6 +184,7 @@ const OURS: &[(&str, &[&str])] = &[
             "dubbo-cp-ca",
             "dubbo-cp-canary",
             "dubbo-cp-dds",
+            "dubbo-cp-xds",
             "dubbo-cp-k8s",
             "dubbo-cp-store",
         ],
@@ -201,6 +205,7 @@ const OURS: &[(&str, &[&str])] = &[
             "dubbo-cp-webhook",
             "dubbo-cp-ingest",
             "dubbo-cp-dds",
+            "dubbo-cp-xds",
             "dubbo-cp-admin",
         ],
     ),

@@ -108,6 +108,8 @@ fn refuses_a_non_loopback_address_without_authentication() {
             "127.0.0.1:0",
             "--webhook-addr",
             "127.0.0.1:0",
+            "--xds-addr",
+            "127.0.0.1:0",
             "--data-dir",
         ])
         .arg(dir.path())

@@ -67,6 +67,7 @@ fn serve_exits(data: &std::path::Path, args: &[&str]) -> (std::process::ExitStat
     let mut child = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
         .arg("serve")
         .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+        .args(["--xds-addr", "127.0.0.1:0"])
         .arg("--data-dir")
         .arg(data)
         .args(args)

@@ -8,6 +8,7 @@ use super::rules::{AdminArg, request};
 use crate::admin::ApplicationView;
 use crate::dds::clients::ClientView;
 use crate::digest::{DigestView, compare};
+use crate::xds::clients::ClientView as XdsClientView;
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -52,7 +53,57 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         serde_json::from_value(sources).context("unexpected /debug/sources answer")?;
     print!("{}", sources_table(&sources));
     print!("{}", status_table(&clients, &args));
+    let xds = request(&args.admin, "GET", "/debug/xds", None).await?;
+    let clients: Vec<XdsClientView> =
+        serde_json::from_value(xds["clients"].clone()).context("unexpected /debug/xds answer")?;
+    // Only when there are xDS clients: scripts reading the table above see no change.
+    if !clients.is_empty() {
+        print!("\n{}", xds_table(&clients, &args));
+    }
     Ok(())
+}
+
+/// The xDS clients beside the discovery-stream ones: per type the names subscribed, the
+/// versions sent and acknowledged, and the last rejection with its message.
+fn xds_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
+    let mut out = format!(
+        "{:<40} {:<20} {:<9} {:>6} {:>8} {:>8} NACK\n",
+        "XDS CLIENT", "NAMESPACE", "TYPE", "NAMES", "SENT", "ACKED"
+    );
+    let version = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_owned());
+    for client in clients {
+        if args
+            .namespace
+            .as_ref()
+            .is_some_and(|ns| &client.namespace != ns)
+        {
+            continue;
+        }
+        for status in &client.types {
+            let synced = status.sent == status.acked;
+            if args.stale && synced {
+                continue;
+            }
+            let names = if status.wildcard {
+                "*".to_owned()
+            } else {
+                status.names.to_string()
+            };
+            let nack = status.nack.as_ref().map_or("-".to_owned(), |nack| {
+                format!("version {}: {}", nack.version, nack.message)
+            });
+            out.push_str(&format!(
+                "{:<40} {:<20} {:<9} {:>6} {:>8} {:>8} {nack}\n",
+                client.node_id,
+                client.namespace,
+                status.r#type,
+                names,
+                version(&status.sent),
+                version(&status.acked),
+            ));
+        }
+    }
+    out
 }
 
 /// `path?query`, or `path` when there is no query (errors quote the path).

@@ -56,13 +56,64 @@ pub(super) async fn grpc_services(
             },
         )
     });
+    let ads = config
+        .xds
+        .enabled
+        .then(|| xds_service(config, index, policy, wiring));
     let edges = Edges {
         encoder,
         dds_stats,
         clients,
+        xds_clients: ads.as_ref().map(crate::xds::server::Ads::clients),
         health,
     };
-    ((ingest, rules, health_service, ca_service), edges)
+    ((ingest, rules, health_service, ca_service, ads), edges)
+}
+
+/// The xDS edge: the task that builds its snapshots from the index, and the ADS service over
+/// them, authenticated like the other gRPC services, with its metrics registered.
+fn xds_service(
+    config: &Config,
+    index: &Arc<Index>,
+    policy: &Policy,
+    wiring: &mut Wiring,
+) -> crate::xds::server::Ads {
+    use crate::xds::{server::Ads, snapshot::Snapshot, source};
+    let (snapshots, rx) = watch::channel(Arc::new(Snapshot::default()));
+    let index = index.clone();
+    let window = config.xds.debounce;
+    wiring.tasks.spawn("xDS snapshots", async move {
+        source::run(index, snapshots, window).await;
+        Ok(())
+    });
+    let ads = Ads::new(rx, config.xds.max_streams)
+        .with_authentication(Arc::new(PolicyAuthentication(policy.clone())))
+        .with_shutdown(wiring.shutdown_rx.clone());
+    ads.stats()
+        .register_metrics(&ads.clients(), &mut wiring.registry);
+    ads
+}
+
+/// The xDS edge's authentication: the same policy as every gRPC port (service-account token,
+/// static token, or a client certificate from our CA on the TLS port).
+struct PolicyAuthentication(Policy);
+
+#[tonic::async_trait]
+impl crate::xds::server::Authenticate for PolicyAuthentication {
+    async fn authenticate(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        peer_certificates: Option<Vec<Vec<u8>>>,
+    ) -> Result<Option<String>, tonic::Status> {
+        match self
+            .0
+            .authenticate(metadata, peer_certificates.as_deref())
+            .await
+        {
+            Ok(identity) => Ok(identity.map(|identity| identity.namespace)),
+            Err(refusal) => Err(refusal.into_status()),
+        }
+    }
 }
 
 /// Serves `services` on the gRPC port and the TLS port (if any) and starts the webhook (if
@@ -80,6 +131,7 @@ pub(super) fn serve_grpc(
         tls,
         admin,
         webhook,
+        xds,
     } = listeners;
     let Wiring {
         tasks,
@@ -130,6 +182,12 @@ pub(super) fn serve_grpc(
             serve.await.context("TLS gRPC server failed")
         });
     }
+    if let (Some(listener), Some(ads)) = (xds, services.4.clone()) {
+        let serve = xds_serve(config, metrics.clone(), ads, listener, shutdown_rx.clone());
+        tasks.spawn("xDS server", async move {
+            serve.await.context("xDS server failed")
+        });
+    }
     let serve = grpc_serve(
         config,
         metrics.clone(),
@@ -151,7 +209,7 @@ pub(super) fn serve_grpc(
 pub(super) fn grpc_serve<I, IO>(
     config: &Config,
     metrics: Arc<Metrics>,
-    (ingest, rules, health, ca): Services,
+    (ingest, rules, health, ca, ads): Services,
     incoming: I,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<
@@ -205,7 +263,41 @@ where
         .add_service(rules)
         .add_optional_service(authority)
         .add_optional_service(certificates)
+        .add_optional_service(ads.map(xds_server))
         .serve_with_incoming_shutdown(incoming, wait_for_shutdown(shutdown)))
+}
+
+/// The ADS service as served: requests as large as any gRPC port takes (a subscription of
+/// thousands of names), responses as large as a big mesh's clusters.
+fn xds_server(
+    ads: crate::xds::server::Ads,
+) -> crate::xds::AggregatedDiscoveryServiceServer<crate::xds::server::Ads> {
+    ads.into_service()
+        .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES)
+        .max_encoding_message_size(usize::MAX)
+}
+
+/// The xDS port (plain gRPC, Istio's 15010): ADS only, with the gRPC ports' connection settings.
+fn xds_serve(
+    config: &Config,
+    metrics: Arc<Metrics>,
+    ads: crate::xds::server::Ads,
+    listener: TcpListener,
+    shutdown: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = Result<(), tonic::transport::Error>> + use<> {
+    let grpc = &config.grpc;
+    tonic::transport::Server::builder()
+        .layer(metrics::CountOversize::layer(metrics))
+        .http2_keepalive_interval(Some(grpc.keepalive_interval))
+        .http2_keepalive_timeout(Some(grpc.keepalive_timeout))
+        .max_concurrent_streams(grpc.max_concurrent_streams)
+        .add_service(xds_server(ads))
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(Some(TCP_KEEPALIVE)),
+            wait_for_shutdown(shutdown),
+        )
 }
 
 pub(super) async fn wait_for_shutdown(mut rx: watch::Receiver<bool>) {

@@ -69,6 +69,10 @@ pub struct RunningServer {
     pub tls_addr: Option<SocketAddr>,
     /// The admission webhook's HTTPS port (Kubernetes mode).
     pub webhook_addr: Option<SocketAddr>,
+    /// The xDS port, when xDS is enabled.
+    pub xds_addr: Option<SocketAddr>,
+    /// The connected xDS clients, when xDS is enabled.
+    pub xds_clients: Option<Arc<crate::xds::clients::Clients>>,
     pub admin_addr: SocketAddr,
     pub index: Arc<Index>,
     /// The discovery stream's encoding of the index (shared by every stream).
@@ -89,6 +93,8 @@ impl RunningServer {
             grpc_addr: addrs.grpc,
             tls_addr: addrs.tls,
             webhook_addr: addrs.webhook,
+            xds_addr: addrs.xds,
+            xds_clients: edges.xds_clients.clone(),
             admin_addr: addrs.admin,
             index: source.index,
             encoder: edges.encoder,
@@ -177,6 +183,7 @@ struct Edges {
     encoder: Arc<crate::dds::encode::Encoder>,
     dds_stats: Arc<DdsStats>,
     clients: Arc<crate::dds::clients::Clients>,
+    xds_clients: Option<Arc<crate::xds::clients::Clients>>,
     health: tonic_health::server::HealthReporter,
 }
 
@@ -186,6 +193,7 @@ type Services = (
     RuleService,
     tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
     Option<CaService>,
+    Option<crate::xds::server::Ads>,
 );
 
 /// Starts the control plane; returns once every port accepts connections.
@@ -280,6 +288,7 @@ fn serve_admin(
         },
         ca: security.authority.clone(),
         clients: edges.clients.clone(),
+        xds_clients: edges.xds_clients.clone(),
         canaries: kube_client.filter(|_| config.canary.enabled),
     };
     let listener = listener.tap_io(|tcp| {
@@ -302,9 +311,13 @@ fn announce(addrs: &Addrs) {
         admin: admin_addr,
         ..
     } = addrs;
+    let xds_addr = addrs.xds.map(|addr| addr.to_string());
+    let xds_addr = xds_addr.as_deref().unwrap_or("off");
     match addrs.tls {
-        Some(tls_addr) => tracing::info!(%grpc_addr, %tls_addr, %admin_addr, "dubbo-cp serving"),
-        None => tracing::info!(%grpc_addr, %admin_addr, "dubbo-cp serving"),
+        Some(tls_addr) => {
+            tracing::info!(%grpc_addr, %tls_addr, %admin_addr, %xds_addr, "dubbo-cp serving");
+        }
+        None => tracing::info!(%grpc_addr, %admin_addr, %xds_addr, "dubbo-cp serving"),
     }
     // Where an operator looks first; the admin port's `/` redirects there too.
     tracing::info!("dashboard at http://{admin_addr}/ui");
@@ -316,6 +329,7 @@ struct Listeners {
     tls: Option<(TcpListener, ServingIdentity)>,
     admin: TcpListener,
     webhook: Option<TcpListener>,
+    xds: Option<TcpListener>,
 }
 
 /// Where the ports listen (an address given with port 0 has its real port here).
@@ -325,6 +339,7 @@ struct Addrs {
     tls: Option<SocketAddr>,
     admin: SocketAddr,
     webhook: Option<SocketAddr>,
+    xds: Option<SocketAddr>,
 }
 
 impl Listeners {
@@ -342,11 +357,17 @@ impl Listeners {
             } else {
                 None
             };
+        let xds = if config.xds.enabled {
+            Some(bind(config.xds.addr, "xDS port").await?)
+        } else {
+            None
+        };
         let tls = match serving_identity(config)? {
             Some(tls) => Some((bind(config.tls.addr, "TLS gRPC port").await?, tls)),
             None => None,
         };
         Ok(Listeners {
+            xds,
             webhook,
             grpc,
             tls,
@@ -364,6 +385,7 @@ impl Listeners {
                 .as_ref()
                 .map(TcpListener::local_addr)
                 .transpose()?,
+            xds: self.xds.as_ref().map(TcpListener::local_addr).transpose()?,
         })
     }
 }
@@ -385,6 +407,7 @@ async fn shutdown_in_order(
     health.set_not_serving::<RegistrationServer>().await;
     tasks.finish("gRPC server", grace).await;
     tasks.finish("TLS gRPC server", grace).await;
+    tasks.finish("xDS server", grace).await;
     tasks.finish("ServiceNameMapping watch", grace).await;
     // Every acknowledged registration is committed; the writer commits what is queued, and its
     // exit closes the change feed, so the debouncer behind it publishes what is pending.

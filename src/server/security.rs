@@ -120,10 +120,21 @@ pub(super) fn service_accounts(
 pub(super) fn check_bind_policy(config: &Config) -> anyhow::Result<()> {
     let tls_exposed = (config.tls.cert_file.is_some() || config.ca.enabled)
         && !config.tls.addr.ip().is_loopback();
-    if (config.grpc_addr.ip().is_loopback() && !tls_exposed) || config.authenticates() {
+    let xds_exposed = config.xds.enabled && !config.xds.addr.ip().is_loopback();
+    if (config.grpc_addr.ip().is_loopback() && !tls_exposed && !xds_exposed)
+        || config.authenticates()
+    {
         return Ok(());
     }
     if !config.insecure_allow_unauthenticated {
+        if xds_exposed && config.grpc_addr.ip().is_loopback() && !tls_exposed {
+            anyhow::bail!(
+                "refusing to serve xDS unauthenticated on {} (xds.addr): bind a loopback address, \
+                 configure authentication, or pass --insecure-allow-unauthenticated to accept that \
+                 anyone who reaches this port can read every service's endpoints",
+                config.xds.addr
+            );
+        }
         anyhow::bail!(
             "refusing to serve unauthenticated registrations on {}: bind a loopback address, or pass \
              --insecure-allow-unauthenticated to accept that anyone who reaches this port can steer traffic",

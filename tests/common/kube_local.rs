@@ -331,6 +331,7 @@ pub fn control_plane(cluster: &Cluster, extra: &[&str]) -> ControlPlane {
         "--admin-addr",
         "--tls-addr",
         "--webhook-addr",
+        "--xds-addr",
     ] {
         if !extra.contains(&flag) {
             args.extend([flag, "127.0.0.1:0"]);

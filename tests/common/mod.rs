@@ -39,6 +39,10 @@ pub fn test_config(data_dir: &Path) -> Config {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             ..dubbo_cp::config::WebhookConfig::default()
         },
+        xds: dubbo_cp::config::XdsConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            ..dubbo_cp::config::XdsConfig::default()
+        },
         ..Config::default()
     }
 }
@@ -177,6 +181,8 @@ pub fn spawn_binary(data_dir: &Path, extra: &[&str]) -> Process {
             "--tls-addr",
             "127.0.0.1:0",
             "--webhook-addr",
+            "127.0.0.1:0",
+            "--xds-addr",
             "127.0.0.1:0",
             "--data-dir",
         ])

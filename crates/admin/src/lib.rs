@@ -98,6 +98,8 @@ pub struct AdminState {
     pub ca: Option<crate::ca::Authority>,
     /// The open discovery streams and how far each client has got.
     pub clients: Arc<crate::dds::clients::Clients>,
+    /// The open xDS streams, when xDS is served.
+    pub xds_clients: Option<Arc<dubbo_cp_xds::clients::Clients>>,
     /// Kubernetes mode with the canary controller: the client `/debug/canaries` lists with.
     pub canaries: Option<kube::Client>,
 }
@@ -123,6 +125,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/debug/outbox", get(list_outbox))
         .route("/debug/rules", get(debug_rules))
         .route("/debug/clients", get(list_clients))
+        .route("/debug/xds", get(list_xds_clients))
         .route("/debug/digest", get(digest))
         .route("/debug/canaries", get(list_canaries))
         .route("/api/v1/unregister", post(unregister))

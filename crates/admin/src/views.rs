@@ -223,6 +223,28 @@ pub(super) async fn list_clients(
     })))
 }
 
+/// `/debug/xds[?namespace=]`: every open xDS stream: node, namespace, per type the names
+/// subscribed, the versions sent and acknowledged and the last rejection (NACK).
+pub(super) async fn list_xds_clients(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+    axum::extract::Query(query): axum::extract::Query<ClientQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_admin(&state.rules.policy, &headers, peer).await?;
+    let Some(clients) = &state.xds_clients else {
+        return Ok(Json(serde_json::json!({"enabled": false, "clients": []})));
+    };
+    let clients: Vec<_> = clients
+        .views()
+        .into_iter()
+        .filter(|c| query.namespace.as_ref().is_none_or(|ns| &c.namespace == ns))
+        .collect();
+    Ok(Json(
+        serde_json::json!({"enabled": true, "clients": clients}),
+    ))
+}
+
 #[derive(serde::Deserialize)]
 pub(super) struct DigestQuery {
     #[serde(default)]

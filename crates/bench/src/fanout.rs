@@ -62,6 +62,8 @@ pub fn spawn_server_in(
             "127.0.0.1:0",
             "--webhook-addr",
             "127.0.0.1:0",
+            "--xds-addr",
+            "127.0.0.1:0",
         ])
         .args([
             "--new-streams-per-second",

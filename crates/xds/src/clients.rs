@@ -9,7 +9,7 @@ use std::sync::{Mutex, PoisonError};
 use tokio::sync::watch;
 
 /// A response the client rejected.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Nack {
     /// The version it rejected.
     pub version: String,
@@ -104,6 +104,30 @@ impl Clients {
             .collect()
     }
 
+    /// Every open stream as `/debug/xds` and `dubbo-cp status` show it.
+    pub fn views(&self) -> Vec<ClientView> {
+        self.list()
+            .into_iter()
+            .map(|client| ClientView {
+                node_id: client.node_id,
+                namespace: client.namespace,
+                seen: client.seen,
+                types: client
+                    .types
+                    .into_iter()
+                    .map(|(type_url, status)| TypeView {
+                        r#type: crate::short_type(type_url).to_owned(),
+                        names: status.names,
+                        wildcard: status.wildcard,
+                        sent: status.sent,
+                        acked: status.acked,
+                        nack: status.nack,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
     /// Waits until `done` holds for the list of clients.
     pub async fn wait_for(&self, mut done: impl FnMut(&[ClientStatus]) -> bool) {
         let mut changes = self.changes.subscribe();
@@ -116,4 +140,28 @@ impl Clients {
             }
         }
     }
+}
+
+/// One client as operators read it (`/debug/xds`, `dubbo-cp status`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClientView {
+    pub node_id: String,
+    pub namespace: String,
+    /// The last published version the stream has taken in hand.
+    pub seen: Option<String>,
+    pub types: Vec<TypeView>,
+}
+
+/// One type of one client, as operators read it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TypeView {
+    /// `cluster`, `endpoint`, `listener` or `route`.
+    pub r#type: String,
+    /// Names subscribed (not counting a wildcard).
+    pub names: usize,
+    pub wildcard: bool,
+    pub sent: Option<String>,
+    pub acked: Option<String>,
+    /// The last rejection, until a later version is acknowledged.
+    pub nack: Option<Nack>,
 }

@@ -13,15 +13,24 @@
 //! - [`tags`]: Dubbo's tag routing (TagRoute, static tags) as header-matched routes to subsets.
 //! - [`server`]: the ADS gRPC service, one task per stream over the published snapshots.
 //! - [`clients`]: the connected clients' status (node, subscriptions, ACKed versions, NACKs).
+//! - [`source`]: the snapshots, built from the index after each burst of changes.
+//! - [`stats`]: pushes, NACKs, push delay and streams, for `/metrics`.
 #![forbid(unsafe_code)]
 
 pub mod clients;
+mod config;
 pub mod delta;
 pub mod generate;
 pub mod protocol;
 pub mod server;
 pub mod snapshot;
+pub mod source;
+pub mod stats;
 pub mod tags;
+
+/// Declared with the other settings (the `xds` section).
+pub use config::XdsConfig;
+pub use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 
 /// The type URLs of the four resource types, in the order a push sends them (clusters, then
 /// endpoints, then listeners, then routes: a client never sees a name before what it names).
@@ -31,3 +40,15 @@ pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listene
 pub const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 pub const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+/// `cluster`, `endpoint`, `listener`, `route` (what operators type and metrics label), or
+/// `other`.
+pub fn short_type(type_url: &str) -> &'static str {
+    match type_url {
+        CLUSTER => "cluster",
+        ENDPOINT => "endpoint",
+        LISTENER => "listener",
+        ROUTE => "route",
+        _ => "other",
+    }
+}

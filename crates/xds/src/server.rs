@@ -22,6 +22,7 @@ use crate::clients::{ClientStatus, Clients};
 use crate::delta::DeltaStream;
 use crate::protocol::{Refused, Stream, Verdict};
 use crate::snapshot::{Snapshot, resources};
+use crate::stats::{TypeLabel, XdsStats};
 
 /// Responses one stream may have queued; a client that reads none of them holds only these.
 const STREAM_QUEUE: usize = 8;
@@ -29,11 +30,28 @@ const STREAM_QUEUE: usize = 8;
 /// The namespace a client is in when its node does not say.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
+/// Who a stream's caller is, as the other gRPC ports decide it (the binary implements it over
+/// its authentication policy; this crate knows no tokens or Kubernetes).
+#[tonic::async_trait]
+pub trait Authenticate: Send + Sync + 'static {
+    /// The caller's namespace when it is authenticated, `None` when authentication is off;
+    /// an error status (`UNAUTHENTICATED`, ...) refuses the stream.
+    async fn authenticate(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        peer_certificates: Option<Vec<Vec<u8>>>,
+    ) -> Result<Option<String>, Status>;
+}
+
 /// Serves ADS from the snapshots published on a `watch` channel.
 #[derive(Clone)]
 pub struct Ads {
     snapshots: watch::Receiver<Arc<Snapshot>>,
     clients: Arc<Clients>,
+    stats: Arc<XdsStats>,
+    authenticate: Option<Arc<dyn Authenticate>>,
+    /// Ends every stream (`UNAVAILABLE`, so clients reconnect elsewhere) once true.
+    shutdown: Option<watch::Receiver<bool>>,
 }
 
 /// Streams one server holds open at most, unless told otherwise.
@@ -45,12 +63,54 @@ impl Ads {
         Ads {
             snapshots,
             clients: Arc::new(Clients::new(max_streams)),
+            stats: Arc::default(),
+            authenticate: None,
+            shutdown: None,
         }
     }
 
+    /// Streams are refused unless `authenticate` accepts their caller.
+    pub fn with_authentication(mut self, authenticate: Arc<dyn Authenticate>) -> Self {
+        self.authenticate = Some(authenticate);
+        self
+    }
+
+    /// Every stream ends with `UNAVAILABLE` once `shutdown` turns true (a graceful server
+    /// shutdown waits for open streams, and xDS streams last for days).
+    pub fn with_shutdown(mut self, shutdown: watch::Receiver<bool>) -> Self {
+        self.shutdown = Some(shutdown);
+        self
+    }
+
+    /// What the edge counts.
+    pub fn stats(&self) -> Arc<XdsStats> {
+        self.stats.clone()
+    }
+
+    /// The caller's namespace (authenticated), or the refusal.
+    async fn admit<T>(&self, request: &Request<T>) -> Result<Option<String>, Status> {
+        let Some(authenticate) = &self.authenticate else {
+            return Ok(None);
+        };
+        let certificates: Option<Vec<Vec<u8>>> = request
+            .peer_certs()
+            .map(|certs| certs.iter().map(|cert| cert.as_ref().to_vec()).collect());
+        authenticate
+            .authenticate(request.metadata(), certificates)
+            .await
+            .inspect_err(|_| {
+                self.stats
+                    .refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            })
+    }
+
     /// A place for a new stream, or `RESOURCE_EXHAUSTED` when every place is taken.
-    fn register(&self) -> Result<Registered, Status> {
+    fn register(&self, identity_namespace: Option<String>) -> Result<Registered, Status> {
         let Some(id) = self.clients.open() else {
+            self.stats
+                .refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Err(Status::resource_exhausted(format!(
                 "{} xDS streams are open, the most this server holds; retry against another replica",
                 self.clients.open_streams()
@@ -59,6 +119,8 @@ impl Ads {
         Ok(Registered {
             id,
             clients: self.clients.clone(),
+            stats: self.stats.clone(),
+            identity_namespace,
         })
     }
 
@@ -73,8 +135,8 @@ impl Ads {
 }
 
 /// The client's namespace: its node metadata `NAMESPACE` (as Istio's bootstrap has it), else
-/// [`DEFAULT_NAMESPACE`].
-pub fn client_namespace(node: Option<&Node>) -> String {
+/// its authenticated identity's, else [`DEFAULT_NAMESPACE`].
+pub fn client_namespace(node: Option<&Node>, identity_namespace: Option<&str>) -> String {
     node.and_then(|node| node.metadata.as_ref())
         .and_then(|metadata| metadata.fields.get("NAMESPACE"))
         .and_then(|value| match &value.kind {
@@ -83,6 +145,7 @@ pub fn client_namespace(node: Option<&Node>) -> String {
             }
             _ => None,
         })
+        .or_else(|| identity_namespace.map(str::to_owned))
         .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned())
 }
 
@@ -100,11 +163,13 @@ impl AggregatedDiscoveryService for Ads {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Responses>, Status> {
+        let identity = self.admit(&request).await?;
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        let registered = self.register()?;
+        let registered = self.register(identity)?;
         tokio::spawn(run::<Stream>(
             request.into_inner(),
             self.snapshots.clone(),
+            self.shutdown.clone(),
             tx,
             registered,
         ));
@@ -115,11 +180,13 @@ impl AggregatedDiscoveryService for Ads {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaResponses>, Status> {
-        let registered = self.register()?;
+        let identity = self.admit(&request).await?;
+        let registered = self.register(identity)?;
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         tokio::spawn(run::<DeltaStream>(
             request.into_inner(),
             self.snapshots.clone(),
+            self.shutdown.clone(),
             tx,
             registered,
         ));
@@ -132,6 +199,8 @@ trait AdsStream: Default + Send + 'static {
     type Request: Send + 'static;
     type Response: Send + 'static;
     fn on_request(&mut self, request: &Self::Request) -> Result<Verdict, Refused>;
+    /// The type a request rejects (a NACK: an error detail on a response's nonce).
+    fn rejects(request: &Self::Request) -> Option<&str>;
     fn node(&self) -> Option<&Node>;
     /// The types the client subscribed to, in push order.
     fn types(&self) -> Vec<&'static str>;
@@ -153,6 +222,10 @@ impl AdsStream for Stream {
     type Response = DiscoveryResponse;
     fn on_request(&mut self, request: &DiscoveryRequest) -> Result<Verdict, Refused> {
         Stream::on_request(self, request)
+    }
+    fn rejects(request: &DiscoveryRequest) -> Option<&str> {
+        (request.error_detail.is_some() && !request.response_nonce.is_empty())
+            .then_some(request.type_url.as_str())
     }
     fn node(&self) -> Option<&Node> {
         self.node.as_ref()
@@ -187,6 +260,10 @@ impl AdsStream for DeltaStream {
     type Response = DeltaDiscoveryResponse;
     fn on_request(&mut self, request: &DeltaDiscoveryRequest) -> Result<Verdict, Refused> {
         DeltaStream::on_request(self, request)
+    }
+    fn rejects(request: &DeltaDiscoveryRequest) -> Option<&str> {
+        (request.error_detail.is_some() && !request.response_nonce.is_empty())
+            .then_some(request.type_url.as_str())
     }
     fn node(&self) -> Option<&Node> {
         self.node.as_ref()
@@ -223,8 +300,9 @@ async fn answer<S: AdsStream>(
     snapshot: &Snapshot,
     forced: &[&'static str],
     tx: &mpsc::Sender<Result<S::Response, Status>>,
+    registered: &Registered,
 ) -> Result<(), ()> {
-    let namespace = client_namespace(stream.node());
+    let namespace = client_namespace(stream.node(), registered.identity_namespace.as_deref());
     let version = snapshot.version.to_string();
     let mut plan: Vec<(&'static str, Vec<(String, Any)>)> = stream
         .types()
@@ -238,6 +316,7 @@ async fn answer<S: AdsStream>(
         let force = forced.contains(&type_url);
         if let Some(response) = stream.respond(type_url, &version, selected, force) {
             tx.send(Ok(response)).await.map_err(|_| ())?;
+            registered.pushed(type_url, snapshot);
         }
     }
     Ok(())
@@ -263,13 +342,26 @@ fn make_before_break(
 struct Registered {
     id: u64,
     clients: Arc<Clients>,
+    stats: Arc<XdsStats>,
+    /// The authenticated caller's namespace, if authentication is on.
+    identity_namespace: Option<String>,
 }
 
 impl Registered {
     fn update(&self, stream: &impl AdsStream, seen: Option<u64>) {
-        let namespace = client_namespace(stream.node());
+        let namespace = client_namespace(stream.node(), self.identity_namespace.as_deref());
         self.clients
             .update_status(self.id, stream.status(&namespace, seen));
+    }
+
+    fn pushed(&self, type_url: &str, snapshot: &Snapshot) {
+        self.stats
+            .pushes
+            .get_or_create(&TypeLabel::of(type_url))
+            .inc();
+        self.stats
+            .push_delay
+            .observe(snapshot.published.elapsed().as_secs_f64());
     }
 }
 
@@ -283,9 +375,13 @@ impl Drop for Registered {
 async fn run<S: AdsStream>(
     mut incoming: Streaming<S::Request>,
     mut snapshots: watch::Receiver<Arc<Snapshot>>,
+    shutdown: Option<watch::Receiver<bool>>,
     tx: mpsc::Sender<Result<S::Response, Status>>,
     registered: Registered,
 ) {
+    // Without a shutdown signal, a sender kept here keeps the branch pending forever.
+    let (_never, never) = watch::channel(false);
+    let mut shutdown = shutdown.unwrap_or(never);
     let mut stream = S::default();
     // Types asked for before the sources were synced, answered once they are.
     let mut waiting: Vec<&'static str> = Vec::new();
@@ -293,11 +389,18 @@ async fn run<S: AdsStream>(
     let mut seen: Option<u64> = None;
     loop {
         tokio::select! {
+            () = shut_down(&mut shutdown) => {
+                let _ = tx.send(Err(Status::unavailable("control plane shutting down; reconnect"))).await;
+                return;
+            }
             message = incoming.message() => {
                 let request = match message {
                     Ok(Some(request)) => request,
                     Ok(None) | Err(_) => return,
                 };
+                if let Some(type_url) = S::rejects(&request) {
+                    registered.stats.nacks.get_or_create(&TypeLabel::of(type_url)).inc();
+                }
                 let verdict = stream.on_request(&request);
                 registered.update(&stream, seen);
                 let type_url = match verdict {
@@ -324,7 +427,7 @@ async fn run<S: AdsStream>(
                     continue;
                 }
                 // Answered now, with the types asked for before the sources synced.
-                if answer(&mut stream, &snapshot, &waiting, &tx).await.is_err() {
+                if answer(&mut stream, &snapshot, &waiting, &tx, &registered).await.is_err() {
                     return;
                 }
                 waiting.clear();
@@ -338,7 +441,7 @@ async fn run<S: AdsStream>(
                 if !snapshot.synced {
                     continue;
                 }
-                if answer(&mut stream, &snapshot, &waiting, &tx).await.is_err() {
+                if answer(&mut stream, &snapshot, &waiting, &tx, &registered).await.is_err() {
                     return;
                 }
                 waiting.clear();
@@ -346,5 +449,12 @@ async fn run<S: AdsStream>(
                 registered.update(&stream, seen);
             }
         }
+    }
+}
+
+/// Resolves once `shutdown` is true (never, if its sender is gone while false).
+async fn shut_down(shutdown: &mut watch::Receiver<bool>) {
+    if shutdown.wait_for(|down| *down).await.is_err() {
+        std::future::pending::<()>().await;
     }
 }

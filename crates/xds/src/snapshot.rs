@@ -21,10 +21,12 @@ type Encoded = HashMap<(String, String, String), Arc<Any>>;
 
 /// The services at one version. Nothing is answered from a snapshot that is not `synced`: an
 /// empty listener or cluster answer would tell clients that everything was deleted.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Snapshot {
     pub version: u64,
     pub synced: bool,
+    /// When it was built, for the push-delay metric.
+    pub published: tokio::time::Instant,
     services: Arc<Vec<Service>>,
     /// (namespace, name) -> position in `services`: every stream resolves every name it holds
     /// on every push, so lookups must not scan.
@@ -38,6 +40,13 @@ pub struct Snapshot {
     /// (type, name, namespace) -> the encoded resource, shared by every stream at this version.
     cache: Arc<Mutex<Encoded>>,
     encodes: Arc<AtomicU64>,
+}
+
+impl Default for Snapshot {
+    /// Version 0, empty and not synced: nothing is answered from it.
+    fn default() -> Snapshot {
+        Snapshot::new(0, Vec::new(), false)
+    }
 }
 
 impl Snapshot {
@@ -57,6 +66,7 @@ impl Snapshot {
         Snapshot {
             version,
             synced,
+            published: tokio::time::Instant::now(),
             services: Arc::new(services),
             by_name: Arc::new(by_name),
             tag_routes: Arc::default(),

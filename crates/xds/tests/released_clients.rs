@@ -3,141 +3,12 @@
 //! client counts who answered. Each scenario runs once per client.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/released.rs"]
+mod released;
 mod support;
 
-use std::path::PathBuf;
-use std::process::Stdio;
-use std::sync::Mutex;
-
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-
-/// The released clients under test.
-const GRPCIO: &str = "grpcio==1.85.3";
-const GRPC_JS_XDS: [&str; 2] = ["@grpc/grpc-js-xds@1.14.1", "@grpc/grpc-js@1.14.7"];
-
-#[derive(Clone, Copy, Debug)]
-enum Released {
-    Grpcio,
-    GrpcJs,
-}
-
-/// A virtual environment with grpcio, made once per target directory by this test itself, so a
-/// fresh machine needs only python3 (pip fetches the wheel from PyPI).
-fn python() -> PathBuf {
-    static MAKING: Mutex<()> = Mutex::new(());
-    let _making = MAKING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(GRPCIO.replace("==", "-"));
-    let python = venv.join("bin/python");
-    let has_grpc = |python: &PathBuf| {
-        std::process::Command::new(python)
-            .args(["-c", "import grpc"])
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !has_grpc(&python) {
-        let made = std::process::Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .expect("python3 is needed for the grpcio tests");
-        assert!(made.success(), "python3 -m venv {} failed", venv.display());
-        let installed = std::process::Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                GRPCIO,
-            ])
-            .status()
-            .unwrap();
-        assert!(installed.success(), "pip install {GRPCIO} failed");
-    }
-    python
-}
-
-/// `node_modules` with @grpc/grpc-js-xds, installed once per target directory by this test
-/// itself from the npm registry.
-fn node_modules() -> PathBuf {
-    static MAKING: Mutex<()> = Mutex::new(());
-    let _making = MAKING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let prefix = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("grpc-js-xds-1.14.1");
-    let modules = prefix.join("node_modules");
-    if !modules.join("@grpc/grpc-js-xds/package.json").is_file() {
-        let installed = std::process::Command::new("npm")
-            .args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"])
-            .arg(&prefix)
-            .args(GRPC_JS_XDS)
-            .status()
-            .expect("npm is needed for the grpc-js-xds tests");
-        assert!(installed.success(), "npm install {GRPC_JS_XDS:?} failed");
-    }
-    modules
-}
-
-fn script(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/support")
-        .join(name)
-}
-
-/// A process of the script, stopped when dropped.
-struct Proc {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Lines<BufReader<ChildStdout>>,
-}
-
-impl Proc {
-    fn spawn(kind: Released, args: &[&str], env: &[(&str, String)]) -> Proc {
-        let mut command = match kind {
-            Released::Grpcio => {
-                let mut command = Command::new(python());
-                command.arg(script("grpc_xds.py"));
-                command
-            }
-            Released::GrpcJs => {
-                let mut command = Command::new("node");
-                command
-                    .arg(script("grpc_xds.js"))
-                    .env("NODE_PATH", node_modules());
-                command
-            }
-        };
-        command
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true);
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        Proc {
-            child,
-            stdin,
-            lines,
-        }
-    }
-
-    async fn line(&mut self) -> String {
-        self.lines.next_line().await.unwrap().expect("a line")
-    }
-}
-
-async fn backend(kind: Released, name: &str) -> (Proc, u16) {
-    let mut proc = Proc::spawn(kind, &["backend", name], &[]);
-    let port = proc.line().await.trim().parse().unwrap();
-    (proc, port)
-}
+use released::{Proc, Released, answers, assert_split, backend, count, count_with, settle};
+use tokio::io::AsyncWriteExt;
 
 fn bootstrap(server: &support::Server) -> String {
     serde_json::json!({
@@ -152,59 +23,9 @@ fn bootstrap(server: &support::Server) -> String {
     .to_string()
 }
 
-/// Makes `count` calls and returns who answered them.
-async fn count(client: &mut Proc, count: usize) -> serde_json::Value {
-    count_with(client, count, "").await
-}
-
-/// Calls with `metadata` until `who` answers `run` calls in a row ("error": until calls fail),
-/// so what is counted next runs on the version the client acknowledged: the client rebuilds its
-/// balancer a moment after the ACK. Fails after 5,000 calls.
-async fn settle(client: &mut Proc, who: &str, run: usize, metadata: &str) {
-    client
-        .stdin
-        .write_all(format!("settle {who} {run} {metadata}\n").as_bytes())
-        .await
-        .unwrap();
-    let settled: serde_json::Value = serde_json::from_str(&client.line().await).unwrap();
-    assert_eq!(settled["settled"], true, "{who} never answered: {settled}");
-}
-
-/// Makes `count` calls with `metadata` (`key=value` words) and returns who answered them.
-async fn count_with(client: &mut Proc, count: usize, metadata: &str) -> serde_json::Value {
-    client
-        .stdin
-        .write_all(format!("count {count} {metadata}\n").as_bytes())
-        .await
-        .unwrap();
-    serde_json::from_str(&client.line().await).unwrap()
-}
-
-/// Asserts that a and b answered every call of `counts`, a within 5 points of `percent`: with
-/// 2,000 calls a wrong verdict comes with probability about 2e-8.
-fn assert_split(counts: &serde_json::Value, percent: u64) {
-    let a = answers(counts, "a");
-    let total = a + answers(counts, "b");
-    assert_eq!(total, 2000, "every call answered by a or b: {counts}");
-    let wanted = percent * total / 100;
-    let slack = 5 * total / 100;
-    assert!(
-        a.abs_diff(wanted) <= slack,
-        "a answered {a} of {total}, wanted {percent}% +/- 5: {counts}"
-    );
-}
-
 /// A client process calling `target` through the xDS server.
 fn client(kind: Released, server: &support::Server, target: &str) -> Proc {
-    Proc::spawn(
-        kind,
-        &["client", target],
-        &[("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(server))],
-    )
-}
-
-fn answers(counts: &serde_json::Value, who: &str) -> u64 {
-    counts[who].as_u64().unwrap_or(0)
+    released::client_with(kind, target, bootstrap(server))
 }
 
 async fn endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call(kind: Released) {

@@ -1,0 +1,166 @@
+//! The snapshots the ADS server serves, built from the index: services from ServiceEntry rules
+//! (and, through the same kind, every source that fills it), ServiceNameMappings for interface
+//! names, TagRoutes and DynamicConfigs. One task watches the kinds it reads and publishes a new
+//! [`Snapshot`] after each burst of changes (one debounce window), so a burst of a thousand
+//! registrations costs one rebuild, not a thousand.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dubbo_cp_domain::rules::{DynamicConfigSpec, RuleSpec, TagRouteSpec};
+use dubbo_cp_domain::service::Service;
+use dubbo_cp_index::{Index, Kind, KindSnapshot, Resource};
+use tokio::sync::watch;
+
+use crate::snapshot::Snapshot;
+
+/// The kinds a snapshot is built from. Nothing is served until each has loaded.
+pub const KINDS: [Kind; 4] = [
+    Kind::ServiceEntry,
+    Kind::ServiceNameMapping,
+    Kind::TagRoute,
+    Kind::DynamicConfig,
+];
+
+/// The state of the index's kinds that one snapshot reflects.
+pub fn build(index: &Index, version: u64) -> Snapshot {
+    let synced = KINDS.iter().all(|kind| index.is_kind_loaded(*kind));
+    let state = |kind| index.current(kind);
+    let (services, _) = services(&state(Kind::ServiceEntry));
+    let mut mappings = Vec::new();
+    for (key, object) in &state(Kind::ServiceNameMapping).objects {
+        if let (
+            Resource::Mapping {
+                interface,
+                applications,
+            },
+            Some((_, namespace)),
+        ) = (&object.value, split_client_key(key))
+        {
+            mappings.push((
+                namespace.to_owned(),
+                interface.clone(),
+                applications.clone(),
+            ));
+        }
+    }
+    let tag_routes: Vec<(String, TagRouteSpec)> =
+        rules(&state(Kind::TagRoute), |spec| match spec {
+            RuleSpec::TagRoute(spec) => Some(spec.clone()),
+            _ => None,
+        });
+    let configs: Vec<(String, DynamicConfigSpec)> =
+        rules(&state(Kind::DynamicConfig), |spec| match spec {
+            RuleSpec::DynamicConfig(spec) => Some(spec.clone()),
+            _ => None,
+        });
+    Snapshot::new(version, services, synced)
+        .with_dynamic_configs(configs)
+        .with_tag_routes(tag_routes)
+        .with_mappings(mappings)
+}
+
+/// `(name, namespace)` of a client key `<name>/<namespace>` (names and namespaces hold no `/`).
+fn split_client_key(key: &str) -> Option<(&str, &str)> {
+    key.rsplit_once('/')
+}
+
+/// `(namespace, spec)` of every rule of one kind, in key order.
+fn rules<T>(state: &KindSnapshot, pick: impl Fn(&RuleSpec) -> Option<T>) -> Vec<(String, T)> {
+    state
+        .objects
+        .iter()
+        .filter_map(|(key, object)| {
+            let (_, namespace) = split_client_key(key)?;
+            match &object.value {
+                Resource::Rule(spec) => Some((namespace.to_owned(), pick(spec)?)),
+                Resource::Mapping { .. } => None,
+            }
+        })
+        .collect()
+}
+
+/// The services the ServiceEntries declare, and the hosts declared twice in one namespace
+/// (`namespace/host` -> the entries after the first, which is served; entries in key order).
+pub fn services(state: &KindSnapshot) -> (Vec<Service>, BTreeMap<String, Vec<String>>) {
+    let mut seen: BTreeMap<(String, String), String> = BTreeMap::new();
+    let mut shadowed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut services = Vec::new();
+    for (key, object) in &state.objects {
+        let (Resource::Rule(RuleSpec::ServiceEntry(entry)), Some((_, namespace))) =
+            (&object.value, split_client_key(key))
+        else {
+            continue;
+        };
+        for service in entry.services(namespace) {
+            let host = (service.namespace.clone(), service.name.clone());
+            if seen.contains_key(&host) {
+                shadowed
+                    .entry(format!("{}/{}", host.0, host.1))
+                    .or_default()
+                    .push(key.clone());
+                continue;
+            }
+            seen.insert(host, key.clone());
+            services.push(service);
+        }
+    }
+    (services, shadowed)
+}
+
+/// Publishes a snapshot of `index` on `tx` now and after each burst of changes to [`KINDS`]:
+/// the first change of a burst starts a `window`, and the state at its end is published. Runs
+/// until every receiver is gone.
+pub async fn run(index: Arc<Index>, tx: watch::Sender<Arc<Snapshot>>, window: Duration) {
+    let mut watches: [watch::Receiver<Arc<KindSnapshot>>; 4] =
+        KINDS.map(|kind| index.subscribe(kind));
+    let mut version = 0u64;
+    let mut shadowed_before = BTreeMap::new();
+    loop {
+        for watch in &mut watches {
+            watch.borrow_and_update();
+        }
+        // Versions only grow, across restarts too (the index's revisions do): a client that
+        // reconnects is never told an older version is newer.
+        let revision = KINDS
+            .iter()
+            .map(|kind| u64::try_from(index.current(*kind).revision).unwrap_or(0))
+            .max()
+            .unwrap_or(0);
+        version = revision.max(version + 1);
+        let snapshot = build(&index, version);
+        let (_, shadowed) = services(&index.current(Kind::ServiceEntry));
+        report_shadowed(&shadowed, &shadowed_before);
+        shadowed_before = shadowed;
+        if tx.send(Arc::new(snapshot)).is_err() {
+            return;
+        }
+        // Until one of the kinds changes (or the index goes), then the window.
+        let [a, b, c, d] = &mut watches;
+        let changed = tokio::select! {
+            changed = a.changed() => changed,
+            changed = b.changed() => changed,
+            changed = c.changed() => changed,
+            changed = d.changed() => changed,
+            () = tx.closed() => return,
+        };
+        if changed.is_err() {
+            return;
+        }
+        tokio::time::sleep(window).await;
+    }
+}
+
+/// Logs hosts newly declared twice, once each (a rebuild does not log them again).
+fn report_shadowed(now: &BTreeMap<String, Vec<String>>, before: &BTreeMap<String, Vec<String>>) {
+    for (host, entries) in now {
+        if before.get(host) != Some(entries) {
+            tracing::warn!(
+                %host,
+                ignored = ?entries,
+                "a ServiceEntry host is declared by several entries; the first (by name) is served"
+            );
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! The xDS port of the real server: a ServiceEntry applied like any rule and a registration
+//! made over gRPC reach a released gRPC client (grpcio) calling a Dubbo interface by name, with
+//! real traffic between loopback backends; operators see the client in `dubbo-cp status`,
+//! `/debug/xds` and `/metrics`; an endpoint removed mid-traffic and a control-plane restart
+//! fail no call.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "../crates/xds/tests/support/released.rs"]
+mod released;
+
+use std::net::SocketAddr;
+
+use common::{http_get, http_send, start, test_config};
+use released::{Released, answers, assert_split, backend, count, settle};
+use tokio::io::AsyncWriteExt;
+
+const NODE_ID: &str = "xds-binary-test";
+
+fn bootstrap(xds: SocketAddr) -> String {
+    serde_json::json!({
+        "xds_servers": [{
+            "server_uri": xds.to_string(),
+            "channel_creds": [{"type": "insecure"}],
+            "server_features": ["xds_v3"],
+        }],
+        "node": {"id": NODE_ID, "locality": {}, "metadata": {"NAMESPACE": "shop"}},
+    })
+    .to_string()
+}
+
+/// The ServiceEntry of application `greeter` in `shop`: one endpoint per (port, weight).
+fn greeter_entry(endpoints: &[(u16, u32)]) -> String {
+    let endpoints: Vec<serde_json::Value> = endpoints
+        .iter()
+        .map(|(port, weight)| {
+            serde_json::json!({"address": "127.0.0.1", "ports": {"grpc": port}, "weight": weight})
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "dubbo.apache.org/v1alpha1",
+        "kind": "ServiceEntry",
+        "metadata": {"name": "greeter", "namespace": "shop"},
+        "spec": {
+            "hosts": ["greeter"],
+            "ports": [{"number": 7070, "name": "grpc", "protocol": "GRPC"}],
+            "endpoints": endpoints,
+        },
+    })
+    .to_string()
+}
+
+async fn apply(admin: SocketAddr, manifest: &str) {
+    let (status, body) = http_send(admin, "POST", "/api/v1/apply", manifest, None).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+async fn xds_clients(admin: SocketAddr) -> serde_json::Value {
+    let (status, body) = http_get(admin, "/debug/xds").await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registered_interface_reaches_a_released_client_through_the_xds_port() {
+    let kind = Released::Grpcio;
+    let (_a, port_a) = backend(kind, "a").await;
+    let (_b, port_b) = backend(kind, "b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(test_config(dir.path())).await;
+    let xds = server.xds_addr.expect("xDS is on by default");
+    apply(
+        server.admin_addr,
+        &greeter_entry(&[(port_a, 80), (port_b, 20)]),
+    )
+    .await;
+    // A provider of application greeter registers its interface, as every Dubbo SDK does.
+    common::client(server.grpc_addr)
+        .await
+        .register_service_app_mapping(common::request("shop", "greeter", &["org.example.Greeter"]))
+        .await
+        .unwrap();
+    common::wait_published(&server, 1).await;
+
+    // The interface name resolves through the mapping to greeter's endpoints, 80/20. Settled
+    // first: the client may have asked before the mapping's version was built.
+    let mut client = released::client_with(kind, "xds:///org.example.Greeter", bootstrap(xds));
+    settle(&mut client, "a", 1, "").await;
+    assert_split(&count(&mut client, 2000).await, 80);
+
+    // Operators see it: /debug/xds, `dubbo-cp status`, /metrics.
+    let listed = xds_clients(server.admin_addr).await;
+    let node = &listed["clients"][0];
+    assert_eq!(node["node_id"], NODE_ID, "{listed}");
+    assert_eq!(node["namespace"], "shop", "{listed}");
+    let listener = node["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["type"] == "listener")
+        .unwrap();
+    assert_eq!(listener["acked"], listener["sent"], "{listed}");
+    assert!(listener["nack"].is_null(), "{listed}");
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args(["status", "--admin", &server.admin_addr.to_string()])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{status:?}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with(NODE_ID) && l.contains("shop") && l.contains("listener")),
+        "{stdout}"
+    );
+    let (_, metrics) = http_get(server.admin_addr, "/metrics").await;
+    for line in [
+        "dubbo_cp_xds_clients 1",
+        "dubbo_cp_xds_pushes_total{type=\"listener\"}",
+        "dubbo_cp_xds_push_delay_seconds_count",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+
+    // a leaves while 3,000 calls run (pushed once 300 are done): none fails, and the calls
+    // after it reach b alone.
+    client
+        .stdin
+        .write_all(b"count 3000 running\n")
+        .await
+        .unwrap();
+    assert_eq!(client.line().await, "running");
+    apply(server.admin_addr, &greeter_entry(&[(port_b, 20)])).await;
+    let during: serde_json::Value = serde_json::from_str(&client.line().await).unwrap();
+    assert_eq!(
+        answers(&during, "a") + answers(&during, "b"),
+        3000,
+        "no call failed while a left: {during}"
+    );
+    settle(&mut client, "b", 100, "").await;
+    let counts = count(&mut client, 500).await;
+    assert_eq!(answers(&counts, "b"), 500, "{counts}");
+
+    // A restart of the control plane on the same port: calls keep flowing on the last
+    // configuration, and the client is back on the new process afterwards.
+    client
+        .stdin
+        .write_all(b"count 2000 running\n")
+        .await
+        .unwrap();
+    assert_eq!(client.line().await, "running");
+    server.stop().await.unwrap();
+    let mut config = test_config(dir.path());
+    config.xds.addr = xds;
+    let server = start(config).await;
+    let during: serde_json::Value = serde_json::from_str(&client.line().await).unwrap();
+    assert_eq!(
+        answers(&during, "b"),
+        2000,
+        "no call failed across the restart: {during}"
+    );
+    let clients = server.xds_clients.clone().unwrap();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        clients.wait_for(|list| {
+            list.iter()
+                .any(|c| c.node_id == NODE_ID && c.types.values().any(|t| t.acked.is_some()))
+        }),
+    )
+    .await
+    .expect("the client reconnected to the new process");
+    let counts = count(&mut client, 200).await;
+    assert_eq!(answers(&counts, "b"), 200, "{counts}");
+    drop(client.child.start_kill());
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn xds_on_a_non_loopback_address_needs_authentication() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    config.xds.addr = "0.0.0.0:0".parse().unwrap();
+    let refused = dubbo_cp::server::start(config).await.err().unwrap();
+    let message = format!("{refused:#}");
+    assert!(
+        message.contains("xds.addr") && message.contains("--insecure-allow-unauthenticated"),
+        "{message}"
+    );
+    // Turned off, it binds nothing and the server starts.
+    let mut config = test_config(dir.path());
+    config.xds.enabled = false;
+    config.xds.addr = "0.0.0.0:0".parse().unwrap();
+    let server = start(config).await;
+    assert_eq!(server.xds_addr, None);
+    let listed = xds_clients(server.admin_addr).await;
+    assert_eq!(listed["enabled"], false, "{listed}");
+    server.stop().await.unwrap();
+}
