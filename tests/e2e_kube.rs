@@ -23,6 +23,7 @@ mod independent {
 mod e2e {
     pub mod canary;
     pub mod crds;
+    pub mod xds;
 }
 
 use std::sync::{Mutex, OnceLock};
@@ -501,6 +502,13 @@ async fn a_canary_is_promoted_and_another_is_rolled_back() {
     let cluster = cluster();
     let _ = shared_addrs();
     e2e::canary::promotion_and_rollback(cluster).await;
+}
+
+#[tokio::test]
+async fn services_endpoint_slices_and_service_entries_reach_an_xds_client() {
+    let cluster = cluster();
+    let xds = shared().lock().unwrap().xds().expect("xDS is on");
+    e2e::xds::kubernetes_services_and_entries(cluster, xds).await;
 }
 
 #[tokio::test]

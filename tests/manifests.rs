@@ -566,6 +566,8 @@ fn the_rbac_grants_exactly_what_the_control_plane_uses() {
     );
     // The webhook: registry Services read, its configuration object kept.
     grant("cluster", "/services[]", &read);
+    // xDS: the endpoints of Services.
+    grant("cluster", "discovery.k8s.io/endpointslices[]", &read);
     grant(
         "cluster",
         "admissionregistration.k8s.io/mutatingwebhookconfigurations[]",

@@ -9,6 +9,7 @@ pub(super) async fn grpc_services(
     config: &Config,
     source: &Source,
     security: &Security,
+    kube_client: Option<&kube::Client>,
     wiring: &mut Wiring,
 ) -> (Services, Edges) {
     let Security { authority, policy } = security;
@@ -59,7 +60,7 @@ pub(super) async fn grpc_services(
     let ads = config
         .xds
         .enabled
-        .then(|| xds_service(config, index, policy, wiring));
+        .then(|| xds_service(config, index, policy, kube_client, wiring));
     let edges = Edges {
         encoder,
         dds_stats,
@@ -76,14 +77,27 @@ fn xds_service(
     config: &Config,
     index: &Arc<Index>,
     policy: &Policy,
+    kube_client: Option<&kube::Client>,
     wiring: &mut Wiring,
 ) -> crate::xds::server::Ads {
     use crate::xds::{server::Ads, snapshot::Snapshot, source};
+    // Kubernetes mode: the cluster's Services and EndpointSlices, beside the ServiceEntries.
+    let services = kube_client.map(|client| {
+        let (tx, rx) = watch::channel(dubbo_cp_domain::service::ServiceSet::default());
+        let client = client.clone();
+        wiring
+            .tasks
+            .spawn("Service and EndpointSlice watch", async move {
+                crate::k8s::services::run(client, tx).await;
+                Ok(())
+            });
+        rx
+    });
     let (snapshots, rx) = watch::channel(Arc::new(Snapshot::default()));
     let index = index.clone();
     let window = config.xds.debounce;
     wiring.tasks.spawn("xDS snapshots", async move {
-        source::run(index, snapshots, window).await;
+        source::run(index, services, snapshots, window).await;
         Ok(())
     });
     let ads = Ads::new(rx, config.xds.max_streams)

@@ -299,6 +299,7 @@ pub struct ControlPlane {
     pub child: std::process::Child,
     grpc: SocketAddr,
     admin: SocketAddr,
+    xds: Option<SocketAddr>,
     pub log: PathBuf,
     _data_dir: tempfile::TempDir,
 }
@@ -310,6 +311,11 @@ impl ControlPlane {
 
     pub fn admin(&self) -> SocketAddr {
         self.admin
+    }
+
+    /// The xDS port, unless xDS is off.
+    pub fn xds(&self) -> Option<SocketAddr> {
+        self.xds
     }
 }
 
@@ -356,6 +362,7 @@ pub fn control_plane(cluster: &Cluster, extra: &[&str]) -> ControlPlane {
         child,
         grpc: SocketAddr::from(([0, 0, 0, 0], 0)),
         admin: SocketAddr::from(([0, 0, 0, 0], 0)),
+        xds: None,
         log,
         _data_dir: data_dir,
     };
@@ -383,6 +390,10 @@ pub fn control_plane(cluster: &Cluster, extra: &[&str]) -> ControlPlane {
     };
     plane.grpc = field("grpc_addr");
     plane.admin = field("admin_addr");
+    plane.xds = line
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("xds_addr="))
+        .and_then(|value| value.parse().ok());
     plane
 }
 

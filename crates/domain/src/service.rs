@@ -11,8 +11,21 @@ use std::net::IpAddr;
 /// The label that names a service's Dubbo application.
 pub const APPLICATION_LABEL: &str = "dubbo.apache.org/application";
 
+/// An endpoint's weight when its source gives none: Dubbo's default provider weight.
+pub const DEFAULT_WEIGHT: u32 = 100;
+
 /// Kubernetes' cluster domain, the suffix of a service's fully qualified name.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// Every service a source knows (Kubernetes Services with their EndpointSlices), and whether it
+/// has listed them all yet: until then an edge must not tell clients that a service is gone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceSet {
+    pub services: Vec<Service>,
+    pub synced: bool,
+    /// Why the source is not (or no longer) in sync with its truth, for operators.
+    pub condition: Option<String>,
+}
 
 /// One service: a name in a namespace, its ports and its ready endpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]

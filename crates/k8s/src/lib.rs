@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod config;
 pub mod crd;
 pub mod expiry;
+pub mod services;
 pub mod watch;
 pub mod writer;
 

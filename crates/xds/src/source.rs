@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dubbo_cp_domain::rules::{DynamicConfigSpec, RuleSpec, TagRouteSpec};
-use dubbo_cp_domain::service::Service;
+use dubbo_cp_domain::service::{Service, ServiceSet};
 use dubbo_cp_index::{Index, Kind, KindSnapshot, Resource};
 use tokio::sync::watch;
 
@@ -23,11 +23,13 @@ pub const KINDS: [Kind; 4] = [
     Kind::DynamicConfig,
 ];
 
-/// The state of the index's kinds that one snapshot reflects.
-pub fn build(index: &Index, version: u64) -> Snapshot {
-    let synced = KINDS.iter().all(|kind| index.is_kind_loaded(*kind));
+/// The state of the index's kinds (and of the Kubernetes services, in Kubernetes mode) that
+/// one snapshot reflects.
+pub fn build(index: &Index, external: Option<&ServiceSet>, version: u64) -> Snapshot {
+    let synced = KINDS.iter().all(|kind| index.is_kind_loaded(*kind))
+        && external.is_none_or(|set| set.synced);
     let state = |kind| index.current(kind);
-    let (services, _) = services(&state(Kind::ServiceEntry));
+    let (services, _) = services(&state(Kind::ServiceEntry), external);
     let mut mappings = Vec::new();
     for (key, object) in &state(Kind::ServiceNameMapping).objects {
         if let (
@@ -81,12 +83,25 @@ fn rules<T>(state: &KindSnapshot, pick: impl Fn(&RuleSpec) -> Option<T>) -> Vec<
         .collect()
 }
 
-/// The services the ServiceEntries declare, and the hosts declared twice in one namespace
-/// (`namespace/host` -> the entries after the first, which is served; entries in key order).
-pub fn services(state: &KindSnapshot) -> (Vec<Service>, BTreeMap<String, Vec<String>>) {
+/// The Kubernetes services, then the services the ServiceEntries declare, and the hosts
+/// declared twice in one namespace (`namespace/host` -> the entries not served: a Kubernetes
+/// Service comes first, then entries in key order).
+pub fn services(
+    state: &KindSnapshot,
+    external: Option<&ServiceSet>,
+) -> (Vec<Service>, BTreeMap<String, Vec<String>>) {
     let mut seen: BTreeMap<(String, String), String> = BTreeMap::new();
     let mut shadowed: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut services = Vec::new();
+    for service in external
+        .map(|set| set.services.as_slice())
+        .unwrap_or_default()
+    {
+        let host = (service.namespace.clone(), service.name.clone());
+        if seen.insert(host, "Service".to_owned()).is_none() {
+            services.push(service.clone());
+        }
+    }
     for (key, object) in &state.objects {
         let (Resource::Rule(RuleSpec::ServiceEntry(entry)), Some((_, namespace))) =
             (&object.value, split_client_key(key))
@@ -112,7 +127,13 @@ pub fn services(state: &KindSnapshot) -> (Vec<Service>, BTreeMap<String, Vec<Str
 /// Publishes a snapshot of `index` on `tx` now and after each burst of changes to [`KINDS`]:
 /// the first change of a burst starts a `window`, and the state at its end is published. Runs
 /// until every receiver is gone.
-pub async fn run(index: Arc<Index>, tx: watch::Sender<Arc<Snapshot>>, window: Duration) {
+/// In Kubernetes mode `external` carries the cluster's Services and EndpointSlices.
+pub async fn run(
+    index: Arc<Index>,
+    mut external: Option<watch::Receiver<ServiceSet>>,
+    tx: watch::Sender<Arc<Snapshot>>,
+    window: Duration,
+) {
     let mut watches: [watch::Receiver<Arc<KindSnapshot>>; 4] =
         KINDS.map(|kind| index.subscribe(kind));
     let mut version = 0u64;
@@ -129,8 +150,9 @@ pub async fn run(index: Arc<Index>, tx: watch::Sender<Arc<Snapshot>>, window: Du
             .max()
             .unwrap_or(0);
         version = revision.max(version + 1);
-        let snapshot = build(&index, version);
-        let (_, shadowed) = services(&index.current(Kind::ServiceEntry));
+        let set = external.as_mut().map(|rx| rx.borrow_and_update().clone());
+        let snapshot = build(&index, set.as_ref(), version);
+        let (_, shadowed) = services(&index.current(Kind::ServiceEntry), set.as_ref());
         report_shadowed(&shadowed, &shadowed_before);
         shadowed_before = shadowed;
         if tx.send(Arc::new(snapshot)).is_err() {
@@ -143,12 +165,23 @@ pub async fn run(index: Arc<Index>, tx: watch::Sender<Arc<Snapshot>>, window: Du
             changed = b.changed() => changed,
             changed = c.changed() => changed,
             changed = d.changed() => changed,
+            changed = changed_or_never(external.as_mut()) => changed,
             () = tx.closed() => return,
         };
         if changed.is_err() {
             return;
         }
         tokio::time::sleep(window).await;
+    }
+}
+
+/// The next change of `rx`, or never without one.
+async fn changed_or_never(
+    rx: Option<&mut watch::Receiver<ServiceSet>>,
+) -> Result<(), watch::error::RecvError> {
+    match rx {
+        Some(rx) => rx.changed().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -21,7 +21,7 @@ use crate::service::{CLUSTER_DOMAIN, Service, ServiceEndpoint, ServicePort};
 
 /// An endpoint's weight when it gives none (Dubbo's default provider weight). Istio reads an
 /// absent or zero weight as "the default" too.
-pub const DEFAULT_ENDPOINT_WEIGHT: u32 = 100;
+pub const DEFAULT_ENDPOINT_WEIGHT: u32 = crate::service::DEFAULT_WEIGHT;
 
 /// The largest endpoint weight (Envoy's locality weights are u32 and must not overflow when
 /// summed over one service's endpoints).

@@ -1,0 +1,360 @@
+//! Kubernetes Services and their EndpointSlices as the domain's services, for the xDS edge: one
+//! watch of each over all namespaces (kube-runtime's watcher: list, watch, resume, re-list after
+//! 410 Gone), joined by the slices' `kubernetes.io/service-name` label, as Istio reads them.
+//!
+//! Only ready endpoints are served, and an endpoint that is terminating leaves at once (Istio's
+//! default: a terminating pod takes no new calls). The set is published whole on a `watch`
+//! channel after each burst of events, marked synced once both kinds have listed, so an edge
+//! never mistakes "not listed yet" for "deleted".
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use dubbo_cp_domain::service::{Service, ServiceEndpoint, ServicePort, ServiceSet};
+use k8s_openapi::api::core::v1::Service as KubeService;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_stream::StreamExt;
+
+/// The label that names an EndpointSlice's Service.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Events within this window after the first are published together.
+const COALESCE: Duration = Duration::from_millis(20);
+
+/// (namespace, name) -> object.
+type Objects<T> = BTreeMap<(String, String), T>;
+
+/// What both watches have seen.
+#[derive(Default)]
+struct State {
+    services: Objects<KubeService>,
+    slices: Objects<EndpointSlice>,
+    /// What a list in progress has returned so far (it replaces the state when done).
+    listing_services: Option<Objects<KubeService>>,
+    listing_slices: Option<Objects<EndpointSlice>>,
+    services_listed: bool,
+    slices_listed: bool,
+    condition: Option<String>,
+}
+
+/// Watches Services and EndpointSlices until every receiver of `tx` is gone, publishing the
+/// services they describe.
+pub async fn run(client: Client, tx: watch::Sender<ServiceSet>) {
+    let services = watcher(
+        Api::<KubeService>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff();
+    let slices = watcher(
+        Api::<EndpointSlice>::all(client),
+        watcher::Config::default(),
+    )
+    .default_backoff();
+    tokio::pin!(services, slices);
+    let mut state = State::default();
+    let mut publish_at: Option<Instant> = None;
+    loop {
+        let deadline = publish_at.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            () = tx.closed() => return,
+            event = services.next() => match event {
+                Some(Ok(event)) => on_service(&mut state, event),
+                Some(Err(err)) => failed(&mut state, "Services", &err),
+                None => return,
+            },
+            event = slices.next() => match event {
+                Some(Ok(event)) => on_slice(&mut state, event),
+                Some(Err(err)) => failed(&mut state, "EndpointSlices", &err),
+                None => return,
+            },
+            () = tokio::time::sleep_until(deadline), if publish_at.is_some() => {
+                publish_at = None;
+                tx.send_replace(ServiceSet {
+                    services: services_of(&state.services, &state.slices),
+                    synced: state.services_listed && state.slices_listed,
+                    condition: state.condition.clone(),
+                });
+                continue;
+            }
+        }
+        publish_at.get_or_insert_with(|| Instant::now() + COALESCE);
+    }
+}
+
+fn failed(state: &mut State, what: &str, err: &watcher::Error) {
+    // kube's backoff retries; the last good state keeps being served meanwhile.
+    let condition = format!("{what}: {err}");
+    if state.condition.as_deref() != Some(condition.as_str()) {
+        tracing::warn!(%condition, "watch for xDS failed; retrying");
+    }
+    state.condition = Some(condition);
+}
+
+fn key_of(
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> (String, String) {
+    (
+        metadata.namespace.clone().unwrap_or_default(),
+        metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn on_service(state: &mut State, event: Event<KubeService>) {
+    state.condition = None;
+    match event {
+        Event::Init => state.listing_services = Some(BTreeMap::new()),
+        Event::InitApply(service) => {
+            state
+                .listing_services
+                .get_or_insert_with(BTreeMap::new)
+                .insert(key_of(&service.metadata), service);
+        }
+        Event::InitDone => {
+            state.services = state.listing_services.take().unwrap_or_default();
+            state.services_listed = true;
+        }
+        Event::Apply(service) => {
+            state.services.insert(key_of(&service.metadata), service);
+        }
+        Event::Delete(service) => {
+            state.services.remove(&key_of(&service.metadata));
+        }
+    }
+}
+
+fn on_slice(state: &mut State, event: Event<EndpointSlice>) {
+    state.condition = None;
+    match event {
+        Event::Init => state.listing_slices = Some(BTreeMap::new()),
+        Event::InitApply(slice) => {
+            state
+                .listing_slices
+                .get_or_insert_with(BTreeMap::new)
+                .insert(key_of(&slice.metadata), slice);
+        }
+        Event::InitDone => {
+            state.slices = state.listing_slices.take().unwrap_or_default();
+            state.slices_listed = true;
+        }
+        Event::Apply(slice) => {
+            state.slices.insert(key_of(&slice.metadata), slice);
+        }
+        Event::Delete(slice) => {
+            state.slices.remove(&key_of(&slice.metadata));
+        }
+    }
+}
+
+/// The domain's services: every Service but `ExternalName` ones, with the ready endpoints of
+/// its slices.
+pub fn services_of(
+    services: &Objects<KubeService>,
+    slices: &Objects<EndpointSlice>,
+) -> Vec<Service> {
+    let mut by_service: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+    for ((namespace, _), slice) in slices {
+        if let Some(service) = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get(SERVICE_NAME_LABEL))
+        {
+            by_service
+                .entry((namespace.as_str(), service.as_str()))
+                .or_default()
+                .push(slice);
+        }
+    }
+    services
+        .iter()
+        .filter_map(|((namespace, name), service)| {
+            let spec = service.spec.as_ref()?;
+            if spec.type_.as_deref() == Some("ExternalName") {
+                return None;
+            }
+            let ports = spec
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|port| {
+                    let name = port.name.clone().unwrap_or_default();
+                    Some(ServicePort {
+                        number: u16::try_from(port.port).ok()?,
+                        protocol: protocol_of(&name, port.app_protocol.as_deref()),
+                        name,
+                    })
+                })
+                .collect();
+            let endpoints = by_service
+                .get(&(namespace.as_str(), name.as_str()))
+                .into_iter()
+                .flatten()
+                .flat_map(|slice| endpoints_of(slice))
+                .collect();
+            Some(Service {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                labels: service.metadata.labels.clone().unwrap_or_default(),
+                ports,
+                endpoints,
+            })
+        })
+        .collect()
+}
+
+/// The ready, not terminating endpoints of a slice (IP slices only; FQDN slices name hosts
+/// clients would have to resolve).
+fn endpoints_of(slice: &EndpointSlice) -> Vec<ServiceEndpoint> {
+    if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
+        return Vec::new();
+    }
+    let ports: BTreeMap<String, u16> = slice
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|port| {
+            let number = u16::try_from(port.port?).ok()?;
+            Some((port.name.clone().unwrap_or_default(), number))
+        })
+        .collect();
+    slice
+        .endpoints
+        .iter()
+        .flatten()
+        .filter(|endpoint| {
+            let conditions = endpoint.conditions.as_ref();
+            // An absent `ready` means ready, as the API documents it.
+            let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+            let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+            ready && !terminating
+        })
+        .flat_map(|endpoint| {
+            let locality = endpoint
+                .zone
+                .as_ref()
+                .map(|zone| format!("/{zone}"))
+                .unwrap_or_default();
+            let ports = ports.clone();
+            endpoint
+                .addresses
+                .iter()
+                .filter_map(|address| address.parse::<IpAddr>().ok())
+                .map(move |address| ServiceEndpoint {
+                    address,
+                    ports: ports.clone(),
+                    labels: BTreeMap::new(),
+                    weight: dubbo_cp_domain::service::DEFAULT_WEIGHT,
+                    locality: locality.clone(),
+                })
+        })
+        .collect()
+}
+
+/// `appProtocol` when set (`kubernetes.io/h2c` is HTTP2), else the port name's prefix as Istio
+/// reads it (`grpc-web`, `grpc`, `http2`, `tri`), else TCP.
+fn protocol_of(name: &str, app_protocol: Option<&str>) -> String {
+    let named = app_protocol.unwrap_or(name).to_ascii_lowercase();
+    let protocol = if named == "kubernetes.io/h2c" {
+        "HTTP2"
+    } else if named.starts_with("grpc-web") {
+        "GRPC-WEB"
+    } else if named.starts_with("grpc") {
+        "GRPC"
+    } else if named.starts_with("http2") {
+        "HTTP2"
+    } else if named.starts_with("tri") {
+        "TRIPLE"
+    } else if named.starts_with("http") {
+        "HTTP"
+    } else {
+        "TCP"
+    };
+    protocol.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn objects<T: serde::de::DeserializeOwned>(items: &[serde_json::Value]) -> Objects<T> {
+        items
+            .iter()
+            .map(|item| {
+                let key = (
+                    item["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    item["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                );
+                (
+                    key,
+                    serde_json::from_value(item.clone()).unwrap_or_else(|e| panic!("{e}")),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ready_endpoints_of_a_services_slices_are_its_endpoints() {
+        let services = objects::<KubeService>(&[
+            serde_json::json!({
+                "metadata": {"namespace": "shop", "name": "greeter",
+                             "labels": {"dubbo.apache.org/application": "greeter-app"}},
+                "spec": {"ports": [{"name": "grpc", "port": 7070}, {"name": "web", "port": 80, "appProtocol": "kubernetes.io/h2c"}]},
+            }),
+            serde_json::json!({
+                "metadata": {"namespace": "shop", "name": "outside"},
+                "spec": {"type": "ExternalName", "externalName": "example.com"},
+            }),
+        ]);
+        let slices = objects::<EndpointSlice>(&[
+            serde_json::json!({
+                "metadata": {"namespace": "shop", "name": "greeter-abc",
+                             "labels": {"kubernetes.io/service-name": "greeter"}},
+                "addressType": "IPv4",
+                "ports": [{"name": "grpc", "port": 17070}],
+                "endpoints": [
+                    {"addresses": ["10.0.0.1"], "zone": "z1"},
+                    {"addresses": ["10.0.0.2"], "conditions": {"ready": false}},
+                    {"addresses": ["10.0.0.3"], "conditions": {"ready": true, "terminating": true}},
+                    {"addresses": ["10.0.0.4"], "conditions": {"ready": true}},
+                ],
+            }),
+            serde_json::json!({
+                "metadata": {"namespace": "other", "name": "greeter-x",
+                             "labels": {"kubernetes.io/service-name": "greeter"}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["10.9.9.9"]}],
+            }),
+        ]);
+        let served = services_of(&services, &slices);
+        assert_eq!(served.len(), 1, "ExternalName is not served: {served:?}");
+        let greeter = &served[0];
+        assert_eq!(greeter.application(), "greeter-app");
+        let protocols: Vec<&str> = greeter.ports.iter().map(|p| p.protocol.as_str()).collect();
+        assert_eq!(protocols, ["GRPC", "HTTP2"]);
+        let addresses: Vec<String> = greeter
+            .endpoints
+            .iter()
+            .map(|e| e.address.to_string())
+            .collect();
+        assert_eq!(
+            addresses,
+            ["10.0.0.1", "10.0.0.4"],
+            "ready and not terminating"
+        );
+        assert_eq!(greeter.endpoints[0].port_for(&greeter.ports[0]), 17070);
+        assert_eq!(greeter.endpoints[0].locality, "/z1");
+    }
+}
