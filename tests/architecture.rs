@@ -155,7 +155,15 @@ const OURS: &[(&str, &[&str])] = &[
         ],
     ),
     ("dubbo-cp-ca", &["dubbo-cp-kit", "dubbo-cp-auth"]),
-    ("dubbo-cp-webhook", &["dubbo-cp-kit", "dubbo-cp-ca"]),
+    (
+        "dubbo-cp-webhook",
+        &[
+            "dubbo-cp-kit",
+            "dubbo-cp-ca",
+            "dubbo-cp-domain",
+            "dubbo-cp-xds",
+        ],
+    ),
     (
         "dubbo-cp-ingest",
         &[

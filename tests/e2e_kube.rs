@@ -490,6 +490,32 @@ async fn the_api_server_calls_the_webhook_which_injects_opted_in_pods_and_fails_
     );
     let plain = cluster.pod("e2e-plain", "out-0", json!({"app": "out"}));
     assert_eq!(volumes(&plain), Vec::<String>::new());
+    // xDS as well: the bootstrap, its token (the API server's audience, which the xDS port
+    // reviews as the e2e xDS test's token) and the CA bundle the CA injection already mounts.
+    let xds = cluster.pod(
+        "e2e-inject",
+        "grpc-0",
+        json!({"app": "greeter", "dubbo-xds.inject": "true"}),
+    );
+    assert_eq!(
+        volumes(&xds),
+        ["dubbo-ca-token", "dubbo-ca-cert", "dubbo-xds-token"]
+    );
+    let env = xds["spec"]["containers"][0]["env"].as_array().unwrap();
+    let bootstrap = env
+        .iter()
+        .find(|e| e["name"] == "GRPC_XDS_BOOTSTRAP_CONFIG")
+        .and_then(|e| e["value"].as_str())
+        .expect("a bootstrap");
+    let bootstrap: Value = serde_json::from_str(bootstrap).unwrap();
+    let ca_address = env
+        .iter()
+        .find(|e| e["name"] == "DUBBO_CA_ADDRESS")
+        .map(|e| e["value"].clone())
+        .unwrap();
+    assert_eq!(bootstrap["xds_servers"][0]["server_uri"], ca_address);
+    assert_eq!(bootstrap["node"]["metadata"]["NAMESPACE"], "e2e-inject");
+    assert_eq!(bootstrap["node"]["cluster"], "greeter");
 
     // The control plane down: pods are still admitted (failurePolicy Ignore), unchanged.
     drop(plane);

@@ -17,16 +17,21 @@ use tokio::io::AsyncWriteExt;
 
 const NODE_ID: &str = "xds-binary-test";
 
-fn bootstrap(xds: SocketAddr) -> String {
-    serde_json::json!({
-        "xds_servers": [{
-            "server_uri": xds.to_string(),
-            "channel_creds": [{"type": "insecure"}],
-            "server_features": ["xds_v3"],
-        }],
-        "node": {"id": NODE_ID, "locality": {}, "metadata": {"NAMESPACE": "shop"}},
-    })
-    .to_string()
+/// `dubbo-cp bootstrap` with `args`: the bootstrap the released clients here start from.
+async fn cli_bootstrap(args: &[&str]) -> String {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .arg("bootstrap")
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+async fn bootstrap(xds: SocketAddr) -> String {
+    let server = xds.to_string();
+    cli_bootstrap(&["--server", &server, "-n", "shop", "--node-id", NODE_ID]).await
 }
 
 /// The ServiceEntry of application `greeter` in `shop`: one endpoint per (port, weight).
@@ -84,7 +89,8 @@ async fn a_registered_interface_reaches_a_released_client_through_the_xds_port()
 
     // The interface name resolves through the mapping to greeter's endpoints, 80/20. Settled
     // first: the client may have asked before the mapping's version was built.
-    let mut client = released::client_with(kind, "xds:///org.example.Greeter", bootstrap(xds));
+    let mut client =
+        released::client_with(kind, "xds:///org.example.Greeter", bootstrap(xds).await);
     settle(&mut client, "a", 1, "").await;
     assert_split(&count(&mut client, 2000).await, 80);
 
@@ -195,5 +201,155 @@ async fn xds_on_a_non_loopback_address_needs_authentication() {
     assert_eq!(server.xds_addr, None);
     let listed = xds_clients(server.admin_addr).await;
     assert_eq!(listed["enabled"], false, "{listed}");
+    server.stop().await.unwrap();
+}
+
+/// A key and a CSR for it (the CA names the certificate by the SPIFFE ID it is asked for).
+fn csr() -> (String, String) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    let pem = params.serialize_request(&key).unwrap().pem().unwrap();
+    (pem, key.serialize_pem())
+}
+
+/// A token gRPC can read as a JWT (it reads the expiry; the signature is the server's business):
+/// static tokens are compared whole, so any well-formed one will do.
+fn jwt_shaped_token() -> String {
+    use base64::Engine as _;
+    let part = |json: serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json.to_string())
+    };
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 7200;
+    format!(
+        "{}.{}.c2ln",
+        part(serde_json::json!({"alg": "RS256", "typ": "JWT"})),
+        part(serde_json::json!({"sub": "greeter-client", "exp": exp}))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_bootstrap_credentials_reach_the_tls_port_with_a_certificate_or_a_token() {
+    let kind = Released::Grpcio;
+    let (_a, port_a) = backend(kind, "a").await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = jwt_shaped_token();
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "tokens:\n  - token: {token}\n    namespace: shop\n    identity: shop/greeter-client\n  \
+             - token: ops\n    namespace: ops\n    identity: ops/admin\n"
+        ),
+    )
+    .unwrap();
+    let mut config = test_config(&dir.path().join("data"));
+    config.auth.token_file = Some(tokens);
+    config.auth.admins = vec!["ops/admin".into()];
+    let server = start(config).await;
+    let admin = server.admin_addr;
+    let tls = server.tls_addr.expect("the CA serves the TLS port");
+    let (status, body) = http_send(
+        admin,
+        "POST",
+        "/api/v1/apply",
+        &greeter_entry(&[(port_a, 100)]),
+        Some("ops"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let mut sdk = common::client(server.grpc_addr).await;
+    let mut register =
+        tonic::Request::new(common::request("shop", "greeter", &["org.example.Greeter"]));
+    register
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    sdk.register_service_app_mapping(register).await.unwrap();
+    common::wait_published(&server, 1).await;
+
+    // A workload certificate from our CA, as the CA API issues it.
+    let (csr, key) = csr();
+    let spiffe = "spiffe://cluster.local/ns/shop/sa/greeter-client";
+    let issue = serde_json::json!({"csr": csr, "spiffeId": spiffe}).to_string();
+    let (status, body) = http_send(admin, "POST", "/api/v1/ca/issue", &issue, Some("ops")).await;
+    assert_eq!(status, 200, "{body}");
+    let issued: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let roots: Vec<String> = serde_json::from_value(issued["trustCerts"].clone()).unwrap();
+    let ca_file = write("roots.pem", &roots.concat());
+    let cert_file = write("client.pem", issued["certPem"].as_str().unwrap());
+    let key_file = write("client.key", &key);
+    let token_file = write("token.jwt", &token);
+    let server_uri = format!("localhost:{}", tls.port());
+
+    // mTLS (gRFC A65's TLS channel credentials): our root verifies the port's certificate
+    // (issued by the same CA for "localhost"), our certificate is the identity. The node says
+    // no namespace: the certificate's is the client's.
+    let by_certificate = serde_json::json!({
+        "xds_servers": [{
+            "server_uri": server_uri,
+            "channel_creds": [{"type": "tls", "config": {
+                "ca_certificate_file": ca_file,
+                "certificate_file": cert_file,
+                "private_key_file": key_file,
+            }}],
+            "server_features": ["xds_v3"],
+        }],
+        "node": {"id": "tls-client", "locality": {}},
+    })
+    .to_string();
+    // A bearer token from a file (gRFC A97's call credentials), as `dubbo-cp bootstrap`
+    // writes it and the webhook injects it with a projected service-account token.
+    let by_token = cli_bootstrap(&[
+        "--server",
+        &server_uri,
+        "-n",
+        "shop",
+        "--node-id",
+        "token-client",
+        "--ca-file",
+        &ca_file,
+        "--token-file",
+        &token_file,
+    ])
+    .await;
+    let mut clients = vec![
+        released::client_with(kind, "xds:///org.example.Greeter", by_certificate),
+        released::client_with_env(
+            kind,
+            "xds:///org.example.Greeter",
+            &[
+                ("GRPC_XDS_BOOTSTRAP_CONFIG", by_token),
+                (dubbo_cp::xds::bootstrap::CALL_CREDS_ENV, "true".into()),
+            ],
+        ),
+    ];
+    for client in &mut clients {
+        settle(client, "a", 1, "").await;
+        let counts = count(client, 200).await;
+        assert_eq!(answers(&counts, "a"), 200, "{counts}");
+    }
+    let (status, body) = http_send(admin, "GET", "/debug/xds", "", Some("ops")).await;
+    assert_eq!(status, 200, "{body}");
+    let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    for node in ["tls-client", "token-client"] {
+        let client = listed["clients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["node_id"] == node)
+            .unwrap_or_else(|| panic!("{node} in {listed}"));
+        assert_eq!(client["namespace"], "shop", "{listed}");
+    }
+    for client in &mut clients {
+        drop(client.child.start_kill());
+    }
     server.stop().await.unwrap();
 }

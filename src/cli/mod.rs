@@ -8,6 +8,7 @@ use crate::pb::snp::ServiceMappingRequest;
 use crate::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient;
 use crate::{server, telemetry};
 
+mod bootstrap;
 mod ca;
 mod canary;
 mod columns;
@@ -108,6 +109,9 @@ pub enum Command {
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<std::path::PathBuf>,
     },
+    /// Print a gRPC xDS bootstrap (server, credentials, node with namespace and locality) for
+    /// `GRPC_XDS_BOOTSTRAP_CONFIG`.
+    Bootstrap(bootstrap::BootstrapArgs),
     /// Which clients have which revisions of each kind (`--stale`: only those behind); with
     /// `--compare ADMIN...`, whether several replicas serve byte-identical state.
     Status(status::StatusArgs),
@@ -173,6 +177,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             application,
             interfaces,
         } => status::unregister(&admin, namespace, application, interfaces).await,
+        Command::Bootstrap(args) => bootstrap::run(&args),
         Command::Crd => {
             print!("{}", crate::k8s::crd::crd_yaml()?);
             Ok(())

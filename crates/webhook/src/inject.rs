@@ -56,6 +56,8 @@ pub struct Context<'a> {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Injected {
     pub ca: bool,
+    /// The xDS bootstrap (`dubbo-xds.inject`).
+    pub xds: bool,
     /// The registry asked for and the address injected (`None`: no Service found for it).
     pub registry: Option<(Registry, Option<String>)>,
 }
@@ -78,6 +80,11 @@ pub fn inject(pod: &mut Value, context: &Context<'_>) -> Injected {
     if wants(CA_LABEL) && !has_ca(pod) {
         add_ca(pod, context.ca_address);
         injected.ca = true;
+    }
+    // After the CA injection, whose CA bundle it then shares.
+    if wants(crate::xds::XDS_LABEL) && !crate::xds::has_xds(pod) {
+        crate::xds::add_xds(pod, context.ca_address, context.namespace);
+        injected.xds = true;
     }
     // The pod's own registry label wins over its namespace's; within each, the priority order.
     let chosen = REGISTRY_LABELS
@@ -105,12 +112,12 @@ pub fn inject(pod: &mut Value, context: &Context<'_>) -> Injected {
     injected
 }
 
-fn named(list: Option<&Value>, name: &str) -> bool {
+pub(crate) fn named(list: Option<&Value>, name: &str) -> bool {
     list.and_then(Value::as_array)
         .is_some_and(|items| items.iter().any(|item| item["name"] == name))
 }
 
-fn containers(pod: &Value) -> impl Iterator<Item = &Value> {
+pub(crate) fn containers(pod: &Value) -> impl Iterator<Item = &Value> {
     pod.pointer("/spec/containers")
         .and_then(Value::as_array)
         .into_iter()
@@ -131,7 +138,7 @@ fn has_ca(pod: &Value) -> bool {
 }
 
 /// Appends `item` to the array at `object[key]`, creating it.
-fn push(object: &mut Value, key: &str, item: Value) {
+pub(crate) fn push(object: &mut Value, key: &str, item: Value) {
     if !object[key].is_array() {
         object[key] = json!([]);
     }

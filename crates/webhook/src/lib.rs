@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod config;
 pub mod configuration;
 pub mod inject;
+pub mod xds;
 
 pub use config::WebhookConfig;
 
@@ -366,6 +367,9 @@ fn injection_kinds(injected: &Injected) -> Vec<&'static str> {
     if injected.ca {
         kinds.push("ca");
     }
+    if injected.xds {
+        kinds.push("xds");
+    }
     if let Some((registry, Some(_))) = &injected.registry {
         kinds.push(registry.name());
     }
@@ -377,6 +381,7 @@ fn log_mutation(pod: &PodRef, injected: &Injected) {
         namespace = %pod.namespace,
         pod = %pod.name,
         ca = injected.ca,
+        xds = injected.xds,
         registry = injected
             .registry
             .as_ref()

@@ -12,11 +12,13 @@
 //! - [`snapshot`]: the services at one version, and the resources a subscription selects.
 //! - [`tags`]: Dubbo's tag routing (TagRoute, static tags) as header-matched routes to subsets.
 //! - [`server`]: the ADS gRPC service, one task per stream over the published snapshots.
+//! - [`bootstrap`]: the bootstrap gRPC clients start from (`dubbo-cp bootstrap`, the webhook).
 //! - [`clients`]: the connected clients' status (node, subscriptions, ACKed versions, NACKs).
 //! - [`source`]: the snapshots, built from the index after each burst of changes.
 //! - [`stats`]: pushes, NACKs, push delay and streams, for `/metrics`.
 #![forbid(unsafe_code)]
 
+pub mod bootstrap;
 pub mod clients;
 mod config;
 pub mod delta;

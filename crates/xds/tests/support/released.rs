@@ -196,3 +196,8 @@ pub fn client_with(kind: Released, target: &str, bootstrap: String) -> Proc {
         &[("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap)],
     )
 }
+
+/// A client process calling `target` with environment `env` (the bootstrap among it).
+pub fn client_with_env(kind: Released, target: &str, env: &[(&str, String)]) -> Proc {
+    Proc::spawn(kind, &["client", target], env)
+}
