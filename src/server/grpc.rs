@@ -94,15 +94,16 @@ fn xds_service(
         rx
     });
     let (snapshots, rx) = watch::channel(Arc::new(Snapshot::default()));
-    let index = index.clone();
-    let window = config.xds.debounce;
-    wiring.tasks.spawn("xDS snapshots", async move {
-        source::run(index, services, snapshots, window).await;
-        Ok(())
-    });
     let ads = Ads::new(rx, config.xds.max_streams)
         .with_authentication(Arc::new(PolicyAuthentication(policy.clone())))
         .with_shutdown(wiring.shutdown_rx.clone());
+    let index = index.clone();
+    let window = config.xds.debounce;
+    let encodes = ads.stats().encodes.clone();
+    wiring.tasks.spawn("xDS snapshots", async move {
+        source::run(index, services, snapshots, window, encodes).await;
+        Ok(())
+    });
     ads.stats()
         .register_metrics(&ads.clients(), &mut wiring.registry);
     ads

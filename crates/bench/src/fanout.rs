@@ -31,6 +31,8 @@ pub struct ServerProcess {
     pub child: Child,
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The xDS port, when xDS is on.
+    pub xds_addr: Option<SocketAddr>,
     _data_dir: tempfile::TempDir,
 }
 
@@ -85,7 +87,7 @@ pub fn spawn_server_in(
         })?;
     let stdout = child.stdout.take().context("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
-    let (grpc_addr, admin_addr) = loop {
+    let (grpc_addr, admin_addr, xds_addr) = loop {
         let Some(line) = lines.next() else {
             bail!("dubbo-cp exited before serving")
         };
@@ -96,7 +98,7 @@ pub fn spawn_server_in(
                 .and_then(|addr| addr.parse::<SocketAddr>().ok())
         };
         if let (Some(grpc), Some(admin)) = (field("grpc_addr="), field("admin_addr=")) {
-            break (grpc, admin);
+            break (grpc, admin, field("xds_addr="));
         }
     };
     // Keep draining its output so it never blocks on a full pipe.
@@ -105,6 +107,7 @@ pub fn spawn_server_in(
         child,
         grpc_addr,
         admin_addr,
+        xds_addr,
         _data_dir: data_dir,
     })
 }
@@ -124,7 +127,7 @@ pub async fn readyz(admin: SocketAddr) -> anyhow::Result<bool> {
     Ok(response.starts_with("HTTP/1.1 200"))
 }
 
-fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()

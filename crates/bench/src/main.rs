@@ -21,6 +21,7 @@ mod ceiling;
 mod fanout;
 mod load;
 mod separate;
+mod xds;
 mod zk;
 
 #[derive(Parser)]
@@ -48,6 +49,9 @@ enum Command {
     /// Serve the bare-tonic ceiling on `--addr` until killed (used by `separate`).
     /// Certificates issued per second: a cold start of many pods, one CreateIdentity each.
     Ca(ca::CaArgs),
+    /// xDS fan-out with the real binary: ADS streams over ServiceEntries, an endpoint change to
+    /// the last stream's ACK, memory per stream, encodings per change.
+    Xds(xds::XdsArgs),
     Ceiling {
         #[arg(long, default_value = "127.0.0.1:0")]
         addr: std::net::SocketAddr,
@@ -111,6 +115,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Separate(args) => separate::run(args).await,
         Command::FanoutRules(args) => fanout::run_rules(args).await,
         Command::Ca(args) => ca::run(args).await,
+        Command::Xds(args) => xds::run(args).await,
         Command::Ceiling { addr } => separate::serve_ceiling(addr).await,
     }
 }

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use crate::pod::{containers, named, push};
+
 /// Pod or namespace label asking for the CA settings.
 pub const CA_LABEL: &str = "dubbo-ca.inject";
 /// Registry labels, in priority order, and the scheme each gives.
@@ -112,18 +114,6 @@ pub fn inject(pod: &mut Value, context: &Context<'_>) -> Injected {
     injected
 }
 
-pub(crate) fn named(list: Option<&Value>, name: &str) -> bool {
-    list.and_then(Value::as_array)
-        .is_some_and(|items| items.iter().any(|item| item["name"] == name))
-}
-
-pub(crate) fn containers(pod: &Value) -> impl Iterator<Item = &Value> {
-    pod.pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-}
-
 /// Whether anything the CA injection would add is already there (then the pod is left whole).
 fn has_ca(pod: &Value) -> bool {
     let volumes = pod.pointer("/spec/volumes");
@@ -135,16 +125,6 @@ fn has_ca(pod: &Value) -> bool {
             || named(container.get("volumeMounts"), TOKEN_VOLUME)
             || named(container.get("volumeMounts"), CERT_VOLUME)
     })
-}
-
-/// Appends `item` to the array at `object[key]`, creating it.
-pub(crate) fn push(object: &mut Value, key: &str, item: Value) {
-    if !object[key].is_array() {
-        object[key] = json!([]);
-    }
-    if let Some(items) = object[key].as_array_mut() {
-        items.push(item);
-    }
 }
 
 fn add_ca(pod: &mut Value, ca_address: &str) {

@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod config;
 pub mod configuration;
 pub mod inject;
+mod pod;
 pub mod xds;
 
 pub use config::WebhookConfig;

@@ -11,7 +11,7 @@
 use dubbo_cp_xds::bootstrap::{Bootstrap, CALL_CREDS_ENV, Credentials};
 use serde_json::{Value, json};
 
-use crate::inject::{containers, named, push};
+use crate::pod::{containers, named, push};
 
 /// Pod or namespace label asking for the xDS bootstrap.
 pub const XDS_LABEL: &str = "dubbo-xds.inject";

@@ -337,9 +337,16 @@ impl Snapshot {
         Some(any)
     }
 
-    /// Resources generated and encoded at this version, across every stream.
+    /// Resources generated and encoded at this version, across every stream (or, after
+    /// [`Snapshot::counting_encodes_in`], across every version sharing the counter).
     pub fn encodes(&self) -> u64 {
         self.encodes.load(Ordering::Relaxed)
+    }
+
+    /// Counts this version's encodings in `counter` (the edge's metric), not its own.
+    pub fn counting_encodes_in(mut self, counter: Arc<AtomicU64>) -> Snapshot {
+        self.encodes = counter;
+        self
     }
 }
 

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use dubbo_cp_domain::rules::{DynamicConfigSpec, RuleSpec, TagRouteSpec};
@@ -128,11 +129,13 @@ pub fn services(
 /// the first change of a burst starts a `window`, and the state at its end is published. Runs
 /// until every receiver is gone.
 /// In Kubernetes mode `external` carries the cluster's Services and EndpointSlices.
+/// Encodings are counted in `encodes`.
 pub async fn run(
     index: Arc<Index>,
     mut external: Option<watch::Receiver<ServiceSet>>,
     tx: watch::Sender<Arc<Snapshot>>,
     window: Duration,
+    encodes: Arc<AtomicU64>,
 ) {
     let mut watches: [watch::Receiver<Arc<KindSnapshot>>; 4] =
         KINDS.map(|kind| index.subscribe(kind));
@@ -151,7 +154,7 @@ pub async fn run(
             .unwrap_or(0);
         version = revision.max(version + 1);
         let set = external.as_mut().map(|rx| rx.borrow_and_update().clone());
-        let snapshot = build(&index, set.as_ref(), version);
+        let snapshot = build(&index, set.as_ref(), version).counting_encodes_in(encodes.clone());
         let (_, shadowed) = services(&index.current(Kind::ServiceEntry), set.as_ref());
         report_shadowed(&shadowed, &shadowed_before);
         shadowed_before = shadowed;

@@ -38,6 +38,9 @@ pub struct XdsStats {
     pub push_delay: Histogram,
     /// Streams refused: unauthenticated, or every place taken.
     pub refused: AtomicU64,
+    /// Resources generated and encoded, over every version (each once per version, whatever
+    /// the number of streams holding it).
+    pub encodes: Arc<AtomicU64>,
 }
 
 impl Default for XdsStats {
@@ -47,6 +50,7 @@ impl Default for XdsStats {
             nacks: Family::default(),
             push_delay: latency_histogram(),
             refused: AtomicU64::new(0),
+            encodes: Arc::default(),
         }
     }
 }
@@ -74,6 +78,13 @@ impl XdsStats {
             "Open xDS streams (state of the world and incremental)",
             clients,
             |c| i64::try_from(c.open_streams()).unwrap_or(i64::MAX),
+        );
+        scraped_counter(
+            registry,
+            "xds_resource_encodes",
+            "xDS resources generated and encoded (once per version each, shared by every stream)",
+            self,
+            |s| s.encodes.load(Ordering::Relaxed),
         );
         scraped_counter(
             registry,

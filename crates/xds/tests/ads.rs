@@ -53,6 +53,23 @@ impl Client {
         self.requests.send(request).await.unwrap();
     }
 
+    /// Rejects `response` (a NACK): its nonce, the last good version, and why.
+    async fn nack(&self, names: &[&str], good: &str, response: &DiscoveryResponse, why: &str) {
+        let request = DiscoveryRequest {
+            type_url: response.type_url.clone(),
+            resource_names: names.iter().map(|n| n.to_string()).collect(),
+            version_info: good.into(),
+            response_nonce: response.nonce.clone(),
+            error_detail: Some(envoy_types::pb::google::rpc::Status {
+                code: 3,
+                message: why.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        self.requests.send(request).await.unwrap();
+    }
+
     async fn next(&mut self) -> DiscoveryResponse {
         tokio::time::timeout(Duration::from_secs(10), self.responses.message())
             .await
@@ -242,4 +259,74 @@ async fn a_removed_service_leaves_its_listener_before_its_cluster() {
         (CLUSTER, 1),
         "then the cluster"
     );
+}
+
+#[tokio::test]
+async fn a_nack_keeps_that_client_on_its_last_good_version_while_others_move_on() {
+    let server = support::Server::start().await;
+    server.publish(vec![support::greeter("default", &[(9001, 1)])]);
+    let cluster = "outbound|7070||greeter.default.svc.cluster.local";
+    let mut rejecting = Client::connect(server.addr).await;
+    let mut accepting = Client::connect(server.addr).await;
+    for client in [&mut rejecting, &mut accepting] {
+        client.send(ENDPOINT, &[cluster], "", "").await;
+        let first = client.next().await;
+        client.send(ENDPOINT, &[cluster], "1", &first.nonce).await;
+    }
+    server.acked(ENDPOINT, "1").await;
+
+    // Version 2: one client rejects it, the other takes it.
+    server.publish(vec![support::greeter("default", &[(9001, 1), (9002, 1)])]);
+    let pushed = rejecting.next().await;
+    assert_eq!(pushed.version_info, "2");
+    rejecting
+        .nack(&[cluster], "1", &pushed, "cannot apply: locality weight")
+        .await;
+    let taken = accepting.next().await;
+    accepting
+        .send(ENDPOINT, &[cluster], "2", &taken.nonce)
+        .await;
+    fn status(clients: &[dubbo_cp_xds::clients::ClientStatus], acked: &str, nacked: bool) -> bool {
+        clients.iter().any(|c| {
+            c.types
+                .get(ENDPOINT)
+                .is_some_and(|t| t.acked.as_deref() == Some(acked) && t.nack.is_some() == nacked)
+        })
+    }
+    let both = server
+        .clients
+        .wait_for(|clients| status(clients, "1", true) && status(clients, "2", false));
+    tokio::time::timeout(Duration::from_secs(10), both)
+        .await
+        .unwrap_or_else(|_| panic!("{:?}", server.clients.list()));
+    let views = server.clients.views();
+    let nack = views
+        .iter()
+        .flat_map(|c| c.types.iter())
+        .find_map(|t| t.nack.clone())
+        .unwrap();
+    assert_eq!(
+        (nack.version.as_str(), nack.message.as_str()),
+        ("2", "cannot apply: locality weight")
+    );
+    let nacks = server
+        .stats
+        .nacks
+        .get_or_create(&dubbo_cp_xds::stats::TypeLabel::of(ENDPOINT))
+        .get();
+    assert_eq!(nacks, 1);
+    // The rejected version is not sent again; the stream stays open.
+    assert!(rejecting.silent_for(Duration::from_millis(300)).await);
+
+    // The next good version reaches it, and its ACK clears the rejection.
+    server.publish(vec![support::greeter("default", &[(9001, 1), (9003, 1)])]);
+    let next = rejecting.next().await;
+    assert_eq!(next.version_info, "3");
+    rejecting.send(ENDPOINT, &[cluster], "3", &next.nonce).await;
+    let cleared = server
+        .clients
+        .wait_for(|clients| status(clients, "3", false));
+    tokio::time::timeout(Duration::from_secs(10), cleared)
+        .await
+        .unwrap_or_else(|_| panic!("{:?}", server.clients.list()));
 }

@@ -16,6 +16,7 @@ pub struct Server {
     pub addr: SocketAddr,
     pub snapshots: watch::Sender<Arc<Snapshot>>,
     pub clients: Arc<Clients>,
+    pub stats: Arc<dubbo_cp_xds::stats::XdsStats>,
 }
 
 impl Server {
@@ -30,6 +31,7 @@ impl Server {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let ads = Ads::new(rx, max_streams);
         let clients = ads.clients();
+        let stats = ads.stats();
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(ads.into_service())
@@ -39,6 +41,7 @@ impl Server {
             addr,
             snapshots,
             clients,
+            stats,
         }
     }
 
