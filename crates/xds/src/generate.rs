@@ -25,10 +25,11 @@ use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
-use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
+use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher};
 use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
 
+use crate::conditions::glob_regex;
 use crate::tags::{FORCE_HEADERS, Subset, TAG_HEADERS, Tagging};
 
 /// What a requested name resolves to: a service and the port meant.
@@ -215,6 +216,62 @@ fn header_present(name: &str) -> HeaderMatcher {
     }
 }
 
+/// A ConditionRoute's conditions as routes, in order, before tag routing: the method against the
+/// path's last part, attachments as metadata, each to its condition's subset.
+fn condition_routes(target: Target<'_>, tagging: &Tagging<'_>) -> Vec<Route> {
+    let alternatives = |patterns: &[String]| {
+        let regexes: Vec<String> = patterns.iter().map(|p| glob_regex(p)).collect();
+        format!("(?:{})", regexes.join("|"))
+    };
+    let regex = |regex: String| RegexMatcher {
+        regex,
+        ..Default::default()
+    };
+    tagging
+        .conditions()
+        .iter()
+        .enumerate()
+        .map(|(i, condition)| {
+            let path = if condition.methods.is_empty() {
+                route_match::PathSpecifier::Prefix(String::new())
+            } else {
+                // gRPC paths are `/<package.Service>/<method>`.
+                route_match::PathSpecifier::SafeRegex(regex(format!(
+                    "/[^/]*/{}",
+                    alternatives(&condition.methods)
+                )))
+            };
+            let mut headers = Vec::new();
+            for (name, matches, mismatches) in &condition.headers {
+                for (patterns, invert_match) in [(matches, false), (mismatches, true)] {
+                    if patterns.is_empty() {
+                        continue;
+                    }
+                    headers.push(HeaderMatcher {
+                        name: name.clone(),
+                        header_match_specifier: Some(
+                            header_matcher::HeaderMatchSpecifier::StringMatch(StringMatcher {
+                                match_pattern: Some(string_matcher::MatchPattern::SafeRegex(
+                                    regex(alternatives(patterns)),
+                                )),
+                                ignore_case: false,
+                            }),
+                        ),
+                        invert_match,
+                        ..Default::default()
+                    });
+                }
+            }
+            let cluster = subset_cluster_name(target, Some(&Subset::Condition(i)));
+            let mut route = route_to(cluster, headers);
+            if let Some(RouteMatch { path_specifier, .. }) = route.r#match.as_mut() {
+                *path_specifier = Some(path);
+            }
+            route
+        })
+        .collect()
+}
+
 /// The routes of tag routing (see [`crate::tags`]), most specific first: a tag forced, a tag,
 /// any other tag forced, any other tag, no tag. "Any other tag" is the subset of the empty tag.
 fn tag_routes(target: Target<'_>, tagging: &Tagging<'_>) -> Vec<Route> {
@@ -323,10 +380,13 @@ pub fn route_configuration(
     target: Target<'_>,
     tagging: Option<&Tagging<'_>>,
 ) -> RouteConfiguration {
-    let routes = match tagging.filter(|t| t.applies()) {
+    let mut routes = tagging
+        .map(|t| condition_routes(target, t))
+        .unwrap_or_default();
+    routes.extend(match tagging.filter(|t| t.applies()) {
         Some(tagging) => tag_routes(target, tagging),
         None => vec![route_to(cluster_name(target), Vec::new())],
-    };
+    });
     virtual_host_config(requested, routes)
 }
 

@@ -10,6 +10,7 @@
 //!   ACKs and NACKs, and what to answer. No I/O.
 //! - [`delta`]: the same for incremental streams (Envoy's): only changes and removals are sent.
 //! - [`snapshot`]: the services at one version, and the resources a subscription selects.
+//! - [`conditions`]: Dubbo's ConditionRoute, what clients can apply of it, as routes to subsets.
 //! - [`tags`]: Dubbo's tag routing (TagRoute, static tags) as header-matched routes to subsets.
 //! - [`server`]: the ADS gRPC service, one task per stream over the published snapshots.
 //! - [`bootstrap`]: the bootstrap gRPC clients start from (`dubbo-cp bootstrap`, the webhook).
@@ -20,6 +21,7 @@
 
 pub mod bootstrap;
 pub mod clients;
+pub mod conditions;
 mod config;
 pub mod delta;
 pub mod generate;

@@ -9,11 +9,12 @@ use dubbo_cp_domain::service::{HostName, Service};
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::util::pack_any;
 
+use crate::conditions::Conditions;
 use crate::generate::{self, Services, Target};
 use crate::protocol::TypeState;
 use crate::tags::{Subset, Tagging};
 use crate::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
-use dubbo_cp_domain::rules::{DynamicConfigSpec, OverrideConfig, TagRouteSpec};
+use dubbo_cp_domain::rules::{ConditionRouteSpec, DynamicConfigSpec, OverrideConfig, TagRouteSpec};
 use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
 
 /// (type, name, namespace) -> the encoded resource.
@@ -33,6 +34,8 @@ pub struct Snapshot {
     by_name: Arc<HashMap<(String, String), usize>>,
     /// Enabled TagRoutes by (namespace, application).
     tag_routes: Arc<HashMap<(String, String), TagRouteSpec>>,
+    /// Enabled application-scoped ConditionRoutes, translated, by (namespace, application).
+    condition_routes: Arc<HashMap<(String, String), Conditions>>,
     /// (namespace, application) -> positions in `services`.
     by_application: Arc<HashMap<(String, String), Vec<usize>>>,
     /// (namespace, interface) -> the applications serving it (ServiceNameMappings).
@@ -70,6 +73,7 @@ impl Snapshot {
             services: Arc::new(services),
             by_name: Arc::new(by_name),
             tag_routes: Arc::default(),
+            condition_routes: Arc::default(),
             by_application: Arc::new(by_application),
             mappings: Arc::default(),
             cache: Arc::default(),
@@ -163,6 +167,29 @@ impl Snapshot {
         self
     }
 
+    /// The same services with `rules` (namespace, spec) routing by condition: what clients can
+    /// apply of each enabled one ([`crate::conditions`]); the highest priority wins per key.
+    pub fn with_condition_routes(mut self, rules: Vec<(String, ConditionRouteSpec)>) -> Snapshot {
+        // What was encoded before describes other state.
+        self.cache = Arc::default();
+        let mut by_key: HashMap<(String, String), (i32, Conditions)> = HashMap::new();
+        for (namespace, rule) in rules.into_iter().filter(|(_, rule)| rule.enabled) {
+            let (conditions, _) = crate::conditions::translate(&rule);
+            if conditions.conditions.is_empty() {
+                continue;
+            }
+            let key = (namespace, rule.key.clone());
+            if by_key
+                .get(&key)
+                .is_none_or(|(priority, _)| rule.priority > *priority)
+            {
+                by_key.insert(key, (rule.priority, conditions));
+            }
+        }
+        self.condition_routes = Arc::new(by_key.into_iter().map(|(k, (_, c))| (k, c)).collect());
+        self
+    }
+
     /// Tag routing for a target's service.
     fn tagging<'a>(&'a self, target: Target<'a>) -> Tagging<'a> {
         let key = (
@@ -173,6 +200,7 @@ impl Snapshot {
             endpoints: &target.service.endpoints,
             port: target.port,
             rule: self.tag_routes.get(&key),
+            conditions: self.condition_routes.get(&key),
         }
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use dubbo_cp_domain::rules::{DynamicConfigSpec, RuleSpec, TagRouteSpec};
+use dubbo_cp_domain::rules::{ConditionRouteSpec, DynamicConfigSpec, RuleSpec, TagRouteSpec};
 use dubbo_cp_domain::service::{Service, ServiceSet};
 use dubbo_cp_index::{Index, Kind, KindSnapshot, Resource};
 use tokio::sync::watch;
@@ -17,11 +17,12 @@ use tokio::sync::watch;
 use crate::snapshot::Snapshot;
 
 /// The kinds a snapshot is built from. Nothing is served until each has loaded.
-pub const KINDS: [Kind; 4] = [
+pub const KINDS: [Kind; 5] = [
     Kind::ServiceEntry,
     Kind::ServiceNameMapping,
     Kind::TagRoute,
     Kind::DynamicConfig,
+    Kind::ConditionRoute,
 ];
 
 /// The state of the index's kinds (and of the Kubernetes services, in Kubernetes mode) that
@@ -58,9 +59,15 @@ pub fn build(index: &Index, external: Option<&ServiceSet>, version: u64) -> Snap
             RuleSpec::DynamicConfig(spec) => Some(spec.clone()),
             _ => None,
         });
+    let conditions: Vec<(String, ConditionRouteSpec)> =
+        rules(&state(Kind::ConditionRoute), |spec| match spec {
+            RuleSpec::ConditionRoute(spec) => Some(spec.clone()),
+            _ => None,
+        });
     Snapshot::new(version, services, synced)
         .with_dynamic_configs(configs)
         .with_tag_routes(tag_routes)
+        .with_condition_routes(conditions)
         .with_mappings(mappings)
 }
 
@@ -137,10 +144,11 @@ pub async fn run(
     window: Duration,
     encodes: Arc<AtomicU64>,
 ) {
-    let mut watches: [watch::Receiver<Arc<KindSnapshot>>; 4] =
+    let mut watches: [watch::Receiver<Arc<KindSnapshot>>; 5] =
         KINDS.map(|kind| index.subscribe(kind));
     let mut version = 0u64;
     let mut shadowed_before = BTreeMap::new();
+    let mut untranslated_before = BTreeMap::new();
     loop {
         for watch in &mut watches {
             watch.borrow_and_update();
@@ -158,16 +166,20 @@ pub async fn run(
         let (_, shadowed) = services(&index.current(Kind::ServiceEntry), set.as_ref());
         report_shadowed(&shadowed, &shadowed_before);
         shadowed_before = shadowed;
+        let untranslated = untranslated(&index.current(Kind::ConditionRoute));
+        report_untranslated(&untranslated, &untranslated_before);
+        untranslated_before = untranslated;
         if tx.send(Arc::new(snapshot)).is_err() {
             return;
         }
         // Until one of the kinds changes (or the index goes), then the window.
-        let [a, b, c, d] = &mut watches;
+        let [a, b, c, d, e] = &mut watches;
         let changed = tokio::select! {
             changed = a.changed() => changed,
             changed = b.changed() => changed,
             changed = c.changed() => changed,
             changed = d.changed() => changed,
+            changed = e.changed() => changed,
             changed = changed_or_never(external.as_mut()) => changed,
             () = tx.closed() => return,
         };
@@ -188,6 +200,37 @@ async fn changed_or_never(
     }
 }
 
+/// `ConditionRoute <name>/<namespace>` -> what clients do not apply of it.
+fn untranslated(state: &KindSnapshot) -> BTreeMap<String, Vec<String>> {
+    state
+        .objects
+        .iter()
+        .filter_map(|(key, object)| match &object.value {
+            Resource::Rule(RuleSpec::ConditionRoute(spec)) if spec.enabled => {
+                let (_, problems) = crate::conditions::translate(spec);
+                (!problems.is_empty()).then(|| (key.clone(), problems))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Warns once per rule (and again only when what is not translated changes).
+fn report_untranslated(
+    now: &BTreeMap<String, Vec<String>>,
+    before: &BTreeMap<String, Vec<String>>,
+) {
+    for (rule, problems) in now {
+        if before.get(rule) != Some(problems) {
+            tracing::warn!(
+                rule = %format!("ConditionRoute {rule}"),
+                not_applied = ?problems,
+                "xDS clients do not apply all of a ConditionRoute (docs/xds.md)"
+            );
+        }
+    }
+}
+
 /// Logs hosts newly declared twice, once each (a rebuild does not log them again).
 fn report_shadowed(now: &BTreeMap<String, Vec<String>>, before: &BTreeMap<String, Vec<String>>) {
     for (host, entries) in now {
@@ -198,5 +241,83 @@ fn report_shadowed(now: &BTreeMap<String, Vec<String>>, before: &BTreeMap<String
                 "a ServiceEntry host is declared by several entries; the first (by name) is served"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::TypeState;
+    use dubbo_cp_index::Change;
+    use crate::{ROUTE, snapshot::resources};
+    use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, route, route_action};
+    use prost::Message;
+
+    fn rule(kind: Kind, spec: serde_json::Value) -> Resource {
+        Resource::Rule(RuleSpec::parse(kind, &spec).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    #[test]
+    fn a_snapshot_holds_what_the_index_holds_and_waits_for_every_kind() {
+        let index = Index::new(1);
+        let entry = serde_json::json!({
+            "hosts": ["greeter"], "ports": [{"number": 7070, "name": "grpc"}],
+            "endpoints": [{"address": "10.0.0.1"}, {"address": "10.0.0.2"}],
+        });
+        index.apply(
+            Kind::ServiceEntry,
+            [Change::Upsert(
+                "greeter/shop".into(),
+                rule(Kind::ServiceEntry, entry),
+            )],
+            2,
+        );
+        let condition = serde_json::json!({
+            "key": "greeter", "scope": "application", "configVersion": "v3.0",
+            "conditions": ["method=sayHello => host=10.0.0.2"],
+        });
+        index.apply(
+            Kind::ConditionRoute,
+            [Change::Upsert(
+                "only-two/shop".into(),
+                rule(Kind::ConditionRoute, condition),
+            )],
+            3,
+        );
+        assert!(!build(&index, None, 1).synced, "no kind has loaded yet");
+        index.mark_all_loaded();
+        let external = ServiceSet::default();
+        assert!(
+            !build(&index, Some(&external), 1).synced,
+            "Kubernetes services not listed"
+        );
+        let snapshot = build(&index, None, 4);
+        assert!(snapshot.synced);
+        let state = TypeState {
+            names: ["greeter:7070".to_owned()].into(),
+            ..Default::default()
+        };
+        let routes = resources(&snapshot, ROUTE, &state, "shop");
+        let config = RouteConfiguration::decode(routes[0].1.value.as_slice()).unwrap();
+        let clusters: Vec<String> = config.virtual_hosts[0]
+            .routes
+            .iter()
+            .filter_map(|r| match &r.action {
+                Some(route::Action::Route(action)) => match &action.cluster_specifier {
+                    Some(route_action::ClusterSpecifier::Cluster(name)) => Some(name.clone()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            clusters,
+            [
+                "outbound|7070|condition-0|greeter.shop.svc.cluster.local",
+                "outbound|7070||greeter.shop.svc.cluster.local",
+            ]
+        );
+        let reported = untranslated(&index.current(Kind::ConditionRoute));
+        assert!(reported.is_empty(), "{reported:?}");
     }
 }

@@ -15,6 +15,8 @@
 use std::collections::BTreeSet;
 
 use dubbo_cp_domain::rules::TagRouteSpec;
+
+use crate::conditions::{Condition, Conditions};
 use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
 
 /// The request header (gRPC metadata) that carries the tag, as Dubbo's Triple clients send it
@@ -34,6 +36,8 @@ pub enum Subset {
     Forced(String),
     /// What a request without a tag gets.
     Untagged,
+    /// What a request matching the ConditionRoute's condition at this position may reach.
+    Condition(usize),
 }
 
 impl Subset {
@@ -46,12 +50,23 @@ impl Subset {
             Subset::Tagged(tag) => format!("tag-{}", hex(tag)),
             Subset::Forced(tag) => format!("forced-{}", hex(tag)),
             Subset::Untagged => "untagged".to_owned(),
+            Subset::Condition(i) => format!("condition-{i}"),
         }
     }
 
     pub fn parse(name: &str) -> Option<Subset> {
         if name == "untagged" {
             return Some(Subset::Untagged);
+        }
+        if let Some(i) = name.strip_prefix("condition-") {
+            // Digits only: `+1` or `01` would be a second name for one subset.
+            if i.is_empty()
+                || !i.bytes().all(|b| b.is_ascii_digit())
+                || (i.len() > 1 && i.starts_with('0'))
+            {
+                return None;
+            }
+            return Some(Subset::Condition(i.parse().ok()?));
         }
         let unhex = |hex: &str| -> Option<String> {
             if !hex.len().is_multiple_of(2) {
@@ -73,16 +88,18 @@ impl Subset {
     pub fn tag(&self) -> Option<&str> {
         match self {
             Subset::Tagged(tag) | Subset::Forced(tag) => Some(tag),
-            Subset::Untagged => None,
+            Subset::Untagged | Subset::Condition(_) => None,
         }
     }
 }
 
-/// One service port's endpoints and the rule of its application, if enabled.
+/// One service port's endpoints and the rules of its application, if enabled: its TagRoute,
+/// and its ConditionRoute's translated conditions (which route before tags).
 pub struct Tagging<'a> {
     pub endpoints: &'a [ServiceEndpoint],
     pub port: &'a ServicePort,
     pub rule: Option<&'a TagRouteSpec>,
+    pub conditions: Option<&'a Conditions>,
 }
 
 fn static_tag(endpoint: &ServiceEndpoint) -> Option<&str> {
@@ -97,6 +114,11 @@ impl<'a> Tagging<'a> {
     /// Whether tags change anything: a rule, or an endpoint with a static tag.
     pub fn applies(&self) -> bool {
         self.rule.is_some() || self.endpoints.iter().any(|e| static_tag(e).is_some())
+    }
+
+    /// The conditions that route before tags (none without a ConditionRoute).
+    pub fn conditions(&self) -> &'a [Condition] {
+        self.conditions.map_or(&[], |c| c.conditions.as_slice())
     }
 
     /// Whether the rule lists `endpoint` among `addresses` (`ip:port`, `ip`, or `*`).
@@ -129,6 +151,19 @@ impl<'a> Tagging<'a> {
     /// The endpoints of `subset`.
     pub fn endpoints_of(&self, subset: &Subset) -> Vec<&'a ServiceEndpoint> {
         match subset {
+            Subset::Condition(i) => {
+                let Some(condition) = self.conditions().get(*i) else {
+                    return Vec::new();
+                };
+                let selected = self.select(|e| condition.selects(e, self.port));
+                let force = self.conditions.is_some_and(|c| c.force);
+                // As Dubbo: a `then` that leaves nobody is ignored unless the rule is `force`;
+                // an empty `then` (`false`) refuses the call either way.
+                if selected.is_empty() && !force && condition.then.is_some() {
+                    return self.endpoints.iter().collect();
+                }
+                selected
+            }
             Subset::Untagged => {
                 let rule_names: BTreeSet<&str> = self
                     .rule
@@ -171,6 +206,9 @@ impl<'a> Tagging<'a> {
     /// Whether routes of this tagging name `subset`: it applies, and the subset is untagged calls,
     /// one of [`Tagging::tags`], or any other tag (the empty one). Clients cannot make up others.
     pub fn routes_to(&self, subset: &Subset) -> bool {
+        if let Subset::Condition(i) = subset {
+            return *i < self.conditions().len();
+        }
         self.applies()
             && subset
                 .tag()

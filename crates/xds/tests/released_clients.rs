@@ -207,6 +207,65 @@ async fn dynamic_config_weights_and_disabled_instances_move_traffic(kind: Releas
     drop(client.child.start_kill());
 }
 
+fn condition_route(
+    force: bool,
+    conditions: &[String],
+) -> dubbo_cp_domain::rules::ConditionRouteSpec {
+    serde_json::from_value(serde_json::json!({
+        "key": "greeter", "scope": "application", "configVersion": "v3.0", "force": force,
+        "conditions": conditions,
+    }))
+    .unwrap()
+}
+
+async fn a_condition_route_sends_matching_calls_to_the_endpoints_it_selects(kind: Released) {
+    let (_a, port_a) = backend(kind, "a").await;
+    let (_b, port_b) = backend(kind, "b").await;
+    let server = support::Server::start().await;
+    let greeter = support::greeter("default", &[(port_a, 1), (port_b, 1)]);
+    // By metadata (Dubbo's attachment), then by method (the path's last part), in order.
+    server.publish_with_conditions(
+        vec![greeter.clone()],
+        vec![condition_route(
+            false,
+            &[
+                format!("attachments[x-user]=vip => port={port_a}"),
+                format!("method=Who => address=127.0.0.1:{port_b}"),
+            ],
+        )],
+    );
+    let mut client = client(kind, &server, "xds:///greeter:7070");
+    let counts = count_with(&mut client, 200, "x-user=vip").await;
+    assert_eq!(answers(&counts, "a"), 200, "{counts}");
+    let counts = count(&mut client, 200).await;
+    assert_eq!(answers(&counts, "b"), 200, "{counts}");
+
+    // A condition that leaves nobody is ignored, as Dubbo ignores it without force...
+    let nobody = vec!["method=Who => port=1".to_string()];
+    let version = server
+        .publish_with_conditions(vec![greeter.clone()], vec![condition_route(false, &nobody)]);
+    server.acked(dubbo_cp_xds::ENDPOINT, &version).await;
+    settle(&mut client, "a", 1, "").await;
+    let counts = count(&mut client, 200).await;
+    assert_eq!(
+        answers(&counts, "a") + answers(&counts, "b"),
+        200,
+        "{counts}"
+    );
+    assert!(
+        answers(&counts, "a") > 0 && answers(&counts, "b") > 0,
+        "{counts}"
+    );
+    // ...and refuses the call with force.
+    let version =
+        server.publish_with_conditions(vec![greeter], vec![condition_route(true, &nobody)]);
+    server.acked(dubbo_cp_xds::ENDPOINT, &version).await;
+    settle(&mut client, "error", 1, "").await;
+    let counts = count(&mut client, 50).await;
+    assert_eq!(answers(&counts, "error"), 50, "{counts}");
+    drop(client.child.start_kill());
+}
+
 macro_rules! per_client {
     ($($scenario:ident),* $(,)?) => {
         mod grpcio {
@@ -233,4 +292,5 @@ per_client!(
     a_tag_route_sends_tagged_calls_to_its_endpoints_with_dubbos_fallback,
     a_dubbo_interface_name_reaches_the_applications_its_mapping_lists,
     dynamic_config_weights_and_disabled_instances_move_traffic,
+    a_condition_route_sends_matching_calls_to_the_endpoints_it_selects,
 );

@@ -55,6 +55,7 @@ fn without_a_rule_static_tags_route_and_untagged_requests_avoid_them() {
         endpoints: &endpoints,
         port: &port,
         rule: None,
+        conditions: None,
     };
     assert!(tagging.applies());
     assert_eq!(picked(&tagging, Subset::Tagged("gray".into())), [2]);
@@ -70,6 +71,7 @@ fn without_a_rule_static_tags_route_and_untagged_requests_avoid_them() {
         endpoints: &plain,
         port: &port,
         rule: None,
+        conditions: None,
     };
     assert!(!none.applies(), "no rule and no static tag: plain routing");
 }
@@ -87,6 +89,7 @@ fn a_rules_addresses_take_their_endpoints_out_of_untagged_traffic() {
         endpoints: &endpoints,
         port: &port,
         rule: Some(&gray),
+        conditions: None,
     };
     assert_eq!(picked(&tagging, Subset::Tagged("gray".into())), [2]);
     // `blue` has no addresses in the rule: its static tag decides.
@@ -106,6 +109,7 @@ fn force_decides_what_happens_when_a_tags_addresses_are_gone() {
         endpoints: &endpoints,
         port: &port,
         rule: Some(&lenient),
+        conditions: None,
     };
     assert_eq!(
         picked(&tagging, Subset::Tagged("gray".into())),
@@ -121,6 +125,7 @@ fn force_decides_what_happens_when_a_tags_addresses_are_gone() {
         endpoints: &endpoints,
         port: &port,
         rule: Some(&strict),
+        conditions: None,
     };
     assert_eq!(
         picked(&tagging, Subset::Tagged("gray".into())),
@@ -137,6 +142,7 @@ fn when_every_endpoint_is_in_a_tag_untagged_requests_reach_none() {
         endpoints: &endpoints,
         port: &port,
         rule: Some(&all),
+        conditions: None,
     };
     assert_eq!(picked(&tagging, Subset::Untagged), Vec::<u8>::new());
     assert_eq!(picked(&tagging, Subset::Tagged("gray".into())), [1, 2]);
@@ -175,6 +181,7 @@ fn only_subsets_the_routes_name_are_served() {
         endpoints: &endpoints,
         port: &port,
         rule: None,
+        conditions: None,
     };
     assert!(tagging.routes_to(&Subset::Tagged("gray".into())));
     assert!(tagging.routes_to(&Subset::Forced(String::new())));
@@ -185,6 +192,7 @@ fn only_subsets_the_routes_name_are_served() {
         endpoints: &plain,
         port: &port,
         rule: None,
+        conditions: None,
     };
     assert!(
         !none.routes_to(&Subset::Untagged),

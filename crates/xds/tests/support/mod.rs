@@ -87,6 +87,23 @@ impl Server {
         version.to_string()
     }
 
+    /// Publishes `services` with ConditionRoutes (all in `default`) as the next synced version.
+    pub fn publish_with_conditions(
+        &self,
+        services: Vec<Service>,
+        rules: Vec<dubbo_cp_domain::rules::ConditionRouteSpec>,
+    ) -> String {
+        let version = self.snapshots.borrow().version + 1;
+        let rules = rules
+            .into_iter()
+            .map(|rule| ("default".to_string(), rule))
+            .collect();
+        self.snapshots.send_replace(Arc::new(
+            Snapshot::new(version, services, true).with_condition_routes(rules),
+        ));
+        version.to_string()
+    }
+
     /// Publishes `services` with ServiceNameMappings `(interface, applications)` in `default`.
     pub fn publish_with_mappings(
         &self,
