@@ -112,6 +112,8 @@ async fn metric(admin: SocketAddr, name: &str) -> anyhow::Result<f64> {
 struct Acks {
     endpoint: AtomicUsize,
     changed: Notify,
+    /// The run is over: streams ending now end because the server goes.
+    finished: std::sync::atomic::AtomicBool,
 }
 
 /// One stream: subscribes to the clusters and load assignments of `services`, ACKs every
@@ -184,6 +186,7 @@ pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
     let acks = Arc::new(Acks {
         endpoint: AtomicUsize::new(0),
         changed: Notify::new(),
+        finished: std::sync::atomic::AtomicBool::new(false),
     });
     let connections = args.streams.div_ceil(args.streams_per_connection.max(1));
     let mut channels = Vec::new();
@@ -204,7 +207,9 @@ pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
         let channel = channels[i % connections].clone();
         let acks = acks.clone();
         tokio::spawn(async move {
-            if let Err(err) = stream(channel, services, acks).await {
+            if let Err(err) = stream(channel, services, acks.clone()).await
+                && !acks.finished.load(Ordering::SeqCst)
+            {
                 eprintln!("stream {i}: {err:#}");
             }
         });
@@ -227,6 +232,7 @@ pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
         // Pushes are done; the counter has every encoding of the round.
         encodes.push(metric(admin, "dubbo_cp_xds_resource_encodes_total").await? - encoded);
     }
+    acks.finished.store(true, Ordering::SeqCst);
     let (p50, p99, max) = percentiles(&mut latencies);
     let per_stream = (after.saturating_sub(before)) as f64 / args.streams as f64;
     encodes.sort_by(f64::total_cmp);

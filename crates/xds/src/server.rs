@@ -14,6 +14,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::protobuf::{Any, value};
 use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -26,6 +27,10 @@ use crate::stats::{TypeLabel, XdsStats};
 
 /// Responses one stream may have queued; a client that reads none of them holds only these.
 const STREAM_QUEUE: usize = 8;
+
+/// A queued response, boxed: a channel allocates its slots in blocks of 32 whatever its bound,
+/// and a `Status` beside a response makes each slot hundreds of bytes, on every stream.
+type Queued<T> = Box<Result<T, Status>>;
 
 /// The namespace a client is in when its node does not say.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -173,7 +178,9 @@ impl AggregatedDiscoveryService for Ads {
             tx,
             registered,
         ));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            ReceiverStream::new(rx).map(|queued| *queued),
+        )))
     }
 
     async fn delta_aggregated_resources(
@@ -190,7 +197,9 @@ impl AggregatedDiscoveryService for Ads {
             tx,
             registered,
         ));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            ReceiverStream::new(rx).map(|queued| *queued),
+        )))
     }
 }
 
@@ -299,7 +308,7 @@ async fn answer<S: AdsStream>(
     stream: &mut S,
     snapshot: &Snapshot,
     forced: &[&'static str],
-    tx: &mpsc::Sender<Result<S::Response, Status>>,
+    tx: &mpsc::Sender<Queued<S::Response>>,
     registered: &Registered,
 ) -> Result<(), ()> {
     let namespace = client_namespace(stream.node(), registered.identity_namespace.as_deref());
@@ -315,7 +324,7 @@ async fn answer<S: AdsStream>(
     for (type_url, selected) in plan {
         let force = forced.contains(&type_url);
         if let Some(response) = stream.respond(type_url, &version, selected, force) {
-            tx.send(Ok(response)).await.map_err(|_| ())?;
+            tx.send(Box::new(Ok(response))).await.map_err(|_| ())?;
             registered.pushed(type_url, snapshot);
         }
     }
@@ -376,7 +385,7 @@ async fn run<S: AdsStream>(
     mut incoming: Streaming<S::Request>,
     mut snapshots: watch::Receiver<Arc<Snapshot>>,
     shutdown: Option<watch::Receiver<bool>>,
-    tx: mpsc::Sender<Result<S::Response, Status>>,
+    tx: mpsc::Sender<Queued<S::Response>>,
     registered: Registered,
 ) {
     // Without a shutdown signal, a sender kept here keeps the branch pending forever.
@@ -390,7 +399,7 @@ async fn run<S: AdsStream>(
     loop {
         tokio::select! {
             () = shut_down(&mut shutdown) => {
-                let _ = tx.send(Err(Status::unavailable("control plane shutting down; reconnect"))).await;
+                let _ = tx.send(Box::new(Err(Status::unavailable("control plane shutting down; reconnect")))).await;
                 return;
             }
             message = incoming.message() => {
@@ -413,7 +422,7 @@ async fn run<S: AdsStream>(
                         continue;
                     }
                     Err(refused) => {
-                        let _ = tx.send(Err(Status::invalid_argument(refused.to_string()))).await;
+                        let _ = tx.send(Box::new(Err(Status::invalid_argument(refused.to_string())))).await;
                         return;
                     }
                 };

@@ -248,8 +248,8 @@ fn report_shadowed(now: &BTreeMap<String, Vec<String>>, before: &BTreeMap<String
 mod tests {
     use super::*;
     use crate::protocol::TypeState;
-    use dubbo_cp_index::Change;
     use crate::{ROUTE, snapshot::resources};
+    use dubbo_cp_index::Change;
     use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, route, route_action};
     use prost::Message;
 
