@@ -53,7 +53,17 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         serde_json::from_value(sources).context("unexpected /debug/sources answer")?;
     print!("{}", sources_table(&sources));
     print!("{}", status_table(&clients, &args));
-    let xds = request(&args.admin, "GET", "/debug/xds", None).await?;
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    if let Some(namespace) = &args.namespace {
+        query.append_pair("namespace", namespace);
+    }
+    let xds = request(
+        &args.admin,
+        "GET",
+        &with_query("/debug/xds", query.finish()),
+        None,
+    )
+    .await?;
     let clients: Vec<XdsClientView> =
         serde_json::from_value(xds["clients"].clone()).context("unexpected /debug/xds answer")?;
     // Only when there are xDS clients: scripts reading the table above see no change.
@@ -61,6 +71,21 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         print!("\n{}", xds_table(&clients, &args));
     }
     Ok(())
+}
+
+/// Client-supplied text as one printable line: control characters (a terminal's escape
+/// sequences, newlines) escaped.
+fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
 }
 
 /// The xDS clients beside the discovery-stream ones: per type the names subscribed, the
@@ -90,12 +115,16 @@ fn xds_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
                 status.names.to_string()
             };
             let nack = status.nack.as_ref().map_or("-".to_owned(), |nack| {
-                format!("version {}: {}", nack.version, nack.message)
+                format!(
+                    "version {}: {}",
+                    printable(&nack.version),
+                    printable(&nack.message)
+                )
             });
             out.push_str(&format!(
                 "{:<40} {:<20} {:<9} {:>6} {:>8} {:>8} {nack}\n",
-                client.node_id,
-                client.namespace,
+                printable(&client.node_id),
+                printable(&client.namespace),
                 status.r#type,
                 names,
                 version(&status.sent),

@@ -305,6 +305,10 @@ fn xds_serve(
         .layer(metrics::CountOversize::layer(metrics))
         .http2_keepalive_interval(Some(grpc.keepalive_interval))
         .http2_keepalive_timeout(Some(grpc.keepalive_timeout))
+        // Clients reconnect (keeping their configuration meanwhile): they rebalance across
+        // replicas and are authenticated again, so a token outlives its pod by this at most.
+        .max_connection_age(grpc.max_connection_age)
+        .max_connection_age_grace(grpc.max_connection_age_grace)
         .max_concurrent_streams(grpc.max_concurrent_streams)
         .add_service(xds_server(ads))
         .serve_with_incoming_shutdown(

@@ -147,7 +147,9 @@ pub async fn kubernetes_services_and_entries(cluster: &Cluster, xds: SocketAddr)
             "ports": [{"name": "grpc", "port": 17070}],
             "endpoints": [
                 {"addresses": ["10.1.0.1"], "conditions": {"ready": true}},
-                {"addresses": ["10.1.0.2"], "conditions": {"ready": !terminating, "terminating": terminating}},
+                // Still ready while terminating (as a pod that keeps serving its drain): only
+                // the terminating condition can take it out.
+                {"addresses": ["10.1.0.2"], "conditions": {"ready": true, "terminating": terminating}},
                 {"addresses": ["10.1.0.3"], "conditions": {"ready": false}},
             ],
         })

@@ -235,14 +235,19 @@ pub(super) async fn list_xds_clients(
     let Some(clients) = &state.xds_clients else {
         return Ok(Json(serde_json::json!({"enabled": false, "clients": []})));
     };
-    let clients: Vec<_> = clients
-        .views()
+    let all = clients.views();
+    let total = all.len();
+    let mut matching: Vec<_> = all
         .into_iter()
         .filter(|c| query.namespace.as_ref().is_none_or(|ns| &c.namespace == ns))
         .collect();
-    Ok(Json(
-        serde_json::json!({"enabled": true, "clients": clients}),
-    ))
+    let truncated = query.limit.is_some_and(|limit| matching.len() > limit);
+    if let Some(limit) = query.limit {
+        matching.truncate(limit);
+    }
+    Ok(Json(serde_json::json!({
+        "enabled": true, "clients": matching, "total": total, "truncated": truncated,
+    })))
 }
 
 #[derive(serde::Deserialize)]

@@ -108,7 +108,12 @@ impl HostName {
     /// other than the cluster's).
     pub fn parse(requested: &str) -> Option<HostName> {
         let (host, port) = match requested.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port.parse::<u16>().ok()?)),
+            // Digits as written by `u16::to_string` only: `+7070` or `07070` would be further
+            // names of one port, each a resource of its own.
+            Some((host, port)) => {
+                let number = port.parse::<u16>().ok()?;
+                (number.to_string() == port).then_some((host, Some(number)))?
+            }
             None => (requested, None),
         };
         let parts: Vec<&str> = host.split('.').collect();
@@ -197,6 +202,9 @@ mod tests {
             HostName::parse("greeter:7070"),
             Some(name("greeter", None, Some(7070)))
         );
+        for other_spelling in ["greeter:+7070", "greeter:07070", "greeter:"] {
+            assert_eq!(HostName::parse(other_spelling), None, "{other_spelling}");
+        }
         for full in [
             "greeter.shop",
             "greeter.shop.svc",

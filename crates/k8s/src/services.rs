@@ -47,16 +47,19 @@ struct State {
 /// Watches Services and EndpointSlices until every receiver of `tx` is gone, publishing the
 /// services they describe.
 pub async fn run(client: Client, tx: watch::Sender<ServiceSet>) {
+    // managedFields are most of an object and never read: not kept.
     let services = watcher(
         Api::<KubeService>::all(client.clone()),
         watcher::Config::default(),
     )
-    .default_backoff();
+    .default_backoff()
+    .modify(|service| service.metadata.managed_fields = None);
     let slices = watcher(
         Api::<EndpointSlice>::all(client),
         watcher::Config::default(),
     )
-    .default_backoff();
+    .default_backoff()
+    .modify(|slice| slice.metadata.managed_fields = None);
     tokio::pin!(services, slices);
     let mut state = State::default();
     let mut publish_at: Option<Instant> = None;

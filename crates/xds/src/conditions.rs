@@ -17,6 +17,9 @@
 use dubbo_cp_domain::rules::{ConditionRouteSpec, MatchClause, parse_condition};
 use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
 
+/// Metadata keys with only `!=` values one condition may have (2^n routes).
+const MAX_EXCLUDING_KEYS: usize = 3;
+
 /// A ConditionRoute's translated conditions, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Conditions {
@@ -123,6 +126,14 @@ fn condition(when: &[MatchClause], then: Option<Vec<MatchClause>>) -> Result<Con
             ));
         }
     }
+    // Each metadata key with only `!=` values doubles the condition's routes (sent, or not).
+    let only_excluding = headers.iter().filter(|(_, m, _)| m.is_empty()).count();
+    if only_excluding > MAX_EXCLUDING_KEYS {
+        return Err(format!(
+            "{only_excluding} attachments with only `!=` values; at most {MAX_EXCLUDING_KEYS} \
+             (each doubles the routes)"
+        ));
+    }
     for clause in then.iter().flatten() {
         for value in clause.matches.iter().chain(&clause.mismatches) {
             if let Some(what) = unsupported_value(value) {
@@ -137,32 +148,36 @@ fn condition(when: &[MatchClause], then: Option<Vec<MatchClause>>) -> Result<Con
     })
 }
 
-/// Dubbo's value pattern: `*` matches any run of characters.
+/// Dubbo's value pattern (`UrlUtils.isMatchGlobPattern`): `*` alone matches anything; else only
+/// the last `*` is a wildcard, between a prefix and a suffix the value starts and ends with
+/// (they may overlap: `a*a` matches `a`); an empty value matches only an empty pattern.
 pub fn glob(pattern: &str, value: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    if parts.len() == 1 {
-        return pattern == value;
+    if pattern == "*" {
+        return true;
     }
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if !value.starts_with(first) || !value.ends_with(last) || value.len() < first.len() + last.len()
-    {
-        return false;
+    if pattern.is_empty() || value.is_empty() {
+        return pattern.is_empty() && value.is_empty();
     }
-    // Both ends matched, so these are character boundaries.
-    let mut rest = &value[first.len()..value.len() - last.len()];
-    for part in &parts[1..parts.len() - 1] {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
+    match pattern.rfind('*') {
+        None => value == pattern,
+        Some(at) => value.starts_with(&pattern[..at]) && value.ends_with(&pattern[at + 1..]),
     }
-    true
 }
 
-/// A pattern as an RE2 regex over the whole value (what a route's safe_regex takes).
+/// A pattern as an RE2 regex over the whole value (what a route's safe_regex takes), as
+/// [`glob`] reads it; an overlapping prefix and suffix (`a*a` against `a`) do not match here.
 pub fn glob_regex(pattern: &str) -> String {
-    let escaped: Vec<String> = pattern.split('*').map(regex_escape).collect();
-    escaped.join(".*")
+    if pattern == "*" {
+        return ".*".to_owned();
+    }
+    match pattern.rfind('*') {
+        None => regex_escape(pattern),
+        Some(at) => format!(
+            "{}.*{}",
+            regex_escape(&pattern[..at]),
+            regex_escape(&pattern[at + 1..])
+        ),
+    }
 }
 
 fn regex_escape(text: &str) -> String {
@@ -192,7 +207,10 @@ impl Condition {
                 "port" => Some(port_number.as_str()),
                 label => endpoint.labels.get(label).map(String::as_str),
             };
-            let value = value.unwrap_or_default();
+            // As Dubbo: a provider without the parameter fails `key=...` and passes `key!=...`.
+            let Some(value) = value else {
+                return clause.matches.is_empty();
+            };
             (clause.matches.is_empty() || clause.matches.iter().any(|p| glob(p, value)))
                 && !clause.mismatches.iter().any(|p| glob(p, value))
         })
@@ -254,14 +272,21 @@ mod tests {
             ("10.0.0.*", "10.0.0.7", true),
             ("10.0.0.*", "10.0.1.7", false),
             ("*Hello", "sayHello", true),
-            ("s*H*o", "sayHello", true),
-            ("a*a", "a", false),
+            // Only the last `*` is a wildcard; the one before it is a character.
+            ("s*H*o", "sayHello", false),
+            ("s*H*o", "s*Hello", true),
+            // Prefix and suffix may overlap, as in Dubbo.
+            ("a*a", "a", true),
             ("exact", "exact", true),
             ("*", "", true),
+            ("x*", "", false),
         ] {
             assert_eq!(glob(pattern, value), matched, "{pattern} {value}");
         }
         assert_eq!(glob_regex("say.*(x)"), r"say\..*\(x\)");
+        assert_eq!(glob_regex("a*b*c"), r"a\*b.*c");
+        assert_eq!(glob_regex("say.(x)*"), r"say\.\(x\).*");
+        assert_eq!(glob_regex("*"), ".*");
     }
 
     #[test]
@@ -285,6 +310,9 @@ mod tests {
         assert!(then("=> host=10.0.0.*").selects(&endpoint, &port));
         assert!(then("=> address=10.0.0.7:7070 & version=v2").selects(&endpoint, &port));
         assert!(!then("=> version!=v2").selects(&endpoint, &port));
+        // Without the label: `=` fails, `!=` passes, as in Dubbo.
+        assert!(!then("=> zone=*").selects(&endpoint, &port));
+        assert!(then("=> zone!=a").selects(&endpoint, &port));
         assert!(!then("=> port=7071").selects(&endpoint, &port));
         assert!(!then("=> false").selects(&endpoint, &port));
     }

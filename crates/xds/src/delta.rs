@@ -45,7 +45,7 @@ impl DeltaStream {
             return Err(Refused::UnknownType(request.type_url.clone()));
         };
         if self.node.is_none() {
-            self.node = request.node.clone();
+            self.node = request.node.as_ref().map(crate::protocol::kept_node);
         }
         let state = self.types.entry(type_url).or_default();
         let wanted = state.subscribed.len()

@@ -227,11 +227,32 @@ fn condition_routes(target: Target<'_>, tagging: &Tagging<'_>) -> Vec<Route> {
         regex,
         ..Default::default()
     };
+    let header = |name: &str, patterns: &[String], invert_match: bool| HeaderMatcher {
+        name: name.to_owned(),
+        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
+            StringMatcher {
+                match_pattern: Some(string_matcher::MatchPattern::SafeRegex(regex(
+                    alternatives(patterns),
+                ))),
+                ignore_case: false,
+            },
+        )),
+        invert_match,
+        ..Default::default()
+    };
+    // "Absent" as every client reads it: present, inverted (grpc-js-xds reads `present_match:
+    // false` as present).
+    let absent = |name: &str| HeaderMatcher {
+        name: name.to_owned(),
+        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::PresentMatch(true)),
+        invert_match: true,
+        ..Default::default()
+    };
     tagging
         .conditions()
         .iter()
         .enumerate()
-        .map(|(i, condition)| {
+        .flat_map(|(i, condition)| {
             let path = if condition.methods.is_empty() {
                 route_match::PathSpecifier::Prefix(String::new())
             } else {
@@ -241,33 +262,42 @@ fn condition_routes(target: Target<'_>, tagging: &Tagging<'_>) -> Vec<Route> {
                     alternatives(&condition.methods)
                 )))
             };
-            let mut headers = Vec::new();
+            // Each set of header matchers is one route. A metadata key with only `!=` values also
+            // passes when the call does not send it (Dubbo compares nothing then), which a
+            // matcher on a missing header never does: that is a route of its own.
+            let mut variants: Vec<Vec<HeaderMatcher>> = vec![Vec::new()];
             for (name, matches, mismatches) in &condition.headers {
-                for (patterns, invert_match) in [(matches, false), (mismatches, true)] {
-                    if patterns.is_empty() {
-                        continue;
-                    }
-                    headers.push(HeaderMatcher {
-                        name: name.clone(),
-                        header_match_specifier: Some(
-                            header_matcher::HeaderMatchSpecifier::StringMatch(StringMatcher {
-                                match_pattern: Some(string_matcher::MatchPattern::SafeRegex(
-                                    regex(alternatives(patterns)),
-                                )),
-                                ignore_case: false,
-                            }),
-                        ),
-                        invert_match,
-                        ..Default::default()
-                    });
+                let mut present = Vec::new();
+                if !matches.is_empty() {
+                    present.push(header(name, matches, false));
                 }
+                if !mismatches.is_empty() {
+                    present.push(header(name, mismatches, true));
+                }
+                let choices = if matches.is_empty() {
+                    vec![present, vec![absent(name)]]
+                } else {
+                    vec![present]
+                };
+                variants = variants
+                    .into_iter()
+                    .flat_map(|so_far| {
+                        choices.iter().map(move |choice| {
+                            let mut headers = so_far.clone();
+                            headers.extend(choice.iter().cloned());
+                            headers
+                        })
+                    })
+                    .collect();
             }
             let cluster = subset_cluster_name(target, Some(&Subset::Condition(i)));
-            let mut route = route_to(cluster, headers);
-            if let Some(RouteMatch { path_specifier, .. }) = route.r#match.as_mut() {
-                *path_specifier = Some(path);
-            }
-            route
+            variants.into_iter().map(move |headers| {
+                let mut route = route_to(cluster.clone(), headers);
+                if let Some(RouteMatch { path_specifier, .. }) = route.r#match.as_mut() {
+                    *path_specifier = Some(path.clone());
+                }
+                route
+            })
         })
         .collect()
 }

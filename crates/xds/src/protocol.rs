@@ -80,6 +80,46 @@ pub(crate) fn digest(any: &Any) -> u64 {
 
 /// Records the client's answer to the last response (sent at `sent_version`): an ACK moves the
 /// acknowledged version and clears the last NACK; a NACK (`error`) is kept until then.
+/// The most of a client's text (node ID, NACK message) a stream keeps: every stream holds its
+/// own, and a request may be a megabyte.
+pub const MAX_KEPT_TEXT: usize = 1024;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+pub fn truncated(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// What a stream keeps of the client's node: its ID (truncated) and its `NAMESPACE`, not the
+/// rest of its metadata, which may be large.
+pub(crate) fn kept_node(node: &Node) -> Node {
+    use envoy_types::pb::google::protobuf::{Struct, Value, value};
+    let namespace = node
+        .metadata
+        .as_ref()
+        .and_then(|m| m.fields.get("NAMESPACE"))
+        .and_then(|v| match &v.kind {
+            Some(value::Kind::StringValue(ns)) => Some(truncated(ns, 253)),
+            _ => None,
+        });
+    Node {
+        id: truncated(&node.id, MAX_KEPT_TEXT),
+        metadata: namespace.map(|ns| Struct {
+            fields: [(
+                "NAMESPACE".to_owned(),
+                Value {
+                    kind: Some(value::Kind::StringValue(ns)),
+                },
+            )]
+            .into(),
+        }),
+        ..Default::default()
+    }
+}
+
 pub(crate) fn record_answer(
     acked: &mut Option<String>,
     nack: &mut Option<Nack>,
@@ -90,7 +130,7 @@ pub(crate) fn record_answer(
         Some(status) => {
             *nack = Some(Nack {
                 version: sent_version.unwrap_or_default(),
-                message: status.message.clone(),
+                message: truncated(&status.message, MAX_KEPT_TEXT),
             });
         }
         None => {
@@ -114,7 +154,7 @@ impl Stream {
             ));
         }
         if self.node.is_none() {
-            self.node = request.node.clone();
+            self.node = request.node.as_ref().map(kept_node);
         }
         let state = self.types.entry(type_url).or_default();
         let first = state.sent.is_none() && state.names.is_empty() && !state.wildcard;

@@ -399,7 +399,8 @@ async fn run<S: AdsStream>(
     loop {
         tokio::select! {
             () = shut_down(&mut shutdown) => {
-                let _ = tx.send(Box::new(Err(Status::unavailable("control plane shutting down; reconnect")))).await;
+                // Not waited for: a client that reads nothing must not hold the shutdown up.
+                let _ = tx.try_send(Box::new(Err(Status::unavailable("control plane shutting down; reconnect"))));
                 return;
             }
             message = incoming.message() => {
@@ -436,7 +437,7 @@ async fn run<S: AdsStream>(
                     continue;
                 }
                 // Answered now, with the types asked for before the sources synced.
-                if answer(&mut stream, &snapshot, &waiting, &tx, &registered).await.is_err() {
+                if answered(answer(&mut stream, &snapshot, &waiting, &tx, &registered), &mut shutdown).await.is_err() {
                     return;
                 }
                 waiting.clear();
@@ -450,7 +451,7 @@ async fn run<S: AdsStream>(
                 if !snapshot.synced {
                     continue;
                 }
-                if answer(&mut stream, &snapshot, &waiting, &tx, &registered).await.is_err() {
+                if answered(answer(&mut stream, &snapshot, &waiting, &tx, &registered), &mut shutdown).await.is_err() {
                     return;
                 }
                 waiting.clear();
@@ -465,5 +466,17 @@ async fn run<S: AdsStream>(
 async fn shut_down(shutdown: &mut watch::Receiver<bool>) {
     if shutdown.wait_for(|down| *down).await.is_err() {
         std::future::pending::<()>().await;
+    }
+}
+
+/// `answer`, or `Err` when shutdown comes first: a stream whose client stopped reading waits
+/// on its full queue, and must not hold the shutdown up.
+async fn answered(
+    answer: impl std::future::Future<Output = Result<(), ()>>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), ()> {
+    tokio::select! {
+        answered = answer => answered,
+        () = shut_down(shutdown) => Err(()),
     }
 }

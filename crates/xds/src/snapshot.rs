@@ -274,6 +274,11 @@ fn cluster_target<'a>(services: &'a Snapshot, name: &str) -> Option<(Target<'a>,
         subset => Some(Subset::parse(subset)?),
     };
     let target = Target { service, port };
+    // One spelling per cluster (the one routes use): `greeter.shop`, `07070` or upper-case hex
+    // would be further names of it, each cached on its own.
+    if generate::subset_cluster_name(target, subset.as_ref()) != name {
+        return None;
+    }
     // Only subsets the routes name exist: clients cannot make up others (and grow the cache).
     if subset
         .as_ref()

@@ -153,20 +153,19 @@ pub async fn run(
         for watch in &mut watches {
             watch.borrow_and_update();
         }
-        // Versions only grow, across restarts too (the index's revisions do): a client that
-        // reconnects is never told an older version is newer.
-        let revision = KINDS
-            .iter()
-            .map(|kind| u64::try_from(index.current(*kind).revision).unwrap_or(0))
-            .max()
-            .unwrap_or(0);
-        version = revision.max(version + 1);
+        // Versions only grow, across restarts too (milliseconds since the epoch, or one more
+        // when two builds fall in one): a client that reconnects to a new process is never
+        // told an older version is newer.
+        version = (version + 1).max(unix_millis());
         let set = external.as_mut().map(|rx| rx.borrow_and_update().clone());
         let snapshot = build(&index, set.as_ref(), version).counting_encodes_in(encodes.clone());
         let (_, shadowed) = services(&index.current(Kind::ServiceEntry), set.as_ref());
         report_shadowed(&shadowed, &shadowed_before);
         shadowed_before = shadowed;
-        let untranslated = untranslated(&index.current(Kind::ConditionRoute));
+        let untranslated = untranslated(
+            &index.current(Kind::ConditionRoute),
+            &index.current(Kind::TagRoute),
+        );
         report_untranslated(&untranslated, &untranslated_before);
         untranslated_before = untranslated;
         if tx.send(Arc::new(snapshot)).is_err() {
@@ -190,6 +189,13 @@ pub async fn run(
     }
 }
 
+fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 /// The next change of `rx`, or never without one.
 async fn changed_or_never(
     rx: Option<&mut watch::Receiver<ServiceSet>>,
@@ -200,14 +206,30 @@ async fn changed_or_never(
     }
 }
 
-/// `ConditionRoute <name>/<namespace>` -> what clients do not apply of it.
-fn untranslated(state: &KindSnapshot) -> BTreeMap<String, Vec<String>> {
+/// `ConditionRoute <name>/<namespace>` -> what clients do not apply of it, given the TagRoutes.
+fn untranslated(state: &KindSnapshot, tags: &KindSnapshot) -> BTreeMap<String, Vec<String>> {
+    let tagged: std::collections::BTreeSet<(String, String)> = rules(tags, |spec| match spec {
+        RuleSpec::TagRoute(spec) if spec.enabled => Some(spec.key.clone()),
+        _ => None,
+    })
+    .into_iter()
+    .collect();
     state
         .objects
         .iter()
         .filter_map(|(key, object)| match &object.value {
             Resource::Rule(RuleSpec::ConditionRoute(spec)) if spec.enabled => {
-                let (_, problems) = crate::conditions::translate(spec);
+                let (conditions, mut problems) = crate::conditions::translate(spec);
+                let namespace = split_client_key(key).map(|(_, ns)| ns.to_owned())?;
+                if !conditions.conditions.is_empty()
+                    && tagged.contains(&(namespace, spec.key.clone()))
+                {
+                    problems.push(
+                        "its application has a TagRoute too: calls a condition matches go to its \
+                         endpoints without tag routing, where Dubbo tag-routes them after"
+                            .to_owned(),
+                    );
+                }
                 (!problems.is_empty()).then(|| (key.clone(), problems))
             }
             _ => None,
@@ -317,7 +339,10 @@ mod tests {
                 "outbound|7070||greeter.shop.svc.cluster.local",
             ]
         );
-        let reported = untranslated(&index.current(Kind::ConditionRoute));
+        let reported = untranslated(
+            &index.current(Kind::ConditionRoute),
+            &index.current(Kind::TagRoute),
+        );
         assert!(reported.is_empty(), "{reported:?}");
     }
 }

@@ -155,7 +155,8 @@ impl<'a> Tagging<'a> {
                 let Some(condition) = self.conditions().get(*i) else {
                     return Vec::new();
                 };
-                let selected = self.select(|e| condition.selects(e, self.port));
+                // Endpoints that take no traffic (weight 0, disabled) are no providers to Dubbo.
+                let selected = self.select(|e| e.weight > 0 && condition.selects(e, self.port));
                 let force = self.conditions.is_some_and(|c| c.force);
                 // As Dubbo: a `then` that leaves nobody is ignored unless the rule is `force`;
                 // an empty `then` (`false`) refuses the call either way.

@@ -230,15 +230,27 @@ async fn a_condition_route_sends_matching_calls_to_the_endpoints_it_selects(kind
             false,
             &[
                 format!("attachments[x-user]=vip => port={port_a}"),
-                format!("method=Who => address=127.0.0.1:{port_b}"),
+                format!("attachments[x-env]!=test & method=Who => address=127.0.0.1:{port_b}"),
             ],
         )],
     );
     let mut client = client(kind, &server, "xds:///greeter:7070");
     let counts = count_with(&mut client, 200, "x-user=vip").await;
     assert_eq!(answers(&counts, "a"), 200, "{counts}");
+    // `x-env!=test` holds for a call that sends no x-env, as in Dubbo.
     let counts = count(&mut client, 200).await;
     assert_eq!(answers(&counts, "b"), 200, "{counts}");
+    // A call that matches no condition reaches every endpoint.
+    let counts = count_with(&mut client, 200, "x-env=test").await;
+    assert_eq!(
+        answers(&counts, "a") + answers(&counts, "b"),
+        200,
+        "{counts}"
+    );
+    assert!(
+        answers(&counts, "a") > 0 && answers(&counts, "b") > 0,
+        "{counts}"
+    );
 
     // A condition that leaves nobody is ignored, as Dubbo ignores it without force...
     let nobody = vec!["method=Who => port=1".to_string()];

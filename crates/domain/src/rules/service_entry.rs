@@ -101,8 +101,18 @@ impl ServiceEntrySpec {
     /// Checks what the schema cannot say; needs the entry's namespace to check host names.
     pub(crate) fn check(&self, path: &str) -> Checked {
         at_least_one(&field(path, "hosts"), &self.hosts, "host")?;
+        let mut services = BTreeSet::new();
         for (i, host) in self.hosts.iter().enumerate() {
             let host_path = item(path, "hosts", i);
+            if let Some((name, _)) = host_name(host)
+                && !services.insert(name)
+            {
+                return Err(FieldError::value(
+                    host_path,
+                    "names a service an earlier host names already",
+                    host,
+                ));
+            }
             if host_name(host).is_none() {
                 return Err(FieldError::value(
                     host_path,
@@ -383,5 +393,11 @@ mod tests {
                 .contains("at most 1000000")
         );
         assert!(refused(&|j| j["ports"][0]["name"] = "GRPC".into()).contains("DNS label"));
+        assert!(
+            refused(
+                &|j| j["hosts"] = serde_json::json!(["greeter", "greeter.shop.svc.cluster.local"])
+            )
+            .starts_with("spec.hosts[1]: names a service an earlier host names already")
+        );
     }
 }

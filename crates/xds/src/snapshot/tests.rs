@@ -264,3 +264,27 @@ fn made_up_subsets_and_namespaces_are_not_served_or_kept() {
     }
     assert_eq!(tagged.encodes(), 2);
 }
+
+#[test]
+fn a_cluster_has_one_spelling_and_no_other_is_cached() {
+    let snapshot = snapshot();
+    let canonical = "outbound|50051||billing.shop.svc.cluster.local";
+    let state = TypeState {
+        names: [
+            canonical,
+            "outbound|050051||billing.shop.svc.cluster.local",
+            "outbound|+50051||billing.shop.svc.cluster.local",
+            "outbound|50051||billing.shop",
+            "outbound|50051||billing.shop.svc",
+        ]
+        .map(str::to_owned)
+        .into(),
+        ..Default::default()
+    };
+    let found: Vec<String> = resources(&snapshot, CLUSTER, &state, "shop")
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(found, [canonical]);
+    assert_eq!(snapshot.encodes(), 1, "only the canonical name was encoded");
+}
