@@ -107,6 +107,42 @@ async fn a_registered_interface_reaches_a_released_client_through_the_xds_port()
         .unwrap();
     assert_eq!(listener["acked"], listener["sent"], "{listed}");
     assert!(listener["nack"].is_null(), "{listed}");
+    // What it was served, as a config dump: each resource expanded, acknowledged.
+    let (code, body) = http_get(
+        server.admin_addr,
+        &format!("/debug/xds/config_dump?node={NODE_ID}"),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let configs = dump["config"][0]["generic_xds_configs"].as_array().unwrap();
+    let served = |short: &str| {
+        configs
+            .iter()
+            .find(|c| c["type_url"].as_str().unwrap().ends_with(short))
+            .unwrap_or_else(|| panic!("no {short} in {dump:#}"))
+    };
+    let listener = served("Listener");
+    assert_eq!(listener["name"], "org.example.Greeter", "{dump:#}");
+    for short in [
+        "Listener",
+        "RouteConfiguration",
+        "Cluster",
+        "ClusterLoadAssignment",
+    ] {
+        assert_eq!(served(short)["client_status"], "ACKED", "{dump:#}");
+    }
+    let mut weights: Vec<u64> = served("ClusterLoadAssignment")["xds_config"]["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["load_balancing_weight"].as_u64().unwrap())
+        .collect();
+    weights.sort();
+    assert_eq!(weights, [20, 80], "{dump:#}");
+    let (_, other) = http_get(server.admin_addr, "/debug/xds/config_dump?node=nobody").await;
+    assert!(other.contains(r#""config":[]"#), "{other}");
+
     let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
         .args(["status", "--admin", &server.admin_addr.to_string()])
         .output()

@@ -126,6 +126,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/debug/rules", get(debug_rules))
         .route("/debug/clients", get(list_clients))
         .route("/debug/xds", get(list_xds_clients))
+        .route("/debug/xds/config_dump", get(xds_config_dump))
         .route("/debug/digest", get(digest))
         .route("/debug/canaries", get(list_canaries))
         .route("/api/v1/unregister", post(unregister))

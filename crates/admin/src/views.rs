@@ -251,6 +251,55 @@ pub(super) async fn list_xds_clients(
 }
 
 #[derive(serde::Deserialize)]
+pub(super) struct DumpQuery {
+    /// Only the clients whose node ID is this.
+    node: Option<String>,
+    namespace: Option<String>,
+    /// At most this many clients (default [`DUMP_LIMIT`]: a dump is large).
+    limit: Option<usize>,
+}
+
+/// Clients a config dump holds unless `limit` says otherwise.
+const DUMP_LIMIT: usize = 100;
+
+/// `/debug/xds/config_dump[?node=][&namespace=][&limit=N]`: what each xDS client was served, as
+/// CSDS's `ClientStatusResponse` (`config`: one `ClientConfig` per stream) in protobuf JSON,
+/// the shape clients show of themselves through CSDS.
+pub(super) async fn xds_config_dump(
+    State(state): State<AdminState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: axum::http::HeaderMap,
+    axum::extract::Query(query): axum::extract::Query<DumpQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_admin(&state.rules.policy, &headers, peer).await?;
+    let Some(clients) = &state.xds_clients else {
+        return Ok(Json(serde_json::json!({"enabled": false, "config": []})));
+    };
+    let matching: Vec<_> = clients
+        .list()
+        .into_iter()
+        .filter(|c| query.node.as_ref().is_none_or(|node| &c.node_id == node))
+        .filter(|c| query.namespace.as_ref().is_none_or(|ns| &c.namespace == ns))
+        .collect();
+    let total = matching.len();
+    let limit = query.limit.unwrap_or(DUMP_LIMIT);
+    // Rendering JSON from descriptors is CPU work: off the async threads.
+    let rendered = tokio::task::spawn_blocking(move || {
+        matching
+            .iter()
+            .take(limit)
+            .map(|client| dubbo_cp_xds::dump::to_json(&dubbo_cp_xds::dump::client_config(client)))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(|_| api_error(StatusCode::INTERNAL_SERVER_ERROR, "config dump failed"))?
+    .map_err(|e| api_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(Json(serde_json::json!({
+        "enabled": true, "config": rendered, "total": total, "truncated": total > limit,
+    })))
+}
+
+#[derive(serde::Deserialize)]
 pub(super) struct DigestQuery {
     #[serde(default)]
     objects: bool,

@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
+use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::watch;
 
 /// A response the client rejected.
@@ -16,8 +17,30 @@ pub struct Nack {
     pub message: String,
 }
 
+/// A resource a client was sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Held {
+    /// Its own version (delta streams); on state-of-the-world streams, the type's.
+    pub version: Option<String>,
+    /// Its encoding; `None` for what a reconnecting delta client said it holds.
+    pub resource: Option<Arc<Any>>,
+}
+
+impl Held {
+    pub(crate) fn sent(resource: Arc<Any>, version: Option<String>) -> Held {
+        Held {
+            version,
+            resource: Some(resource),
+        }
+    }
+}
+
+/// Name -> what the client was sent: shared by the stream and its status, replaced whole on
+/// each response, so a status update costs a pointer.
+pub type HeldResources = Arc<BTreeMap<String, Held>>;
+
 /// One type of one client.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TypeStatus {
     /// Names subscribed (not counting a wildcard).
     pub names: usize,
@@ -26,10 +49,12 @@ pub struct TypeStatus {
     pub sent: Option<String>,
     pub acked: Option<String>,
     pub nack: Option<Nack>,
+    /// What it was last sent.
+    pub held: HeldResources,
 }
 
 /// One client (one stream).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClientStatus {
     pub node_id: String,
     pub namespace: String,

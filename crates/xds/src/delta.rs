@@ -3,26 +3,29 @@
 //! and the names of those that are gone. Envoy speaks it; gRPC clients speak state of the world.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
+use crate::clients::{ClientStatus, Held, HeldResources, TypeStatus};
+use crate::protocol::{
+    MAX_NAMES, Nack, Refused, Selected, TypeState, Verdict, digest, known_type, record_answer,
+};
+use crate::{CLUSTER, LISTENER, PUSH_ORDER};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
 };
-use envoy_types::pb::google::protobuf::Any;
-
-use crate::clients::{ClientStatus, TypeStatus};
-use crate::protocol::{
-    MAX_NAMES, Nack, Refused, TypeState, Verdict, digest, known_type, record_answer,
-};
-use crate::{CLUSTER, LISTENER, PUSH_ORDER};
 
 /// One type's state on one delta stream.
 #[derive(Debug, Clone, Default)]
 struct DeltaType {
     subscribed: BTreeSet<String>,
     wildcard: bool,
-    /// Name -> version of every resource the client holds (as far as this server knows).
-    known: BTreeMap<String, String>,
+    /// Name -> version (and encoding, once sent) of every resource the client holds, as far as
+    /// this server knows.
+    known: HeldResources,
+    /// Names subscribed to that do not exist, already told so in `removed_resources` (the
+    /// protocol's way of saying "does not exist"; Envoy waits for it), so it is said once.
+    absent: BTreeSet<String>,
     nonce: Option<String>,
     sent: Option<String>,
     acked: Option<String>,
@@ -57,11 +60,19 @@ impl DeltaStream {
         let first = state.nonce.is_none() && state.subscribed.is_empty() && !state.wildcard;
         if first {
             // A reconnecting client says what it holds; only what differs is sent.
-            state.known = request
-                .initial_resource_versions
-                .iter()
-                .map(|(name, version)| (name.clone(), version.clone()))
-                .collect();
+            state.known = Arc::new(
+                request
+                    .initial_resource_versions
+                    .iter()
+                    .map(|(name, version)| {
+                        let held = Held {
+                            version: Some(version.clone()),
+                            resource: None,
+                        };
+                        (name.clone(), held)
+                    })
+                    .collect(),
+            );
         }
         let mut added = false;
         for name in &request.resource_names_subscribe {
@@ -77,7 +88,10 @@ impl DeltaStream {
                 state.wildcard = false;
             } else {
                 state.subscribed.remove(name);
-                state.known.remove(name);
+                state.absent.remove(name);
+                if state.known.contains_key(name) {
+                    Arc::make_mut(&mut state.known).remove(name);
+                }
             }
         }
         if first
@@ -121,7 +135,7 @@ impl DeltaStream {
     }
 
     /// Whether answering `type_url` with `resources` would remove a resource the client holds.
-    pub fn would_remove(&self, type_url: &str, resources: &[(String, Any)]) -> bool {
+    pub fn would_remove(&self, type_url: &str, resources: &Selected) -> bool {
         self.types.get(type_url).is_some_and(|state| {
             state
                 .known
@@ -130,42 +144,71 @@ impl DeltaStream {
         })
     }
 
-    /// The resources of `resources` the client does not hold at their version, and the names it
-    /// holds that are gone; `None` when that is nothing and the client is not waiting (`force`).
+    /// The resources of `resources` the client does not hold at their version, the names it
+    /// holds that are gone, and the names it subscribed to that do not exist (once each); `None`
+    /// when that is nothing and the client is not waiting (`force`).
     pub fn respond(
         &mut self,
         type_url: &'static str,
         version: &str,
-        resources: Vec<(String, Any)>,
+        resources: Selected,
         force: bool,
     ) -> Option<DeltaDiscoveryResponse> {
         let state = self.types.entry(type_url).or_default();
         let present: BTreeSet<&str> = resources.iter().map(|(name, _)| name.as_str()).collect();
-        let removed: Vec<String> = state
+        // Held and gone, then subscribed, never held and not there ("does not exist"): each said
+        // once, until it appears.
+        state.absent.retain(|name| !present.contains(name.as_str()));
+        let mut removed: Vec<String> = state
             .known
             .keys()
             .filter(|name| !present.contains(name.as_str()))
             .cloned()
             .collect();
+        removed.extend(
+            state
+                .subscribed
+                .iter()
+                .filter(|name| {
+                    !present.contains(name.as_str())
+                        && !state.known.contains_key(name.as_str())
+                        && !state.absent.contains(name.as_str())
+                })
+                .cloned(),
+        );
         let mut changed = Vec::new();
         for (name, any) in resources {
             let resource_version = format!("{:016x}", digest(&any));
-            if state.known.get(&name) != Some(&resource_version) {
-                state.known.insert(name.clone(), resource_version.clone());
-                changed.push(Resource {
-                    name,
-                    version: resource_version,
-                    resource: Some(any),
-                    ..Default::default()
-                });
+            let held = state
+                .known
+                .get(&name)
+                .and_then(|held| held.version.as_ref());
+            if held != Some(&resource_version) {
+                changed.push((name, resource_version, any));
             }
-        }
-        for name in &removed {
-            state.known.remove(name);
         }
         if changed.is_empty() && removed.is_empty() && !force {
             return None;
         }
+        let known = Arc::make_mut(&mut state.known);
+        for name in &removed {
+            known.remove(name);
+            if state.subscribed.contains(name) {
+                state.absent.insert(name.clone());
+            }
+        }
+        let changed: Vec<Resource> = changed
+            .into_iter()
+            .map(|(name, version, any)| {
+                known.insert(name.clone(), Held::sent(any.clone(), Some(version.clone())));
+                Resource {
+                    name,
+                    version,
+                    resource: Some(Arc::unwrap_or_clone(any)),
+                    ..Default::default()
+                }
+            })
+            .collect();
         self.nonces += 1;
         let nonce = self.nonces.to_string();
         state.nonce = Some(nonce.clone());
@@ -198,6 +241,7 @@ impl DeltaStream {
                             sent: state.sent.clone(),
                             acked: state.acked.clone(),
                             nack: state.nack.clone(),
+                            held: state.known.clone(),
                         },
                     )
                 })

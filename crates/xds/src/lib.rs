@@ -15,6 +15,7 @@
 //! - [`server`]: the ADS gRPC service, one task per stream over the published snapshots.
 //! - [`bootstrap`]: the bootstrap gRPC clients start from (`dubbo-cp bootstrap`, the webhook).
 //! - [`clients`]: the connected clients' status (node, subscriptions, ACKed versions, NACKs).
+//! - [`dump`]: what each client was served, as a CSDS `ClientConfig` in JSON (`/debug/xds`).
 //! - [`source`]: the snapshots, built from the index after each burst of changes.
 //! - [`stats`]: pushes, NACKs, push delay and streams, for `/metrics`.
 #![forbid(unsafe_code)]
@@ -24,6 +25,7 @@ pub mod clients;
 pub mod conditions;
 mod config;
 pub mod delta;
+pub mod dump;
 pub mod generate;
 pub mod protocol;
 pub mod server;

@@ -1,16 +1,16 @@
 //! One ADS stream's state of the world, per resource type: what the client subscribed to, what
-//! was last sent (version, nonce, a digest per resource), what it acknowledged or rejected.
+//! was last sent (version, nonce, each resource), what it acknowledged or rejected.
 //! No I/O; the server feeds it requests and asks it what to send.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::protobuf::Any;
 
 pub use crate::clients::Nack;
-use crate::clients::{ClientStatus, TypeStatus};
+use crate::clients::{ClientStatus, Held, HeldResources, TypeStatus};
 use crate::{CLUSTER, LISTENER, PUSH_ORDER};
 
 /// Most names one type's subscription may hold; a client asking for more is refused.
@@ -36,17 +36,23 @@ pub enum Refused {
     TooManyNames(usize, &'static str),
 }
 
+/// The resources of a type a subscription selects, by name, each encoded once per version and
+/// shared by every stream that holds it.
+pub type Selected = Vec<(String, Arc<Any>)>;
+
 /// What was last sent for a type.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sent {
     pub version: String,
     pub nonce: String,
-    /// Name -> digest of its encoding, to tell whether a new version changes anything.
-    digests: BTreeMap<String, u64>,
+    /// Name -> the resource, to tell whether a new version changes anything and to show
+    /// operators what the client holds (`/debug/xds/config_dump`). Shared with the snapshot's
+    /// encodings and with the client's status, so it costs a pointer per name.
+    held: HeldResources,
 }
 
 /// One type's state on one stream.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TypeState {
     pub names: BTreeSet<String>,
     /// Every resource of the type (listeners and clusters only).
@@ -71,11 +77,19 @@ pub(crate) fn known_type(type_url: &str) -> Option<&'static str> {
     PUSH_ORDER.into_iter().find(|known| *known == type_url)
 }
 
+/// A digest of an encoding: the version of a resource on delta streams, which a reconnecting
+/// client sends back (`initial_resource_versions`).
 pub(crate) fn digest(any: &Any) -> u64 {
+    use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     any.type_url.hash(&mut hasher);
     any.value.hash(&mut hasher);
     hasher.finish()
+}
+
+/// Whether two encodings say the same (the same bytes; the same `Arc` is the quick case).
+pub(crate) fn same(a: &Arc<Any>, b: &Arc<Any>) -> bool {
+    Arc::ptr_eq(a, b) || (a.value == b.value && a.type_url == b.type_url)
 }
 
 /// Records the client's answer to the last response (sent at `sent_version`): an ACK moves the
@@ -206,6 +220,11 @@ impl Stream {
                         sent: state.sent.as_ref().map(|s| s.version.clone()),
                         acked: state.acked.clone(),
                         nack: state.nack.clone(),
+                        held: state
+                            .sent
+                            .as_ref()
+                            .map(|s| s.held.clone())
+                            .unwrap_or_default(),
                     };
                     (*type_url, status)
                 })
@@ -227,12 +246,12 @@ impl Stream {
 
     /// Whether answering `type_url` with `resources` would take away a resource the client
     /// was sent (state of the world: one left out is deleted).
-    pub fn would_remove(&self, type_url: &str, resources: &[(String, Any)]) -> bool {
+    pub fn would_remove(&self, type_url: &str, resources: &Selected) -> bool {
         self.types
             .get(type_url)
             .and_then(|state| state.sent.as_ref())
             .is_some_and(|sent| {
-                sent.digests
+                sent.held
                     .keys()
                     .any(|name| !resources.iter().any(|(n, _)| n == name))
             })
@@ -244,27 +263,39 @@ impl Stream {
         &mut self,
         type_url: &'static str,
         version: &str,
-        resources: Vec<(String, Any)>,
+        resources: Selected,
         force: bool,
     ) -> Option<DiscoveryResponse> {
         let state = self.types.entry(type_url).or_default();
-        let digests: BTreeMap<String, u64> = resources
-            .iter()
-            .map(|(name, any)| (name.clone(), digest(any)))
-            .collect();
-        if !force && state.sent.as_ref().is_some_and(|s| s.digests == digests) {
+        let unchanged = state.sent.as_ref().is_some_and(|sent| {
+            sent.held.len() == resources.len()
+                && resources.iter().all(|(name, any)| {
+                    sent.held
+                        .get(name)
+                        .and_then(|held| held.resource.as_ref())
+                        .is_some_and(|held| same(held, any))
+                })
+        });
+        if !force && unchanged {
             return None;
         }
+        let held: BTreeMap<String, Held> = resources
+            .iter()
+            .map(|(name, any)| (name.clone(), Held::sent(any.clone(), None)))
+            .collect();
         self.nonces += 1;
         let nonce = self.nonces.to_string();
         state.sent = Some(Sent {
             version: version.to_owned(),
             nonce: nonce.clone(),
-            digests,
+            held: Arc::new(held),
         });
         Some(DiscoveryResponse {
             version_info: version.to_owned(),
-            resources: resources.into_iter().map(|(_, any)| any).collect(),
+            resources: resources
+                .into_iter()
+                .map(|(_, any)| Arc::unwrap_or_clone(any))
+                .collect(),
             type_url: type_url.to_owned(),
             nonce,
             ..Default::default()

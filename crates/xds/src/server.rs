@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
-use envoy_types::pb::google::protobuf::{Any, value};
+use envoy_types::pb::google::protobuf::value;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::CLUSTER;
 use crate::clients::{ClientStatus, Clients};
 use crate::delta::DeltaStream;
-use crate::protocol::{Refused, Stream, Verdict};
+use crate::protocol::{Refused, Selected, Stream, Verdict};
 use crate::snapshot::{Snapshot, resources};
 use crate::stats::{TypeLabel, XdsStats};
 
@@ -214,13 +214,13 @@ trait AdsStream: Default + Send + 'static {
     /// The types the client subscribed to, in push order.
     fn types(&self) -> Vec<&'static str>;
     /// The resources of `type_url` the subscription selects from `snapshot`.
-    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Vec<(String, Any)>;
-    fn would_remove(&self, type_url: &str, resources: &[(String, Any)]) -> bool;
+    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Selected;
+    fn would_remove(&self, type_url: &str, resources: &Selected) -> bool;
     fn respond(
         &mut self,
         type_url: &'static str,
         version: &str,
-        resources: Vec<(String, Any)>,
+        resources: Selected,
         force: bool,
     ) -> Option<Self::Response>;
     fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus;
@@ -242,19 +242,19 @@ impl AdsStream for Stream {
     fn types(&self) -> Vec<&'static str> {
         self.subscribed().collect()
     }
-    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Vec<(String, Any)> {
+    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Selected {
         self.state(type_url)
             .map(|state| resources(snapshot, type_url, state, namespace))
             .unwrap_or_default()
     }
-    fn would_remove(&self, type_url: &str, resources: &[(String, Any)]) -> bool {
+    fn would_remove(&self, type_url: &str, resources: &Selected) -> bool {
         Stream::would_remove(self, type_url, resources)
     }
     fn respond(
         &mut self,
         type_url: &'static str,
         version: &str,
-        resources: Vec<(String, Any)>,
+        resources: Selected,
         force: bool,
     ) -> Option<DiscoveryResponse> {
         Stream::respond(self, type_url, version, resources, force)
@@ -280,19 +280,19 @@ impl AdsStream for DeltaStream {
     fn types(&self) -> Vec<&'static str> {
         self.subscribed().collect()
     }
-    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Vec<(String, Any)> {
+    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Selected {
         self.subscription(type_url)
             .map(|state| resources(snapshot, type_url, &state, namespace))
             .unwrap_or_default()
     }
-    fn would_remove(&self, type_url: &str, resources: &[(String, Any)]) -> bool {
+    fn would_remove(&self, type_url: &str, resources: &Selected) -> bool {
         DeltaStream::would_remove(self, type_url, resources)
     }
     fn respond(
         &mut self,
         type_url: &'static str,
         version: &str,
-        resources: Vec<(String, Any)>,
+        resources: Selected,
         force: bool,
     ) -> Option<DeltaDiscoveryResponse> {
         DeltaStream::respond(self, type_url, version, resources, force)
@@ -313,7 +313,7 @@ async fn answer<S: AdsStream>(
 ) -> Result<(), ()> {
     let namespace = client_namespace(stream.node(), registered.identity_namespace.as_deref());
     let version = snapshot.version.to_string();
-    let mut plan: Vec<(&'static str, Vec<(String, Any)>)> = stream
+    let mut plan: Vec<(&'static str, Selected)> = stream
         .types()
         .into_iter()
         .map(|type_url| (type_url, stream.selected(snapshot, type_url, &namespace)))
@@ -335,8 +335,8 @@ async fn answer<S: AdsStream>(
 /// routes stop naming a cluster before it goes (make before break). Added clusters then come
 /// after the routes that name them too; gRPC clients wait for a cluster they have not seen yet.
 fn make_before_break(
-    plan: &mut Vec<(&'static str, Vec<(String, Any)>)>,
-    removes: impl Fn(&str, &[(String, Any)]) -> bool,
+    plan: &mut Vec<(&'static str, Selected)>,
+    removes: impl Fn(&str, &Selected) -> bool,
 ) {
     if let Some(at) = plan
         .iter()

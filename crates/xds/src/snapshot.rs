@@ -347,7 +347,7 @@ fn generate_one(
 impl Snapshot {
     /// [`generate_one`], once per version for every stream: the bytes are shared. Only
     /// resources that exist are kept, so names clients make up cannot grow the cache.
-    fn encoded(&self, type_url: &str, name: &str, client_namespace: &str) -> Option<Any> {
+    fn encoded(&self, type_url: &str, name: &str, client_namespace: &str) -> Option<Arc<Any>> {
         // Clusters and load assignments are named absolutely; listeners and routes resolve in
         // the client's namespace.
         let namespace = match type_url {
@@ -362,11 +362,11 @@ impl Snapshot {
         let key = (type_url.to_owned(), name.to_owned(), namespace.to_owned());
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(any) = cache.get(&key) {
-            return Some(any.as_ref().clone());
+            return Some(any.clone());
         }
-        let any = generate_one(self, type_url, name, client_namespace)?;
+        let any = Arc::new(generate_one(self, type_url, name, client_namespace)?);
         self.encodes.fetch_add(1, Ordering::Relaxed);
-        cache.insert(key, Arc::new(any.clone()));
+        cache.insert(key, any.clone());
         Some(any)
     }
 
@@ -390,7 +390,7 @@ pub fn resources(
     type_url: &str,
     state: &TypeState,
     client_namespace: &str,
-) -> Vec<(String, Any)> {
+) -> crate::protocol::Selected {
     let mut names: BTreeSet<String> = state.names.clone();
     if state.wildcard {
         let targets = every_target(snapshot.services());

@@ -18,11 +18,11 @@ fn request(
     }
 }
 
-fn any(value: &[u8]) -> Any {
-    Any {
+fn any(value: &[u8]) -> std::sync::Arc<envoy_types::pb::google::protobuf::Any> {
+    std::sync::Arc::new(envoy_types::pb::google::protobuf::Any {
         type_url: ROUTE.into(),
         value: value.to_vec(),
-    }
+    })
 }
 
 fn names(response: &DeltaDiscoveryResponse) -> Vec<&str> {
@@ -150,4 +150,54 @@ fn wildcard_and_oversized_subscriptions() {
         stream.on_request(&request(ROUTE, &names, &[], "")),
         Err(Refused::TooManyNames(_, _))
     ));
+}
+
+#[test]
+fn a_subscribed_name_that_does_not_exist_is_said_removed_once_until_it_appears() {
+    let mut stream = DeltaStream::default();
+    stream
+        .on_request(&request(ROUTE, &["a", "zz"], &[], ""))
+        .ok();
+    let first = stream
+        .respond(ROUTE, "1", vec![("a".into(), any(b"a"))], true)
+        .expect("forced");
+    assert_eq!(names(&first), ["a"]);
+    assert_eq!(
+        first.removed_resources,
+        ["zz"],
+        "Envoy waits for it otherwise"
+    );
+    assert!(
+        stream
+            .respond(ROUTE, "2", vec![("a".into(), any(b"a"))], false)
+            .is_none(),
+        "said once"
+    );
+    let appears = stream
+        .respond(
+            ROUTE,
+            "3",
+            vec![("a".into(), any(b"a")), ("zz".into(), any(b"z"))],
+            false,
+        )
+        .expect("zz appeared");
+    assert_eq!(names(&appears), ["zz"]);
+    assert!(appears.removed_resources.is_empty());
+    let gone = stream
+        .respond(ROUTE, "4", vec![("a".into(), any(b"a"))], false)
+        .expect("zz went");
+    assert_eq!(gone.removed_resources, ["zz"]);
+    assert!(
+        stream
+            .respond(ROUTE, "5", vec![("a".into(), any(b"a"))], false)
+            .is_none(),
+        "a removal is said once too"
+    );
+    // Unsubscribed and subscribed again: said again.
+    stream.on_request(&request(ROUTE, &[], &["zz"], "")).ok();
+    stream.on_request(&request(ROUTE, &["zz"], &[], "")).ok();
+    let again = stream
+        .respond(ROUTE, "6", vec![("a".into(), any(b"a"))], false)
+        .expect("said again");
+    assert_eq!(again.removed_resources, ["zz"]);
 }

@@ -24,11 +24,11 @@ fn nack(type_url: &str, names: &[&str], version: &str, nonce: &str) -> Discovery
     }
 }
 
-fn any(value: &[u8]) -> Any {
-    Any {
+fn any(value: &[u8]) -> std::sync::Arc<envoy_types::pb::google::protobuf::Any> {
+    std::sync::Arc::new(envoy_types::pb::google::protobuf::Any {
         type_url: ROUTE.into(),
         value: value.to_vec(),
-    }
+    })
 }
 
 #[test]
