@@ -23,10 +23,11 @@ const GROUP_PATH: &str = "/apis/dubbo.apache.org/v1alpha1";
 const CORE_PATH: &str = "/api/v1";
 const ADMISSION_PATH: &str = "/apis/admissionregistration.k8s.io/v1";
 /// Deployments, ControllerRevisions, Leases and Events (the canary controller's).
-const OTHER_GROUP_PATHS: [&str; 3] = [
+const OTHER_GROUP_PATHS: [&str; 4] = [
     "/apis/apps/v1",
     "/apis/coordination.k8s.io/v1",
     "/apis/events.k8s.io/v1",
+    "/apis/discovery.k8s.io/v1",
 ];
 const SNP: &str = "servicenamemappings";
 /// The issuer of the service-account tokens the fixture's keys sign.
@@ -940,12 +941,13 @@ fn count_write(inner: &mut Inner, key: &Key) {
         .or_default() += 1;
 }
 
-const CORE_RESOURCES: [&str; 11] = [
+const CORE_RESOURCES: [&str; 12] = [
     "secrets",
     "configmaps",
     "namespaces",
     "pods",
     "services",
+    "endpointslices",
     "mutatingwebhookconfigurations",
     "deployments",
     "controllerrevisions",
@@ -1154,7 +1156,9 @@ fn list_or_watch(
         "controllerrevisions" => ("apps/v1", "ControllerRevision"),
         "leases" => ("coordination.k8s.io/v1", "Lease"),
         "events" => ("events.k8s.io/v1", "Event"),
+        "endpointslices" => ("discovery.k8s.io/v1", "EndpointSlice"),
         "canaries" => ("dubbo.apache.org/v1alpha1", "Canary"),
+        "serviceentries" => ("dubbo.apache.org/v1alpha1", "ServiceEntry"),
         "tagroutes" => ("dubbo.apache.org/v1alpha1", "TagRoute"),
         "conditionroutes" => ("dubbo.apache.org/v1alpha1", "ConditionRoute"),
         "dynamicconfigs" => ("dubbo.apache.org/v1alpha1", "DynamicConfig"),

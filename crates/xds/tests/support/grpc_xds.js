@@ -1,6 +1,6 @@
 // Real gRPC xDS traffic for the tests: released @grpc/grpc-js-xds, no generated code. The same
 // commands as grpc_xds.py:
-//   backend NAME           serves every unary call on 127.0.0.1:0 answering NAME; prints the port
+//   backend NAME [HOST]    serves every unary call on HOST:0 (127.0.0.1) answering NAME; prints the port
 //   client TARGET          reads lines on stdin:
 //     count N [running] [key=value ...]   N calls; prints {backend: answers, "error": n}
 //     settle WHO RUN [key=value ...]      calls until WHO answers RUN in a row; prints {settled}
@@ -11,7 +11,7 @@ const readline = require('readline');
 const METHOD = '/dubbo.test.Echo/Who';
 const identity = (x) => x;
 
-function backend(name) {
+function backend(name, host) {
   const server = new grpc.Server();
   const definition = {
     Who: {
@@ -21,7 +21,7 @@ function backend(name) {
     },
   };
   server.addService(definition, { Who: (_call, done) => done(null, Buffer.from(name)) });
-  server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (err, port) => {
+  server.bindAsync(`${host || '127.0.0.1'}:0`, grpc.ServerCredentials.createInsecure(), (err, port) => {
     if (err) { console.error(err); process.exit(1); }
     console.log(String(port));
   });
@@ -75,5 +75,5 @@ async function clientMain(target) {
   process.exit(0);
 }
 
-if (process.argv[2] === 'backend') backend(process.argv[3]);
+if (process.argv[2] === 'backend') backend(process.argv[3], process.argv[4]);
 else clientMain(process.argv[3]);

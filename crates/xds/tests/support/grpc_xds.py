@@ -1,6 +1,7 @@
 """Real gRPC xDS traffic for the tests: released grpcio, no generated code.
 
-backend NAME: serves every unary method on 127.0.0.1:0, answering NAME; prints the port.
+backend NAME [HOST]: serves every unary method on HOST:0 (127.0.0.1), answering NAME; prints the
+port.
 client TARGET: reads "count N" lines on stdin, makes N unary calls to TARGET (an xds:/// URI,
 bootstrap from GRPC_XDS_BOOTSTRAP_CONFIG) and prints a JSON object {backend: answers, "error": n}.
 "count N running" also prints the line "running" once a tenth of the calls are done, so a test
@@ -18,7 +19,7 @@ import grpc
 METHOD = "/dubbo.test.Echo/Who"
 
 
-def backend(name):
+def backend(name, host="127.0.0.1"):
     answer = name.encode()
 
     class Handler(grpc.GenericRpcHandler):
@@ -27,7 +28,7 @@ def backend(name):
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     server.add_generic_rpc_handlers((Handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(host + ":0")
     server.start()
     print(port, flush=True)
     sys.stdin.read()  # until the test closes stdin
@@ -74,6 +75,6 @@ def client(target):
 
 if __name__ == "__main__":
     if sys.argv[1] == "backend":
-        backend(sys.argv[2])
+        backend(*sys.argv[2:4])
     else:
         client(sys.argv[2])

@@ -137,7 +137,12 @@ impl Proc {
 }
 
 pub async fn backend(kind: Released, name: &str) -> (Proc, u16) {
-    let mut proc = Proc::spawn(kind, &["backend", name], &[]);
+    backend_on(kind, name, "127.0.0.1").await
+}
+
+/// A backend answering `name` on `host` (any loopback address: `127.0.1.1` plays a pod's IP).
+pub async fn backend_on(kind: Released, name: &str, host: &str) -> (Proc, u16) {
+    let mut proc = Proc::spawn(kind, &["backend", name, host], &[]);
     let port = proc.line().await.trim().parse().unwrap();
     (proc, port)
 }

@@ -1,0 +1,376 @@
+//! A Canary moves real traffic on a released xDS client (grpcio), step by step, and a rollback
+//! returns all of it to the primary in one push. Kubernetes mode on the API-server fixture (a
+//! real API server refuses loopback addresses in EndpointSlices): the test plays the Deployment
+//! controller, the kubelet (pods with loopback IPs, each served by a backend process answering
+//! its role) and the EndpointSlice controller (one slice per ready pod of Service `podinfo`).
+//! The canary controller writes its weights as usual; the xDS edge serves them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "../crates/xds/tests/support/released.rs"]
+mod released;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use common::apiserver::ApiServer;
+use common::{start, wait_ready};
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use prost::Message;
+use released::{Proc, Released, answers, backend_on, count};
+use serde_json::{Value, json};
+
+const NS: &str = "test";
+const WAIT: Duration = Duration::from_secs(30);
+const NODE_ID: &str = "canary-xds";
+
+/// Pod IPs: the target's (the canary's, once a run starts) and the primary's.
+fn ip_prefix(deployment: &str) -> &'static str {
+    match deployment {
+        "podinfo" => "127.0.1.",
+        _ => "127.0.2.",
+    }
+}
+
+/// Plays the Deployment controller and kubelet (ready pods with IPs for every Deployment whose
+/// spec moved) and the EndpointSlice controller (a slice per ready pod whose IP has a backend in
+/// `ports`), every 20 ms.
+fn cluster_controllers(api: &ApiServer, ports: BTreeMap<String, u16>) {
+    let api = api.clone();
+    tokio::spawn(async move {
+        let mut served: BTreeMap<String, Value> = BTreeMap::new();
+        loop {
+            for deployment in api.objects_of("deployments", NS) {
+                let generation = deployment["metadata"]["generation"].as_i64();
+                let status = &deployment["status"];
+                if status["observedGeneration"].as_i64() != generation
+                    || status["replicas"] != deployment["spec"]["replicas"]
+                {
+                    let name = deployment["metadata"]["name"].as_str().unwrap();
+                    api.roll_out(NS, name, ip_prefix(name));
+                }
+            }
+            let mut wanted: BTreeMap<String, Value> = BTreeMap::new();
+            for pod in api.objects_of("pods", NS) {
+                let Some(ip) = pod["status"]["podIP"].as_str() else {
+                    continue;
+                };
+                let Some(port) = ports.get(ip) else { continue };
+                let name = format!("podinfo-{}", ip.replace('.', "-"));
+                let slice = json!({
+                    "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                    "metadata": {"name": name, "namespace": NS,
+                                 "labels": {"kubernetes.io/service-name": "podinfo"}},
+                    "addressType": "IPv4",
+                    "ports": [{"name": "grpc", "port": port, "protocol": "TCP"}],
+                    "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+                });
+                wanted.insert(name, slice);
+            }
+            for (name, slice) in &wanted {
+                if served.get(name) != Some(slice) {
+                    api.put_object("endpointslices", NS, name, slice.clone());
+                }
+            }
+            for name in served.keys().filter(|n| !wanted.contains_key(*n)) {
+                api.delete_object("endpointslices", NS, name);
+            }
+            served = wanted;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+/// Prometheus answering every instant query with one value the test sets (the success rate).
+async fn prometheus(value: Arc<Mutex<f64>>) -> SocketAddr {
+    async fn query(State(value): State<Arc<Mutex<f64>>>) -> axum::Json<Value> {
+        let v = *value.lock().unwrap();
+        axum::Json(json!({"status": "success", "data": {"resultType": "vector",
+            "result": [{"metric": {}, "value": [1_700_000_000.0, v.to_string()]}]}}))
+    }
+    let app = axum::Router::new()
+        .route("/api/v1/query", axum::routing::get(query).post(query))
+        .with_state(value);
+    serve(app).await
+}
+
+/// Gates (`confirm-traffic-increase` on `/step`, `confirm-promotion` on `/promote`) that let
+/// one call through per permit the test gives.
+#[derive(Clone, Default)]
+struct Gates {
+    step: Arc<AtomicUsize>,
+    promote: Arc<AtomicUsize>,
+}
+
+async fn gates(gates: Gates) -> SocketAddr {
+    async fn gate(State(gates): State<Gates>, uri: axum::http::Uri) -> StatusCode {
+        let permits = if uri.path() == "/promote" {
+            &gates.promote
+        } else {
+            &gates.step
+        };
+        let taken = permits.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| p.checked_sub(1));
+        if taken.is_ok() {
+            StatusCode::OK
+        } else {
+            StatusCode::FORBIDDEN
+        }
+    }
+    let app = axum::Router::new()
+        .fallback(axum::routing::post(gate))
+        .with_state(gates);
+    serve(app).await
+}
+
+async fn serve(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// The locality weights of the load assignment the client last acknowledged, once it has
+/// acknowledged what it was sent: one per (locality, weight) group, `weight x endpoints`.
+fn acked_weights(clients: &[dubbo_cp::xds::clients::ClientStatus]) -> Option<Vec<u32>> {
+    let client = clients.iter().find(|c| c.node_id == NODE_ID)?;
+    let endpoints = client.types.get(dubbo_cp::xds::ENDPOINT)?;
+    if endpoints.sent.is_none() || endpoints.acked != endpoints.sent {
+        return None;
+    }
+    let mut weights = Vec::new();
+    for held in endpoints.held.values() {
+        let any = held.resource.as_ref()?;
+        let assignment = ClusterLoadAssignment::decode(any.value.as_slice()).ok()?;
+        weights.extend(
+            assignment
+                .endpoints
+                .iter()
+                .filter_map(|l| l.load_balancing_weight.map(|w| w.value)),
+        );
+    }
+    weights.sort();
+    Some(weights)
+}
+
+struct Setup {
+    api: ApiServer,
+    server: dubbo_cp::server::RunningServer,
+    gates: Gates,
+    success: Arc<Mutex<f64>>,
+    client: Proc,
+    _backends: Vec<Proc>,
+    _dir: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn start() -> Setup {
+        let mut backends = Vec::new();
+        let mut ports = BTreeMap::new();
+        for (role, prefix) in [("canary", "127.0.1."), ("primary", "127.0.2.")] {
+            for i in 1..=2 {
+                let ip = format!("{prefix}{i}");
+                let (proc, port) = backend_on(Released::Grpcio, role, &ip).await;
+                ports.insert(ip, port);
+                backends.push(proc);
+            }
+        }
+        let api = ApiServer::start().await;
+        api.create_namespace(NS);
+        api.put_deployment(NS, "podinfo", 2, "podinfo:1");
+        api.put_object(
+            "services",
+            NS,
+            "podinfo",
+            json!({"apiVersion": "v1", "kind": "Service",
+                   "metadata": {"name": "podinfo", "namespace": NS},
+                   "spec": {"ports": [{"name": "grpc", "port": 7070, "protocol": "TCP"}]}}),
+        );
+        cluster_controllers(&api, ports);
+        let success = Arc::new(Mutex::new(100.0));
+        let prometheus = prometheus(success.clone()).await;
+        let gates_ = Gates::default();
+        let gate = gates(gates_.clone()).await;
+        api.put_object(
+            "canaries",
+            NS,
+            "podinfo",
+            json!({
+                "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
+                "metadata": {"name": "podinfo", "namespace": NS},
+                "spec": {
+                    "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "podinfo"},
+                    "progressDeadlineSeconds": 60,
+                    "analysis": {
+                        "interval": "300ms", "threshold": 2, "maxWeight": 60, "stepWeight": 20,
+                        "metrics": [{"name": "request-success-rate",
+                                     "thresholdRange": {"min": 99}, "interval": "1m"}],
+                        "webhooks": [
+                            {"name": "step", "type": "confirm-traffic-increase",
+                             "url": format!("http://{gate}/step")},
+                            {"name": "promote", "type": "confirm-promotion",
+                             "url": format!("http://{gate}/promote")},
+                        ],
+                    },
+                },
+            }),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = common::kubernetes_config(dir.path(), api.url());
+        config.debounce.after = Duration::from_millis(10);
+        config.debounce.max = Duration::from_millis(50);
+        config.auth.token_review = Some(false);
+        config.canary.enabled = true;
+        config.canary.prometheus = Some(format!("http://{prometheus}"));
+        config.canary.query_timeout = Duration::from_secs(2);
+        config.canary.lease_duration = Duration::from_secs(2);
+        let server = start(config).await;
+        wait_ready(server.admin_addr).await;
+        let xds = server.xds_addr.expect("xDS is on").to_string();
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+            .args([
+                "bootstrap",
+                "--server",
+                &xds,
+                "-n",
+                NS,
+                "--node-id",
+                NODE_ID,
+            ])
+            .output()
+            .await
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let bootstrap = String::from_utf8(output.stdout).unwrap();
+        let client = released::client_with(Released::Grpcio, "xds:///podinfo", bootstrap);
+        Setup {
+            api,
+            server,
+            gates: gates_,
+            success,
+            client,
+            _backends: backends,
+            _dir: dir,
+        }
+    }
+
+    async fn wait_phase(&self, phase: &str) {
+        self.api
+            .wait_for_object("canaries", NS, "podinfo", WAIT, |c| {
+                c.is_some_and(|c| c["status"]["phase"] == phase)
+            })
+            .await;
+    }
+
+    /// Waits until the client acknowledged a load assignment with these locality weights.
+    async fn served(&self, weights: &[u32]) {
+        let clients = self.server.xds_clients.clone().unwrap();
+        let wait = clients.wait_for(|list| acked_weights(list).as_deref() == Some(weights));
+        tokio::time::timeout(WAIT, wait).await.unwrap_or_else(|_| {
+            panic!(
+                "weights {weights:?} never acknowledged; last {:?} of {:?}",
+                acked_weights(&clients.list()),
+                clients.list()
+            )
+        });
+    }
+
+    /// Lets the next step through and waits until the client holds its weights.
+    async fn step(&self, percent: u32, weights: &[u32]) {
+        self.gates.step.fetch_add(1, Ordering::SeqCst);
+        self.api
+            .wait_for_object("canaries", NS, "podinfo", WAIT, |c| {
+                c.is_some_and(|c| c["status"]["canaryWeight"] == percent)
+            })
+            .await;
+        self.served(weights).await;
+    }
+
+    /// 2,000 calls: the canary answers `percent` of them within 5 points, none fails.
+    async fn assert_canary_share(&mut self, percent: u64) {
+        let counts = count(&mut self.client, 2000).await;
+        let canary = answers(&counts, "canary");
+        assert_eq!(canary + answers(&counts, "primary"), 2000, "{counts}");
+        assert!(
+            canary.abs_diff(percent * 20) <= 100,
+            "canary answered {canary} of 2000, wanted {percent}% +/- 5: {counts}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn canary_steps_move_xds_traffic_and_a_rollback_returns_it_in_one_push() {
+    let mut setup = Setup::start().await;
+    setup.wait_phase("Initialized").await;
+    // The primary's two pods at Dubbo's default weight, one locality of 2 x 100 (the client
+    // connects with its first call).
+    released::settle(&mut setup.client, "primary", 100, "").await;
+    setup.served(&[200]).await;
+    setup.assert_canary_share(0).await;
+
+    // A new release: the canary's pods come up at weight 0 (no calls), then each permitted
+    // step moves the calls the canary gets: two canary pods against two primaries weigh
+    // round(100 p / (100 - p)) each (25, 67, 150), sent as one locality of 2 x w.
+    setup.api.set_image(NS, "podinfo", "podinfo:2");
+    setup.wait_phase("Progressing").await;
+    for (percent, weight) in [(20, 25), (40, 67), (60, 150)] {
+        let mut weights = vec![2 * weight, 200];
+        weights.sort();
+        setup.step(percent, &weights).await;
+        setup.assert_canary_share(u64::from(percent)).await;
+    }
+    // Promoted once the gate says so: the primary runs the new release and takes every call
+    // again.
+    setup.gates.promote.fetch_add(1, Ordering::SeqCst);
+    setup.wait_phase("Succeeded").await;
+    setup.served(&[200]).await;
+    setup.assert_canary_share(0).await;
+
+    // A release that fails its analysis at 20%: rolled back, every call on the primary at once.
+    setup.api.set_image(NS, "podinfo", "podinfo:3");
+    setup.wait_phase("Progressing").await;
+    setup.step(20, &[50, 200]).await;
+    setup.assert_canary_share(20).await;
+    let clients = setup.server.xds_clients.clone().unwrap();
+    // Every load assignment the client acknowledges from here on, in order.
+    let seen: Arc<Mutex<Vec<Vec<u32>>>> = Arc::default();
+    let recorder = {
+        let seen = seen.clone();
+        let clients = clients.clone();
+        tokio::spawn(async move {
+            clients
+                .wait_for(|list| {
+                    if let Some(weights) = acked_weights(list) {
+                        let mut seen = seen.lock().unwrap();
+                        if seen.last() != Some(&weights) {
+                            seen.push(weights);
+                        }
+                    }
+                    false
+                })
+                .await;
+        })
+    };
+    *setup.success.lock().unwrap() = 50.0;
+    setup.wait_phase("Failed").await;
+    setup.served(&[200]).await;
+    released::settle(&mut setup.client, "primary", 100, "").await;
+    setup.assert_canary_share(0).await;
+    recorder.abort();
+    let seen = seen.lock().unwrap().clone();
+    // From 20% straight to the primary alone: no step down in between. (The canary's pods
+    // leave the endpoints afterwards; weight 0 already took them out.)
+    assert_eq!(
+        seen.first().map(Vec::as_slice),
+        Some(&[50, 200][..]),
+        "{seen:?}"
+    );
+    assert_eq!(seen.get(1).map(Vec::as_slice), Some(&[200][..]), "{seen:?}");
+    assert!(seen.iter().skip(1).all(|w| w == &[200]), "{seen:?}");
+    drop(setup.client.child.start_kill());
+    setup.server.stop().await.unwrap();
+}
