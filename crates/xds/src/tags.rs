@@ -9,12 +9,14 @@
 //!   those statically tagged with one of the rule's tag names (nothing, when every endpoint is
 //!   listed); without a rule, to the endpoints without a static tag.
 //!
-//! This is Dubbo 3's `TagStateRouter`. Tags that select instances by parameters (`match`, v3.0)
-//! are not translated yet: such a tag selects no endpoint by address (docs/xds.md).
+//! This is Dubbo 3's `TagStateRouter`. A tag that selects instances by their parameters (`match`,
+//! configVersion v3.0) takes the endpoints whose labels match, as Dubbo's `TagRouterRule` turns
+//! it into the addresses of the providers whose URL parameters match; one that matches no
+//! endpoint counts as a tag without addresses (the static tag decides).
 
 use std::collections::BTreeSet;
 
-use dubbo_cp_domain::rules::TagRouteSpec;
+use dubbo_cp_domain::rules::{Tag, TagRouteSpec};
 
 use crate::conditions::{Condition, Conditions};
 use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
@@ -121,7 +123,7 @@ impl<'a> Tagging<'a> {
         self.conditions.map_or(&[], |c| c.conditions.as_slice())
     }
 
-    /// Whether the rule lists `endpoint` among `addresses` (`ip:port`, `ip`, or `*`).
+    /// Whether `addresses` list `endpoint` (`ip:port`, `ip`, or `*`).
     fn listed(&self, endpoint: &ServiceEndpoint, addresses: &[String]) -> bool {
         let ip = endpoint.address.to_string();
         let with_port = format!("{ip}:{}", endpoint.port_for(self.port));
@@ -130,18 +132,29 @@ impl<'a> Tagging<'a> {
             .any(|a| a == "*" || *a == ip || *a == with_port)
     }
 
-    fn addresses_of(&self, tag: &str) -> &'a [String] {
-        self.rule
-            .and_then(|rule| rule.tags.iter().find(|t| t.name == tag))
-            .map_or(&[], |t| t.addresses.as_slice())
+    /// Whether the rule's `tag` takes `endpoint`: listed by address, or (v3.0) matched by its
+    /// parameters, which are an endpoint's labels as URL parameters are a provider's.
+    fn takes(&self, tag: &Tag, endpoint: &ServiceEndpoint) -> bool {
+        if !tag.addresses.is_empty() {
+            return self.listed(endpoint, &tag.addresses);
+        }
+        let v3 = self
+            .rule
+            .is_some_and(|rule| rule.config_version.starts_with("v3.0"));
+        v3 && !tag.r#match.is_empty() && tag.r#match.iter().all(|m| m.matches(&endpoint.labels))
+    }
+
+    /// The rule's tag named `tag` when it has addresses (Dubbo's `tagnameToAddresses` holds
+    /// it): listed ones, even if gone, or a `match` some endpoint passes.
+    fn rule_tag(&self, tag: &str) -> Option<&'a Tag> {
+        let found = self.rule?.tags.iter().find(|t| t.name == tag)?;
+        (!found.addresses.is_empty() || self.endpoints.iter().any(|e| self.takes(found, e)))
+            .then_some(found)
     }
 
     fn in_any_tag(&self, endpoint: &ServiceEndpoint) -> bool {
-        self.rule.is_some_and(|rule| {
-            rule.tags
-                .iter()
-                .any(|t| !t.addresses.is_empty() && self.listed(endpoint, &t.addresses))
-        })
+        self.rule
+            .is_some_and(|rule| rule.tags.iter().any(|t| self.takes(t, endpoint)))
     }
 
     fn select(&self, keep: impl Fn(&ServiceEndpoint) -> bool) -> Vec<&'a ServiceEndpoint> {
@@ -191,9 +204,8 @@ impl<'a> Tagging<'a> {
     /// The endpoints a request tagged `tag` may reach before any fallback, and whether the rule
     /// forbids the fallback (`force` with the tag's addresses given).
     fn only(&self, tag: &str) -> (Vec<&'a ServiceEndpoint>, bool) {
-        let addresses = self.addresses_of(tag);
-        if !addresses.is_empty() {
-            let found = self.select(|e| self.listed(e, addresses));
+        if let Some(rule_tag) = self.rule_tag(tag) {
+            let found = self.select(|e| self.takes(rule_tag, e));
             let force = self.rule.is_some_and(|r| r.force);
             if !found.is_empty() || force {
                 return (found, force);

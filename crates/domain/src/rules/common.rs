@@ -218,6 +218,29 @@ impl StringMatch {
         }
         Ok(())
     }
+
+    /// Whether `input` (a parameter's value, `None` when absent) matches, as Dubbo's
+    /// `StringMatch.isMatch`: the first field set decides; `regex` must match the whole value
+    /// (Java's `String.matches`); `wildcard` is the value itself, or `*` for any present value;
+    /// `empty` takes an absent or empty value, `noempty` a present, non-empty one.
+    pub fn matches(&self, input: Option<&str>) -> bool {
+        match input {
+            Some(input) if !self.exact.is_empty() => input == self.exact,
+            Some(input) if !self.prefix.is_empty() => input.starts_with(&self.prefix),
+            Some(input) if !self.regex.is_empty() => {
+                regex::RegexBuilder::new(&format!("^(?:{})$", self.regex))
+                    .size_limit(1 << 20)
+                    .build()
+                    .is_ok_and(|re| re.is_match(input))
+            }
+            Some(input) if !self.wildcard.is_empty() => {
+                self.wildcard == "*" || input == self.wildcard
+            }
+            _ if !self.empty.is_empty() => input.is_none_or(str::is_empty),
+            _ if !self.noempty.is_empty() => input.is_some_and(|i| !i.is_empty()),
+            _ => false,
+        }
+    }
 }
 
 /// A URL parameter of the provider or consumer and how its value is matched.
@@ -233,6 +256,12 @@ impl ParamMatch {
     pub(crate) fn check(&self, path: &str) -> Checked {
         word(&field(path, "key"), &self.key)?;
         self.value.check(&field(path, "value"))
+    }
+
+    /// Whether the parameter `key` of `params` matches `value`.
+    pub fn matches(&self, params: &std::collections::BTreeMap<String, String>) -> bool {
+        self.value
+            .matches(params.get(&self.key).map(String::as_str))
     }
 }
 
@@ -444,5 +473,38 @@ impl PolicySelector {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod string_match_tests {
+    use super::StringMatch;
+
+    fn m(field: &str, value: &str) -> StringMatch {
+        serde_json::from_value(serde_json::json!({ field: value })).unwrap_or_default()
+    }
+
+    #[test]
+    fn each_field_matches_as_dubbos_string_match() {
+        assert!(m("exact", "gray").matches(Some("gray")));
+        assert!(!m("exact", "gray").matches(Some("grayer")));
+        assert!(!m("exact", "gray").matches(None));
+        assert!(m("prefix", "gr").matches(Some("gray")));
+        assert!(!m("prefix", "gr").matches(None));
+        // The whole value, as Java's String.matches.
+        assert!(m("regex", "g.a").matches(Some("gra")));
+        assert!(!m("regex", "g.a").matches(Some("gray")));
+        assert!(m("regex", "a|gray").matches(Some("gray")));
+        assert!(m("wildcard", "*").matches(Some("anything")));
+        assert!(!m("wildcard", "*").matches(None));
+        assert!(m("wildcard", "v1").matches(Some("v1")));
+        assert!(!m("wildcard", "v1").matches(Some("v2")));
+        assert!(m("empty", "x").matches(None));
+        assert!(m("empty", "x").matches(Some("")));
+        assert!(!m("empty", "x").matches(Some("a")));
+        assert!(m("noempty", "x").matches(Some("a")));
+        assert!(!m("noempty", "x").matches(Some("")));
+        assert!(!m("noempty", "x").matches(None));
+        assert!(!StringMatch::default().matches(Some("a")));
     }
 }

@@ -199,3 +199,98 @@ fn only_subsets_the_routes_name_are_served() {
         "no tag routing, no subsets"
     );
 }
+
+fn labelled(last: u8, labels: &[(&str, &str)]) -> ServiceEndpoint {
+    ServiceEndpoint {
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..endpoint(last, None)
+    }
+}
+
+fn match_rule(version: &str, force: bool, matches: serde_json::Value) -> TagRouteSpec {
+    serde_json::from_value(serde_json::json!({
+        "key": "greeter", "configVersion": version, "force": force,
+        "tags": [{"name": "gray", "match": matches}],
+    }))
+    .unwrap_or_else(|err| panic!("{err}"))
+}
+
+#[test]
+fn a_match_tag_takes_the_endpoints_whose_labels_match_as_dubbos_addresses() {
+    let endpoints = [
+        labelled(1, &[("version", "v1")]),
+        labelled(2, &[("version", "v2"), ("zone", "east")]),
+        labelled(3, &[("version", "v2")]),
+        labelled(4, &[(TAG_LABEL, "gray")]),
+    ];
+    let port = port();
+    // Every param of the match must hold (Dubbo ANDs them).
+    let rule = match_rule(
+        "v3.0",
+        false,
+        serde_json::json!([
+            {"key": "version", "value": {"exact": "v2"}},
+            {"key": "zone", "value": {"prefix": "ea"}},
+        ]),
+    );
+    let tagging = Tagging {
+        endpoints: &endpoints,
+        port: &port,
+        rule: Some(&rule),
+        conditions: None,
+    };
+    assert_eq!(picked(&tagging, Subset::Tagged("gray".into())), [2]);
+    // Untagged calls avoid what the rule's tags take, and static tags named by the rule.
+    assert_eq!(picked(&tagging, Subset::Untagged), [1, 3]);
+
+    // A match no endpoint passes: the tag has no addresses, so the static tag decides.
+    let nobody = match_rule(
+        "v3.0",
+        true,
+        serde_json::json!([{"key": "version", "value": {"exact": "v9"}}]),
+    );
+    let tagging = Tagging {
+        rule: Some(&nobody),
+        ..tagging
+    };
+    assert_eq!(picked(&tagging, Subset::Tagged("gray".into())), [4]);
+    assert_eq!(picked(&tagging, Subset::Untagged), [1, 2, 3]);
+
+    // A v2.7 rule knows no match: as if the tag had no addresses.
+    let old = match_rule(
+        "v2.7",
+        false,
+        serde_json::json!([{"key": "version", "value": {"exact": "v2"}}]),
+    );
+    let tagging = Tagging {
+        rule: Some(&old),
+        ..tagging
+    };
+    assert_eq!(picked(&tagging, Subset::Tagged("gray".into())), [4]);
+}
+
+#[test]
+fn a_match_tag_is_forced_like_an_address_tag() {
+    let endpoints = [
+        labelled(1, &[("version", "v1")]),
+        labelled(2, &[("version", "v2")]),
+    ];
+    let port = port();
+    let rule = match_rule(
+        "v3.0",
+        true,
+        serde_json::json!([{"key": "version", "value": {"regex": "v[2-9]"}}]),
+    );
+    let tagging = Tagging {
+        endpoints: &endpoints,
+        port: &port,
+        rule: Some(&rule),
+        conditions: None,
+    };
+    assert_eq!(picked(&tagging, Subset::Tagged("gray".into())), [2]);
+    assert_eq!(picked(&tagging, Subset::Forced("gray".into())), [2]);
+    assert_eq!(picked(&tagging, Subset::Untagged), [1]);
+}
