@@ -257,16 +257,6 @@ mod tests {
     }
 
     #[test]
-    fn a_conditions_subset_has_one_name() {
-        use crate::tags::Subset;
-        assert_eq!(Subset::Condition(3).name(), "condition-3");
-        assert_eq!(Subset::parse("condition-3"), Some(Subset::Condition(3)));
-        for other in ["condition-03", "condition-", "condition-+3", "condition-x"] {
-            assert_eq!(Subset::parse(other), None, "{other}");
-        }
-    }
-
-    #[test]
     fn globs_match_as_dubbo_reads_them() {
         for (pattern, value, matched) in [
             ("10.0.0.*", "10.0.0.7", true),

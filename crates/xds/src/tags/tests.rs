@@ -294,3 +294,12 @@ fn a_match_tag_is_forced_like_an_address_tag() {
     assert_eq!(picked(&tagging, Subset::Forced("gray".into())), [2]);
     assert_eq!(picked(&tagging, Subset::Untagged), [1]);
 }
+
+#[test]
+fn a_conditions_subset_has_one_name() {
+    assert_eq!(Subset::Condition(3).name(), "condition-3");
+    assert_eq!(Subset::parse("condition-3"), Some(Subset::Condition(3)));
+    for other in ["condition-03", "condition-", "condition-+3", "condition-x"] {
+        assert_eq!(Subset::parse(other), None, "{other}");
+    }
+}
