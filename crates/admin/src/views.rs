@@ -255,16 +255,19 @@ pub(super) struct DumpQuery {
     /// Only the clients whose node ID is this.
     node: Option<String>,
     namespace: Option<String>,
-    /// At most this many clients (default [`DUMP_LIMIT`]: a dump is large).
+    /// At most this many clients (default [`DUMP_LIMIT`], at most [`DUMP_MAX`]: a dump is
+    /// large).
     limit: Option<usize>,
 }
 
-/// Clients a config dump holds unless `limit` says otherwise.
+/// Clients a config dump holds unless `limit` says otherwise, and the most it holds.
 const DUMP_LIMIT: usize = 100;
+const DUMP_MAX: usize = 1000;
 
 /// `/debug/xds/config_dump[?node=][&namespace=][&limit=N]`: what each xDS client was served, as
 /// CSDS's `ClientStatusResponse` (`config`: one `ClientConfig` per stream) in protobuf JSON,
-/// the shape clients show of themselves through CSDS.
+/// the shape clients show of themselves through CSDS. A client whose dump cannot be rendered is
+/// listed with the error instead.
 pub(super) async fn xds_config_dump(
     State(state): State<AdminState>,
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
@@ -275,25 +278,35 @@ pub(super) async fn xds_config_dump(
     let Some(clients) = &state.xds_clients else {
         return Ok(Json(serde_json::json!({"enabled": false, "config": []})));
     };
-    let matching: Vec<_> = clients
+    let limit = query.limit.unwrap_or(DUMP_LIMIT);
+    if limit > DUMP_MAX {
+        return Err(api_error(
+            StatusCode::BAD_REQUEST,
+            format!("limit {limit} is over {DUMP_MAX}; ask per node or namespace"),
+        ));
+    }
+    let mut matching: Vec<_> = clients
         .list()
         .into_iter()
         .filter(|c| query.node.as_ref().is_none_or(|node| &c.node_id == node))
         .filter(|c| query.namespace.as_ref().is_none_or(|ns| &c.namespace == ns))
         .collect();
     let total = matching.len();
-    let limit = query.limit.unwrap_or(DUMP_LIMIT);
+    matching.truncate(limit);
     // Rendering JSON from descriptors is CPU work: off the async threads.
     let rendered = tokio::task::spawn_blocking(move || {
         matching
             .iter()
-            .take(limit)
-            .map(|client| dubbo_cp_xds::dump::to_json(&dubbo_cp_xds::dump::client_config(client)))
-            .collect::<Result<Vec<_>, _>>()
+            .map(|client| {
+                let config = dubbo_cp_xds::dump::client_config(client);
+                dubbo_cp_xds::dump::to_json(&config).unwrap_or_else(
+                    |e| serde_json::json!({"node": {"id": client.node_id}, "error": e.to_string()}),
+                )
+            })
+            .collect::<Vec<_>>()
     })
     .await
-    .map_err(|_| api_error(StatusCode::INTERNAL_SERVER_ERROR, "config dump failed"))?
-    .map_err(|e| api_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    .map_err(|_| api_error(StatusCode::INTERNAL_SERVER_ERROR, "config dump failed"))?;
     Ok(Json(serde_json::json!({
         "enabled": true, "config": rendered, "total": total, "truncated": total > limit,
     })))

@@ -15,6 +15,10 @@ pub struct Nack {
     /// The version it rejected.
     pub version: String,
     pub message: String,
+    /// The response it rejected (the stream's count of responses): the resources sent in it
+    /// are the rejected ones.
+    #[serde(default)]
+    pub nonce: u64,
 }
 
 /// A resource a client was sent.
@@ -22,22 +26,26 @@ pub struct Nack {
 pub struct Held {
     /// Its own version (delta streams); on state-of-the-world streams, the type's.
     pub version: Option<String>,
-    /// Its encoding; `None` for what a reconnecting delta client said it holds.
+    /// Its encoding; `None` for what a reconnecting delta client said it holds, until it is
+    /// seen in a snapshot at that version.
     pub resource: Option<Arc<Any>>,
+    /// The response that carried it (0: none, a reconnecting client's claim).
+    pub nonce: u64,
 }
 
 impl Held {
-    pub(crate) fn sent(resource: Arc<Any>, version: Option<String>) -> Held {
+    pub(crate) fn sent(resource: Arc<Any>, version: Option<String>, nonce: u64) -> Held {
         Held {
             version,
             resource: Some(resource),
+            nonce,
         }
     }
 }
 
-/// Name -> what the client was sent: shared by the stream and its status, replaced whole on
-/// each response, so a status update costs a pointer.
-pub type HeldResources = Arc<BTreeMap<String, Held>>;
+/// Name -> what the client was sent. A persistent map, shared by the stream and its status:
+/// cloning it costs a pointer, and a change copies only the path to it.
+pub type HeldResources = imbl::OrdMap<String, Held>;
 
 /// One type of one client.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -49,8 +57,15 @@ pub struct TypeStatus {
     pub sent: Option<String>,
     pub acked: Option<String>,
     pub nack: Option<Nack>,
-    /// What it was last sent.
+    /// What it was last sent, each resource with the response that carried it.
     pub held: HeldResources,
+    /// The newest response it acknowledged (0: none): resources sent in it or before are held.
+    pub acked_nonce: u64,
+    /// State of the world: the resources of the last acknowledged response, which a client
+    /// keeps when it rejects a later one (delta streams: empty).
+    pub accepted: HeldResources,
+    /// Names subscribed to that do not exist (the client was told so).
+    pub absent: imbl::OrdSet<String>,
 }
 
 /// One client (one stream).

@@ -25,10 +25,12 @@ struct DeltaType {
     known: HeldResources,
     /// Names subscribed to that do not exist, already told so in `removed_resources` (the
     /// protocol's way of saying "does not exist"; Envoy waits for it), so it is said once.
-    absent: BTreeSet<String>,
-    nonce: Option<String>,
+    absent: imbl::OrdSet<String>,
+    /// The last response sent for the type (the stream's count of responses then).
+    nonce: Option<u64>,
     sent: Option<String>,
     acked: Option<String>,
+    acked_nonce: u64,
     nack: Option<Nack>,
 }
 
@@ -60,19 +62,18 @@ impl DeltaStream {
         let first = state.nonce.is_none() && state.subscribed.is_empty() && !state.wildcard;
         if first {
             // A reconnecting client says what it holds; only what differs is sent.
-            state.known = Arc::new(
-                request
-                    .initial_resource_versions
-                    .iter()
-                    .map(|(name, version)| {
-                        let held = Held {
-                            version: Some(version.clone()),
-                            resource: None,
-                        };
-                        (name.clone(), held)
-                    })
-                    .collect(),
-            );
+            state.known = request
+                .initial_resource_versions
+                .iter()
+                .map(|(name, version)| {
+                    let held = Held {
+                        version: Some(version.clone()),
+                        resource: None,
+                        nonce: 0,
+                    };
+                    (name.clone(), held)
+                })
+                .collect();
         }
         let mut added = false;
         for name in &request.resource_names_subscribe {
@@ -89,9 +90,7 @@ impl DeltaStream {
             } else {
                 state.subscribed.remove(name);
                 state.absent.remove(name);
-                if state.known.contains_key(name) {
-                    Arc::make_mut(&mut state.known).remove(name);
-                }
+                state.known.remove(name);
             }
         }
         if first
@@ -101,11 +100,13 @@ impl DeltaStream {
             state.wildcard = true;
         }
         let nonce = request.response_nonce.as_str();
-        if !nonce.is_empty() && state.nonce.as_deref() == Some(nonce) {
+        let answers_last = state.nonce.is_some_and(|n| n.to_string() == nonce);
+        if !nonce.is_empty() && answers_last {
             record_answer(
                 &mut state.acked,
                 &mut state.nack,
-                state.sent.clone(),
+                &mut state.acked_nonce,
+                (state.sent.clone(), state.nonce.unwrap_or_default()),
                 request.error_detail.as_ref(),
             );
         } else if !nonce.is_empty() && !added {
@@ -158,7 +159,12 @@ impl DeltaStream {
         let present: BTreeSet<&str> = resources.iter().map(|(name, _)| name.as_str()).collect();
         // Held and gone, then subscribed, never held and not there ("does not exist"): each said
         // once, until it appears.
-        state.absent.retain(|name| !present.contains(name.as_str()));
+        state.absent = state
+            .absent
+            .iter()
+            .filter(|name| !present.contains(name.as_str()))
+            .cloned()
+            .collect();
         let mut removed: Vec<String> = state
             .known
             .keys()
@@ -179,28 +185,36 @@ impl DeltaStream {
         let mut changed = Vec::new();
         for (name, any) in resources {
             let resource_version = format!("{:016x}", digest(&any));
-            let held = state
-                .known
-                .get(&name)
-                .and_then(|held| held.version.as_ref());
-            if held != Some(&resource_version) {
-                changed.push((name, resource_version, any));
+            match state.known.get_mut(&name) {
+                Some(held) if held.version.as_ref() == Some(&resource_version) => {
+                    // Held at this version (perhaps only claimed on reconnect): this version's
+                    // encoding, for the dump, without sending it.
+                    if held.resource.as_ref().is_none_or(|r| !Arc::ptr_eq(r, &any)) {
+                        held.resource = Some(any);
+                    }
+                }
+                _ => changed.push((name, resource_version, any)),
             }
         }
         if changed.is_empty() && removed.is_empty() && !force {
             return None;
         }
-        let known = Arc::make_mut(&mut state.known);
+        self.nonces += 1;
+        let number = self.nonces;
         for name in &removed {
-            known.remove(name);
+            state.known.remove(name);
             if state.subscribed.contains(name) {
                 state.absent.insert(name.clone());
             }
         }
+        let known = &mut state.known;
         let changed: Vec<Resource> = changed
             .into_iter()
             .map(|(name, version, any)| {
-                known.insert(name.clone(), Held::sent(any.clone(), Some(version.clone())));
+                known.insert(
+                    name.clone(),
+                    Held::sent(any.clone(), Some(version.clone()), number),
+                );
                 Resource {
                     name,
                     version,
@@ -209,9 +223,8 @@ impl DeltaStream {
                 }
             })
             .collect();
-        self.nonces += 1;
-        let nonce = self.nonces.to_string();
-        state.nonce = Some(nonce.clone());
+        let nonce = number.to_string();
+        state.nonce = Some(number);
         state.sent = Some(version.to_owned());
         Some(DeltaDiscoveryResponse {
             system_version_info: version.to_owned(),
@@ -242,6 +255,9 @@ impl DeltaStream {
                             acked: state.acked.clone(),
                             nack: state.nack.clone(),
                             held: state.known.clone(),
+                            acked_nonce: state.acked_nonce,
+                            accepted: HeldResources::default(),
+                            absent: state.absent.clone(),
                         },
                     )
                 })

@@ -18,7 +18,7 @@ use envoy_types::pb::google::protobuf::{Struct, Value, value};
 use prost::Message;
 use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
 
-use crate::clients::{ClientStatus, TypeStatus};
+use crate::clients::ClientStatus;
 
 /// Envoy's descriptors for the types a dump holds (see the module's doc).
 pub const DESCRIPTORS: &[u8] = include_bytes!("dump/envoy.binpb");
@@ -50,8 +50,13 @@ fn pool() -> Result<&'static DescriptorPool, DumpError> {
 }
 
 /// One client's served configuration as a CSDS `ClientConfig`: each resource it was last sent,
-/// with its version, whether the client acknowledged it (`ACKED`, config `SYNCED`), has not
-/// answered yet (`REQUESTED`, `STALE`) or rejected it (`NACKED`, `ERROR`, with the message).
+/// with its version and where the client stands on it:
+/// - `ACKED` / `SYNCED`: the response that carried it was acknowledged (or a later one);
+/// - `UNKNOWN` / `STALE`: sent, not answered yet;
+/// - `NACKED` / `ERROR`: the response that carried it was rejected; `error_state` has the
+///   client's message and the rejected resource, `xds_config` what the client keeps (state of
+///   the world: the last acknowledged version of it, if any);
+/// - `DOES_NOT_EXIST` / `NOT_SENT`: subscribed, and the client was told it does not exist.
 pub fn client_config(client: &ClientStatus) -> ClientConfig {
     let mut configs = Vec::new();
     for (type_url, status) in &client.types {
@@ -61,15 +66,45 @@ pub fn client_config(client: &ClientStatus) -> ClientConfig {
                 .clone()
                 .or_else(|| status.sent.clone())
                 .unwrap_or_default();
-            let (client_status, config_status, error_state) = standing(status);
-            configs.push(GenericXdsConfig {
+            let mut config = GenericXdsConfig {
                 type_url: (*type_url).to_owned(),
                 name: name.clone(),
                 version_info: version,
                 xds_config: held.resource.as_deref().cloned(),
-                client_status: client_status as i32,
-                config_status: config_status as i32,
-                error_state,
+                ..Default::default()
+            };
+            let rejected = status
+                .nack
+                .as_ref()
+                .filter(|nack| held.nonce != 0 && nack.nonce == held.nonce);
+            let (client_status, config_status) = if let Some(nack) = rejected {
+                config.error_state = Some(UpdateFailureState {
+                    failed_configuration: held.resource.as_deref().cloned(),
+                    details: nack.message.clone(),
+                    version_info: nack.version.clone(),
+                    ..Default::default()
+                });
+                let kept = status.accepted.get(name);
+                config.xds_config = kept.and_then(|k| k.resource.as_deref().cloned());
+                config.version_info = kept
+                    .map(|_| status.acked.clone().unwrap_or_default())
+                    .unwrap_or_default();
+                (ClientResourceStatus::Nacked, ConfigStatus::Error)
+            } else if held.nonce <= status.acked_nonce {
+                (ClientResourceStatus::Acked, ConfigStatus::Synced)
+            } else {
+                (ClientResourceStatus::Unknown, ConfigStatus::Stale)
+            };
+            config.client_status = client_status as i32;
+            config.config_status = config_status as i32;
+            configs.push(config);
+        }
+        for name in status.absent.iter() {
+            configs.push(GenericXdsConfig {
+                type_url: (*type_url).to_owned(),
+                name: name.clone(),
+                client_status: ClientResourceStatus::DoesNotExist as i32,
+                config_status: ConfigStatus::NotSent as i32,
                 ..Default::default()
             });
         }
@@ -90,37 +125,6 @@ pub fn client_config(client: &ClientStatus) -> ClientConfig {
         }),
         generic_xds_configs: configs,
         ..Default::default()
-    }
-}
-
-/// Where the client stands on what it was last sent of one type.
-fn standing(
-    status: &TypeStatus,
-) -> (
-    ClientResourceStatus,
-    ConfigStatus,
-    Option<UpdateFailureState>,
-) {
-    if let Some(nack) = status
-        .nack
-        .as_ref()
-        .filter(|n| Some(&n.version) == status.sent.as_ref())
-    {
-        let failure = UpdateFailureState {
-            details: nack.message.clone(),
-            version_info: nack.version.clone(),
-            ..Default::default()
-        };
-        return (
-            ClientResourceStatus::Nacked,
-            ConfigStatus::Error,
-            Some(failure),
-        );
-    }
-    if status.sent.is_some() && status.acked == status.sent {
-        (ClientResourceStatus::Acked, ConfigStatus::Synced, None)
-    } else {
-        (ClientResourceStatus::Requested, ConfigStatus::Stale, None)
     }
 }
 

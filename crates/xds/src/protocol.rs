@@ -45,10 +45,14 @@ pub type Selected = Vec<(String, Arc<Any>)>;
 pub struct Sent {
     pub version: String,
     pub nonce: String,
+    /// The stream's count of responses at this one (its nonce, as a number).
+    number: u64,
     /// Name -> the resource, to tell whether a new version changes anything and to show
-    /// operators what the client holds (`/debug/xds/config_dump`). Shared with the snapshot's
-    /// encodings and with the client's status, so it costs a pointer per name.
+    /// operators what the client holds (`/debug/xds/config_dump`). The encodings are the
+    /// snapshot's, and the map is shared with the client's status.
     held: HeldResources,
+    /// Names subscribed to that the response left out (they do not exist).
+    absent: imbl::OrdSet<String>,
 }
 
 /// One type's state on one stream.
@@ -62,6 +66,9 @@ pub struct TypeState {
     pub acked: Option<String>,
     /// The last rejection, kept until a later version is acknowledged.
     pub nack: Option<Nack>,
+    /// The newest response acknowledged, and what it held (what a NACK leaves the client on).
+    pub(crate) acked_nonce: u64,
+    pub(crate) accepted: HeldResources,
 }
 
 /// One ADS stream.
@@ -134,22 +141,29 @@ pub(crate) fn kept_node(node: &Node) -> Node {
     }
 }
 
+/// Whether the answer is an ACK.
 pub(crate) fn record_answer(
     acked: &mut Option<String>,
     nack: &mut Option<Nack>,
-    sent_version: Option<String>,
+    acked_nonce: &mut u64,
+    sent: (Option<String>, u64),
     error: Option<&envoy_types::pb::google::rpc::Status>,
-) {
+) -> bool {
+    let (sent_version, sent_nonce) = sent;
     match error {
         Some(status) => {
             *nack = Some(Nack {
                 version: sent_version.unwrap_or_default(),
                 message: truncated(&status.message, MAX_KEPT_TEXT),
+                nonce: sent_nonce,
             });
+            false
         }
         None => {
             *acked = sent_version;
+            *acked_nonce = (*acked_nonce).max(sent_nonce);
             *nack = None;
+            true
         }
     }
 }
@@ -190,13 +204,20 @@ impl Stream {
             // in full whatever it says it has.
             return Ok(Verdict::Answer(type_url));
         }
-        let sent_version = state.sent.as_ref().map(|s| s.version.clone());
-        record_answer(
+        let sent = state
+            .sent
+            .as_ref()
+            .map_or((None, 0), |s| (Some(s.version.clone()), s.number));
+        let acked = record_answer(
             &mut state.acked,
             &mut state.nack,
-            sent_version,
+            &mut state.acked_nonce,
+            sent,
             request.error_detail.as_ref(),
         );
+        if acked && let Some(sent) = &state.sent {
+            state.accepted = sent.held.clone();
+        }
         Ok(if changed {
             Verdict::Answer(type_url)
         } else {
@@ -224,6 +245,13 @@ impl Stream {
                             .sent
                             .as_ref()
                             .map(|s| s.held.clone())
+                            .unwrap_or_default(),
+                        acked_nonce: state.acked_nonce,
+                        accepted: state.accepted.clone(),
+                        absent: state
+                            .sent
+                            .as_ref()
+                            .map(|s| s.absent.clone())
                             .unwrap_or_default(),
                     };
                     (*type_url, status)
@@ -277,18 +305,38 @@ impl Stream {
                 })
         });
         if !force && unchanged {
+            // The same bytes under this version's pointers, so a stream does not keep an older
+            // version's copy alive (snapshots share unchanged encodings, so this is rare).
+            if let Some(sent) = &mut state.sent {
+                for (name, any) in &resources {
+                    if let Some(held) = sent.held.get_mut(name)
+                        && held.resource.as_ref().is_some_and(|r| !Arc::ptr_eq(r, any))
+                    {
+                        held.resource = Some(any.clone());
+                    }
+                }
+            }
             return None;
         }
-        let held: BTreeMap<String, Held> = resources
-            .iter()
-            .map(|(name, any)| (name.clone(), Held::sent(any.clone(), None)))
-            .collect();
         self.nonces += 1;
-        let nonce = self.nonces.to_string();
+        let number = self.nonces;
+        let nonce = number.to_string();
+        let held: HeldResources = resources
+            .iter()
+            .map(|(name, any)| (name.clone(), Held::sent(any.clone(), None, number)))
+            .collect();
+        let absent = state
+            .names
+            .iter()
+            .filter(|name| !held.contains_key(name.as_str()))
+            .cloned()
+            .collect();
         state.sent = Some(Sent {
             version: version.to_owned(),
             nonce: nonce.clone(),
-            held: Arc::new(held),
+            number,
+            held,
+            absent,
         });
         Some(DiscoveryResponse {
             version_info: version.to_owned(),

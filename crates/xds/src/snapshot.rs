@@ -42,6 +42,10 @@ pub struct Snapshot {
     mappings: Arc<HashMap<(String, String), Vec<String>>>,
     /// (type, name, namespace) -> the encoded resource, shared by every stream at this version.
     cache: Arc<Mutex<Encoded>>,
+    /// The previous version's encodings: a resource encoded to the same bytes is that one, so
+    /// streams that hold it from either version hold one copy. (Only the map, not the previous
+    /// snapshot: versions do not chain.)
+    previous: Option<Arc<Mutex<Encoded>>>,
     encodes: Arc<AtomicU64>,
 }
 
@@ -77,8 +81,15 @@ impl Snapshot {
             by_application: Arc::new(by_application),
             mappings: Arc::default(),
             cache: Arc::default(),
+            previous: None,
             encodes: Arc::default(),
         }
+    }
+
+    /// This version shares the encodings of `previous` that it encodes to the same bytes.
+    pub fn sharing_encodings_of(mut self, previous: &Snapshot) -> Snapshot {
+        self.previous = Some(previous.cache.clone());
+        self
     }
 
     /// The same services with the DynamicConfigs `(namespace, spec)` applied to their endpoints'
@@ -364,8 +375,17 @@ impl Snapshot {
         if let Some(any) = cache.get(&key) {
             return Some(any.clone());
         }
-        let any = Arc::new(generate_one(self, type_url, name, client_namespace)?);
+        let generated = generate_one(self, type_url, name, client_namespace)?;
         self.encodes.fetch_add(1, Ordering::Relaxed);
+        // Another snapshot's lock, never this one's: no two tasks take them in turn.
+        let earlier = self.previous.as_ref().and_then(|previous| {
+            let previous = previous.lock().unwrap_or_else(PoisonError::into_inner);
+            previous
+                .get(&key)
+                .filter(|old| old.value == generated.value && old.type_url == generated.type_url)
+                .cloned()
+        });
+        let any = earlier.unwrap_or_else(|| Arc::new(generated));
         cache.insert(key, any.clone());
         Some(any)
     }

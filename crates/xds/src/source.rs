@@ -158,7 +158,10 @@ pub async fn run(
         // told an older version is newer.
         version = (version + 1).max(unix_millis());
         let set = external.as_mut().map(|rx| rx.borrow_and_update().clone());
-        let snapshot = build(&index, set.as_ref(), version).counting_encodes_in(encodes.clone());
+        let previous = tx.borrow().clone();
+        let snapshot = build(&index, set.as_ref(), version)
+            .counting_encodes_in(encodes.clone())
+            .sharing_encodings_of(&previous);
         let (_, shadowed) = services(&index.current(Kind::ServiceEntry), set.as_ref());
         report_shadowed(&shadowed, &shadowed_before);
         shadowed_before = shadowed;

@@ -1,10 +1,11 @@
 //! Dubbo's tag routing (TagRoute rules and static `dubbo.tag` labels) as header-matched routes
 //! over subsets of a service's endpoints, with Dubbo's fallback and `force` semantics kept:
 //!
-//! - a request tagged T goes to the endpoints the rule gives T by address; if none and the rule
-//!   is not `force`, or T has no addresses in the rule, to the endpoints whose static tag is T;
-//!   if still none, unless the request forces its tag (`dubbo-force-tag: true`), to the
-//!   endpoints in no tag at all (neither listed by the rule nor statically tagged);
+//! - a request tagged T goes to the endpoints the rule gives T by address; if T has no
+//!   addresses in the rule, to the endpoints whose static tag is T; if none is left (listed
+//!   addresses all gone without `force`, or no static tag T), unless the request forces its tag
+//!   (`dubbo-force-tag: true`), to the endpoints in no tag at all (neither listed by the rule
+//!   nor statically tagged);
 //! - a request without a tag goes to the endpoints no tag of the rule lists by address, less
 //!   those statically tagged with one of the rule's tag names (nothing, when every endpoint is
 //!   listed); without a rule, to the endpoints without a static tag.
@@ -12,7 +13,8 @@
 //! This is Dubbo 3's `TagStateRouter`. A tag that selects instances by their parameters (`match`,
 //! configVersion v3.0) takes the endpoints whose labels match, as Dubbo's `TagRouterRule` turns
 //! it into the addresses of the providers whose URL parameters match; one that matches no
-//! endpoint counts as a tag without addresses (the static tag decides).
+//! endpoint (disabled ones, of weight 0, are no providers) counts as a tag without addresses
+//! (the static tag decides).
 
 use std::collections::BTreeSet;
 
@@ -141,7 +143,10 @@ impl<'a> Tagging<'a> {
         let v3 = self
             .rule
             .is_some_and(|rule| rule.config_version.starts_with("v3.0"));
-        v3 && !tag.r#match.is_empty() && tag.r#match.iter().all(|m| m.matches(&endpoint.labels))
+        // Disabled endpoints (weight 0) are no invokers to Dubbo, so no match takes them.
+        v3 && endpoint.weight > 0
+            && !tag.r#match.is_empty()
+            && tag.r#match.iter().all(|m| m.matches(&endpoint.labels))
     }
 
     /// The rule's tag named `tag` when it has addresses (Dubbo's `tagnameToAddresses` holds

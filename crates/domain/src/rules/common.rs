@@ -228,10 +228,7 @@ impl StringMatch {
             Some(input) if !self.exact.is_empty() => input == self.exact,
             Some(input) if !self.prefix.is_empty() => input.starts_with(&self.prefix),
             Some(input) if !self.regex.is_empty() => {
-                regex::RegexBuilder::new(&format!("^(?:{})$", self.regex))
-                    .size_limit(1 << 20)
-                    .build()
-                    .is_ok_and(|re| re.is_match(input))
+                whole_regex(&self.regex).is_some_and(|re| re.is_match(input))
             }
             Some(input) if !self.wildcard.is_empty() => {
                 self.wildcard == "*" || input == self.wildcard
@@ -241,6 +238,30 @@ impl StringMatch {
             _ => false,
         }
     }
+}
+
+/// `pattern` compiled to match a whole value (Java's `String.matches`), from a small cache:
+/// a rule is matched against every endpoint on every version, and compiling is the cost.
+fn whole_regex(pattern: &str) -> Option<regex::Regex> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock, PoisonError};
+    /// Patterns kept; past it the cache starts over (rules hold few distinct patterns).
+    const KEPT: usize = 256;
+    static CACHE: OnceLock<Mutex<HashMap<String, Option<regex::Regex>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Mutex::default);
+    let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(compiled) = cache.get(pattern) {
+        return compiled.clone();
+    }
+    if cache.len() >= KEPT {
+        cache.clear();
+    }
+    let compiled = regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
+        .size_limit(1 << 20)
+        .build()
+        .ok();
+    cache.insert(pattern.to_owned(), compiled.clone());
+    compiled
 }
 
 /// A URL parameter of the provider or consumer and how its value is matched.

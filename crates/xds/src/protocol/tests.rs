@@ -106,9 +106,19 @@ fn a_nack_keeps_the_last_good_version_and_is_recorded() {
         state.nack,
         Some(Nack {
             version: "2".into(),
-            message: "route has no domains".into()
+            message: "route has no domains".into(),
+            nonce: bad.nonce.parse().expect("a number"),
         })
     );
+    // The status keeps what the client holds: the acknowledged response's resources.
+    let status = stream.status("shop", None);
+    let route = &status.types[ROUTE];
+    assert_eq!(
+        route.accepted["a"].resource.as_deref(),
+        Some(&*any(b"good"))
+    );
+    assert_eq!(route.held["a"].resource.as_deref(), Some(&*any(b"bad")));
+    assert!(route.acked_nonce < route.held["a"].nonce);
     // The next good version goes out, and its ACK clears the NACK.
     let fixed = stream
         .respond(ROUTE, "3", vec![("a".into(), any(b"fixed"))], false)

@@ -288,3 +288,38 @@ fn a_cluster_has_one_spelling_and_no_other_is_cached() {
     assert_eq!(found, [canonical]);
     assert_eq!(snapshot.encodes(), 1, "only the canonical name was encoded");
 }
+
+#[test]
+fn a_resource_encoded_to_the_same_bytes_as_the_version_before_is_that_encoding() {
+    let names = |names: &[&str]| TypeState {
+        names: names.iter().map(|n| n.to_string()).collect(),
+        ..Default::default()
+    };
+    let clusters = names(&[
+        "outbound|50051||billing.shop.svc.cluster.local",
+        "outbound|50051||greeter-v2.shop.svc.cluster.local",
+    ]);
+    let first = snapshot();
+    let before = resources(&first, CLUSTER, &clusters, "shop");
+    // The next version: billing is the same, greeter-v2 lost an endpoint (its cluster is the
+    // same bytes too), and its load assignment changed.
+    let next = Snapshot::new(
+        2,
+        vec![
+            service("greeter-v1", "greeter", 1),
+            service("greeter-v2", "greeter", 1),
+            service("billing", "billing", 1),
+        ],
+        true,
+    )
+    .sharing_encodings_of(&first);
+    let after = resources(&next, CLUSTER, &clusters, "shop");
+    for ((_, old), (_, new)) in before.iter().zip(&after) {
+        assert!(Arc::ptr_eq(old, new), "one copy of unchanged bytes");
+    }
+    let endpoints = names(&["outbound|50051||greeter-v2.shop.svc.cluster.local"]);
+    let old = resources(&first, ENDPOINT, &endpoints, "shop");
+    let new = resources(&next, ENDPOINT, &endpoints, "shop");
+    assert!(!Arc::ptr_eq(&old[0].1, &new[0].1), "changed bytes are new");
+    assert_ne!(old[0].1.value, new[0].1.value);
+}
