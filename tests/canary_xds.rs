@@ -134,6 +134,25 @@ async fn serve(app: axum::Router) -> SocketAddr {
     addr
 }
 
+/// `analysis` with the gates as its `confirm-traffic-increase` (`/step`) and
+/// `confirm-promotion` (`/promote`) hooks.
+fn with_gates(mut analysis: Value, gate: SocketAddr) -> Value {
+    analysis["webhooks"] = json!([
+        {"name": "step", "type": "confirm-traffic-increase", "url": format!("http://{gate}/step")},
+        {"name": "promote", "type": "confirm-promotion", "url": format!("http://{gate}/promote")},
+    ]);
+    analysis["metrics"] = json!([{"name": "request-success-rate",
+                                  "thresholdRange": {"min": 99}, "interval": "1m"}]);
+    analysis
+}
+
+/// The response (its number) that carried the load assignment the client holds.
+fn endpoint_nonce(clients: &[dubbo_cp::xds::clients::ClientStatus]) -> Option<u64> {
+    let client = clients.iter().find(|c| c.node_id == NODE_ID)?;
+    let endpoints = client.types.get(dubbo_cp::xds::ENDPOINT)?;
+    endpoints.held.values().map(|held| held.nonce).max()
+}
+
 /// The locality weights of the load assignment the client last acknowledged, once it has
 /// acknowledged what it was sent: one per (locality, weight) group, `weight x endpoints`.
 fn acked_weights(clients: &[dubbo_cp::xds::clients::ClientStatus]) -> Option<Vec<u32>> {
@@ -168,7 +187,9 @@ struct Setup {
 }
 
 impl Setup {
-    async fn start() -> Setup {
+    /// The cluster, the backends, the control plane and a Canary with `analysis` (its webhooks
+    /// are the gates; `{gate}` in them is replaced by the gates' address).
+    async fn start(analysis: Value) -> Setup {
         let mut backends = Vec::new();
         let mut ports = BTreeMap::new();
         for (role, prefix) in [("canary", "127.0.1."), ("primary", "127.0.2.")] {
@@ -205,17 +226,7 @@ impl Setup {
                 "spec": {
                     "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "podinfo"},
                     "progressDeadlineSeconds": 60,
-                    "analysis": {
-                        "interval": "300ms", "threshold": 2, "maxWeight": 60, "stepWeight": 20,
-                        "metrics": [{"name": "request-success-rate",
-                                     "thresholdRange": {"min": 99}, "interval": "1m"}],
-                        "webhooks": [
-                            {"name": "step", "type": "confirm-traffic-increase",
-                             "url": format!("http://{gate}/step")},
-                            {"name": "promote", "type": "confirm-promotion",
-                             "url": format!("http://{gate}/promote")},
-                        ],
-                    },
+                    "analysis": with_gates(analysis, gate),
                 },
             }),
         );
@@ -302,9 +313,13 @@ impl Setup {
     }
 }
 
+fn canary_analysis() -> Value {
+    json!({"interval": "300ms", "threshold": 2, "maxWeight": 60, "stepWeight": 20})
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn canary_steps_move_xds_traffic_and_a_rollback_returns_it_in_one_push() {
-    let mut setup = Setup::start().await;
+    let mut setup = Setup::start(canary_analysis()).await;
     setup.wait_phase("Initialized").await;
     // The primary's two pods at Dubbo's default weight, one locality of 2 x 100 (the client
     // connects with its first call).
@@ -336,41 +351,115 @@ async fn canary_steps_move_xds_traffic_and_a_rollback_returns_it_in_one_push() {
     setup.step(20, &[50, 200]).await;
     setup.assert_canary_share(20).await;
     let clients = setup.server.xds_clients.clone().unwrap();
-    // Every load assignment the client acknowledges from here on, in order.
-    let seen: Arc<Mutex<Vec<Vec<u32>>>> = Arc::default();
-    let recorder = {
-        let seen = seen.clone();
-        let clients = clients.clone();
-        tokio::spawn(async move {
-            clients
-                .wait_for(|list| {
-                    if let Some(weights) = acked_weights(list) {
-                        let mut seen = seen.lock().unwrap();
-                        if seen.last() != Some(&weights) {
-                            seen.push(weights);
-                        }
-                    }
-                    false
-                })
-                .await;
-        })
-    };
+    let at_twenty = endpoint_nonce(&clients.list()).unwrap();
     *setup.success.lock().unwrap() = 50.0;
     setup.wait_phase("Failed").await;
     setup.served(&[200]).await;
     released::settle(&mut setup.client, "primary", 100, "").await;
     setup.assert_canary_share(0).await;
-    recorder.abort();
-    let seen = seen.lock().unwrap().clone();
-    // From 20% straight to the primary alone: no step down in between. (The canary's pods
-    // leave the endpoints afterwards; weight 0 already took them out.)
+    // One push between the two: the client's next response after the 20% one (of any type;
+    // nothing else changed) carried the primary alone. The canary's pods leave the endpoints
+    // afterwards, which changes no load assignment: weight 0 already took them out.
+    setup
+        .api
+        .wait_for_object("deployments", NS, "podinfo", WAIT, |d| {
+            d.is_some_and(|d| d["spec"]["replicas"] == 0)
+        })
+        .await;
+    assert_eq!(endpoint_nonce(&clients.list()), Some(at_twenty + 1));
+    drop(setup.client.child.start_kill());
+    setup.server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ab_run_sends_only_matching_calls_to_the_canary_until_promoted() {
+    let mut setup = Setup::start(json!({
+        "interval": "300ms", "threshold": 2, "iterations": 3,
+        "match": [{"headers": {"x-canary": {"exact": "insider"}}}],
+    }))
+    .await;
+    setup.wait_phase("Initialized").await;
+    released::settle(&mut setup.client, "primary", 100, "").await;
+    setup.api.set_image(NS, "podinfo", "podinfo:2");
+    // The route exists once the canary's pods are ready; the gate holds the promotion.
+    released::settle(&mut setup.client, "canary", 100, "x-canary=insider").await;
+    let insiders = released::count_with(&mut setup.client, 2000, "x-canary=insider").await;
+    assert_eq!(answers(&insiders, "canary"), 2000, "{insiders}");
+    let others = released::count_with(&mut setup.client, 2000, "x-canary=outsider").await;
+    assert_eq!(answers(&others, "primary"), 2000, "{others}");
+    setup.assert_canary_share(0).await;
+    // The rule both kinds of client read: a ConditionRoute owned by the Canary.
+    let route = setup
+        .api
+        .object("conditionroutes", NS, "podinfo-canary")
+        .expect("the A/B route");
     assert_eq!(
-        seen.first().map(Vec::as_slice),
-        Some(&[50, 200][..]),
-        "{seen:?}"
+        route["spec"]["conditions"][0],
+        "attachments[x-canary]=insider => host=127.0.1.1,127.0.1.2"
     );
-    assert_eq!(seen.get(1).map(Vec::as_slice), Some(&[200][..]), "{seen:?}");
-    assert!(seen.iter().skip(1).all(|w| w == &[200]), "{seen:?}");
+    let status = setup
+        .api
+        .wait_for_object("canaries", NS, "podinfo", WAIT, |c| {
+            c.is_some_and(|c| c["status"]["phase"] == "WaitingPromotion")
+        })
+        .await
+        .unwrap();
+    assert_eq!(status["status"]["strategy"], "A/B");
+    assert!(
+        status["status"]["iterations"].as_u64() >= Some(3),
+        "{status}"
+    );
+    assert_eq!(status["status"]["canaryWeight"], 0);
+
+    setup.gates.promote.fetch_add(1, Ordering::SeqCst);
+    setup.wait_phase("Succeeded").await;
+    released::settle(&mut setup.client, "primary", 100, "x-canary=insider").await;
+    let insiders = released::count_with(&mut setup.client, 500, "x-canary=insider").await;
+    assert_eq!(answers(&insiders, "primary"), 500, "{insiders}");
+    setup
+        .api
+        .wait_for_object("conditionroutes", NS, "podinfo-canary", WAIT, |r| {
+            r.is_none()
+        })
+        .await;
+    drop(setup.client.child.start_kill());
+    setup.server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_blue_green_run_analyses_on_test_traffic_then_switches_every_call_in_one_push() {
+    let mut setup =
+        Setup::start(json!({"interval": "300ms", "threshold": 2, "iterations": 2})).await;
+    setup.wait_phase("Initialized").await;
+    released::settle(&mut setup.client, "primary", 100, "").await;
+    setup.served(&[200]).await;
+    setup.api.set_image(NS, "podinfo", "podinfo:2");
+    // The iterations pass on test traffic only: no production call reaches the canary.
+    let analysed = setup
+        .api
+        .wait_for_object("canaries", NS, "podinfo", WAIT, |c| {
+            c.is_some_and(|c| c["status"]["iterations"].as_u64() >= Some(2))
+        })
+        .await
+        .unwrap();
+    assert_eq!(analysed["status"]["strategy"], "Blue/Green");
+    assert_eq!(analysed["status"]["canaryWeight"], 0);
+    setup.assert_canary_share(0).await;
+    let clients = setup.server.xds_clients.clone().unwrap();
+    let before = endpoint_nonce(&clients.list()).unwrap();
+
+    // The switch: every call on the canary, the primaries at weight 0, in one push.
+    setup.step(100, &[200]).await;
+    released::settle(&mut setup.client, "canary", 100, "").await;
+    let all = count(&mut setup.client, 2000).await;
+    assert_eq!(answers(&all, "canary"), 2000, "{all}");
+    assert_eq!(endpoint_nonce(&clients.list()), Some(before + 1));
+
+    // Promoted: the primary runs the new release and takes every call back.
+    setup.gates.promote.fetch_add(1, Ordering::SeqCst);
+    setup.wait_phase("Succeeded").await;
+    released::settle(&mut setup.client, "primary", 100, "").await;
+    setup.assert_canary_share(0).await;
     drop(setup.client.child.start_kill());
     setup.server.stop().await.unwrap();
 }

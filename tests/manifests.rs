@@ -517,10 +517,16 @@ fn the_rbac_grants_exactly_what_the_control_plane_uses() {
     ] {
         grant("cluster", &format!("dubbo.apache.org/{rule}[]"), &read);
     }
-    // The canary controller: its weights as DynamicConfigs, the Canaries, the Deployments,
-    // revisions, Events and its Lease.
-    grant("cluster", "dubbo.apache.org/dynamicconfigs[]", &write);
-    grant("cluster", "dubbo.apache.org/dynamicconfigs[]", &["delete"]);
+    // The canary controller: its weights as DynamicConfigs and A/B routes as ConditionRoutes,
+    // the Canaries, the Deployments, revisions, Events and its Lease.
+    for kind in ["dynamicconfigs", "conditionroutes"] {
+        grant("cluster", &format!("dubbo.apache.org/{kind}[]"), &write);
+        grant(
+            "cluster",
+            &format!("dubbo.apache.org/{kind}[]"),
+            &["delete"],
+        );
+    }
     grant(
         "cluster",
         "dubbo.apache.org/canaries[]",

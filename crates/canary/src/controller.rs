@@ -21,7 +21,7 @@ use super::deployments::PRIMARY_SUFFIX;
 use super::lease::Elector;
 use super::reconcile::{Context, Settings, error_policy, reconcile};
 use super::stats::CanaryStats;
-use dubbo_cp_crds::DynamicConfig;
+use dubbo_cp_crds::{ConditionRoute, DynamicConfig};
 
 /// Runs the controller whenever this process holds the lease, until `shutdown`; releases the
 /// lease on the way out so another replica takes over at once.
@@ -121,6 +121,7 @@ pub async fn drive(
     let (deployments, deployments_writer) = reflector::store::<Deployment>();
     let (pods, pods_writer) = reflector::store::<Pod>();
     let (configs, configs_writer) = reflector::store::<DynamicConfig>();
+    let (routes, routes_writer) = reflector::store::<ConditionRoute>();
     let deployment_events = watcher(
         Api::<Deployment>::all(client.clone()),
         watcher::Config::default(),
@@ -138,6 +139,13 @@ pub async fn drive(
     )
     .default_backoff()
     .reflect(configs_writer)
+    .touched_objects();
+    let route_events = watcher(
+        Api::<ConditionRoute>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(routes_writer)
     .touched_objects();
 
     // Metadata only: versions are enough to notice a change, and no Secret data is held.
@@ -169,6 +177,7 @@ pub async fn drive(
         deployments: deployments.clone(),
         pods,
         configs,
+        routes,
         config_maps,
         secrets,
         prometheus: Default::default(),
@@ -191,6 +200,13 @@ pub async fn drive(
         .watches_stream(config_events, |config: DynamicConfig| {
             let namespace = config.namespace().unwrap_or_default();
             config
+                .name_any()
+                .strip_suffix("-canary")
+                .map(|name| ObjectRef::new(name).within(&namespace))
+        })
+        .watches_stream(route_events, |route: ConditionRoute| {
+            let namespace = route.namespace().unwrap_or_default();
+            route
                 .name_any()
                 .strip_suffix("-canary")
                 .map(|name| ObjectRef::new(name).within(&namespace))

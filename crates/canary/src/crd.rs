@@ -22,6 +22,7 @@ pub const ACTION_ANNOTATION: &str = "dubbo.apache.org/canary-action";
     category = "dubbo",
     status = "CanaryStatus",
     printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.targetRef.name"}"#,
+    printcolumn = r#"{"name":"Strategy","type":"string","jsonPath":".status.strategy"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Weight","type":"integer","jsonPath":".status.canaryWeight"}"#,
     printcolumn = r#"{"name":"FailedChecks","type":"integer","jsonPath":".status.failedChecks"}"#,
@@ -95,8 +96,11 @@ pub struct PrometheusRef {
 #[x_kube(validation = Rule::new(
     "!has(self.stepWeights) || self.stepWeights.all(w, w <= self.maxWeight)"
 ).message("every stepWeights entry must be at most maxWeight"))]
-#[x_kube(validation = Rule::new("has(self.stepWeight) || has(self.stepWeights)")
-    .message("set stepWeight or stepWeights"))]
+#[x_kube(validation = Rule::new(
+    "has(self.stepWeight) || has(self.stepWeights) || has(self.iterations)"
+).message("set stepWeight or stepWeights (Canary), or iterations (A/B testing, Blue/Green)"))]
+#[x_kube(validation = Rule::new("!has(self.match) || has(self.iterations)")
+    .message("match (A/B testing) needs iterations"))]
 pub struct Analysis {
     /// One iteration per interval (`1m`, `30s`).
     #[serde(default = "one_minute")]
@@ -123,6 +127,88 @@ pub struct Analysis {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 50))]
     pub webhooks: Vec<Webhook>,
+    /// Passed analysis iterations before promotion: A/B testing (with `match`) or Blue/Green
+    /// (without), as Flagger's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub iterations: Option<u32>,
+    /// A/B testing: the calls that reach the canary (any entry; every header of an entry).
+    #[serde(default, rename = "match", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub r#match: Vec<HttpMatch>,
+    /// Flagger's traffic mirroring: proxyless gRPC clients have no mirror policy, so a Canary
+    /// that asks for it is refused (status condition `InvalidSpec`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mirror: bool,
+}
+
+/// Which calls an A/B run sends to the canary: Flagger's HTTP match. gRPC calls carry headers
+/// (metadata); `uri`, `queryParams` and `sourceLabels` are accepted by the schema so they are
+/// not dropped silently, and refused by the controller.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpMatch {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 10))]
+    pub headers: BTreeMap<String, HeaderMatch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<HeaderMatch>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 10))]
+    pub query_params: BTreeMap<String, HeaderMatch>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = 10,
+        "additionalProperties" = {"type": "string", "maxLength": 253},
+    ))]
+    pub source_labels: BTreeMap<String, String>,
+}
+
+/// How a header's value matches (Flagger's, from Istio's StringMatch): one of the four.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("minProperties" = 1, "maxProperties" = 1))]
+pub struct HeaderMatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub exact: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub suffix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub regex: Option<String>,
+}
+
+/// How a run moves traffic, from the analysis as Flagger reads it: `iterations` with `match`
+/// is A/B testing, `iterations` alone Blue/Green, weights otherwise Canary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    Canary,
+    ABTesting,
+    BlueGreen,
+}
+
+impl Strategy {
+    pub fn of(analysis: &Analysis) -> Strategy {
+        match (analysis.iterations, analysis.r#match.is_empty()) {
+            (Some(_), false) => Strategy::ABTesting,
+            (Some(_), true) => Strategy::BlueGreen,
+            (None, _) => Strategy::Canary,
+        }
+    }
+
+    /// As `status.strategy` and `kubectl get canaries` show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Canary => "Canary",
+            Strategy::ABTesting => "A/B",
+            Strategy::BlueGreen => "Blue/Green",
+        }
+    }
 }
 
 fn one_minute() -> String {
@@ -207,10 +293,14 @@ pub struct Webhook {
 pub struct CanaryStatus {
     #[serde(default)]
     pub phase: String,
+    /// `Canary`, `A/B` or `Blue/Green` ([`Strategy`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub strategy: String,
     #[serde(default)]
     pub canary_weight: u32,
     #[serde(default)]
     pub failed_checks: u32,
+    /// Analysis iterations of this run that passed.
     #[serde(default)]
     pub iterations: u32,
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -330,7 +420,14 @@ mod tests {
             .collect();
         assert_eq!(
             columns,
-            ["Target", "Phase", "Weight", "FailedChecks", "Age"]
+            [
+                "Target",
+                "Strategy",
+                "Phase",
+                "Weight",
+                "FailedChecks",
+                "Age"
+            ]
         );
     }
 
@@ -354,8 +451,39 @@ mod tests {
         );
         assert_eq!(
             failures(json!({"maxWeight": 30})),
-            ["set stepWeight or stepWeights"]
+            ["set stepWeight or stepWeights (Canary), or iterations (A/B testing, Blue/Green)"]
         );
+        assert_eq!(failures(json!({"iterations": 5})), Vec::<String>::new());
+        let ab =
+            json!({"iterations": 5, "match": [{"headers": {"x-canary": {"exact": "insider"}}}]});
+        assert_eq!(failures(ab), Vec::<String>::new());
+        assert_eq!(
+            failures(
+                json!({"stepWeight": 5, "match": [{"headers": {"x-canary": {"exact": "a"}}}]})
+            ),
+            ["match (A/B testing) needs iterations"]
+        );
+    }
+
+    #[test]
+    fn the_strategy_is_read_from_the_analysis_as_flagger_reads_it() {
+        let analysis =
+            |value: serde_json::Value| -> Analysis { serde_json::from_value(value).unwrap() };
+        assert_eq!(
+            Strategy::of(&analysis(json!({"stepWeight": 10}))),
+            Strategy::Canary
+        );
+        assert_eq!(
+            Strategy::of(&analysis(json!({"iterations": 3}))),
+            Strategy::BlueGreen
+        );
+        // Iterations win over weights, as in Flagger's scheduler.
+        assert_eq!(
+            Strategy::of(&analysis(json!({"iterations": 3, "stepWeight": 10}))),
+            Strategy::BlueGreen
+        );
+        let ab = json!({"iterations": 3, "match": [{"headers": {"x-canary": {"prefix": "in"}}}]});
+        assert_eq!(Strategy::of(&analysis(ab)), Strategy::ABTesting);
     }
 
     #[test]

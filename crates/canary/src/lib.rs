@@ -2,7 +2,8 @@
 //! Flagger's analysis loop itself, moving traffic with provider weights pushed as a
 //! `DynamicConfig` over the discovery stream. Kubernetes mode only.
 //!
-//! - [`crd`]: the resource; [`weight`]: the formula and the DynamicConfig it makes;
+//! - [`crd`]: the resource and its strategies; [`weight`]: the formula and the DynamicConfig it
+//!   makes; [`abtest`]: the ConditionRoute of an A/B run;
 //!   [`deployments`]: the primary, readiness, the spec hash, ready pods (no I/O).
 //! - [`prometheus`], [`hooks`] over [`http`]: the outside calls of an analysis.
 //! - [`reconcile`]: one step of the loop; [`controller`]: the watches and the Lease around it.
@@ -13,6 +14,7 @@
 use dubbo_cp_domain::rules;
 use dubbo_cp_kit::metrics;
 
+pub mod abtest;
 pub mod config;
 pub mod configs;
 pub mod controller;
@@ -30,4 +32,4 @@ pub mod stats;
 pub mod weight;
 
 pub use config::CanaryConfig;
-pub use crd::{Canary, CanarySpec, CanaryStatus};
+pub use crd::{Canary, CanarySpec, CanaryStatus, Strategy};

@@ -37,28 +37,38 @@ pub fn canary_pod_weight(percent: u32, primaries: usize, canaries: usize) -> Opt
 }
 
 /// The DynamicConfig spec for `application` with one provider override per canary pod IP, or
-/// `None` when no canary pod is ready (nothing to weigh: the object is removed).
+/// `None` when no canary pod is ready (nothing to weigh: the object is removed). At 100 % the
+/// primary pods get weight 0 too, so the switch is whole (Blue/Green, a Canary at
+/// `maxWeight: 100`), not all but one call in ten thousand per primary pod.
 pub fn dynamic_config(
     application: &str,
     percent: u32,
-    primaries: usize,
+    primary_ips: &[String],
     canary_ips: &[String],
 ) -> Option<DynamicConfigSpec> {
-    let weight = canary_pod_weight(percent, primaries, canary_ips.len())?;
-    let configs = canary_ips
+    let mut weight = canary_pod_weight(percent, primary_ips.len(), canary_ips.len())?;
+    let whole = percent >= 100 && !primary_ips.is_empty();
+    if whole {
+        weight = DEFAULT_WEIGHT;
+    }
+    let override_for = |ip: &String, weight: u64| OverrideConfig {
+        side: "provider".to_owned(),
+        addresses: vec![ip.clone()],
+        provider_addresses: Vec::new(),
+        parameters: BTreeMap::from([("weight".to_owned(), weight.to_string())]),
+        applications: Vec::new(),
+        services: Vec::new(),
+        r#type: String::new(),
+        enabled: true,
+        r#match: None,
+    };
+    let mut configs: Vec<OverrideConfig> = canary_ips
         .iter()
-        .map(|ip| OverrideConfig {
-            side: "provider".to_owned(),
-            addresses: vec![ip.clone()],
-            provider_addresses: Vec::new(),
-            parameters: BTreeMap::from([("weight".to_owned(), weight.to_string())]),
-            applications: Vec::new(),
-            services: Vec::new(),
-            r#type: String::new(),
-            enabled: true,
-            r#match: None,
-        })
+        .map(|ip| override_for(ip, weight))
         .collect();
+    if whole {
+        configs.extend(primary_ips.iter().map(|ip| override_for(ip, 0)));
+    }
     Some(DynamicConfigSpec {
         key: application.to_owned(),
         scope: "application".to_owned(),
@@ -141,7 +151,8 @@ mod tests {
     #[test]
     fn the_config_has_one_provider_override_per_ready_pod() {
         let ips = vec!["10.0.0.7".to_owned(), "10.0.0.8".to_owned()];
-        let spec = dynamic_config("podinfo", 50, 2, &ips).unwrap();
+        let primaries = vec!["10.1.0.1".to_owned(), "10.1.0.2".to_owned()];
+        let spec = dynamic_config("podinfo", 50, &primaries, &ips).unwrap();
         assert_eq!(spec.key, "podinfo");
         assert_eq!(spec.scope, "application");
         assert!(spec.enabled);
@@ -151,6 +162,25 @@ mod tests {
             assert_eq!(config.addresses, vec![ip.clone()]);
             assert_eq!(config.parameters["weight"], "100");
         }
-        assert!(dynamic_config("podinfo", 50, 2, &[]).is_none());
+        assert!(dynamic_config("podinfo", 50, &primaries, &[]).is_none());
+    }
+
+    #[test]
+    fn at_a_hundred_percent_the_primaries_get_weight_zero() {
+        let canaries = vec!["10.0.0.7".to_owned()];
+        let primaries = vec!["10.1.0.1".to_owned(), "10.1.0.2".to_owned()];
+        let spec = dynamic_config("podinfo", 100, &primaries, &canaries).unwrap();
+        let weights: Vec<(&str, &str)> = spec
+            .configs
+            .iter()
+            .map(|c| (c.addresses[0].as_str(), c.parameters["weight"].as_str()))
+            .collect();
+        assert_eq!(
+            weights,
+            [("10.0.0.7", "100"), ("10.1.0.1", "0"), ("10.1.0.2", "0")]
+        );
+        // Without primaries the canary's default weight is everything already.
+        let alone = dynamic_config("podinfo", 100, &[], &canaries).unwrap();
+        assert_eq!(alone.configs.len(), 1);
     }
 }

@@ -14,8 +14,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
+use super::abtest;
 use super::configs::{ConfigKind, references};
-use super::crd::{Canary, CanaryCondition, CanaryStatus, HookResult, MetricResult, Step};
+use super::crd::{Canary, CanaryCondition, CanaryStatus, HookResult, MetricResult, Step, Strategy};
 use super::deployments::{
     not_ready, primary_from, primary_name, primary_template, ready_pod_ips, spec_hash,
     target_template,
@@ -26,8 +27,8 @@ use super::http::HttpClient;
 use super::prometheus::{Placeholders, Prometheus};
 use super::stats::{CanaryLabels, CanaryStats};
 use super::weight;
-use crate::rules::DynamicConfigSpec;
-use dubbo_cp_crds::DynamicConfig;
+use crate::rules::{ConditionRouteSpec, DynamicConfigSpec};
+use dubbo_cp_crds::{ConditionRoute, DynamicConfig};
 
 pub use super::crd::ACTION_ANNOTATION;
 pub use super::revisions::{REVISION_LABEL, revisions_of};
@@ -129,6 +130,8 @@ pub struct Context {
     pub deployments: Store<Deployment>,
     pub pods: Store<Pod>,
     pub configs: Store<DynamicConfig>,
+    /// The ConditionRoutes A/B runs write.
+    pub routes: Store<ConditionRoute>,
     /// Versions (metadata only: no Secret data is held) of the ConfigMaps and Secrets.
     pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
     pub secrets: Store<PartialObjectMeta<Secret>>,
@@ -149,6 +152,7 @@ struct Plan {
     deadline: Duration,
     application: String,
     target: String,
+    strategy: Strategy,
 }
 
 fn plan(canary: &Canary) -> Result<Plan, String> {
@@ -158,8 +162,30 @@ fn plan(canary: &Canary) -> Result<Plan, String> {
     if interval.is_zero() {
         return Err("spec.analysis.interval must be positive".to_owned());
     }
-    if spec.analysis.step_weight.is_none() && spec.analysis.step_weights.is_empty() {
-        return Err("spec.analysis: set stepWeight or stepWeights".to_owned());
+    let strategy = Strategy::of(&spec.analysis);
+    if spec.analysis.mirror {
+        return Err(
+            "spec.analysis.mirror: proxyless gRPC clients have no mirror policy and Dubbo SDKs \
+             cannot copy calls, so traffic cannot be mirrored; remove mirror (Blue/Green without \
+             it analyses the canary on the test traffic of its hooks)"
+                .to_owned(),
+        );
+    }
+    if strategy == Strategy::Canary
+        && spec.analysis.step_weight.is_none()
+        && spec.analysis.step_weights.is_empty()
+    {
+        return Err(
+            "spec.analysis: set stepWeight or stepWeights (Canary), or iterations (A/B testing, \
+             Blue/Green)"
+                .to_owned(),
+        );
+    }
+    if !spec.analysis.r#match.is_empty() {
+        if spec.analysis.iterations.is_none() {
+            return Err("spec.analysis.match (A/B testing) needs iterations".to_owned());
+        }
+        abtest::check(&spec.analysis.r#match)?;
     }
     if spec.target_ref.kind != "Deployment" {
         return Err(format!(
@@ -179,6 +205,7 @@ fn plan(canary: &Canary) -> Result<Plan, String> {
             .clone()
             .unwrap_or_else(|| spec.target_ref.name.clone()),
         target: spec.target_ref.name.clone(),
+        strategy,
     })
 }
 
@@ -294,6 +321,7 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
     let _ = ctx.deployments.wait_until_ready().await;
     let _ = ctx.pods.wait_until_ready().await;
     let _ = ctx.configs.wait_until_ready().await;
+    let _ = ctx.routes.wait_until_ready().await;
     let _ = ctx.config_maps.wait_until_ready().await;
     let _ = ctx.secrets.wait_until_ready().await;
     // The controller hands over its cached object, which may predate this controller's own
@@ -320,6 +348,7 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
                     deadline: Duration::from_secs(600),
                     application: String::new(),
                     target: canary.spec.target_ref.name.clone(),
+                    strategy: Strategy::of(&canary.spec.analysis),
                 },
                 status,
                 events: Vec::new(),
@@ -338,6 +367,8 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
             return Ok(Action::await_change());
         }
     };
+    let mut status = status;
+    status.strategy = plan.strategy.as_str().to_owned();
     let mut run = Run {
         canary,
         ctx,
@@ -501,15 +532,11 @@ async fn cleanup(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
             )));
         }
     }
+    // Weights first, then the A/B route, as sync_traffic orders them.
     let configs: Api<DynamicConfig> = Api::namespaced(ctx.client.clone(), &namespace);
-    match configs
-        .delete(&format!("{name}-canary"), &DeleteParams::default())
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
-        Err(e) => return Err(e.into()),
-    }
+    delete_owned(&configs, &format!("{name}-canary"), &name).await?;
+    let routes: Api<ConditionRoute> = Api::namespaced(ctx.client.clone(), &namespace);
+    delete_owned(&routes, &format!("{name}-canary"), &name).await?;
     ctx.stats.forget(&CanaryLabels { namespace, name });
     if let Some(uid) = canary.uid() {
         ctx.written.remove(&uid);
@@ -527,6 +554,24 @@ async fn cleanup(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
     )
     .await;
     Ok(Action::await_change())
+}
+
+/// Deletes `name` if it is the Canary `canary`'s (labelled so); someone else's is left alone.
+async fn delete_owned<K>(api: &Api<K>, name: &str, canary: &str) -> Result<(), Error>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let Some(stored) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    if stored.labels().get(REVISION_LABEL).map(String::as_str) != Some(canary) {
+        return Ok(());
+    }
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]

@@ -261,7 +261,9 @@ impl Run<'_> {
         if metrics.iter().any(|m| !m.ok) {
             failed = true;
         }
-        self.status.iterations += 1;
+        if !failed {
+            self.status.iterations += 1;
+        }
         if failed {
             self.status.failed_checks += 1;
             let message = metrics
@@ -303,47 +305,100 @@ impl Run<'_> {
                 .await
                 .map(|_| self.requeue());
         }
-        match next_weight(self.canary, self.status.canary_weight) {
-            Some(next) => {
-                // No such hook: run_hooks answers true without a call.
-                if !self.run_hooks("confirm-traffic-increase").await {
-                    self.event(
-                        EventType::Normal,
-                        "Waiting",
-                        format!("waiting for confirm-traffic-increase hooks before weight {next}"),
-                    );
-                } else {
-                    self.status.canary_weight = next;
-                    self.status.last_transition_time = now();
-                    if let Some(last) = self.status.history.last_mut() {
-                        last.weight = next;
-                    }
-                    self.event(
-                        EventType::Normal,
-                        "WeightIncreased",
-                        format!("advance {} canary weight {next}", self.plan.target),
-                    );
-                }
-            }
-            None => {
-                if self.run_hooks("confirm-promotion").await {
-                    let why = format!(
-                        "copying {} template to {}",
-                        self.plan.target,
-                        primary_name(&self.plan.target)
-                    );
-                    return self.start_promotion(target, primary, why).await;
-                }
-                self.set_phase(Phase::WaitingPromotion);
-                self.event(
-                    EventType::Normal,
-                    "WaitingPromotion",
-                    "waiting for confirm-promotion hooks to approve the promotion".to_owned(),
+        let promote = match self.plan.strategy {
+            Strategy::Canary => self.advance_weight().await,
+            Strategy::ABTesting | Strategy::BlueGreen => self.advance_iteration().await,
+        };
+        if promote {
+            if self.run_hooks("confirm-promotion").await {
+                let why = format!(
+                    "copying {} template to {}",
+                    self.plan.target,
+                    primary_name(&self.plan.target)
                 );
+                return self.start_promotion(target, primary, why).await;
             }
+            self.set_phase(Phase::WaitingPromotion);
+            self.event(
+                EventType::Normal,
+                "WaitingPromotion",
+                "waiting for confirm-promotion hooks to approve the promotion".to_owned(),
+            );
         }
         self.sync_traffic(target, primary).await?;
         Ok(self.requeue())
+    }
+
+    /// Canary: the next weight after a passed iteration, once `confirm-traffic-increase`
+    /// hooks agree; `true` at `maxWeight` (time to promote).
+    async fn advance_weight(&mut self) -> bool {
+        let Some(next) = next_weight(self.canary, self.status.canary_weight) else {
+            return true;
+        };
+        // No such hook: run_hooks answers true without a call.
+        if !self.run_hooks("confirm-traffic-increase").await {
+            self.event(
+                EventType::Normal,
+                "Waiting",
+                format!("waiting for confirm-traffic-increase hooks before weight {next}"),
+            );
+            return false;
+        }
+        self.status.canary_weight = next;
+        self.status.last_transition_time = now();
+        if let Some(last) = self.status.history.last_mut() {
+            last.weight = next;
+        }
+        self.event(
+            EventType::Normal,
+            "WeightIncreased",
+            format!("advance {} canary weight {next}", self.plan.target),
+        );
+        false
+    }
+
+    /// A/B testing and Blue/Green, as Flagger runs them: `iterations` passed iterations (A/B:
+    /// matching calls on the canary all along; Blue/Green: test traffic only), then Blue/Green
+    /// sends every call to the canary (once `confirm-traffic-increase` hooks agree) for one more
+    /// iteration; `true` when it is time to promote.
+    async fn advance_iteration(&mut self) -> bool {
+        let wanted = self.canary.spec.analysis.iterations.unwrap_or(1);
+        let done = self.status.iterations;
+        if done < wanted {
+            self.status.last_transition_time = now();
+            self.event(
+                EventType::Normal,
+                "IterationPassed",
+                format!(
+                    "advance {} canary iteration {done}/{wanted}",
+                    self.plan.target
+                ),
+            );
+            return false;
+        }
+        if self.plan.strategy == Strategy::BlueGreen && self.status.canary_weight < 100 {
+            // The switch is a traffic increase like any: its hooks may hold it.
+            if !self.run_hooks("confirm-traffic-increase").await {
+                self.event(
+                    EventType::Normal,
+                    "Waiting",
+                    "waiting for confirm-traffic-increase hooks before routing all traffic to the canary".to_owned(),
+                );
+                return false;
+            }
+            self.status.canary_weight = 100;
+            self.status.last_transition_time = now();
+            if let Some(last) = self.status.history.last_mut() {
+                last.weight = 100;
+            }
+            self.event(
+                EventType::Normal,
+                "WeightIncreased",
+                format!("routing all traffic to {} (Blue/Green)", self.plan.target),
+            );
+            return false;
+        }
+        true
     }
 
     /// After a run, the canary pods keep weight 0 for one interval before they are scaled

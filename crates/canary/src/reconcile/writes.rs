@@ -3,36 +3,65 @@
 use super::*;
 
 impl Run<'_> {
-    /// Writes the weights the phase asks for, only when they differ from what is stored.
+    /// Writes the weights (DynamicConfig) and, for A/B runs, the route (ConditionRoute) the
+    /// strategy and phase ask for, only when they differ from what is stored. The order keeps
+    /// every state between the two writes safe: the canary's pods keep weight 0 until the route
+    /// exists, and get weight 0 again before it goes (a route to pods of weight 0 is ignored).
     pub(super) async fn sync_traffic(
         &mut self,
         target: &Deployment,
         primary: &Deployment,
     ) -> Result<Action, Error> {
-        let wanted = match self.phase() {
-            // Waiting: any canary pod still up (a run replaced mid-way) stays at weight 0.
+        let phase = self.phase();
+        let pods = self.ctx.pods.state();
+        let canary_ips = ready_pod_ips(target, pods.iter().map(|p| p.as_ref()));
+        let primary_ips = ready_pod_ips(primary, pods.iter().map(|p| p.as_ref()));
+        let in_run = matches!(
+            phase,
             Phase::Waiting
-            | Phase::Progressing
-            | Phase::WaitingPromotion
-            | Phase::Promoting
-            | Phase::Finalising
-            | Phase::Failed => {
-                let pods = self.ctx.pods.state();
-                let canary_ips = ready_pod_ips(target, pods.iter().map(|p| p.as_ref()));
-                let primaries = ready_pod_ips(primary, pods.iter().map(|p| p.as_ref())).len();
-                weight::dynamic_config(
-                    &self.plan.application,
-                    self.status.canary_weight,
-                    primaries,
-                    &canary_ips,
-                )
-            }
-            _ => None,
+                | Phase::Progressing
+                | Phase::WaitingPromotion
+                | Phase::Promoting
+                | Phase::Finalising
+                | Phase::Failed
+        );
+        // A/B: matching calls reach the canary while it is analysed and promoted.
+        let routed = self.plan.strategy == Strategy::ABTesting
+            && matches!(
+                phase,
+                Phase::Progressing | Phase::WaitingPromotion | Phase::Promoting
+            );
+        let route = if routed {
+            abtest::condition_route(
+                &self.plan.application,
+                &self.canary.spec.analysis.r#match,
+                &canary_ips,
+            )
+            .map_err(Error::Invalid)?
+        } else {
+            None
         };
-        self.write_config(wanted).await?;
+        let weights = if in_run && route.is_none() {
+            weight::dynamic_config(
+                &self.plan.application,
+                self.status.canary_weight,
+                &primary_ips,
+                &canary_ips,
+            )
+        } else {
+            None
+        };
+        if route.is_some() {
+            self.write_route(route).await?;
+            self.write_config(weights).await?;
+        } else {
+            self.write_config(weights).await?;
+            self.write_route(None).await?;
+        }
         Ok(self.requeue())
     }
 
+    /// The name of the rules a run writes: `<canary>-canary`.
     pub(super) fn config_name(&self) -> String {
         format!("{}-canary", self.name)
     }
@@ -41,20 +70,38 @@ impl Run<'_> {
         &mut self,
         wanted: Option<DynamicConfigSpec>,
     ) -> Result<(), Error> {
+        let store = self.ctx.configs.clone();
+        self.write_owned(&store, wanted).await
+    }
+
+    pub(super) async fn write_route(
+        &mut self,
+        wanted: Option<ConditionRouteSpec>,
+    ) -> Result<(), Error> {
+        let store = self.ctx.routes.clone();
+        self.write_owned(&store, wanted).await
+    }
+
+    /// Creates, replaces or deletes this run's rule of kind `K` to match `wanted`; a rule of
+    /// that name that is not this Canary's is never touched.
+    async fn write_owned<K: Owned>(
+        &mut self,
+        store: &Store<K>,
+        wanted: Option<K::Spec>,
+    ) -> Result<(), Error> {
         let name = self.config_name();
-        let stored = self
-            .ctx
-            .configs
-            .get(&ObjectRef::new(&name).within(&self.namespace));
-        let api = self.api::<DynamicConfig>();
+        let stored = store.get(&ObjectRef::new(&name).within(&self.namespace));
+        let api = self.api::<K>();
         if let Some(stored) = &stored
             && stored.labels().get(REVISION_LABEL) != Some(&self.name)
         {
             // Someone else's rule of that name: never overwritten or deleted.
             if wanted.is_some() {
                 let message = format!(
-                    "DynamicConfig {name} exists and is not this canary's (no label {REVISION_LABEL}={}); weights are not applied",
-                    self.name
+                    "{} {name} exists and is not this canary's (no label {REVISION_LABEL}={}); {} are not applied",
+                    K::KIND,
+                    self.name,
+                    K::WHAT
                 );
                 self.event(EventType::Warning, "WeightsConflict", message);
             }
@@ -71,19 +118,19 @@ impl Run<'_> {
                 self.wrote();
                 Ok(())
             }
-            (Some(spec), Some(stored)) if stored.spec.0 == spec => Ok(()),
+            (Some(spec), Some(stored)) if stored.spec_of() == &spec => Ok(()),
             (Some(spec), stored) => {
-                let mut object = DynamicConfig::new(&name, spec.into());
-                object.metadata.namespace = Some(self.namespace.clone());
-                object.metadata.labels = Some(BTreeMap::from([(
+                let mut object = K::build(&name, spec);
+                let meta = object.meta_mut();
+                meta.namespace = Some(self.namespace.clone());
+                meta.labels = Some(BTreeMap::from([(
                     REVISION_LABEL.to_owned(),
                     self.name.clone(),
                 )]));
-                object.metadata.owner_references =
-                    self.canary.controller_owner_ref(&()).map(|r| vec![r]);
+                meta.owner_references = self.canary.controller_owner_ref(&()).map(|r| vec![r]);
                 match stored {
                     Some(stored) => {
-                        object.metadata.resource_version = stored.resource_version();
+                        object.meta_mut().resource_version = stored.resource_version();
                         api.replace(&name, &PostParams::default(), &object).await?;
                     }
                     None => match api.create(&PostParams::default(), &object).await {
@@ -325,5 +372,48 @@ impl Run<'_> {
         }
         self.wrote();
         Ok(true)
+    }
+}
+
+/// A rule kind a run writes under its own name, labelled and owned by the Canary.
+pub(super) trait Owned:
+    Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    type Spec: PartialEq;
+    const KIND: &'static str;
+    /// What the rule carries, for the conflict event.
+    const WHAT: &'static str;
+    fn spec_of(&self) -> &Self::Spec;
+    fn build(name: &str, spec: Self::Spec) -> Self;
+}
+
+impl Owned for DynamicConfig {
+    type Spec = DynamicConfigSpec;
+    const KIND: &'static str = "DynamicConfig";
+    const WHAT: &'static str = "weights";
+    fn spec_of(&self) -> &DynamicConfigSpec {
+        &self.spec.0
+    }
+    fn build(name: &str, spec: DynamicConfigSpec) -> Self {
+        DynamicConfig::new(name, spec.into())
+    }
+}
+
+impl Owned for ConditionRoute {
+    type Spec = ConditionRouteSpec;
+    const KIND: &'static str = "ConditionRoute";
+    const WHAT: &'static str = "A/B routes";
+    fn spec_of(&self) -> &ConditionRouteSpec {
+        &self.spec.0
+    }
+    fn build(name: &str, spec: ConditionRouteSpec) -> Self {
+        ConditionRoute::new(name, spec.into())
     }
 }

@@ -1,0 +1,196 @@
+//! A/B testing: the `ConditionRoute <canary>-canary` that sends the calls an analysis `match`
+//! selects to the canary's pods and every other call to the rest. One rule serves both kinds
+//! of client: Dubbo SDKs apply ConditionRoutes from the discovery stream, and the xDS edge
+//! turns the same rule into header-matched routes to endpoint subsets.
+//!
+//! A match's headers are the call's attachments (gRPC metadata). Each `match` entry becomes a
+//! condition `attachments[h]=v & ... => host=<canary IPs>`; a last condition `=> host!=<canary
+//! IPs>` keeps other calls off the canary. Dubbo narrows by every condition a call matches and
+//! ignores one that leaves nobody (the rule is not `force`), xDS routes by the first match: for
+//! these conditions both give the same answer.
+
+use crate::crd::{HeaderMatch, HttpMatch};
+use crate::rules::ConditionRouteSpec;
+
+/// What the match cannot say, for the Canary's `InvalidSpec` condition; `None` when all of it
+/// can be said to both kinds of client.
+pub fn check(matches: &[HttpMatch]) -> Result<(), String> {
+    for (i, m) in matches.iter().enumerate() {
+        let at = format!("spec.analysis.match[{i}]");
+        if m.uri.is_some() || !m.query_params.is_empty() || !m.source_labels.is_empty() {
+            return Err(format!(
+                "{at}: only headers can be matched (gRPC calls carry no URI or query, and the \
+                 control plane does not know the caller's labels); use headers"
+            ));
+        }
+        if m.headers.is_empty() {
+            return Err(format!("{at}: headers must name at least one header"));
+        }
+        for (name, value) in &m.headers {
+            header_name(name).map_err(|e| format!("{at}.headers[{name:?}]: {e}"))?;
+            glob(value).map_err(|e| format!("{at}.headers[{name:?}]: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// gRPC metadata keys are lower case; Dubbo reads the attachment by the same name.
+fn header_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
+        })
+        && !name.ends_with("-bin");
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "the header name must be lower-case letters, digits, '-', '_' or '.' (gRPC metadata \
+             keys; not '-bin'), got {name:?}"
+        ))
+    }
+}
+
+/// The header's value as a Dubbo condition value: `v`, `v*` or `*v`.
+fn glob(value: &HeaderMatch) -> Result<String, String> {
+    let (text, glob) = match value {
+        HeaderMatch {
+            exact: Some(v),
+            prefix: None,
+            suffix: None,
+            regex: None,
+        } => (v, v.clone()),
+        HeaderMatch {
+            exact: None,
+            prefix: Some(v),
+            suffix: None,
+            regex: None,
+        } => (v, format!("{v}*")),
+        HeaderMatch {
+            exact: None,
+            prefix: None,
+            suffix: Some(v),
+            regex: None,
+        } => (v, format!("*{v}")),
+        HeaderMatch { regex: Some(_), .. } => {
+            return Err(
+                "regex cannot be said to Dubbo SDKs (ConditionRoute values are globs); use \
+                 exact, prefix or suffix"
+                    .to_owned(),
+            );
+        }
+        _ => return Err("set exactly one of exact, prefix, suffix".to_owned()),
+    };
+    let bad = |c: char| c.is_whitespace() || matches!(c, '&' | '!' | '=' | ',' | '*');
+    if text.is_empty() || text.contains(bad) {
+        return Err(format!(
+            "the value must be non-empty, without whitespace or any of & ! = , * (they are \
+             condition syntax), got {text:?}"
+        ));
+    }
+    Ok(glob)
+}
+
+/// The rule for `application` that sends matching calls to `canary_ips` (none: no rule, the
+/// canary takes no call), or the reason the match cannot be said.
+pub fn condition_route(
+    application: &str,
+    matches: &[HttpMatch],
+    canary_ips: &[String],
+) -> Result<Option<ConditionRouteSpec>, String> {
+    check(matches)?;
+    if canary_ips.is_empty() {
+        return Ok(None);
+    }
+    let hosts = canary_ips.join(",");
+    let mut conditions = Vec::with_capacity(matches.len() + 1);
+    for m in matches {
+        let when = m
+            .headers
+            .iter()
+            .map(|(name, value)| glob(value).map(|v| format!("attachments[{name}]={v}")))
+            .collect::<Result<Vec<_>, _>>()?
+            .join(" & ");
+        conditions.push(format!("{when} => host={hosts}"));
+    }
+    conditions.push(format!("=> host!={hosts}"));
+    Ok(Some(ConditionRouteSpec {
+        priority: 0,
+        enabled: true,
+        force: false,
+        runtime: true,
+        key: application.to_owned(),
+        scope: "application".to_owned(),
+        conditions,
+        config_version: "v3.0".to_owned(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matches(value: serde_json::Value) -> Vec<HttpMatch> {
+        serde_json::from_value(value).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn each_match_routes_to_the_canary_and_the_rest_avoids_it() {
+        let spec = condition_route(
+            "podinfo",
+            &matches(serde_json::json!([
+                {"headers": {"x-canary": {"exact": "insider"}, "x-region": {"prefix": "eu"}}},
+                {"headers": {"x-user": {"suffix": "@example.com"}}},
+            ])),
+            &["10.0.0.1".to_owned(), "10.0.0.2".to_owned()],
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("canary pods: a rule"));
+        assert_eq!(
+            spec.conditions,
+            [
+                "attachments[x-canary]=insider & attachments[x-region]=eu* => host=10.0.0.1,10.0.0.2",
+                "attachments[x-user]=*@example.com => host=10.0.0.1,10.0.0.2",
+                "=> host!=10.0.0.1,10.0.0.2",
+            ]
+        );
+        assert_eq!(
+            (spec.key.as_str(), spec.scope.as_str()),
+            ("podinfo", "application")
+        );
+        assert!(spec.enabled && !spec.force);
+        // The rule is valid as any ConditionRoute is.
+        for condition in &spec.conditions {
+            dubbo_cp_domain::rules::parse_condition(condition)
+                .unwrap_or_else(|e| panic!("{condition}: {e:?}"));
+        }
+        let none = condition_route("podinfo", &matches(serde_json::json!([])), &[]);
+        assert_eq!(none, Ok(None), "no canary pod, no rule");
+    }
+
+    #[test]
+    fn what_a_condition_cannot_say_is_refused_by_name() {
+        let refused = |value: serde_json::Value| check(&matches(value)).expect_err("refused");
+        assert!(
+            refused(serde_json::json!([{"headers": {"x": {"regex": "a.*"}}}])).contains("regex")
+        );
+        assert!(refused(serde_json::json!([{"uri": {"prefix": "/"}}])).contains("only headers"));
+        assert!(
+            refused(serde_json::json!([{"sourceLabels": {"app": "web"}}])).contains("only headers")
+        );
+        assert!(
+            refused(serde_json::json!([{"headers": {"X-Canary": {"exact": "a"}}}]))
+                .contains("lower-case")
+        );
+        assert!(
+            refused(serde_json::json!([{"headers": {"x": {"exact": "a,b"}}}]))
+                .contains("& ! = , *")
+        );
+        assert!(
+            refused(serde_json::json!([{"headers": {"x": {"exact": "a b"}}}]))
+                .contains("whitespace")
+        );
+        assert!(refused(serde_json::json!([{"headers": {}}])).contains("at least one"));
+        assert!(refused(serde_json::json!([{"headers": {"x": {}}}])).contains("exactly one"));
+    }
+}
