@@ -523,6 +523,7 @@ async fn the_api_server_calls_the_webhook_which_injects_opted_in_pods_and_fails_
     assert_eq!(volumes(&admitted), Vec::<String>::new());
 }
 
+/// Also A/B testing and Blue/Green (one test: they share the players of the controllers).
 #[tokio::test]
 async fn a_canary_is_promoted_and_another_is_rolled_back() {
     let cluster = cluster();

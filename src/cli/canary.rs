@@ -131,6 +131,43 @@ async fn client(target: &Target) -> anyhow::Result<kube::Client> {
         .context("cannot reach the API server")
 }
 
+/// The strategy as a person reads it: A/B with its match, Blue/Green with its iterations.
+fn strategy_line(analysis: &crate::canary::crd::Analysis) -> String {
+    use crate::canary::Strategy;
+    let strategy = Strategy::of(analysis);
+    let iterations = analysis.iterations.unwrap_or_default();
+    match strategy {
+        Strategy::Canary => strategy.as_str().to_owned(),
+        Strategy::BlueGreen => format!("{} after {iterations} iterations", strategy.as_str()),
+        Strategy::ABTesting => {
+            let matches: Vec<String> = analysis
+                .r#match
+                .iter()
+                .map(|m| {
+                    m.headers
+                        .iter()
+                        .map(|(name, value)| {
+                            let (how, text) = match value {
+                                v if v.exact.is_some() => ("=", v.exact.clone()),
+                                v if v.prefix.is_some() => (" prefix ", v.prefix.clone()),
+                                v if v.suffix.is_some() => (" suffix ", v.suffix.clone()),
+                                v => (" regex ", v.regex.clone()),
+                            };
+                            format!("{name}{how}{}", text.unwrap_or_default())
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" & ")
+                })
+                .collect();
+            format!(
+                "{} after {iterations} iterations, canary gets calls with {}",
+                strategy.as_str(),
+                matches.join(" or ")
+            )
+        }
+    }
+}
+
 /// The status as a person reads it.
 pub fn render_status(canary: &Canary) -> String {
     use std::fmt::Write;
@@ -153,6 +190,7 @@ pub fn render_status(canary: &Canary) -> String {
         analysis.threshold,
         status.iterations,
     );
+    let _ = writeln!(out, "strategy {}", strategy_line(analysis));
     let _ = writeln!(
         out,
         "target {}, revision {}, last transition {}",
@@ -242,4 +280,38 @@ pub fn render_status(canary: &Canary) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canary(analysis: serde_json::Value) -> Canary {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
+            "metadata": {"name": "podinfo", "namespace": "test"},
+            "spec": {"targetRef": {"name": "podinfo"}, "analysis": analysis},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_status_names_the_strategy_and_an_ab_match() {
+        let ab = canary(serde_json::json!({"iterations": 10, "match": [
+            {"headers": {"x-canary": {"exact": "insider"}, "x-region": {"prefix": "eu"}}},
+            {"headers": {"x-user": {"suffix": "@example.com"}}},
+        ]}));
+        assert!(
+            render_status(&ab).contains(
+                "strategy A/B after 10 iterations, canary gets calls with \
+                 x-canary=insider & x-region prefix eu or x-user suffix @example.com"
+            ),
+            "{}",
+            render_status(&ab)
+        );
+        let blue_green = canary(serde_json::json!({"iterations": 3}));
+        assert!(render_status(&blue_green).contains("strategy Blue/Green after 3 iterations"));
+        let weights = canary(serde_json::json!({"stepWeight": 10}));
+        assert!(render_status(&weights).contains("strategy Canary\n"));
+    }
 }

@@ -1,7 +1,8 @@
-//! A Canary through a promotion and another through a rollback, on the real API server. There
-//! is no controller-manager or kubelet: a task here plays the Deployment controller (status with
-//! the observed generation and ready replicas) and the kubelet (one Running, Ready pod per
-//! replica of the current template, with a loopback IP).
+//! A Canary through a promotion and another through a rollback, an A/B run and a Blue/Green run,
+//! on the real API server (its CRD schemas and CEL judge the Canaries and the rules the
+//! controller writes). There is no controller-manager or kubelet: a task here plays the
+//! Deployment controller (status with the observed generation and ready replicas) and the
+//! kubelet (one Running, Ready pod per replica of the current template, with a loopback IP).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -165,6 +166,175 @@ async fn wait_phase(cluster: &Cluster, name: &str, wanted: &str) {
         .await;
 }
 
+/// The IPs of the ready pods of Deployment `name`, sorted.
+fn pod_ips(cluster: &Cluster, name: &str) -> Vec<String> {
+    let pods = cluster
+        .get_json(&["pods", "-n", NS, "-l", &format!("{OWNER}={name}")])
+        .unwrap_or_default();
+    let mut ips: Vec<String> = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_owned))
+        .collect();
+    ips.sort();
+    ips
+}
+
+/// A/B and Blue/Green through the real API server: its schema takes `iterations` and `match`
+/// and refuses `match` alone; the ConditionRoute an A/B run writes passes its CRD's checks.
+pub async fn strategies(cluster: &Cluster) {
+    // `match` without `iterations`: refused by the API server's CEL.
+    let refused = cluster.kubectl(
+        &["apply", "-f", "-"],
+        Some(&canary(
+            "nomatch",
+            json!({"stepWeight": 10, "match": [{"headers": {"x-canary": {"exact": "a"}}}]}),
+        )),
+    );
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("match (A/B testing) needs iterations"),
+        "{stderr}"
+    );
+    // Mirroring: accepted by the schema (Flagger's field), refused by the controller by name.
+    cluster.kubectl_in(
+        &["apply", "-f", "-"],
+        Some(&canary("mirror", json!({"iterations": 2, "mirror": true}))),
+    );
+    cluster
+        .wait_until("the mirror Canary refused", WAIT, || {
+            cluster
+                .get_json(&["canary", "mirror", "-n", NS])
+                .is_some_and(|c| {
+                    c["status"]["conditions"][0]["reason"] == "InvalidSpec"
+                        && c["status"]["conditions"][0]["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("mirror"))
+                })
+        })
+        .await;
+
+    // Promotion is held by a gate nobody answers, so the run can be looked at.
+    let closed = format!("http://127.0.0.1:{}/gate", free_port());
+    let held = json!([{"name": "gate", "type": "confirm-promotion", "url": closed,
+                       "timeout": "1s", "retries": 0}]);
+    for name in ["abtest", "bluegreen"] {
+        cluster.kubectl_in(
+            &["apply", "-f", "-"],
+            Some(&deployment(name, &format!("{name}:1"))),
+        );
+    }
+    let ab = json!({"interval": "500ms", "threshold": 2, "iterations": 2, "webhooks": held,
+                    "match": [{"headers": {"x-canary": {"exact": "insider"}}}]});
+    cluster.kubectl_in(&["apply", "-f", "-"], Some(&canary("abtest", ab)));
+    let blue_green =
+        json!({"interval": "500ms", "threshold": 2, "iterations": 2, "webhooks": held});
+    cluster.kubectl_in(
+        &["apply", "-f", "-"],
+        Some(&canary("bluegreen", blue_green)),
+    );
+    for name in ["abtest", "bluegreen"] {
+        wait_phase(cluster, name, "Initialized").await;
+        cluster.kubectl_ok(&[
+            "set",
+            "image",
+            &format!("deployment/{name}"),
+            &format!("app={name}:2"),
+            "-n",
+            NS,
+        ]);
+    }
+    for name in ["abtest", "bluegreen"] {
+        wait_phase(cluster, name, "WaitingPromotion").await;
+    }
+    let strategy = |name: &str| {
+        cluster.get_json(&["canary", name, "-n", NS]).unwrap()["status"]["strategy"].clone()
+    };
+    assert_eq!(strategy("abtest"), "A/B");
+    assert_eq!(strategy("bluegreen"), "Blue/Green");
+    let columns = cluster.kubectl_ok(&["get", "canaries", "-n", NS]);
+    assert!(
+        columns.contains("STRATEGY") && columns.contains("Blue/Green"),
+        "{columns}"
+    );
+
+    // A/B: the route the API server took, to the canary's pods for insiders only.
+    let canary_hosts = pod_ips(cluster, "abtest").join(",");
+    let route = cluster
+        .get_json(&["conditionroute", "abtest-canary", "-n", NS])
+        .expect("the A/B route");
+    assert_eq!(
+        route["spec"]["conditions"],
+        json!([
+            format!("attachments[x-canary]=insider => host={canary_hosts}"),
+            format!("=> host!={canary_hosts}"),
+        ])
+    );
+    assert_eq!(route["metadata"]["ownerReferences"][0]["kind"], "Canary");
+    // Blue/Green: every call on the canary, the primary's pods at weight 0.
+    let config = cluster
+        .get_json(&["dynamicconfig", "bluegreen-canary", "-n", NS])
+        .expect("the Blue/Green weights");
+    let weights: Vec<(String, String)> = config["spec"]["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["addresses"][0].as_str().unwrap().to_owned(),
+                c["parameters"]["weight"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let mut wanted: Vec<(String, String)> = pod_ips(cluster, "bluegreen")
+        .into_iter()
+        .map(|ip| (ip, "100".to_owned()))
+        .chain(
+            pod_ips(cluster, "bluegreen-primary")
+                .into_iter()
+                .map(|ip| (ip, "0".to_owned())),
+        )
+        .collect();
+    let mut got = weights.clone();
+    got.sort();
+    wanted.sort();
+    assert_eq!(got, wanted);
+
+    // The gate goes: both are promoted, and their rules are removed.
+    for name in ["abtest", "bluegreen"] {
+        cluster.kubectl_ok(&[
+            "patch",
+            "canary",
+            name,
+            "-n",
+            NS,
+            "--type=json",
+            "-p",
+            r#"[{"op": "remove", "path": "/spec/analysis/webhooks"}]"#,
+        ]);
+    }
+    for name in ["abtest", "bluegreen"] {
+        wait_phase(cluster, name, "Succeeded").await;
+        assert_eq!(
+            image(cluster, &format!("{name}-primary")),
+            format!("{name}:2")
+        );
+    }
+    for (kind, name) in [
+        ("conditionroute", "abtest-canary"),
+        ("dynamicconfig", "bluegreen-canary"),
+    ] {
+        cluster
+            .wait_until(&format!("{kind} {name} removed"), WAIT, || {
+                cluster.get_json(&[kind, name, "-n", NS]).is_none()
+            })
+            .await;
+    }
+}
+
 pub async fn promotion_and_rollback(cluster: &Cluster) {
     cluster.namespace(NS, &[]);
     let running = Arc::new(AtomicBool::new(true));
@@ -239,5 +409,7 @@ pub async fn promotion_and_rollback(cluster: &Cluster) {
                 .is_some_and(|d| d["spec"]["replicas"] == 0)
         })
         .await;
+    // The other strategies, with the same players of the cluster's controllers.
+    strategies(cluster).await;
     running.store(false, Ordering::Relaxed);
 }
