@@ -422,6 +422,22 @@ async fn an_ab_run_sends_only_matching_calls_to_the_canary_until_promoted() {
             r.is_none()
         })
         .await;
+
+    // A release failing its analysis: rolled back, the route goes and insiders are back on the
+    // primary.
+    setup.api.set_image(NS, "podinfo", "podinfo:3");
+    released::settle(&mut setup.client, "canary", 100, "x-canary=insider").await;
+    *setup.success.lock().unwrap() = 50.0;
+    setup.wait_phase("Failed").await;
+    setup
+        .api
+        .wait_for_object("conditionroutes", NS, "podinfo-canary", WAIT, |r| {
+            r.is_none()
+        })
+        .await;
+    released::settle(&mut setup.client, "primary", 100, "x-canary=insider").await;
+    let insiders = released::count_with(&mut setup.client, 500, "x-canary=insider").await;
+    assert_eq!(answers(&insiders, "primary"), 500, "{insiders}");
     drop(setup.client.child.start_kill());
     setup.server.stop().await.unwrap();
 }

@@ -263,6 +263,7 @@ pub async fn strategies(cluster: &Cluster) {
 
     // A/B: the route the API server took, to the canary's pods for insiders only.
     let canary_hosts = pod_ips(cluster, "abtest").join(",");
+    let primary_hosts = pod_ips(cluster, "abtest-primary").join(",");
     let route = cluster
         .get_json(&["conditionroute", "abtest-canary", "-n", NS])
         .expect("the A/B route");
@@ -270,7 +271,7 @@ pub async fn strategies(cluster: &Cluster) {
         route["spec"]["conditions"],
         json!([
             format!("attachments[x-canary]=insider => host={canary_hosts}"),
-            format!("=> host!={canary_hosts}"),
+            format!("=> host={primary_hosts}"),
         ])
     );
     assert_eq!(route["metadata"]["ownerReferences"][0]["kind"], "Canary");

@@ -4,10 +4,11 @@
 //! turns the same rule into header-matched routes to endpoint subsets.
 //!
 //! A match's headers are the call's attachments (gRPC metadata). Each `match` entry becomes a
-//! condition `attachments[h]=v & ... => host=<canary IPs>`; a last condition `=> host!=<canary
-//! IPs>` keeps other calls off the canary. Dubbo narrows by every condition a call matches and
-//! ignores one that leaves nobody (the rule is not `force`), xDS routes by the first match: for
-//! these conditions both give the same answer.
+//! condition `attachments[h]=v & ... => host=<canary IPs>`; a last condition `=> host=<primary
+//! IPs>` sends every other call to the primary, so a canary pod the rule does not list yet (a
+//! replacement, a scale-up) takes no production call. Dubbo narrows by every condition a call
+//! matches and ignores one that leaves nobody (the rule is not `force`), xDS routes by the first
+//! match: for these conditions both give the same answer.
 
 use crate::crd::{HeaderMatch, HttpMatch};
 use crate::rules::ConditionRouteSpec;
@@ -34,19 +35,20 @@ pub fn check(matches: &[HttpMatch]) -> Result<(), String> {
     Ok(())
 }
 
-/// gRPC metadata keys are lower case; Dubbo reads the attachment by the same name.
+/// gRPC metadata keys are lower case; Dubbo reads the attachment by the same name (and splits
+/// a key on `.`, so a dotted name would never match there).
 fn header_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
-        && name.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
-        })
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_'))
         && !name.ends_with("-bin");
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "the header name must be lower-case letters, digits, '-', '_' or '.' (gRPC metadata \
-             keys; not '-bin'), got {name:?}"
+            "the header name must be lower-case letters, digits, '-' or '_' (a gRPC metadata \
+             key Dubbo reads as an attachment; not '-bin'), got {name:?}"
         ))
     }
 }
@@ -81,28 +83,35 @@ fn glob(value: &HeaderMatch) -> Result<String, String> {
         }
         _ => return Err("set exactly one of exact, prefix, suffix".to_owned()),
     };
-    let bad = |c: char| c.is_whitespace() || matches!(c, '&' | '!' | '=' | ',' | '*');
-    if text.is_empty() || text.contains(bad) {
+    // Condition syntax: separators, globs, ranges (`1~9`), parameter references (`$name`).
+    let bad = |c: char| c.is_whitespace() || matches!(c, '&' | '!' | '=' | ',' | '*' | '~');
+    if text.is_empty() || text.contains(bad) || text.starts_with('$') {
         return Err(format!(
-            "the value must be non-empty, without whitespace or any of & ! = , * (they are \
-             condition syntax), got {text:?}"
+            "the value must be non-empty, without whitespace, any of & ! = , * ~ or a leading $ \
+             (they are condition syntax), got {text:?}"
         ));
     }
     Ok(glob)
 }
 
-/// The rule for `application` that sends matching calls to `canary_ips` (none: no rule, the
-/// canary takes no call), or the reason the match cannot be said.
+/// The longest condition the ConditionRoute schema takes (`limits::CONDITION`).
+const MAX_CONDITION: usize = dubbo_cp_domain::rules::limits::CONDITION;
+
+/// The rule for `application` that sends matching calls to `canary_ips` and the others to
+/// `primary_ips` (no canary pod: no rule, the canary takes no call), or the reason it cannot be
+/// said.
 pub fn condition_route(
     application: &str,
     matches: &[HttpMatch],
     canary_ips: &[String],
+    primary_ips: &[String],
 ) -> Result<Option<ConditionRouteSpec>, String> {
     check(matches)?;
     if canary_ips.is_empty() {
         return Ok(None);
     }
     let hosts = canary_ips.join(",");
+    let primaries = primary_ips.join(",");
     let mut conditions = Vec::with_capacity(matches.len() + 1);
     for m in matches {
         let when = m
@@ -113,7 +122,20 @@ pub fn condition_route(
             .join(" & ");
         conditions.push(format!("{when} => host={hosts}"));
     }
-    conditions.push(format!("=> host!={hosts}"));
+    conditions.push(if primaries.is_empty() {
+        // No primary pod: nobody else to send other calls to, but never the canary.
+        format!("=> host!={hosts}")
+    } else {
+        format!("=> host={primaries}")
+    });
+    if let Some(long) = conditions.iter().find(|c| c.len() > MAX_CONDITION) {
+        return Err(format!(
+            "the A/B route's condition is {} characters, over the ConditionRoute limit of \
+             {MAX_CONDITION} (too many pods or too long a match): {}...",
+            long.len(),
+            long.chars().take(80).collect::<String>()
+        ));
+    }
     Ok(Some(ConditionRouteSpec {
         priority: 0,
         enabled: true,
@@ -143,6 +165,7 @@ mod tests {
                 {"headers": {"x-user": {"suffix": "@example.com"}}},
             ])),
             &["10.0.0.1".to_owned(), "10.0.0.2".to_owned()],
+            &["10.1.0.1".to_owned()],
         )
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|| panic!("canary pods: a rule"));
@@ -151,7 +174,7 @@ mod tests {
             [
                 "attachments[x-canary]=insider & attachments[x-region]=eu* => host=10.0.0.1,10.0.0.2",
                 "attachments[x-user]=*@example.com => host=10.0.0.1,10.0.0.2",
-                "=> host!=10.0.0.1,10.0.0.2",
+                "=> host=10.1.0.1",
             ]
         );
         assert_eq!(
@@ -164,7 +187,7 @@ mod tests {
             dubbo_cp_domain::rules::parse_condition(condition)
                 .unwrap_or_else(|e| panic!("{condition}: {e:?}"));
         }
-        let none = condition_route("podinfo", &matches(serde_json::json!([])), &[]);
+        let none = condition_route("podinfo", &matches(serde_json::json!([])), &[], &[]);
         assert_eq!(none, Ok(None), "no canary pod, no rule");
     }
 
@@ -191,6 +214,14 @@ mod tests {
                 .contains("whitespace")
         );
         assert!(refused(serde_json::json!([{"headers": {}}])).contains("at least one"));
+        assert!(
+            refused(serde_json::json!([{"headers": {"x.y": {"exact": "a"}}}]))
+                .contains("'-' or '_'")
+        );
+        assert!(refused(serde_json::json!([{"headers": {"x": {"exact": "1~9"}}}])).contains("~"));
+        assert!(
+            refused(serde_json::json!([{"headers": {"x": {"exact": "$a"}}}])).contains("leading $")
+        );
         assert!(refused(serde_json::json!([{"headers": {"x": {}}}])).contains("exactly one"));
     }
 }

@@ -261,7 +261,17 @@ impl Run<'_> {
         if metrics.iter().any(|m| !m.ok) {
             failed = true;
         }
-        if !failed {
+        // An A/B iteration counts only with the route in place: without it the canary took no
+        // matching call to judge.
+        let unrouted = self.plan.strategy == Strategy::ABTesting && self.stored_route().is_none();
+        if unrouted && !failed {
+            self.event(
+                EventType::Normal,
+                "Halted",
+                "advancement halted: the A/B route is not in place yet".to_owned(),
+            );
+        }
+        if !failed && !unrouted {
             self.status.iterations += 1;
         }
         if failed {
@@ -505,19 +515,23 @@ impl Run<'_> {
     /// The spec turned invalid mid-run: weights to 0 (the stored override, rewritten), the
     /// canary scaled to zero, phase Failed.
     pub(super) async fn stop_run_in_flight(&mut self, reason: &str) -> Result<(), Error> {
-        let stored = self
-            .ctx
-            .configs
-            .get(&ObjectRef::new(&self.config_name()).within(&self.namespace));
-        if let Some(stored) = stored {
-            let mut spec = stored.spec.0.clone();
-            for config in &mut spec.configs {
-                config
-                    .parameters
-                    .insert("weight".to_owned(), "0".to_owned());
-            }
-            self.write_config(Some(spec)).await?;
-        }
+        // The canary's pods at weight 0 (the primary's at their default: whatever a Blue/Green
+        // switch had set), then no A/B route. The plan is not valid: the application is read
+        // from the spec as the plan would.
+        let application = self
+            .canary
+            .spec
+            .application
+            .clone()
+            .unwrap_or_else(|| self.plan.target.clone());
+        let pods = self.ctx.pods.state();
+        let canary_ips = self
+            .deployment(&self.plan.target)
+            .map(|target| ready_pod_ips(&target, pods.iter().map(|p| p.as_ref())))
+            .unwrap_or_default();
+        self.write_config(weight::dynamic_config(&application, 0, &[], &canary_ips))
+            .await?;
+        self.write_route(None).await?;
         self.scale(&self.plan.target.clone(), 0).await?;
         self.status.canary_weight = 0;
         self.set_phase(Phase::Failed);
@@ -569,12 +583,13 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Idle: the canary at zero and no weights.
+    /// Idle: the canary at zero, no weights and no route.
     pub(super) async fn idle(&mut self, target: &Deployment) -> Result<(), Error> {
         let replicas = target.spec.replicas.unwrap_or(1);
         if replicas != 0 && self.status.last_applied_spec == self.hash(target) {
             self.scale(&self.plan.target.clone(), 0).await?;
         }
-        self.write_config(None).await
+        self.write_config(None).await?;
+        self.write_route(None).await
     }
 }

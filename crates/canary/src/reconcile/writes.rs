@@ -4,9 +4,10 @@ use super::*;
 
 impl Run<'_> {
     /// Writes the weights (DynamicConfig) and, for A/B runs, the route (ConditionRoute) the
-    /// strategy and phase ask for, only when they differ from what is stored. The order keeps
-    /// every state between the two writes safe: the canary's pods keep weight 0 until the route
-    /// exists, and get weight 0 again before it goes (a route to pods of weight 0 is ignored).
+    /// strategy and phase ask for, only when they differ from what is stored. Every state
+    /// between writes keeps production calls off the canary: its pods keep weight 0 until the
+    /// route naming them is in the store (a refused or failed route write leaves them at 0), and
+    /// get weight 0 again before the route goes.
     pub(super) async fn sync_traffic(
         &mut self,
         target: &Deployment,
@@ -25,40 +26,87 @@ impl Run<'_> {
                 | Phase::Finalising
                 | Phase::Failed
         );
-        // A/B: matching calls reach the canary while it is analysed and promoted.
-        let routed = self.plan.strategy == Strategy::ABTesting
+        // A/B: matching calls reach the canary while it is analysed and promoted, once its
+        // pre-rollout hooks passed, and only if no other ConditionRoute routes the application.
+        let ab = self.plan.strategy == Strategy::ABTesting
             && matches!(
                 phase,
                 Phase::Progressing | Phase::WaitingPromotion | Phase::Promoting
             );
+        let conflict = if ab { self.route_conflict() } else { None };
+        if let Some(other) = &conflict {
+            let message = format!(
+                "ConditionRoute {other} also routes application {}: the A/B route is not written \
+                 and the canary takes no call until it goes",
+                self.plan.application
+            );
+            self.event(EventType::Warning, "RouteConflict", message);
+        }
+        let routed = ab && conflict.is_none() && self.passed("pre-rollout");
         let route = if routed {
             abtest::condition_route(
                 &self.plan.application,
                 &self.canary.spec.analysis.r#match,
                 &canary_ips,
+                &primary_ips,
             )
             .map_err(Error::Invalid)?
         } else {
             None
         };
-        let weights = if in_run && route.is_none() {
-            weight::dynamic_config(
-                &self.plan.application,
-                self.status.canary_weight,
-                &primary_ips,
-                &canary_ips,
-            )
-        } else {
-            None
-        };
-        if route.is_some() {
-            self.write_route(route).await?;
-            self.write_config(weights).await?;
-        } else {
-            self.write_config(weights).await?;
-            self.write_route(None).await?;
+        match route {
+            Some(route) => {
+                if self.stored_route().is_some_and(|stored| stored == route) {
+                    self.write_config(None).await?;
+                } else {
+                    let zero = weight::dynamic_config(&self.plan.application, 0, &[], &canary_ips);
+                    self.write_config(zero).await?;
+                    self.write_route(Some(route)).await?;
+                }
+            }
+            None => {
+                let weights = if in_run {
+                    weight::dynamic_config(
+                        &self.plan.application,
+                        if self.plan.strategy == Strategy::ABTesting {
+                            0
+                        } else {
+                            self.status.canary_weight
+                        },
+                        &primary_ips,
+                        &canary_ips,
+                    )
+                } else {
+                    None
+                };
+                self.write_config(weights).await?;
+                self.write_route(None).await?;
+            }
         }
         Ok(self.requeue())
+    }
+
+    /// This run's route as stored, if it is this Canary's.
+    pub(super) fn stored_route(&self) -> Option<ConditionRouteSpec> {
+        let stored = self
+            .ctx
+            .routes
+            .get(&ObjectRef::new(&self.config_name()).within(&self.namespace))?;
+        (stored.labels().get(REVISION_LABEL) == Some(&self.name)).then(|| stored.spec.0.clone())
+    }
+
+    /// Another enabled ConditionRoute of the application in this namespace, by name: xDS keeps
+    /// one route per application, and two rules narrowing in turn would not say A/B.
+    pub(super) fn route_conflict(&self) -> Option<String> {
+        let ours = self.config_name();
+        self.ctx
+            .routes
+            .state()
+            .iter()
+            .filter(|r| r.namespace().as_deref() == Some(self.namespace.as_str()))
+            .filter(|r| r.name_any() != ours)
+            .find(|r| r.spec.0.enabled && r.spec.0.key == self.plan.application)
+            .map(|r| r.name_any())
     }
 
     /// The name of the rules a run writes: `<canary>-canary`.
