@@ -1123,7 +1123,11 @@ impl RealPrometheus {
         tokio::time::timeout(Duration::from_secs(60), async {
             // Polling an outside process: it says nothing when it has scraped.
             while client
-                .query(&address, query, Duration::from_secs(2))
+                .query(
+                    &dubbo_cp::canary::prometheus::Endpoint::plain(&address),
+                    query,
+                    Duration::from_secs(2),
+                )
                 .await
                 .is_err()
             {

@@ -532,6 +532,7 @@ fn the_rbac_grants_exactly_what_the_control_plane_uses() {
         "dubbo.apache.org/canaries[]",
         &["get", "list", "watch", "update", "patch"],
     );
+    grant("cluster", "dubbo.apache.org/metrictemplates[]", &read);
     grant(
         "cluster",
         "dubbo.apache.org/canaries/status[]",

@@ -1,6 +1,8 @@
 //! Kubernetes-mode controllers: the expiry of applications whose pods are gone and the canary
 //! controller.
 
+use anyhow::Context as _;
+
 use super::*;
 
 /// Kubernetes mode with pod-bound tokens: applications whose registering pods are gone leave
@@ -42,11 +44,21 @@ pub(super) fn start_canaries(
     client: &kube::Client,
     registry: &mut Registry,
     tasks: &mut Supervisor,
-) {
+) -> anyhow::Result<()> {
     let settings = &config.canary;
     if !settings.enabled {
-        return;
+        return Ok(());
     }
+    let roots = match &settings.ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("canary.caFile {}: cannot read it", path.display()))?;
+            crate::canary::http::HttpClient::with_roots(Some(&pem))
+                .with_context(|| format!("canary.caFile {}", path.display()))?;
+            Some(pem)
+        }
+        None => None,
+    };
     let identity = settings.identity.clone().unwrap_or_else(|| {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "dubbo-cp".to_owned());
         format!("{host}-{}", std::process::id())
@@ -66,6 +78,7 @@ pub(super) fn start_canaries(
         crate::canary::reconcile::Settings {
             prometheus: settings.prometheus.clone(),
             query_timeout: settings.query_timeout,
+            roots,
         },
         stats,
         tasks.shutdown_receiver(),
@@ -74,4 +87,5 @@ pub(super) fn start_canaries(
         run.await;
         Ok(())
     });
+    Ok(())
 }

@@ -1159,6 +1159,7 @@ fn list_or_watch(
         "endpointslices" => ("discovery.k8s.io/v1", "EndpointSlice"),
         "canaries" => ("dubbo.apache.org/v1alpha1", "Canary"),
         "serviceentries" => ("dubbo.apache.org/v1alpha1", "ServiceEntry"),
+        "metrictemplates" => ("dubbo.apache.org/v1alpha1", "MetricTemplate"),
         "tagroutes" => ("dubbo.apache.org/v1alpha1", "TagRoute"),
         "conditionroutes" => ("dubbo.apache.org/v1alpha1", "ConditionRoute"),
         "dynamicconfigs" => ("dubbo.apache.org/v1alpha1", "DynamicConfig"),

@@ -23,6 +23,14 @@ pub struct CanaryConfig {
         env = "DUBBO_CP_CANARY_PROMETHEUS"
     )]
     pub prometheus: Option<String>,
+    /// PEM bundle of the CAs trusted, besides the system's, for https Prometheus, webhooks and
+    /// alert receivers.
+    #[arg(
+        id = "canary.caFile",
+        long = "canary-ca-file",
+        env = "DUBBO_CP_CANARY_CA_FILE"
+    )]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Longest time one Prometheus query may take.
     #[arg(id = "canary.queryTimeout", long = "canary-query-timeout",
           env = "DUBBO_CP_CANARY_QUERY_TIMEOUT", value_parser = DurationArg)]

@@ -171,6 +171,8 @@ pub async fn drive(
         watcher::Config::default(),
     );
     let canaries = controller.store();
+    // The bundle was checked at start (canary.caFile); the system's roots otherwise.
+    let http = super::http::HttpClient::with_roots(settings.roots.as_deref()).unwrap_or_default();
     let ctx = Arc::new(Context {
         events: super::events::Events::new(client.clone(), &identity),
         client,
@@ -180,8 +182,8 @@ pub async fn drive(
         routes,
         config_maps,
         secrets,
-        prometheus: Default::default(),
-        http: Default::default(),
+        prometheus: super::prometheus::Prometheus::new(http.clone()),
+        http,
         settings,
         stats,
         written: Default::default(),

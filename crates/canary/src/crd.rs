@@ -239,6 +239,16 @@ pub struct MetricCheck {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 32))]
     pub interval: Option<String>,
+    /// A MetricTemplate's query (and Prometheus) instead of `query`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_ref: Option<crate::template::TemplateRef>,
+    /// The template's `{{ variables.<name> }}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = 32,
+        "additionalProperties" = {"type": "string", "maxLength": 1024},
+    ))]
+    pub template_variables: BTreeMap<String, String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]

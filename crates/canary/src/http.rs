@@ -1,6 +1,7 @@
 //! One small HTTP/1.1 client for the canary's outside calls (Prometheus, webhooks): a deadline
 //! on every call, a bounded answer, and errors that say which URL failed and how.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -8,6 +9,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
 /// Answers larger than this are refused (a Prometheus vector of a few series, a hook's reply).
 pub const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -29,27 +33,111 @@ pub struct Answer {
     pub body: String,
 }
 
+type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// Plain http, and https trusting the system's roots and the configured bundle; a second pool
+/// accepts any certificate, for the calls that ask (`insecureSkipVerify`).
 #[derive(Clone)]
 pub struct HttpClient {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<Https, Full<Bytes>>,
+    insecure: Client<Https, Full<Bytes>>,
 }
 
 impl Default for HttpClient {
     fn default() -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        HttpClient {
-            client: Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .pool_max_idle_per_host(4)
-                .build(connector),
-        }
+        // The system's roots alone parse whatever they are; a bad bundle is with_roots's error.
+        HttpClient::with_roots(None).unwrap_or_else(|_| HttpClient::build(RootCertStore::empty()))
     }
 }
 
 impl HttpClient {
+    /// Trusts the system's roots and the PEM certificates of `bundle` (`canary.caFile`).
+    pub fn with_roots(bundle: Option<&[u8]>) -> Result<HttpClient, HttpError> {
+        let mut roots = RootCertStore::empty();
+        // Unreadable system certificates are skipped, as every rustls client does.
+        let native = rustls_native_certs::load_native_certs();
+        roots.add_parsable_certificates(native.certs);
+        if let Some(bundle) = bundle {
+            let bad = |reason: String| HttpError::Url {
+                url: "canary.caFile".to_owned(),
+                reason,
+            };
+            let mut added = 0;
+            for cert in CertificateDer::pem_slice_iter(bundle) {
+                let cert = cert.map_err(|e| bad(format!("not a PEM certificate bundle: {e}")))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| bad(format!("a certificate is not a CA: {e}")))?;
+                added += 1;
+            }
+            if added == 0 {
+                return Err(bad("holds no certificate".to_owned()));
+            }
+        }
+        Ok(HttpClient::build(roots))
+    }
+
+    fn build(roots: RootCertStore) -> HttpClient {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let checked = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map(|b| b.with_root_certificates(roots).with_no_client_auth());
+        let unchecked = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map(|b| {
+                b.dangerous()
+                    .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+                    .with_no_client_auth()
+            });
+        let pool = |tls: Result<rustls::ClientConfig, rustls::Error>| {
+            let mut connector = HttpConnector::new();
+            connector.set_connect_timeout(Some(Duration::from_secs(5)));
+            connector.enforce_http(false);
+            // ring's default protocol versions always build; an error here would be rustls's bug.
+            let tls = tls.unwrap_or_else(|_| {
+                rustls::ClientConfig::builder()
+                    .with_root_certificates(RootCertStore::empty())
+                    .with_no_client_auth()
+            });
+            let https = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls)
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(connector);
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .pool_max_idle_per_host(4)
+                .build(https)
+        };
+        HttpClient {
+            client: pool(checked),
+            insecure: pool(unchecked),
+        }
+    }
+
     pub async fn get(&self, url: &str, timeout: Duration) -> Result<Answer, HttpError> {
-        self.call(http::Method::GET, url, None, timeout).await
+        self.call(http::Method::GET, url, None, None, false, timeout)
+            .await
+    }
+
+    /// A GET with an `Authorization` header, through the pool that checks no certificate when
+    /// `insecure`.
+    pub async fn get_with(
+        &self,
+        url: &str,
+        authorization: Option<&str>,
+        insecure: bool,
+        timeout: Duration,
+    ) -> Result<Answer, HttpError> {
+        self.call(
+            http::Method::GET,
+            url,
+            None,
+            authorization,
+            insecure,
+            timeout,
+        )
+        .await
     }
 
     pub async fn post_json(
@@ -59,7 +147,7 @@ impl HttpClient {
         timeout: Duration,
     ) -> Result<Answer, HttpError> {
         let body = Bytes::from(body.to_string());
-        self.call(http::Method::POST, url, Some(body), timeout)
+        self.call(http::Method::POST, url, Some(body), None, false, timeout)
             .await
     }
 
@@ -68,6 +156,8 @@ impl HttpClient {
         method: http::Method,
         url: &str,
         body: Option<Bytes>,
+        authorization: Option<&str>,
+        insecure: bool,
         timeout: Duration,
     ) -> Result<Answer, HttpError> {
         let uri: http::Uri = url
@@ -77,23 +167,20 @@ impl HttpClient {
                 reason: e.to_string(),
             })?;
         match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return Err(HttpError::Url {
-                    url: url.to_owned(),
-                    reason: "https is not supported yet; use an in-cluster http address".to_owned(),
-                });
-            }
+            Some("http" | "https") => {}
             _ => {
                 return Err(HttpError::Url {
                     url: url.to_owned(),
-                    reason: "must start with http://".to_owned(),
+                    reason: "must start with http:// or https://".to_owned(),
                 });
             }
         }
         let mut request = http::Request::builder().method(method).uri(uri);
         if body.is_some() {
             request = request.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(authorization) = authorization {
+            request = request.header(http::header::AUTHORIZATION, authorization);
         }
         let request = request
             .body(Full::new(body.unwrap_or_default()))
@@ -105,9 +192,13 @@ impl HttpClient {
             url: url.to_owned(),
             reason,
         };
+        let client = if insecure {
+            &self.insecure
+        } else {
+            &self.client
+        };
         let exchange = async {
-            let response = self
-                .client
+            let response = client
                 .request(request)
                 .await
                 .map_err(|e| transport(format!("{e:#}")))?;
@@ -128,5 +219,55 @@ impl HttpClient {
                 url: url.to_owned(),
                 timeout,
             })?
+    }
+}
+
+/// Accepts any server certificate, still checking the handshake's signatures: what
+/// `insecureSkipVerify` asks for.
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }

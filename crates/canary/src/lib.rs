@@ -5,7 +5,8 @@
 //! - [`crd`]: the resource and its strategies; [`weight`]: the formula and the DynamicConfig it
 //!   makes; [`abtest`]: the ConditionRoute of an A/B run;
 //!   [`deployments`]: the primary, readiness, the spec hash, ready pods (no I/O).
-//! - [`prometheus`], [`hooks`] over [`http`]: the outside calls of an analysis.
+//! - [`prometheus`], [`hooks`] over [`http`]: the outside calls of an analysis; [`template`]:
+//!   Flagger's MetricTemplate and the credentials it names.
 //! - [`reconcile`]: one step of the loop; [`controller`]: the watches and the Lease around it.
 
 #![forbid(unsafe_code)]
@@ -29,6 +30,7 @@ pub mod prometheus;
 pub mod reconcile;
 pub mod revisions;
 pub mod stats;
+pub mod template;
 pub mod weight;
 
 pub use config::CanaryConfig;

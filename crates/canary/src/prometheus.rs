@@ -15,10 +15,17 @@ pub const DURATION: &str = "request-duration";
 /// `<target>-primary-<replicaset>-<pod>` (Flagger's selector, for the same reason).
 const CANARY_PODS: &str = r#"namespace="{{ namespace }}",pod=~"{{ target }}-[0-9a-zA-Z]+(-[0-9a-zA-Z]+)",application_name="{{ application }}""#;
 
-/// The query of `check`: its own, or the built-in of that name.
+/// The query of `check`: its own, or the built-in of that name. A template's query is read
+/// when the check runs ([`Prometheus::check`] takes it).
 pub fn query_of(check: &MetricCheck) -> Result<String, String> {
     if let Some(query) = &check.query {
         return Ok(query.clone());
+    }
+    if let Some(template) = &check.template_ref {
+        return Err(format!(
+            "metric {:?}: its query is MetricTemplate {}'s",
+            check.name, template.name
+        ));
     }
     match check.name.as_str() {
         SUCCESS_RATE => Ok(format!(
@@ -40,10 +47,12 @@ pub struct Placeholders<'a> {
     pub target: &'a str,
     pub application: &'a str,
     pub interval: &'a str,
+    /// A template's `{{ variables.<name> }}` (the metric's `templateVariables`).
+    pub variables: &'a std::collections::BTreeMap<String, String>,
 }
 
-/// `query` with `{{ namespace }}`, `{{ target }}`, `{{ application }}` and `{{ interval }}`
-/// replaced; an unknown placeholder is an error naming it.
+/// `query` with `{{ namespace }}`, `{{ target }}`, `{{ application }}`, `{{ interval }}` and
+/// `{{ variables.<name> }}` replaced; an unknown placeholder is an error naming it.
 pub fn render(query: &str, values: &Placeholders<'_>) -> Result<String, String> {
     let mut out = String::with_capacity(query.len());
     let mut rest = query;
@@ -62,11 +71,21 @@ pub fn render(query: &str, values: &Placeholders<'_>) -> Result<String, String> 
             "target" => values.target,
             "application" => values.application,
             "interval" => values.interval,
-            other => {
-                return Err(format!(
-                    "unknown placeholder {{{{ {other} }}}} (namespace, target, application, interval)"
-                ));
-            }
+            other => match other.strip_prefix("variables.") {
+                Some(variable) => values
+                    .variables
+                    .get(variable)
+                    .map(String::as_str)
+                    .ok_or_else(|| {
+                        format!("templateVariables has no {variable:?} for {{{{ {other} }}}}")
+                    })?,
+                None => {
+                    return Err(format!(
+                        "unknown placeholder {{{{ {other} }}}} (namespace, target, application, \
+                         interval, variables.<name>)"
+                    ));
+                }
+            },
         };
         // Label values sit inside double quotes.
         out.push_str(&value.replace('\\', "\\\\").replace('"', "\\\""));
@@ -131,13 +150,37 @@ pub struct Prometheus {
     http: HttpClient,
 }
 
+/// Where a query runs and how it is let in.
+#[derive(Debug, Clone, Default)]
+pub struct Endpoint {
+    pub address: String,
+    pub credentials: Option<crate::template::Credentials>,
+    /// Accept any certificate (a template's `insecureSkipVerify`).
+    pub insecure: bool,
+}
+
+impl Endpoint {
+    pub fn plain(address: &str) -> Endpoint {
+        Endpoint {
+            address: address.to_owned(),
+            ..Endpoint::default()
+        }
+    }
+}
+
 impl Prometheus {
+    /// Queries over `http` (its roots are the ones https trusts).
+    pub fn new(http: HttpClient) -> Prometheus {
+        Prometheus { http }
+    }
+
     pub async fn query(
         &self,
-        address: &str,
+        endpoint: &Endpoint,
         query: &str,
         timeout: Duration,
     ) -> Result<f64, QueryError> {
+        let address = &endpoint.address;
         let url = format!(
             "{}/api/v1/query?{}",
             address.trim_end_matches('/'),
@@ -145,15 +188,21 @@ impl Prometheus {
                 .append_pair("query", query)
                 .finish()
         );
-        let answer = self.http.get(&url, timeout).await?;
+        let authorization = endpoint.credentials.as_ref().map(|c| c.header());
+        let answer = self
+            .http
+            .get_with(&url, authorization.as_deref(), endpoint.insecure, timeout)
+            .await?;
         parse_answer(answer.status, &answer.body)
     }
 
-    /// Runs `check` and judges its value against its range.
+    /// Runs `check` (with `template_query` for a check naming a template) and judges its value
+    /// against its range.
     pub async fn check(
         &self,
-        address: &str,
+        endpoint: &Endpoint,
         check: &MetricCheck,
+        template_query: Option<&str>,
         values: &Placeholders<'_>,
         timeout: Duration,
     ) -> MetricResult {
@@ -166,14 +215,15 @@ impl Prometheus {
             ok: false,
             message: String::new(),
         };
-        let query = match query_of(check).and_then(|q| render(&q, values)) {
+        let query = template_query.map_or_else(|| query_of(check), |q| Ok(q.to_owned()));
+        let query = match query.and_then(|q| render(&q, values)) {
             Ok(query) => query,
             Err(message) => {
                 result.message = message;
                 return result;
             }
         };
-        match self.query(address, &query, timeout).await {
+        match self.query(endpoint, &query, timeout).await {
             Ok(value) => {
                 result.value = Some(value);
                 result.ok = judge(value, range.min, range.max);
@@ -203,12 +253,27 @@ mod tests {
     use crate::crd::ThresholdRange;
 
     fn values() -> Placeholders<'static> {
+        static VARIABLES: std::sync::LazyLock<std::collections::BTreeMap<String, String>> =
+            std::sync::LazyLock::new(|| [("service".to_owned(), "greeter".to_owned())].into());
         Placeholders {
             namespace: "test",
             target: "podinfo",
             application: "podinfo-app",
             interval: "1m",
+            variables: &VARIABLES,
         }
+    }
+
+    #[test]
+    fn a_templates_variables_are_replaced_and_a_missing_one_is_named() {
+        assert_eq!(
+            render(r#"up{service="{{ variables.service }}"}"#, &values()).unwrap(),
+            r#"up{service="greeter"}"#
+        );
+        assert_eq!(
+            render("{{ variables.zone }}", &values()).unwrap_err(),
+            r#"templateVariables has no "zone" for {{ variables.zone }}"#
+        );
     }
 
     #[test]
@@ -237,6 +302,8 @@ mod tests {
             query: None,
             threshold_range: ThresholdRange::default(),
             interval: None,
+            template_ref: None,
+            template_variables: Default::default(),
         };
         let rate = render(&query_of(&check(SUCCESS_RATE)).unwrap(), &values()).unwrap();
         assert!(rate.contains("dubbo_provider_requests_succeed_total{namespace=\"test\""));

@@ -59,7 +59,8 @@ impl ServiceNameMapping {
     }
 }
 
-/// Every CRD (ServiceNameMapping, the five rule kinds, then Canary) as multi-document YAML, as
+/// Every CRD (ServiceNameMapping, the rule kinds, then Canary and MetricTemplate) as
+/// multi-document YAML, as
 /// `dubbo-cp crd` prints it and `deploy/crd.yaml` holds it.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     use kube::CustomResourceExt;
@@ -68,6 +69,9 @@ pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
         documents.push(serde_yaml::to_string(&crd)?);
     }
     documents.push(serde_yaml::to_string(&crate::canary::Canary::crd())?);
+    documents.push(serde_yaml::to_string(
+        &crate::canary::template::MetricTemplate::crd(),
+    )?);
     Ok(documents.join("---\n"))
 }
 

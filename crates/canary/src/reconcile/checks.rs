@@ -1,6 +1,8 @@
 //! What a run checks: webhooks, metrics, manual actions; and how a run finishes.
 
 use super::*;
+use crate::prometheus::Endpoint;
+use crate::template::{Credentials, MetricTemplate, TemplateRef};
 
 impl Run<'_> {
     /// Calls every hook of `kind`, records each answer; true when all succeeded (or none exist).
@@ -64,16 +66,32 @@ impl Run<'_> {
             .or_else(|| self.ctx.settings.prometheus.clone());
         let mut results = Vec::with_capacity(checks.len());
         for check in &checks {
-            let Some(address) = &address else {
-                results.push(MetricResult {
-                    name: check.name.clone(),
-                    value: None,
-                    min: check.threshold_range.min,
-                    max: check.threshold_range.max,
-                    ok: false,
-                    message: "no Prometheus: set spec.prometheus.address or the server's canary.prometheus".to_owned(),
-                });
-                continue;
+            let failed = |message: String| MetricResult {
+                name: check.name.clone(),
+                value: None,
+                min: check.threshold_range.min,
+                max: check.threshold_range.max,
+                ok: false,
+                message: clip(&message),
+            };
+            let (endpoint, template_query) = match &check.template_ref {
+                Some(reference) => match self.template(reference, address.as_deref()).await {
+                    Ok((endpoint, query)) => (endpoint, Some(query)),
+                    Err(message) => {
+                        results.push(failed(format!("{}: {message}", check.name)));
+                        continue;
+                    }
+                },
+                None => match &address {
+                    Some(address) => (Endpoint::plain(address), None),
+                    None => {
+                        results.push(failed(
+                            "no Prometheus: set spec.prometheus.address or the server's canary.prometheus"
+                                .to_owned(),
+                        ));
+                        continue;
+                    }
+                },
             };
             let interval = check
                 .interval
@@ -84,16 +102,80 @@ impl Run<'_> {
                 target: &self.plan.target,
                 application: &self.plan.application,
                 interval: &interval,
+                variables: &check.template_variables,
             };
             let mut result = self
                 .ctx
                 .prometheus
-                .check(address, check, &values, self.ctx.settings.query_timeout)
+                .check(
+                    &endpoint,
+                    check,
+                    template_query.as_deref(),
+                    &values,
+                    self.ctx.settings.query_timeout,
+                )
                 .await;
             result.message = clip(&result.message);
             results.push(result);
         }
         results
+    }
+
+    /// The MetricTemplate `reference` names: where its query runs (its provider's address, else
+    /// `fallback`; its Secret's credentials) and the query; or why it cannot run.
+    async fn template(
+        &self,
+        reference: &TemplateRef,
+        fallback: Option<&str>,
+    ) -> Result<(Endpoint, String), String> {
+        let namespace = reference.namespace.as_deref().unwrap_or(&self.namespace);
+        let api: Api<MetricTemplate> = Api::namespaced(self.ctx.client.clone(), namespace);
+        let template = api
+            .get_opt(&reference.name)
+            .await
+            .map_err(|e| {
+                format!(
+                    "cannot read MetricTemplate {namespace}/{}: {e}",
+                    reference.name
+                )
+            })?
+            .ok_or_else(|| format!("MetricTemplate {namespace}/{} not found", reference.name))?;
+        let provider = &template.spec.provider;
+        let address = provider.address.clone().or_else(|| fallback.map(str::to_owned)).ok_or_else(|| {
+            format!(
+                "MetricTemplate {namespace}/{} names no address, and neither the Canary nor the server names a Prometheus",
+                reference.name
+            )
+        })?;
+        let credentials = match &provider.secret_ref {
+            Some(secret) => {
+                let secrets: Api<Secret> = Api::namespaced(self.ctx.client.clone(), namespace);
+                let found = secrets
+                    .get_opt(&secret.name)
+                    .await
+                    .map_err(|e| format!("cannot read secret {namespace}/{}: {e}", secret.name))?
+                    .ok_or_else(|| format!("secret {namespace}/{} not found", secret.name))?;
+                let data: BTreeMap<String, Vec<u8>> = found
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(key, value)| (key, value.0))
+                    .collect();
+                Some(Credentials::from_secret(
+                    &format!("{namespace}/{}", secret.name),
+                    &data,
+                )?)
+            }
+            None => None,
+        };
+        Ok((
+            Endpoint {
+                address,
+                credentials,
+                insecure: provider.insecure_skip_verify,
+            },
+            template.spec.query.clone(),
+        ))
     }
 
     /// A `promote:<revision>:<id>` or `abort:<revision>:<id>` request not handled yet, for the

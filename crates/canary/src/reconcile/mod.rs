@@ -122,6 +122,8 @@ pub struct Settings {
     /// The Prometheus of Canaries that name none.
     pub prometheus: Option<String>,
     pub query_timeout: Duration,
+    /// PEM certificates trusted besides the system's for https (`canary.caFile`).
+    pub roots: Option<Vec<u8>>,
 }
 
 /// What every reconcile shares: the client, the stores the watches keep, the outside clients.
@@ -194,8 +196,19 @@ fn plan(canary: &Canary) -> Result<Plan, String> {
         ));
     }
     for metric in &spec.analysis.metrics {
-        super::prometheus::query_of(metric)
-            .map_err(|e| format!("spec.analysis.metrics[{}]: {e}", metric.name))?;
+        match (&metric.query, &metric.template_ref) {
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "spec.analysis.metrics[{}]: set query or templateRef, not both",
+                    metric.name
+                ));
+            }
+            (_, Some(_)) => {}
+            (_, None) => {
+                super::prometheus::query_of(metric)
+                    .map_err(|e| format!("spec.analysis.metrics[{}]: {e}", metric.name))?;
+            }
+        }
     }
     Ok(Plan {
         interval,
@@ -368,6 +381,12 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
         }
     };
     let mut status = status;
+    if !status.strategy.is_empty() && status.strategy != plan.strategy.as_str() {
+        // A strategy changed mid-run starts its count afresh, from no canary traffic: a weight
+        // or iterations of the other strategy mean nothing to it.
+        status.iterations = 0;
+        status.canary_weight = 0;
+    }
     status.strategy = plan.strategy.as_str().to_owned();
     let mut run = Run {
         canary,
