@@ -176,16 +176,7 @@ fn kubelet(api: &ApiServer, running: Arc<AtomicBool>) {
     tokio::spawn(async move {
         loop {
             if running.load(Ordering::SeqCst) {
-                for deployment in api.objects_of("deployments", NS) {
-                    let generation = deployment["metadata"]["generation"].as_i64();
-                    let status = &deployment["status"];
-                    let behind = status["observedGeneration"].as_i64() != generation
-                        || status["replicas"] != deployment["spec"]["replicas"];
-                    if behind {
-                        let name = deployment["metadata"]["name"].as_str().unwrap();
-                        api.roll_out(NS, name, ip_prefix(name));
-                    }
-                }
+                api.roll_out_changed(NS, |name| ip_prefix(name).to_owned());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -108,27 +108,19 @@ async fn prometheus(authorization: String, success: f64, seen: Seen) -> (SocketA
     (addr, ca)
 }
 
-/// Rolls out every Deployment of [`NS`] whose spec moved (the Deployment controller and the
-/// kubelet), every 20 ms.
+/// Plays the Deployment controller and the kubelet every 20 ms.
 fn kubelet(api: &ApiServer) {
     let api = api.clone();
     tokio::spawn(async move {
         loop {
-            for deployment in api.objects_of("deployments", NS) {
-                let generation = deployment["metadata"]["generation"].as_i64();
-                let status = &deployment["status"];
-                if status["observedGeneration"].as_i64() != generation
-                    || status["replicas"] != deployment["spec"]["replicas"]
-                {
-                    let name = deployment["metadata"]["name"].as_str().unwrap();
-                    let prefix = if name.ends_with("-primary") {
-                        "10.1.0."
-                    } else {
-                        "10.0.0."
-                    };
-                    api.roll_out(NS, name, prefix);
+            api.roll_out_changed(NS, |name| {
+                if name.ends_with("-primary") {
+                    "10.1.0."
+                } else {
+                    "10.0.0."
                 }
-            }
+                .to_owned()
+            });
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });

@@ -45,16 +45,7 @@ fn cluster_controllers(api: &ApiServer, ports: BTreeMap<String, u16>) {
     tokio::spawn(async move {
         let mut served: BTreeMap<String, Value> = BTreeMap::new();
         loop {
-            for deployment in api.objects_of("deployments", NS) {
-                let generation = deployment["metadata"]["generation"].as_i64();
-                let status = &deployment["status"];
-                if status["observedGeneration"].as_i64() != generation
-                    || status["replicas"] != deployment["spec"]["replicas"]
-                {
-                    let name = deployment["metadata"]["name"].as_str().unwrap();
-                    api.roll_out(NS, name, ip_prefix(name));
-                }
-            }
+            api.roll_out_changed(NS, |name| ip_prefix(name).to_owned());
             let mut wanted: BTreeMap<String, Value> = BTreeMap::new();
             for pod in api.objects_of("pods", NS) {
                 let Some(ip) = pod["status"]["podIP"].as_str() else {

@@ -385,6 +385,21 @@ impl ApiServer {
         ips
     }
 
+    /// One pass of the Deployment controller and the kubelet: every Deployment of `namespace`
+    /// whose spec moved is rolled out, its pods at `ip_prefix(name)` addresses.
+    pub fn roll_out_changed(&self, namespace: &str, ip_prefix: impl Fn(&str) -> String) {
+        for deployment in self.objects_of("deployments", namespace) {
+            let generation = deployment["metadata"]["generation"].as_i64();
+            let status = &deployment["status"];
+            if status["observedGeneration"].as_i64() != generation
+                || status["replicas"] != deployment["spec"]["replicas"]
+            {
+                let name = deployment["metadata"]["name"].as_str().unwrap_or_default();
+                self.roll_out(namespace, name, &ip_prefix(name));
+            }
+        }
+    }
+
     /// Replaces Deployment `name`'s status (the Deployment controller's view).
     pub fn set_deployment_status(&self, namespace: &str, name: &str, status: Value) {
         self.edit_deployment(namespace, name, |object| object["status"] = status);

@@ -24,8 +24,9 @@ pub struct Nack {
 /// A resource a client was sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Held {
-    /// Its own version (delta streams); on state-of-the-world streams, the type's.
-    pub version: Option<String>,
+    /// Its own version (delta streams); on state-of-the-world streams, the type's. Boxed: a
+    /// stream holds one entry per resource, and every byte counts per stream.
+    pub version: Option<Box<str>>,
     /// Its encoding; `None` for what a reconnecting delta client said it holds, until it is
     /// seen in a snapshot at that version.
     pub resource: Option<Arc<Any>>,
@@ -36,7 +37,7 @@ pub struct Held {
 impl Held {
     pub(crate) fn sent(resource: Arc<Any>, version: Option<String>, nonce: u64) -> Held {
         Held {
-            version,
+            version: version.map(String::into_boxed_str),
             resource: Some(resource),
             nonce,
         }

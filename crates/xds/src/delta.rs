@@ -67,7 +67,7 @@ impl DeltaStream {
                 .iter()
                 .map(|(name, version)| {
                     let held = Held {
-                        version: Some(version.clone()),
+                        version: Some(version.as_str().into()),
                         resource: None,
                         nonce: 0,
                     };
@@ -186,7 +186,7 @@ impl DeltaStream {
         for (name, any) in resources {
             let resource_version = format!("{:016x}", digest(&any));
             match state.known.get_mut(&name) {
-                Some(held) if held.version.as_ref() == Some(&resource_version) => {
+                Some(held) if held.version.as_deref() == Some(resource_version.as_str()) => {
                     // Held at this version (perhaps only claimed on reconnect): this version's
                     // encoding, for the dump, without sending it.
                     if held.resource.as_ref().is_none_or(|r| !Arc::ptr_eq(r, &any)) {

@@ -63,7 +63,8 @@ pub fn client_config(client: &ClientStatus) -> ClientConfig {
         for (name, held) in status.held.iter() {
             let version = held
                 .version
-                .clone()
+                .as_deref()
+                .map(str::to_owned)
                 .or_else(|| status.sent.clone())
                 .unwrap_or_default();
             let mut config = GenericXdsConfig {
