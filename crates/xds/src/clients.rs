@@ -79,6 +79,23 @@ pub struct ClientStatus {
     pub types: BTreeMap<&'static str, TypeStatus>,
 }
 
+impl ClientStatus {
+    /// The status of a stream of `node` whose client is in `namespace`, with its types'.
+    pub(crate) fn of(
+        node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,
+        namespace: &str,
+        seen: Option<u64>,
+        types: impl Iterator<Item = (&'static str, TypeStatus)>,
+    ) -> ClientStatus {
+        ClientStatus {
+            node_id: node.map(|n| n.id.clone()).unwrap_or_default(),
+            namespace: namespace.to_owned(),
+            seen: seen.map(|v| v.to_string()),
+            types: types.collect(),
+        }
+    }
+}
+
 /// Every open stream's status, and a counter that moves on every change to wait on.
 #[derive(Debug)]
 pub struct Clients {

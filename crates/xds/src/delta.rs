@@ -238,31 +238,22 @@ impl DeltaStream {
 
     /// The stream as operators see it.
     pub fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus {
-        ClientStatus {
-            node_id: self.node.as_ref().map(|n| n.id.clone()).unwrap_or_default(),
-            namespace: namespace.to_owned(),
-            seen: seen.map(|v| v.to_string()),
-            types: self
-                .types
-                .iter()
-                .map(|(type_url, state)| {
-                    (
-                        *type_url,
-                        TypeStatus {
-                            names: state.subscribed.len(),
-                            wildcard: state.wildcard,
-                            sent: state.sent.clone(),
-                            acked: state.acked.clone(),
-                            nack: state.nack.clone(),
-                            held: state.known.clone(),
-                            acked_nonce: state.acked_nonce,
-                            accepted: HeldResources::default(),
-                            absent: state.absent.clone(),
-                        },
-                    )
-                })
-                .collect(),
-        }
+        let types = self.types.iter().map(|(type_url, state)| {
+            let status = TypeStatus {
+                names: state.subscribed.len(),
+                wildcard: state.wildcard,
+                sent: state.sent.clone(),
+                acked: state.acked.clone(),
+                nack: state.nack.clone(),
+                held: state.known.clone(),
+                acked_nonce: state.acked_nonce,
+                // A delta client keeps what each accepted response carried: `held`.
+                accepted: HeldResources::default(),
+                absent: state.absent.clone(),
+            };
+            (*type_url, status)
+        });
+        ClientStatus::of(self.node.as_ref(), namespace, seen, types)
     }
 }
 

@@ -229,37 +229,22 @@ impl Stream {
 
     /// The stream as operators see it.
     pub fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus {
-        ClientStatus {
-            node_id: self.node.as_ref().map(|n| n.id.clone()).unwrap_or_default(),
-            namespace: namespace.to_owned(),
-            seen: seen.map(|v| v.to_string()),
-            types: self
-                .types
-                .iter()
-                .map(|(type_url, state)| {
-                    let status = TypeStatus {
-                        names: state.names.len(),
-                        wildcard: state.wildcard,
-                        sent: state.sent.as_ref().map(|s| s.version.clone()),
-                        acked: state.acked.clone(),
-                        nack: state.nack.clone(),
-                        held: state
-                            .sent
-                            .as_ref()
-                            .map(|s| s.held.clone())
-                            .unwrap_or_default(),
-                        acked_nonce: state.acked_nonce,
-                        accepted: state.accepted.clone(),
-                        absent: state
-                            .sent
-                            .as_ref()
-                            .map(|s| s.absent.clone())
-                            .unwrap_or_default(),
-                    };
-                    (*type_url, status)
-                })
-                .collect(),
-        }
+        let types = self.types.iter().map(|(type_url, state)| {
+            let sent = state.sent.as_deref();
+            let status = TypeStatus {
+                names: state.names.len(),
+                wildcard: state.wildcard,
+                sent: sent.map(|s| s.version.clone()),
+                acked: state.acked.clone(),
+                nack: state.nack.clone(),
+                held: sent.map(|s| s.held.clone()).unwrap_or_default(),
+                acked_nonce: state.acked_nonce,
+                accepted: state.accepted.clone(),
+                absent: sent.map(|s| s.absent.clone()).unwrap_or_default(),
+            };
+            (*type_url, status)
+        });
+        ClientStatus::of(self.node.as_ref(), namespace, seen, types)
     }
 
     /// The state of `type_url` (what the client subscribed to, sent, acknowledged).
