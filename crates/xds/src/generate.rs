@@ -422,13 +422,60 @@ pub fn route_configuration(
 
 /// The EDS cluster of a target.
 pub fn cluster(target: Target<'_>) -> Cluster {
-    subset_cluster(target, None)
+    subset_cluster(target, None, Balancing::RoundRobin)
+}
+
+/// Every route of `config` hashes calls on each of `headers` (one per application behind it
+/// that asks for affinity), so a caller sending the same value keeps its endpoint.
+pub fn hash_on_headers(config: &mut RouteConfiguration, headers: &[&str]) {
+    if headers.is_empty() {
+        return;
+    }
+    let policies: Vec<route_action::HashPolicy> = headers
+        .iter()
+        .map(|name| route_action::HashPolicy {
+            policy_specifier: Some(route_action::hash_policy::PolicySpecifier::Header(
+                route_action::hash_policy::Header {
+                    header_name: (*name).to_owned(),
+                    regex_rewrite: None,
+                },
+            )),
+            terminal: false,
+        })
+        .collect();
+    for host in &mut config.virtual_hosts {
+        for route in &mut host.routes {
+            if let Some(route::Action::Route(action)) = &mut route.action {
+                action.hash_policy.clone_from(&policies);
+            }
+        }
+    }
+}
+
+/// How a cluster's endpoints are picked, which also decides how their weights are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balancing<'a> {
+    /// Per call, by weight: gRPC's round robin under weighted localities.
+    RoundRobin,
+    /// Session affinity: a ring hash over the endpoints, each call placed by the hash of this
+    /// request header (a call without it lands at random, by weight).
+    HashHeader(&'a str),
 }
 
 /// The EDS cluster of a subset of a target's endpoints.
-pub fn subset_cluster(target: Target<'_>, subset: Option<&Subset>) -> Cluster {
+pub fn subset_cluster(
+    target: Target<'_>,
+    subset: Option<&Subset>,
+    balancing: Balancing,
+) -> Cluster {
     let name = subset_cluster_name(target, subset);
+    let lb_policy = match balancing {
+        Balancing::RoundRobin => cluster::LbPolicy::RoundRobin,
+        // The ring's defaults (1,024 to 8M entries, xxHash) are what gRPC accepts.
+        Balancing::HashHeader(_) => cluster::LbPolicy::RingHash,
+    };
     Cluster {
+        lb_policy: lb_policy as i32,
         // The type must be given: the default (STATIC) is refused by gRPC clients.
         cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
             cluster::DiscoveryType::Eds as i32,
@@ -448,9 +495,12 @@ pub fn subset_cluster(target: Target<'_>, subset: Option<&Subset>) -> Cluster {
 /// grouped by (locality, weight): each group is a locality of its own (the weight is appended to
 /// its sub-zone) weighing `weight` x its endpoints. Endpoints of weight 0 take no traffic and
 /// are left out; a locality must not be empty or unweighted, or clients drop it silently.
+///
+/// Ring hash weighs each endpoint by its locality's weight times its own (gRFC A42), so there a
+/// group's locality weighs `weight` alone and each of its endpoints 1.
 pub fn load_assignment(target: Target<'_>) -> ClusterLoadAssignment {
     let all: Vec<&ServiceEndpoint> = target.service.endpoints.iter().collect();
-    subset_load_assignment(target, None, &all)
+    subset_load_assignment(target, None, &all, Balancing::RoundRobin)
 }
 
 /// The load assignment of a subset's cluster: `endpoints`, weighted as [`load_assignment`].
@@ -458,7 +508,9 @@ pub fn subset_load_assignment(
     target: Target<'_>,
     subset: Option<&Subset>,
     endpoints: &[&ServiceEndpoint],
+    balancing: Balancing,
 ) -> ClusterLoadAssignment {
+    let per_endpoint = matches!(balancing, Balancing::HashHeader(_));
     // Clients refuse a response naming one address twice: the first listing of an address wins.
     let mut addresses = std::collections::BTreeSet::new();
     let mut groups: BTreeMap<([String; 3], u32), Vec<&ServiceEndpoint>> = BTreeMap::new();
@@ -472,6 +524,14 @@ pub fn subset_load_assignment(
         }
     }
     // The weights of a priority must sum to at most u32::MAX: scaled down together if not.
+    let group_weight = |weight: u32, members: usize| {
+        if per_endpoint {
+            u64::from(weight)
+        } else {
+            u64::from(weight) * members as u64
+        }
+    };
+    // Summed over endpoints either way: ring hash adds up every endpoint's weight.
     let total: u64 = groups
         .iter()
         .map(|((_, weight), members)| u64::from(*weight) * members.len() as u64)
@@ -480,7 +540,7 @@ pub fn subset_load_assignment(
     let endpoints = groups
         .into_iter()
         .map(|((locality, weight), members)| {
-            let share = u64::from(weight) * members.len() as u64 / divisor;
+            let share = group_weight(weight, members.len()) / divisor;
             let [region, zone, sub_zone] = locality;
             LocalityLbEndpoints {
                 locality: Some(Locality {

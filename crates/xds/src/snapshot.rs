@@ -10,7 +10,7 @@ use envoy_types::pb::google::protobuf::Any;
 use envoy_types::util::pack_any;
 
 use crate::conditions::Conditions;
-use crate::generate::{self, Services, Target};
+use crate::generate::{self, Balancing, Services, Target};
 use crate::protocol::TypeState;
 use crate::tags::{Subset, Tagging};
 use crate::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
@@ -38,6 +38,9 @@ pub struct Snapshot {
     condition_routes: Arc<HashMap<(String, String), Conditions>>,
     /// (namespace, application) -> positions in `services`.
     by_application: Arc<HashMap<(String, String), Vec<usize>>>,
+    /// (namespace, application) -> the request header its callers' calls are hashed on
+    /// (session affinity, from a DynamicConfig's `hash.header`).
+    affinity: Arc<HashMap<(String, String), String>>,
     /// (namespace, interface) -> the applications serving it (ServiceNameMappings).
     mappings: Arc<HashMap<(String, String), Vec<String>>>,
     /// (type, name, namespace) -> the encoded resource, shared by every stream at this version.
@@ -79,6 +82,7 @@ impl Snapshot {
             tag_routes: Arc::default(),
             condition_routes: Arc::default(),
             by_application: Arc::new(by_application),
+            affinity: Arc::default(),
             mappings: Arc::default(),
             cache: Arc::default(),
             previous: None,
@@ -98,6 +102,11 @@ impl Snapshot {
     /// address at all lists every one) sets its `weight` (later overrides win), or takes it out
     /// with `disabled: "true"` (which a later weight does not undo). Service-scoped configs and
     /// overrides that select by `match` are not translated yet.
+    ///
+    /// A provider-side override's `hash.header` (dubbo-cp's, which Dubbo SDKs ignore) asks for
+    /// session affinity on the application's clusters: calls are placed on a ring hash by that
+    /// request header (docs/xds.md). The last one named wins; a name gRPC would not hash on is
+    /// skipped.
     pub fn with_dynamic_configs(mut self, configs: Vec<(String, DynamicConfigSpec)>) -> Snapshot {
         // What was encoded before describes other state.
         self.cache = Arc::default();
@@ -111,6 +120,17 @@ impl Snapshot {
                 o.enabled && o.r#match.is_none() && (o.side.is_empty() || o.side == "provider")
             }));
         }
+        let affinity: HashMap<(String, String), String> = by_application
+            .iter()
+            .filter_map(|(key, overrides)| {
+                let header = overrides
+                    .iter()
+                    .filter_map(|o| o.parameters.get(HASH_HEADER))
+                    .rfind(|name| hashable_header(name))?;
+                Some((key.clone(), header.clone()))
+            })
+            .collect();
+        self.affinity = Arc::new(affinity);
         if by_application.is_empty() {
             return self;
         }
@@ -201,6 +221,18 @@ impl Snapshot {
         self
     }
 
+    /// How the clusters of a target's service pick endpoints.
+    fn balancing(&self, target: Target<'_>) -> Balancing<'_> {
+        let key = (
+            target.service.namespace.clone(),
+            target.service.application().to_owned(),
+        );
+        match self.affinity.get(&key) {
+            Some(header) => Balancing::HashHeader(header),
+            None => Balancing::RoundRobin,
+        }
+    }
+
     /// Tag routing for a target's service.
     fn tagging<'a>(&'a self, target: Target<'a>) -> Tagging<'a> {
         let key = (
@@ -244,6 +276,21 @@ impl Services for Snapshot {
             .cloned()
             .unwrap_or_default()
     }
+}
+
+/// The DynamicConfig parameter that asks for session affinity on a request header.
+pub const HASH_HEADER: &str = "hash.header";
+
+/// A header gRPC clients hash on: a lower-case metadata key that is not binary (`-bin`), not a
+/// pseudo-header and not gRPC's own (`grpc-`), at most 100 characters.
+pub fn hashable_header(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 100
+        && !name.ends_with("-bin")
+        && !name.starts_with("grpc-")
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
 }
 
 /// Whether `config` lists `endpoint` (as serving `port`) among its addresses.
@@ -328,7 +375,7 @@ fn generate_one(
         ROUTE => {
             // Wildcard listeners' routes are named fqdn:port, which resolves like any name.
             let targets = generate::resolve_all(snapshot, name, client_namespace);
-            let routes = match targets.as_slice() {
+            let mut routes = match targets.as_slice() {
                 [] => return None,
                 [target] => {
                     let tagging = snapshot.tagging(*target);
@@ -336,11 +383,26 @@ fn generate_one(
                 }
                 several => generate::weighted_route_configuration(name, several),
             };
+            let mut headers: Vec<&str> = targets
+                .iter()
+                .filter_map(|target| match snapshot.balancing(*target) {
+                    Balancing::HashHeader(header) => Some(header),
+                    Balancing::RoundRobin => None,
+                })
+                .collect();
+            headers.sort_unstable();
+            headers.dedup();
+            generate::hash_on_headers(&mut routes, &headers);
             Some(pack_any(routes))
         }
         CLUSTER => {
             let (target, subset) = cluster_target(snapshot, name)?;
-            Some(pack_any(generate::subset_cluster(target, subset.as_ref())))
+            let balancing = snapshot.balancing(target);
+            Some(pack_any(generate::subset_cluster(
+                target,
+                subset.as_ref(),
+                balancing,
+            )))
         }
         ENDPOINT => {
             let (target, subset) = cluster_target(snapshot, name)?;
@@ -348,7 +410,12 @@ fn generate_one(
                 Some(subset) => snapshot.tagging(target).endpoints_of(subset),
                 None => target.service.endpoints.iter().collect(),
             };
-            let assignment = generate::subset_load_assignment(target, subset.as_ref(), &endpoints);
+            let assignment = generate::subset_load_assignment(
+                target,
+                subset.as_ref(),
+                &endpoints,
+                snapshot.balancing(target),
+            );
             Some(pack_any(assignment))
         }
         _ => None,

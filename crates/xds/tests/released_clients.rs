@@ -278,6 +278,85 @@ async fn a_condition_route_sends_matching_calls_to_the_endpoints_it_selects(kind
     drop(client.child.start_kill());
 }
 
+/// `callers 200 5 x-user`: who answered each caller, every one of whose calls one backend
+/// answered.
+async fn callers(client: &mut Proc) -> serde_json::Value {
+    client
+        .stdin
+        .write_all(b"callers 200 5 x-user\n")
+        .await
+        .unwrap();
+    let callers: serde_json::Value = serde_json::from_str(&client.line().await).unwrap();
+    assert_eq!(
+        answers(&callers, "mixed") + answers(&callers, "error"),
+        0,
+        "{callers}"
+    );
+    assert_eq!(
+        answers(&callers, "a") + answers(&callers, "b"),
+        200,
+        "{callers}"
+    );
+    callers
+}
+
+/// Asserts that about `percent` of 200 callers are on a: within 10 points, four standard
+/// deviations of the binomial, so a wrong verdict comes with probability about 6e-5.
+fn assert_callers_on_a(callers: &serde_json::Value, percent: u64) {
+    let a = answers(callers, "a");
+    assert!(
+        a.abs_diff(percent * 2) <= 20,
+        "{a} of 200 callers on a, wanted {percent}% +/- 10: {callers}"
+    );
+}
+
+async fn a_hash_header_keeps_each_caller_on_one_endpoint_as_weights_move(kind: Released) {
+    let (_a, port_a) = backend(kind, "a").await;
+    let (_b, port_b) = backend(kind, "b").await;
+    let server = support::Server::start().await;
+    let greeter = support::greeter("default", &[(port_a, 100), (port_b, 100)]);
+    let b = format!("127.0.0.1:{port_b}");
+    let configs = |weight: u32| {
+        vec![dynamic_config(serde_json::json!([
+            {"side": "provider", "addresses": [b], "parameters": {"weight": weight.to_string()}},
+            {"side": "provider", "parameters": {"hash.header": "x-user"}},
+        ]))]
+    };
+    // 100/25 is 80/20. Every caller's five calls land on one backend, callers split by weight.
+    server.publish_with_configs(vec![greeter.clone()], configs(25));
+    let mut client = client(kind, &server, "xds:///greeter:7070");
+    let before = callers(&mut client).await;
+    assert_callers_on_a(&before, 80);
+    // A call without the header is placed at random on the ring: per call, by weight.
+    assert_split(&count(&mut client, 2000).await, 80);
+
+    // 50/50: the canary's share grows and nobody it had leaves it (its ring points are kept,
+    // the primary's only thinned). Counted once b answers well over 20% of calls.
+    let version = server.publish_with_configs(vec![greeter], configs(100));
+    server.acked(dubbo_cp_xds::ENDPOINT, &version).await;
+    let mut applied = false;
+    for _ in 0..50 {
+        // Under 80/20, 70 or more of 200 is five standard deviations out.
+        if answers(&count(&mut client, 200).await, "b") >= 70 {
+            applied = true;
+            break;
+        }
+    }
+    assert!(applied, "the client never applied 50/50");
+    let after = callers(&mut client).await;
+    assert_callers_on_a(&after, 50);
+    let kept_b = before["by"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, who)| *who == "b")
+        .filter(|(caller, _)| after["by"][caller.as_str()] != "b")
+        .map(|(caller, _)| caller.clone())
+        .collect::<Vec<_>>();
+    assert!(kept_b.is_empty(), "callers that left b: {kept_b:?}");
+    drop(client.child.start_kill());
+}
+
 macro_rules! per_client {
     ($($scenario:ident),* $(,)?) => {
         mod grpcio {
@@ -305,4 +384,5 @@ per_client!(
     a_dubbo_interface_name_reaches_the_applications_its_mapping_lists,
     dynamic_config_weights_and_disabled_instances_move_traffic,
     a_condition_route_sends_matching_calls_to_the_endpoints_it_selects,
+    a_hash_header_keeps_each_caller_on_one_endpoint_as_weights_move,
 );

@@ -323,3 +323,110 @@ fn a_resource_encoded_to_the_same_bytes_as_the_version_before_is_that_encoding()
     assert!(!Arc::ptr_eq(&old[0].1, &new[0].1), "changed bytes are new");
     assert_ne!(old[0].1.value, new[0].1.value);
 }
+
+fn decoded<M: Message + Default>(snapshot: &Snapshot, type_url: &str, name: &str) -> M {
+    let any = generate_one(snapshot, type_url, name, "shop")
+        .unwrap_or_else(|| panic!("{type_url} {name} generated"));
+    M::decode(any.value.as_slice()).unwrap_or_else(|err| panic!("{err}"))
+}
+
+#[test]
+fn a_hash_header_gives_the_application_ring_hash_with_weights_per_endpoint() {
+    use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster::LbPolicy};
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    let configs = vec![dynamic_config(serde_json::json!([
+        {"side": "provider", "addresses": ["10.0.0.1"], "parameters": {"weight": "300"}},
+        {"side": "provider", "parameters": {"hash.header": "Not-Lower"}},
+        {"side": "provider", "parameters": {"hash.header": "x-user"}},
+        {"side": "provider", "parameters": {"hash.header": "grpc-timeout"}},
+    ]))];
+    let snapshot = snapshot().with_dynamic_configs(configs);
+    let greeter = "outbound|50051||greeter-v2.shop.svc.cluster.local";
+    let billing = "outbound|50051||billing.shop.svc.cluster.local";
+    let cluster: Cluster = decoded(&snapshot, crate::CLUSTER, greeter);
+    assert_eq!(cluster.lb_policy, LbPolicy::RingHash as i32);
+    let other: Cluster = decoded(&snapshot, crate::CLUSTER, billing);
+    assert_eq!(
+        other.lb_policy,
+        LbPolicy::RoundRobin as i32,
+        "another application"
+    );
+    // Weights 300 and 1: on a ring an endpoint weighs its locality's weight times its own.
+    let assignment: ClusterLoadAssignment = decoded(&snapshot, crate::ENDPOINT, greeter);
+    let mut weights: Vec<(u32, usize)> = assignment
+        .endpoints
+        .iter()
+        .map(|l| {
+            let own = l
+                .lb_endpoints
+                .iter()
+                .map(|e| e.load_balancing_weight.map_or(1, |w| w.value))
+                .max()
+                .unwrap_or(0);
+            (
+                l.load_balancing_weight.map_or(0, |w| w.value) * own,
+                l.lb_endpoints.len(),
+            )
+        })
+        .collect();
+    weights.sort_unstable();
+    assert_eq!(weights, [(1, 1), (300, 1)]);
+    // Both routes hash on the last hashable header named; one that spans several applications
+    // hashes on it too (only greeter's cluster uses it).
+    for name in ["org.example.Greeter", "org.example.Shared"] {
+        let routes: RouteConfiguration = decoded(&snapshot, crate::ROUTE, name);
+        for route in &routes.virtual_hosts[0].routes {
+            let Some(route::Action::Route(action)) = &route.action else {
+                panic!("a route action")
+            };
+            let headers: Vec<_> = action
+                .hash_policy
+                .iter()
+                .map(|p| match &p.policy_specifier {
+                    Some(route_action::hash_policy::PolicySpecifier::Header(h)) => {
+                        h.header_name.as_str()
+                    }
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            assert_eq!(headers, ["x-user"], "{name}");
+        }
+    }
+    // Without it: round robin, locality weight = weight x endpoints, no hash policy.
+    let plain = self::snapshot();
+    let cluster: Cluster = decoded(&plain, crate::CLUSTER, greeter);
+    assert_eq!(cluster.lb_policy, LbPolicy::RoundRobin as i32);
+    let routes: RouteConfiguration = decoded(&plain, crate::ROUTE, "org.example.Greeter");
+    let Some(route::Action::Route(action)) = &routes.virtual_hosts[0].routes[0].action else {
+        panic!("a route action")
+    };
+    assert!(action.hash_policy.is_empty());
+    let assignment: ClusterLoadAssignment = decoded(&plain, crate::ENDPOINT, greeter);
+    assert_eq!(assignment.endpoints.len(), 1);
+    assert_eq!(
+        assignment.endpoints[0]
+            .load_balancing_weight
+            .map(|w| w.value),
+        Some(2),
+        "one locality of two endpoints of weight 1"
+    );
+}
+
+#[test]
+fn hashable_headers_are_lower_case_metadata_keys_grpc_hashes() {
+    for good in ["x-user", "session_id", "a.b", "x1"] {
+        assert!(hashable_header(good), "{good}");
+    }
+    let long = "x".repeat(101);
+    for bad in [
+        "",
+        "X-User",
+        ":authority",
+        "grpc-trace",
+        "x-bin",
+        "a b",
+        &long,
+    ] {
+        assert!(!hashable_header(bad), "{bad}");
+    }
+}

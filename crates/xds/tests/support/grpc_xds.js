@@ -4,6 +4,8 @@
 //   client TARGET          reads lines on stdin:
 //     count N [running] [key=value ...]   N calls; prints {backend: answers, "error": n}
 //     settle WHO RUN [key=value ...]      calls until WHO answers RUN in a row; prints {settled}
+//     callers N M HEADER                  N callers of M calls with HEADER=caller-i each; prints
+//                                         {WHO: callers only WHO answered, mixed: n, by: {caller: WHO}}
 'use strict';
 const grpc = require('@grpc/grpc-js');
 const readline = require('readline');
@@ -49,7 +51,20 @@ async function clientMain(target) {
       const at = w.indexOf('=');
       return [w.slice(0, at), w.slice(at + 1)];
     });
-    if (words[0] === 'settle') {
+    if (words[0] === 'callers' && words.length === 4) {
+      const result = { by: {} };
+      for (let i = 0; i < Number(words[1]); i += 1) {
+        const caller = `caller-${i}`;
+        const answered = new Set();
+        for (let j = 0; j < Number(words[2]); j += 1) {
+          answered.add(await call(client, [[words[3], caller]]));
+        }
+        const who = answered.size === 1 ? [...answered][0] : 'mixed';
+        result[who] = (result[who] || 0) + 1;
+        result.by[caller] = who;
+      }
+      console.log(JSON.stringify(result));
+    } else if (words[0] === 'settle') {
       const wanted = Number(words[2]);
       let calls = 0; let run = 0;
       while (calls < 5000 && run < wanted) {

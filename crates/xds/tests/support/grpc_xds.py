@@ -9,6 +9,8 @@ can change the configuration while the rest run; words "key=value" after N are s
 "settle WHO RUN [key=value ...]" calls until WHO answers RUN calls in a row (WHO "error": until
 calls fail), at most 5,000 calls, and prints {"calls": n, "settled": bool}: a client applies a version it acknowledged a moment
 later (its balancer is rebuilt after the ACK), so a test settles before it counts.
+"callers N M HEADER" plays N callers, caller i making M calls with metadata HEADER=caller-i, and
+prints {WHO: callers only WHO answered, "mixed": callers answered by several, "by": {caller: WHO}}.
 """
 import json
 import sys
@@ -46,6 +48,16 @@ def client(target):
 
     for line in sys.stdin:
         words = line.split()
+        if len(words) == 4 and words[0] == "callers":
+            result = {"by": {}}
+            for i in range(int(words[1])):
+                caller = "caller-%d" % i
+                answered = {who_answers(((words[3], caller),)) for _ in range(int(words[2]))}
+                who = answered.pop() if len(answered) == 1 else "mixed"
+                result[who] = result.get(who, 0) + 1
+                result["by"][caller] = who
+            print(json.dumps(result), flush=True)
+            continue
         if len(words) >= 3 and words[0] == "settle":
             metadata = tuple(tuple(w.split("=", 1)) for w in words[3:] if "=" in w)
             calls, run, wanted = 0, 0, int(words[2])
