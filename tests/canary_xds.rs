@@ -476,3 +476,66 @@ async fn a_blue_green_run_analyses_on_test_traffic_then_switches_every_call_in_o
     drop(setup.client.child.start_kill());
     setup.server.stop().await.unwrap();
 }
+
+/// 200 callers of 5 calls each, told apart by `x-user`: every caller answered by one role; the
+/// callers on the canary.
+async fn canary_callers(client: &mut Proc) -> (Value, Vec<String>) {
+    use tokio::io::AsyncWriteExt;
+    client
+        .stdin
+        .write_all(b"callers 200 5 x-user\n")
+        .await
+        .unwrap();
+    let callers: Value = serde_json::from_str(&client.line().await).unwrap();
+    assert_eq!(
+        answers(&callers, "canary") + answers(&callers, "primary"),
+        200,
+        "every caller kept one role: {callers}"
+    );
+    let on_canary = callers["by"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, who)| *who == "canary")
+        .map(|(caller, _)| caller.clone())
+        .collect();
+    (callers, on_canary)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn session_affinity_keeps_each_caller_on_its_version_while_the_canary_grows() {
+    let mut analysis = canary_analysis();
+    analysis["sessionAffinity"] = json!({"headerName": "x-user"});
+    let mut setup = Setup::start(analysis).await;
+    setup.wait_phase("Initialized").await;
+    released::settle(&mut setup.client, "primary", 100, "").await;
+    setup.api.set_image(NS, "podinfo", "podinfo:2");
+    setup.wait_phase("Progressing").await;
+    // On a ring each pod weighs its own weight: two canary pods of 25 (then 67) against two
+    // primaries of 100, one locality per weight.
+    let mut before: Vec<String> = Vec::new();
+    for (percent, weight) in [(20, 25), (40, 67)] {
+        setup.step(percent, &[weight, 100]).await;
+        let (callers, on_canary) = canary_callers(&mut setup.client).await;
+        // 200 callers: within 10 points is four standard deviations of the binomial.
+        assert!(
+            (on_canary.len() as u64).abs_diff(2 * u64::from(percent)) <= 20,
+            "{} of 200 callers on the canary at {percent}%: {callers}",
+            on_canary.len()
+        );
+        let left: Vec<&String> = before.iter().filter(|c| !on_canary.contains(c)).collect();
+        assert!(left.is_empty(), "callers that left the canary: {left:?}");
+        before = on_canary;
+        // Calls without the header still split by weight.
+        setup.assert_canary_share(u64::from(percent)).await;
+    }
+    // Rolled back: the rule goes, every caller is on the primary.
+    *setup.success.lock().unwrap() = 50.0;
+    setup.wait_phase("Failed").await;
+    setup.served(&[200]).await;
+    released::settle(&mut setup.client, "primary", 100, "").await;
+    let (callers, on_canary) = canary_callers(&mut setup.client).await;
+    assert!(on_canary.is_empty(), "{callers}");
+    drop(setup.client.child.start_kill());
+    setup.server.stop().await.unwrap();
+}

@@ -140,6 +140,30 @@ pub struct Analysis {
     /// that asks for it is refused (status condition `InvalidSpec`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mirror: bool,
+    /// Keeps a caller on the version it first got while weights step (Canary strategy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_affinity: Option<SessionAffinity>,
+}
+
+/// Flagger's session affinity, for gRPC: callers are told apart by a request header
+/// (`headerName`, ours) instead of a cookie, which gRPC does not have. Flagger's cookie fields
+/// are accepted by the schema so they are not dropped silently, and refused by the controller.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionAffinity {
+    /// The request header (gRPC metadata key) whose value names a caller: `x-user`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[a-z0-9._-]+$"), length(max = 100))]
+    pub header_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub cookie_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub primary_cookie_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 31536000))]
+    pub max_age: Option<u32>,
 }
 
 /// Which calls an A/B run sends to the canary: Flagger's HTTP match. gRPC calls carry headers

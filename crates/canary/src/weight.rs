@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::rules::{DynamicConfigSpec, OverrideConfig};
+use crate::rules::{self, DynamicConfigSpec, OverrideConfig};
 
 /// Dubbo's default provider weight, which primary pods keep.
 pub const DEFAULT_WEIGHT: u64 = 100;
@@ -40,11 +40,16 @@ pub fn canary_pod_weight(percent: u32, primaries: usize, canaries: usize) -> Opt
 /// `None` when no canary pod is ready (nothing to weigh: the object is removed). At 100 % the
 /// primary pods get weight 0 too, so the switch is whole (Blue/Green, a Canary at
 /// `maxWeight: 100`), not all but one call in ten thousand per primary pod.
+///
+/// With `affinity`, one more provider-side override for every pod names the header callers are
+/// hashed on (`hash.header`): xDS clients keep each caller on the pod it hashes to, and as the
+/// canary's weight grows it only gains callers (docs/canary.md).
 pub fn dynamic_config(
     application: &str,
     percent: u32,
     primary_ips: &[String],
     canary_ips: &[String],
+    affinity: Option<&str>,
 ) -> Option<DynamicConfigSpec> {
     let mut weight = canary_pod_weight(percent, primary_ips.len(), canary_ips.len())?;
     let whole = percent >= 100 && !primary_ips.is_empty();
@@ -68,6 +73,19 @@ pub fn dynamic_config(
         .collect();
     if whole {
         configs.extend(primary_ips.iter().map(|ip| override_for(ip, 0)));
+    }
+    if let Some(header) = affinity {
+        configs.push(OverrideConfig {
+            side: "provider".to_owned(),
+            addresses: Vec::new(),
+            provider_addresses: Vec::new(),
+            parameters: BTreeMap::from([(rules::HASH_HEADER.to_owned(), header.to_owned())]),
+            applications: Vec::new(),
+            services: Vec::new(),
+            r#type: String::new(),
+            enabled: true,
+            r#match: None,
+        });
     }
     Some(DynamicConfigSpec {
         key: application.to_owned(),
@@ -152,7 +170,7 @@ mod tests {
     fn the_config_has_one_provider_override_per_ready_pod() {
         let ips = vec!["10.0.0.7".to_owned(), "10.0.0.8".to_owned()];
         let primaries = vec!["10.1.0.1".to_owned(), "10.1.0.2".to_owned()];
-        let spec = dynamic_config("podinfo", 50, &primaries, &ips).unwrap();
+        let spec = dynamic_config("podinfo", 50, &primaries, &ips, None).unwrap();
         assert_eq!(spec.key, "podinfo");
         assert_eq!(spec.scope, "application");
         assert!(spec.enabled);
@@ -162,14 +180,29 @@ mod tests {
             assert_eq!(config.addresses, vec![ip.clone()]);
             assert_eq!(config.parameters["weight"], "100");
         }
-        assert!(dynamic_config("podinfo", 50, &primaries, &[]).is_none());
+        assert!(dynamic_config("podinfo", 50, &primaries, &[], None).is_none());
+    }
+
+    #[test]
+    fn affinity_is_one_more_override_for_every_pod() {
+        let ips = vec!["10.0.0.7".to_owned()];
+        let spec = dynamic_config("podinfo", 20, &["10.1.0.1".to_owned()], &ips, Some("x-user"))
+            .unwrap();
+        assert_eq!(spec.configs.len(), 2);
+        let last = &spec.configs[1];
+        assert_eq!(last.side, "provider");
+        assert!(last.addresses.is_empty(), "every pod of the application");
+        assert_eq!(
+            last.parameters,
+            BTreeMap::from([("hash.header".to_owned(), "x-user".to_owned())])
+        );
     }
 
     #[test]
     fn at_a_hundred_percent_the_primaries_get_weight_zero() {
         let canaries = vec!["10.0.0.7".to_owned()];
         let primaries = vec!["10.1.0.1".to_owned(), "10.1.0.2".to_owned()];
-        let spec = dynamic_config("podinfo", 100, &primaries, &canaries).unwrap();
+        let spec = dynamic_config("podinfo", 100, &primaries, &canaries, None).unwrap();
         let weights: Vec<(&str, &str)> = spec
             .configs
             .iter()
@@ -180,7 +213,7 @@ mod tests {
             [("10.0.0.7", "100"), ("10.1.0.1", "0"), ("10.1.0.2", "0")]
         );
         // Without primaries the canary's default weight is everything already.
-        let alone = dynamic_config("podinfo", 100, &[], &canaries).unwrap();
+        let alone = dynamic_config("podinfo", 100, &[], &canaries, None).unwrap();
         assert_eq!(alone.configs.len(), 1);
     }
 }

@@ -14,7 +14,10 @@ use crate::generate::{self, Balancing, Services, Target};
 use crate::protocol::TypeState;
 use crate::tags::{Subset, Tagging};
 use crate::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
-use dubbo_cp_domain::rules::{ConditionRouteSpec, DynamicConfigSpec, OverrideConfig, TagRouteSpec};
+use dubbo_cp_domain::rules::{
+    ConditionRouteSpec, DynamicConfigSpec, HASH_HEADER, OverrideConfig, TagRouteSpec,
+    hashable_header,
+};
 use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
 
 /// (type, name, namespace) -> the encoded resource.
@@ -276,21 +279,6 @@ impl Services for Snapshot {
             .cloned()
             .unwrap_or_default()
     }
-}
-
-/// The DynamicConfig parameter that asks for session affinity on a request header.
-pub const HASH_HEADER: &str = "hash.header";
-
-/// A header gRPC clients hash on: a lower-case metadata key that is not binary (`-bin`), not a
-/// pseudo-header and not gRPC's own (`grpc-`), at most 100 characters.
-pub fn hashable_header(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 100
-        && !name.ends_with("-bin")
-        && !name.starts_with("grpc-")
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
 }
 
 /// Whether `config` lists `endpoint` (as serving `port`) among its addresses.

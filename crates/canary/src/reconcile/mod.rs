@@ -155,6 +155,8 @@ struct Plan {
     application: String,
     target: String,
     strategy: Strategy,
+    /// The header callers are hashed on (session affinity), if asked for.
+    affinity: Option<String>,
 }
 
 fn plan(canary: &Canary) -> Result<Plan, String> {
@@ -183,6 +185,10 @@ fn plan(canary: &Canary) -> Result<Plan, String> {
                 .to_owned(),
         );
     }
+    let affinity = match &spec.analysis.session_affinity {
+        Some(affinity) => Some(session_affinity(affinity, strategy)?),
+        None => None,
+    };
     if !spec.analysis.r#match.is_empty() {
         if spec.analysis.iterations.is_none() {
             return Err("spec.analysis.match (A/B testing) needs iterations".to_owned());
@@ -219,7 +225,44 @@ fn plan(canary: &Canary) -> Result<Plan, String> {
             .unwrap_or_else(|| spec.target_ref.name.clone()),
         target: spec.target_ref.name.clone(),
         strategy,
+        affinity,
     })
+}
+
+/// The header of `spec.analysis.sessionAffinity`, checked: gRPC has no cookies, and a ring hash
+/// keeps callers as long as the weights leave them, so `maxAge` has nothing to bound.
+fn session_affinity(
+    affinity: &crate::crd::SessionAffinity,
+    strategy: Strategy,
+) -> Result<String, String> {
+    const FIELD: &str = "spec.analysis.sessionAffinity";
+    if strategy != Strategy::Canary {
+        return Err(format!(
+            "{FIELD}: only the Canary strategy (stepWeight/stepWeights) moves callers by weight; \
+             {} sends every caller by its rule, so remove sessionAffinity",
+            strategy.as_str()
+        ));
+    }
+    for (name, set) in [
+        ("cookieName", affinity.cookie_name.is_some()),
+        ("primaryCookieName", affinity.primary_cookie_name.is_some()),
+        ("maxAge", affinity.max_age.is_some()),
+    ] {
+        if set {
+            return Err(format!(
+                "{FIELD}.{name}: gRPC calls carry no cookies; name the header that tells callers \
+                 apart in headerName instead (a ring hash on it keeps each caller, with no age)"
+            ));
+        }
+    }
+    let header = affinity.header_name.as_deref().unwrap_or_default();
+    if !super::rules::hashable_header(header) {
+        return Err(format!(
+            "{FIELD}.headerName {header:?}: must be a lower-case metadata key of at most 100 \
+             characters, not binary ('-bin') and not gRPC's ('grpc-')"
+        ));
+    }
+    Ok(header.to_owned())
 }
 
 /// The weight after `current`: the next `stepWeights` entry, or `current + stepWeight`, capped at
@@ -362,6 +405,7 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
                     application: String::new(),
                     target: canary.spec.target_ref.name.clone(),
                     strategy: Strategy::of(&canary.spec.analysis),
+                    affinity: None,
                 },
                 status,
                 events: Vec::new(),

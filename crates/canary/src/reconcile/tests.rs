@@ -50,6 +50,26 @@ fn the_spec_is_checked_with_clear_messages() {
 }
 
 #[test]
+fn session_affinity_names_a_header_and_needs_weights() {
+    let affinity = |value: serde_json::Value| {
+        canary(json!({"stepWeight": 10, "sessionAffinity": value}))
+    };
+    let c = affinity(json!({"headerName": "x-user"}));
+    assert_eq!(plan(&c).unwrap().affinity.as_deref(), Some("x-user"));
+    for (value, said) in [
+        (json!({"cookieName": "flagger-cookie"}), "sessionAffinity.cookieName"),
+        (json!({"headerName": "x-user", "maxAge": 60}), "sessionAffinity.maxAge"),
+        (json!({}), "sessionAffinity.headerName \"\""),
+        (json!({"headerName": "grpc-x"}), "\"grpc-x\""),
+    ] {
+        let err = plan(&affinity(value.clone())).unwrap_err();
+        assert!(err.contains(said), "{value}: {err}");
+    }
+    let c = canary(json!({"iterations": 2, "sessionAffinity": {"headerName": "x-user"}}));
+    assert!(plan(&c).unwrap_err().contains("only the Canary strategy"));
+}
+
+#[test]
 fn outside_messages_are_clipped_on_a_character_boundary() {
     assert_eq!(clip_to("short", 10), "short");
     let long = "é".repeat(600);

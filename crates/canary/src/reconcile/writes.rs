@@ -59,7 +59,8 @@ impl Run<'_> {
                 if self.stored_route().is_some_and(|stored| stored == route) {
                     self.write_config(None).await?;
                 } else {
-                    let zero = weight::dynamic_config(&self.plan.application, 0, &[], &canary_ips);
+                    let zero =
+                        weight::dynamic_config(&self.plan.application, 0, &[], &canary_ips, None);
                     self.write_config(zero).await?;
                     self.write_route(Some(route)).await?;
                 }
@@ -75,6 +76,7 @@ impl Run<'_> {
                         },
                         &primary_ips,
                         &canary_ips,
+                        self.plan.affinity.as_deref(),
                     )
                 } else {
                     None

@@ -11,6 +11,23 @@ use super::common::{
 };
 use super::{SCOPES, config_version, limits};
 
+/// The provider-side parameter that asks for session affinity: callers' calls are placed by a
+/// hash of this request header (attachment). dubbo-cp's: Dubbo SDKs ignore it; xDS clients get
+/// a ring hash.
+pub const HASH_HEADER: &str = "hash.header";
+
+/// A header gRPC clients hash on: a lower-case metadata key that is not binary (`-bin`), not a
+/// pseudo-header and not gRPC's own (`grpc-`), at most 100 characters.
+pub fn hashable_header(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 100
+        && !name.ends_with("-bin")
+        && !name.starts_with("grpc-")
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
+}
+
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DynamicConfigSpec {
@@ -114,6 +131,14 @@ impl OverrideConfig {
         }
         for (key, value) in &self.parameters {
             word(&parameters, key)?;
+            if key == HASH_HEADER && !hashable_header(value) {
+                return Err(FieldError::value(
+                    field(&parameters, key),
+                    "must be a lower-case metadata key of at most 100 characters (letters, \
+                     digits, '-', '_', '.'), not binary ('-bin') and not gRPC's ('grpc-')",
+                    value,
+                ));
+            }
             let Some((_, min, max)) = INTEGER_PARAMETERS.iter().find(|(name, ..)| name == key)
             else {
                 continue;
@@ -135,5 +160,43 @@ impl OverrideConfig {
             matches.check(&field(path, "match"))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hash_header_grpc_cannot_hash_on_is_refused_by_name() {
+        let config: OverrideConfig = serde_json::from_value(serde_json::json!({
+            "side": "provider", "parameters": {"hash.header": "X-User"},
+        }))
+        .unwrap_or_else(|err| panic!("{err}"));
+        let err = config.check("spec.configs[0]").err().map(|e| e.to_string());
+        let err = err.unwrap_or_default();
+        assert!(
+            err.contains("spec.configs[0].parameters.hash.header") && err.contains("X-User"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn hashable_headers_are_lower_case_metadata_keys_grpc_hashes() {
+        for good in ["x-user", "session_id", "a.b", "x1"] {
+            assert!(hashable_header(good), "{good}");
+        }
+        let long = "x".repeat(101);
+        for bad in [
+            "",
+            "X-User",
+            ":authority",
+            "grpc-trace",
+            "x-bin",
+            "a b",
+            &long,
+        ] {
+            assert!(!hashable_header(bad), "{bad}");
+        }
     }
 }

@@ -36,7 +36,7 @@ pub use common::{
 };
 pub use condition::{ConditionError, MatchClause, RouteCondition, parse_condition};
 pub use condition_route::ConditionRouteSpec;
-pub use dynamic_config::{DynamicConfigSpec, OverrideConfig};
+pub use dynamic_config::{DynamicConfigSpec, HASH_HEADER, OverrideConfig, hashable_header};
 pub use manifest::{
     API_VERSION, DEFAULT_NAMESPACE, ManifestError, parse_manifests, parse_manifests_in,
 };

@@ -411,22 +411,3 @@ fn a_hash_header_gives_the_application_ring_hash_with_weights_per_endpoint() {
         "one locality of two endpoints of weight 1"
     );
 }
-
-#[test]
-fn hashable_headers_are_lower_case_metadata_keys_grpc_hashes() {
-    for good in ["x-user", "session_id", "a.b", "x1"] {
-        assert!(hashable_header(good), "{good}");
-    }
-    let long = "x".repeat(101);
-    for bad in [
-        "",
-        "X-User",
-        ":authority",
-        "grpc-trace",
-        "x-bin",
-        "a b",
-        &long,
-    ] {
-        assert!(!hashable_header(bad), "{bad}");
-    }
-}
