@@ -137,7 +137,14 @@ fn strategy_line(analysis: &crate::canary::crd::Analysis) -> String {
     let strategy = Strategy::of(analysis);
     let iterations = analysis.iterations.unwrap_or_default();
     match strategy {
-        Strategy::Canary => strategy.as_str().to_owned(),
+        Strategy::Canary => match analysis
+            .session_affinity
+            .as_ref()
+            .and_then(|a| a.header_name.as_deref())
+        {
+            Some(header) => format!("{}, each caller kept by header {header}", strategy.as_str()),
+            None => strategy.as_str().to_owned(),
+        },
         Strategy::BlueGreen => format!("{} after {iterations} iterations", strategy.as_str()),
         Strategy::ABTesting => {
             let matches: Vec<String> = analysis
@@ -313,5 +320,10 @@ mod tests {
         assert!(render_status(&blue_green).contains("strategy Blue/Green after 3 iterations"));
         let weights = canary(serde_json::json!({"stepWeight": 10}));
         assert!(render_status(&weights).contains("strategy Canary\n"));
+        let sticky = canary(serde_json::json!({"stepWeight": 10,
+            "sessionAffinity": {"headerName": "x-user"}}));
+        assert!(
+            render_status(&sticky).contains("strategy Canary, each caller kept by header x-user\n")
+        );
     }
 }

@@ -186,8 +186,14 @@ mod tests {
     #[test]
     fn affinity_is_one_more_override_for_every_pod() {
         let ips = vec!["10.0.0.7".to_owned()];
-        let spec = dynamic_config("podinfo", 20, &["10.1.0.1".to_owned()], &ips, Some("x-user"))
-            .unwrap();
+        let spec = dynamic_config(
+            "podinfo",
+            20,
+            &["10.1.0.1".to_owned()],
+            &ips,
+            Some("x-user"),
+        )
+        .unwrap();
         assert_eq!(spec.configs.len(), 2);
         let last = &spec.configs[1];
         assert_eq!(last.side, "provider");

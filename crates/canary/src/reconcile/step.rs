@@ -529,8 +529,14 @@ impl Run<'_> {
             .deployment(&self.plan.target)
             .map(|target| ready_pod_ips(&target, pods.iter().map(|p| p.as_ref())))
             .unwrap_or_default();
-        self.write_config(weight::dynamic_config(&application, 0, &[], &canary_ips, None))
-            .await?;
+        self.write_config(weight::dynamic_config(
+            &application,
+            0,
+            &[],
+            &canary_ips,
+            None,
+        ))
+        .await?;
         self.write_route(None).await?;
         self.scale(&self.plan.target.clone(), 0).await?;
         self.status.canary_weight = 0;

@@ -51,14 +51,19 @@ fn the_spec_is_checked_with_clear_messages() {
 
 #[test]
 fn session_affinity_names_a_header_and_needs_weights() {
-    let affinity = |value: serde_json::Value| {
-        canary(json!({"stepWeight": 10, "sessionAffinity": value}))
-    };
+    let affinity =
+        |value: serde_json::Value| canary(json!({"stepWeight": 10, "sessionAffinity": value}));
     let c = affinity(json!({"headerName": "x-user"}));
     assert_eq!(plan(&c).unwrap().affinity.as_deref(), Some("x-user"));
     for (value, said) in [
-        (json!({"cookieName": "flagger-cookie"}), "sessionAffinity.cookieName"),
-        (json!({"headerName": "x-user", "maxAge": 60}), "sessionAffinity.maxAge"),
+        (
+            json!({"cookieName": "flagger-cookie"}),
+            "sessionAffinity.cookieName",
+        ),
+        (
+            json!({"headerName": "x-user", "maxAge": 60}),
+            "sessionAffinity.maxAge",
+        ),
         (json!({}), "sessionAffinity.headerName \"\""),
         (json!({"headerName": "grpc-x"}), "\"grpc-x\""),
     ] {
