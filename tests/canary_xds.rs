@@ -309,6 +309,33 @@ impl Setup {
     }
 }
 
+/// The dashboard's block for the Canary once `ready` (JavaScript over `c`, the block) holds:
+/// its strategy, its text and the phases its chart bands.
+async fn dashboard(admin: SocketAddr, ready: &'static str) -> (String, String, Vec<String>) {
+    tokio::task::spawn_blocking(move || {
+        let mut browser = common::browser::Browser::open(&format!("http://{admin}/ui"));
+        let block =
+            r#"document.querySelector('div.canary[data-namespace="test"][data-name="podinfo"]')"#;
+        browser.wait_for(&format!("((c) => c !== null && ({ready}))({block})"));
+        let read = |browser: &mut common::browser::Browser, what: &str| {
+            browser.evaluate(&format!("((c) => {what})({block})"))
+        };
+        let strategy = read(&mut browser, "c.dataset.strategy");
+        let text = read(&mut browser, "c.textContent");
+        let bands = read(
+            &mut browser,
+            "Array.from(c.querySelectorAll('rect.phase-band'), r => r.dataset.phase)",
+        );
+        (
+            strategy.as_str().unwrap().to_owned(),
+            text.as_str().unwrap().to_owned(),
+            serde_json::from_value(bands).unwrap(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
 fn canary_analysis() -> Value {
     json!({"interval": "300ms", "threshold": 2, "maxWeight": 60, "stepWeight": 20})
 }
@@ -406,6 +433,20 @@ async fn an_ab_run_sends_only_matching_calls_to_the_canary_until_promoted() {
         "{status}"
     );
     assert_eq!(status["status"]["canaryWeight"], 0);
+    // The dashboard says what the run does and bands its iterations.
+    let (strategy, text, bands) = dashboard(
+        setup.server.admin_addr,
+        "c.textContent.includes('WaitingPromotion') \
+         && c.querySelector('rect.phase-band[data-phase=\"Progressing\"]') !== null",
+    )
+    .await;
+    assert_eq!(strategy, "A/B");
+    assert!(
+        text.contains("A/B · iteration ")
+            && text.contains("canary gets calls with x-canary=insider"),
+        "{text}"
+    );
+    assert!(bands.contains(&"Progressing".to_owned()), "{bands:?}");
 
     setup.gates.promote.fetch_add(1, Ordering::SeqCst);
     setup.wait_phase("Succeeded").await;
@@ -473,6 +514,24 @@ async fn a_blue_green_run_analyses_on_test_traffic_then_switches_every_call_in_o
     setup.wait_phase("Succeeded").await;
     released::settle(&mut setup.client, "primary", 100, "").await;
     setup.assert_canary_share(0).await;
+    // The dashboard: the analysis at 0, the switch to 100, then the promotion's phases.
+    let (strategy, text, bands) = dashboard(
+        setup.server.admin_addr,
+        "c.textContent.includes('Succeeded') \
+         && c.querySelector('circle.step[data-weight=\"100\"]') !== null",
+    )
+    .await;
+    assert_eq!(strategy, "Blue/Green");
+    assert!(
+        text.contains("Blue/Green · iteration ") && text.contains("test traffic only"),
+        "{text}"
+    );
+    assert_eq!(
+        bands.first().map(String::as_str),
+        Some("Progressing"),
+        "{bands:?}"
+    );
+    assert!(bands.len() >= 2, "the promotion's phases follow: {bands:?}");
     drop(setup.client.child.start_kill());
     setup.server.stop().await.unwrap();
 }

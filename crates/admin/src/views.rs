@@ -403,6 +403,16 @@ pub(super) async fn list_canaries(
                 "name": canary.metadata.name,
                 "target": canary.spec.target_ref.name,
                 "phase": status.phase,
+                "strategy": status.strategy,
+                "iterations": status.iterations,
+                "wantedIterations": canary.spec.analysis.iterations,
+                "match": canary.spec.analysis.r#match,
+                "affinityHeader": canary
+                    .spec
+                    .analysis
+                    .session_affinity
+                    .as_ref()
+                    .and_then(|a| a.header_name.clone()),
                 "weight": status.canary_weight,
                 "maxWeight": canary.spec.analysis.max_weight,
                 "failedChecks": status.failed_checks,

@@ -344,6 +344,30 @@ function weightChart(c) {
   const t1 = times.length ? Math.max(...times) : 1;
   const x = (t) => pad.l + ((t - t0) / Math.max(t1 - t0, 1)) * (W - pad.l - pad.r);
   const y = (w) => H - pad.b - (w / 100) * (H - pad.t - pad.b);
+  // The run's phases as bands along the time axis, each from its first step to the next
+  // phase's: a Blue/Green run reads analysis, switch, promotion; an A/B run its iterations.
+  const bands = [];
+  steps.forEach((s) => {
+    const t = Date.parse(s.time);
+    if (Number.isNaN(t)) return;
+    const open = bands[bands.length - 1];
+    if (open && open.phase === s.phase) { open.to = t; return; }
+    if (open) open.to = t;
+    bands.push({ phase: s.phase, from: t, to: t });
+  });
+  for (const band of bands) {
+    const x0 = x(band.from);
+    const rect = svg('rect', { class: `phase-band ${band.phase}`, 'data-phase': band.phase, x: x0, y: pad.t, width: Math.max(x(band.to) - x0, 2), height: H - pad.t - pad.b });
+    const title = svg('title');
+    title.textContent = band.phase;
+    rect.append(title);
+    chart.append(rect);
+    if (x(band.to) - x0 > 70) {
+      const label = svg('text', { class: 'phase-label', x: x0 + 3, y: pad.t + 9 });
+      label.textContent = band.phase;
+      chart.append(label);
+    }
+  }
   chart.append(svg('line', { class: 'axis', x1: pad.l, x2: W - pad.r, y1: y(0), y2: y(0) }));
   chart.append(svg('line', { class: 'max', x1: pad.l, x2: W - pad.r, y1: y(c.maxWeight), y2: y(c.maxWeight) }));
   for (const w of [0, 50, 100]) {
@@ -372,6 +396,21 @@ function weightChart(c) {
   return chart;
 }
 
+// What the strategy does, as the CLI's `canary status` says it.
+function strategyText(c) {
+  const of = c.wantedIterations ? ` · iteration ${c.iterations} of ${c.wantedIterations}` : '';
+  if (c.strategy === 'A/B') {
+    const matches = (c.match || []).map((m) => Object.entries(m.headers || {}).map(([name, v]) => {
+      const [how, text] = v.exact != null ? ['=', v.exact] : v.prefix != null ? [' prefix ', v.prefix] : v.suffix != null ? [' suffix ', v.suffix] : [' regex ', v.regex];
+      return `${name}${how}${text}`;
+    }).join(' & '));
+    return `A/B${of} · canary gets calls with ${matches.join(' or ')}`;
+  }
+  if (c.strategy === 'Blue/Green') return `Blue/Green${of} · test traffic only, then every call at once`;
+  const sticky = c.affinityHeader ? ` · each caller kept by header ${c.affinityHeader}` : '';
+  return `${c.strategy || 'Canary'} · weight steps to ${c.maxWeight}%${sticky}`;
+}
+
 function renderCanaries() {
   const section = $('#canaries');
   if (!last.canaries) { section.hidden = true; return; }
@@ -381,13 +420,14 @@ function renderCanaries() {
     setAttr(div, 'data-namespace', c.namespace);
     setAttr(div, 'data-name', c.name);
     // Rebuilt only when the canary changed: a chart is a few dozen nodes.
-    const sig = JSON.stringify([c.phase, c.weight, c.failedChecks, c.history]);
+    const sig = JSON.stringify([c.phase, c.weight, c.failedChecks, c.iterations, c.strategy, c.history]);
     if (div.sig === sig) return;
     div.sig = sig;
     div.replaceChildren();
     const h = el('h3', {}, `${c.namespace}/${c.name} → ${c.target}`);
     h.append(el('span', { class: `phase ${c.phase || 'Initializing'}` }, `${c.phase || 'Initializing'} · weight ${c.weight}% of ${c.maxWeight}% · failed checks ${c.failedChecks}/${c.threshold}`));
-    div.append(h, weightChart(c));
+    setAttr(div, 'data-strategy', c.strategy || 'Canary');
+    div.append(h, el('p', { class: 'strategy' }, strategyText(c)), weightChart(c));
     const lastStep = [...(c.history || [])].reverse().find((s) => (s.metrics || []).length);
     if (lastStep) {
       div.append(el('p', { class: 'results' }, lastStep.metrics.map((m) => `${m.name} ${m.value ?? 'no data'} ${m.ok ? 'ok' : 'FAILED'}`).join(' · ')));
