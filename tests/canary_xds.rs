@@ -336,6 +336,25 @@ async fn dashboard(admin: SocketAddr, ready: &'static str) -> (String, String, V
     .unwrap()
 }
 
+/// Bands name a run's phases in the order a run goes through them, each once.
+fn assert_phase_order(bands: &[String]) {
+    const ORDER: [&str; 5] = [
+        "Progressing",
+        "WaitingPromotion",
+        "Promoting",
+        "Finalising",
+        "Succeeded",
+    ];
+    let at: Vec<Option<usize>> = bands
+        .iter()
+        .map(|b| ORDER.iter().position(|o| o == b))
+        .collect();
+    assert!(
+        at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1]),
+        "phases out of order: {bands:?}"
+    );
+}
+
 fn canary_analysis() -> Value {
     json!({"interval": "300ms", "threshold": 2, "maxWeight": 60, "stepWeight": 20})
 }
@@ -446,7 +465,8 @@ async fn an_ab_run_sends_only_matching_calls_to_the_canary_until_promoted() {
             && text.contains("canary gets calls with x-canary=insider"),
         "{text}"
     );
-    assert!(bands.contains(&"Progressing".to_owned()), "{bands:?}");
+    // Every band is a phase of this run, in the order a run goes through them.
+    assert_phase_order(&bands);
 
     setup.gates.promote.fetch_add(1, Ordering::SeqCst);
     setup.wait_phase("Succeeded").await;
@@ -536,19 +556,19 @@ async fn a_blue_green_run_analyses_on_test_traffic_then_switches_every_call_in_o
     setup.server.stop().await.unwrap();
 }
 
-/// 200 callers of 5 calls each, told apart by `x-user`: every caller answered by one role; the
-/// callers on the canary.
+/// 1,000 callers of 3 calls each, told apart by `x-user`: every caller answered by one role;
+/// the callers on the canary.
 async fn canary_callers(client: &mut Proc) -> (Value, Vec<String>) {
     use tokio::io::AsyncWriteExt;
     client
         .stdin
-        .write_all(b"callers 200 5 x-user\n")
+        .write_all(b"callers 1000 3 x-user\n")
         .await
         .unwrap();
     let callers: Value = serde_json::from_str(&client.line().await).unwrap();
     assert_eq!(
         answers(&callers, "canary") + answers(&callers, "primary"),
-        200,
+        1000,
         "every caller kept one role: {callers}"
     );
     let on_canary = callers["by"]
@@ -561,6 +581,18 @@ async fn canary_callers(client: &mut Proc) -> (Value, Vec<String>) {
     (callers, on_canary)
 }
 
+/// Calls until the canary answers at least `least` of 1,000 (at most 20 rounds): the client
+/// applies what it acknowledged a moment later, and a caller counted across the change would
+/// meet both versions.
+async fn converge(client: &mut Proc, least: u64) {
+    for _ in 0..20 {
+        if answers(&count(client, 1000).await, "canary") >= least {
+            return;
+        }
+    }
+    panic!("the canary never answered {least} of 1000 calls");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn session_affinity_keeps_each_caller_on_its_version_while_the_canary_grows() {
     let mut analysis = canary_analysis();
@@ -571,23 +603,39 @@ async fn session_affinity_keeps_each_caller_on_its_version_while_the_canary_grow
     setup.api.set_image(NS, "podinfo", "podinfo:2");
     setup.wait_phase("Progressing").await;
     // On a ring each pod weighs its own weight: two canary pods of 25 (then 67) against two
-    // primaries of 100, one locality per weight.
+    // primaries of 100, one locality per weight. Converged once the canary answers over 10 %
+    // (at 0 % it answers nothing) then over 30 % (at 20 %, 30 % of 1,000 is six standard
+    // deviations out).
     let mut before: Vec<String> = Vec::new();
-    for (percent, weight) in [(20, 25), (40, 67)] {
+    for (percent, weight, least) in [(20, 25, 100), (40, 67, 300)] {
         setup.step(percent, &[weight, 100]).await;
+        converge(&mut setup.client, least).await;
         let (callers, on_canary) = canary_callers(&mut setup.client).await;
-        // 200 callers: within 10 points is four standard deviations of the binomial.
+        // 1,000 callers: 10 points is over five standard deviations (binomial and ring).
         assert!(
-            (on_canary.len() as u64).abs_diff(2 * u64::from(percent)) <= 20,
-            "{} of 200 callers on the canary at {percent}%: {callers}",
+            (on_canary.len() as u64).abs_diff(10 * u64::from(percent)) <= 100,
+            "{} of 1000 callers on the canary at {percent}%: {callers}",
             on_canary.len()
         );
         let left: Vec<&String> = before.iter().filter(|c| !on_canary.contains(c)).collect();
         assert!(left.is_empty(), "callers that left the canary: {left:?}");
         before = on_canary;
-        // Calls without the header still split by weight.
-        setup.assert_canary_share(u64::from(percent)).await;
+        // Calls without the header still split by weight: 4,000 calls, 5 points.
+        let counts = count(&mut setup.client, 4000).await;
+        let canary = answers(&counts, "canary");
+        assert_eq!(canary + answers(&counts, "primary"), 4000, "{counts}");
+        assert!(
+            canary.abs_diff(40 * u64::from(percent)) <= 200,
+            "canary answered {canary} of 4000 at {percent}%: {counts}"
+        );
     }
+    // The operator's view says so.
+    let (_, text, _) = dashboard(
+        setup.server.admin_addr,
+        "c.textContent.includes('each caller kept by header x-user')",
+    )
+    .await;
+    assert!(text.contains("Canary · weight steps to 60%"), "{text}");
     // Rolled back: the rule goes, every caller is on the primary.
     *setup.success.lock().unwrap() = 50.0;
     setup.wait_phase("Failed").await;

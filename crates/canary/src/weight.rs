@@ -43,7 +43,8 @@ pub fn canary_pod_weight(percent: u32, primaries: usize, canaries: usize) -> Opt
 ///
 /// With `affinity`, one more provider-side override for every pod names the header callers are
 /// hashed on (`hash.header`): xDS clients keep each caller on the pod it hashes to, and as the
-/// canary's weight grows it only gains callers (docs/canary.md).
+/// canary's weight grows it only gains callers (docs/canary.md). It is written even while no
+/// canary pod is ready, so a restarting canary does not reshuffle every caller of the primary.
 pub fn dynamic_config(
     application: &str,
     percent: u32,
@@ -51,43 +52,38 @@ pub fn dynamic_config(
     canary_ips: &[String],
     affinity: Option<&str>,
 ) -> Option<DynamicConfigSpec> {
-    let mut weight = canary_pod_weight(percent, primary_ips.len(), canary_ips.len())?;
-    let whole = percent >= 100 && !primary_ips.is_empty();
-    if whole {
-        weight = DEFAULT_WEIGHT;
-    }
-    let override_for = |ip: &String, weight: u64| OverrideConfig {
+    let override_for = |addresses: Vec<String>, key: &str, value: String| OverrideConfig {
         side: "provider".to_owned(),
-        addresses: vec![ip.clone()],
+        addresses,
         provider_addresses: Vec::new(),
-        parameters: BTreeMap::from([("weight".to_owned(), weight.to_string())]),
+        parameters: BTreeMap::from([(key.to_owned(), value)]),
         applications: Vec::new(),
         services: Vec::new(),
         r#type: String::new(),
         enabled: true,
         r#match: None,
     };
-    let mut configs: Vec<OverrideConfig> = canary_ips
-        .iter()
-        .map(|ip| override_for(ip, weight))
-        .collect();
-    if whole {
-        configs.extend(primary_ips.iter().map(|ip| override_for(ip, 0)));
+    let mut configs = Vec::new();
+    if let Some(mut weight) = canary_pod_weight(percent, primary_ips.len(), canary_ips.len()) {
+        let whole = percent >= 100 && !primary_ips.is_empty();
+        if whole {
+            weight = DEFAULT_WEIGHT;
+        }
+        let weigh =
+            |ip: &String, weight: u64| override_for(vec![ip.clone()], "weight", weight.to_string());
+        configs.extend(canary_ips.iter().map(|ip| weigh(ip, weight)));
+        if whole {
+            configs.extend(primary_ips.iter().map(|ip| weigh(ip, 0)));
+        }
     }
     if let Some(header) = affinity {
-        configs.push(OverrideConfig {
-            side: "provider".to_owned(),
-            addresses: Vec::new(),
-            provider_addresses: Vec::new(),
-            parameters: BTreeMap::from([(rules::HASH_HEADER.to_owned(), header.to_owned())]),
-            applications: Vec::new(),
-            services: Vec::new(),
-            r#type: String::new(),
-            enabled: true,
-            r#match: None,
-        });
+        configs.push(override_for(
+            Vec::new(),
+            rules::HASH_HEADER,
+            header.to_owned(),
+        ));
     }
-    Some(DynamicConfigSpec {
+    (!configs.is_empty()).then(|| DynamicConfigSpec {
         key: application.to_owned(),
         scope: "application".to_owned(),
         config_version: "v3.0".to_owned(),
@@ -96,7 +92,6 @@ pub fn dynamic_config(
     })
 }
 
-/// The share of calls the canary pods get with `weight` each: what the formula aims at.
 #[cfg(test)]
 fn canary_share(weight: u64, primaries: usize, canaries: usize) -> f64 {
     let canary = weight as f64 * canaries as f64;
@@ -202,6 +197,15 @@ mod tests {
             last.parameters,
             BTreeMap::from([("hash.header".to_owned(), "x-user".to_owned())])
         );
+        // No canary pod ready: the header alone, so callers are not reshuffled meanwhile.
+        let alone = dynamic_config("podinfo", 20, &ips, &[], Some("x-user")).unwrap();
+        assert_eq!(alone.configs.len(), 1);
+        assert_eq!(alone.configs[0].parameters["hash.header"], "x-user");
+        // Both are valid rules (the API server's admission and ours would take them).
+        for spec in [&spec, &alone] {
+            let json = serde_json::to_value(spec).unwrap();
+            rules::RuleSpec::parse(rules::Kind::DynamicConfig, &json).unwrap();
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher};
-use envoy_types::pb::google::protobuf::UInt32Value;
+use envoy_types::pb::google::protobuf::{UInt32Value, UInt64Value};
 use envoy_types::util::pack_any;
 
 use crate::conditions::glob_regex;
@@ -452,6 +452,9 @@ pub fn hash_on_headers(config: &mut RouteConfiguration, headers: &[&str]) {
     }
 }
 
+/// Entries on a ring-hash cluster's ring: the most gRPC clients build.
+pub const RING_SIZE: u64 = 4096;
+
 /// How a cluster's endpoints are picked, which also decides how their weights are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Balancing<'a> {
@@ -469,13 +472,24 @@ pub fn subset_cluster(
     balancing: Balancing,
 ) -> Cluster {
     let name = subset_cluster_name(target, subset);
-    let lb_policy = match balancing {
-        Balancing::RoundRobin => cluster::LbPolicy::RoundRobin,
-        // The ring's defaults (1,024 to 8M entries, xxHash) are what gRPC accepts.
-        Balancing::HashHeader(_) => cluster::LbPolicy::RingHash,
+    let (lb_policy, lb_config) = match balancing {
+        Balancing::RoundRobin => (cluster::LbPolicy::RoundRobin, None),
+        // xxHash (the default; gRPC refuses any other). gRPC caps a ring at 4,096 entries
+        // whatever the maximum says; the default minimum, 1,024, leaves a pod's share of the
+        // ring about 1.4 points off its weight, 4,096 about 0.7.
+        Balancing::HashHeader(_) => (
+            cluster::LbPolicy::RingHash,
+            Some(cluster::LbConfig::RingHashLbConfig(
+                cluster::RingHashLbConfig {
+                    minimum_ring_size: Some(UInt64Value { value: RING_SIZE }),
+                    ..Default::default()
+                },
+            )),
+        ),
     };
     Cluster {
         lb_policy: lb_policy as i32,
+        lb_config,
         // The type must be given: the default (STATIC) is refused by gRPC clients.
         cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
             cluster::DiscoveryType::Eds as i32,

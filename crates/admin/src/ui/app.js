@@ -420,7 +420,7 @@ function renderCanaries() {
     setAttr(div, 'data-namespace', c.namespace);
     setAttr(div, 'data-name', c.name);
     // Rebuilt only when the canary changed: a chart is a few dozen nodes.
-    const sig = JSON.stringify([c.phase, c.weight, c.failedChecks, c.iterations, c.strategy, c.history]);
+    const sig = JSON.stringify(c);
     if (div.sig === sig) return;
     div.sig = sig;
     div.replaceChildren();

@@ -239,7 +239,7 @@ fn session_affinity(
     if strategy != Strategy::Canary {
         return Err(format!(
             "{FIELD}: only the Canary strategy (stepWeight/stepWeights) moves callers by weight; \
-             {} sends every caller by its rule, so remove sessionAffinity",
+             {} moves them by match or all at once, so remove sessionAffinity",
             strategy.as_str()
         ));
     }
@@ -255,11 +255,16 @@ fn session_affinity(
             ));
         }
     }
-    let header = affinity.header_name.as_deref().unwrap_or_default();
+    let Some(header) = affinity.header_name.as_deref() else {
+        return Err(format!(
+            "{FIELD}.headerName is required: the request header that tells callers apart"
+        ));
+    };
     if !super::rules::hashable_header(header) {
         return Err(format!(
             "{FIELD}.headerName {header:?}: must be a lower-case metadata key of at most 100 \
-             characters, not binary ('-bin') and not gRPC's ('grpc-')"
+             characters, not binary ('-bin'), not gRPC's ('grpc-') and not one every call \
+             carries (content-type, te, user-agent, host)"
         ));
     }
     Ok(header.to_owned())
@@ -418,6 +423,10 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
                 // A run in flight cannot go on without a valid spec: its pods get weight 0 and
                 // stop, and it counts as failed.
                 run.stop_run_in_flight(&message).await?;
+            } else if matches!(run.phase(), Phase::Finalising | Phase::Failed) {
+                // Draining: the canary's pods stay at weight 0, and nothing the spec asked for
+                // (session affinity) outlives it while nothing reconciles.
+                run.write_zero_weights().await?;
             }
             run.finish().await?;
             // A spec change wakes it; nothing else can fix the spec.

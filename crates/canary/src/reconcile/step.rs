@@ -515,9 +515,27 @@ impl Run<'_> {
     /// The spec turned invalid mid-run: weights to 0 (the stored override, rewritten), the
     /// canary scaled to zero, phase Failed.
     pub(super) async fn stop_run_in_flight(&mut self, reason: &str) -> Result<(), Error> {
-        // The canary's pods at weight 0 (the primary's at their default: whatever a Blue/Green
-        // switch had set), then no A/B route. The plan is not valid: the application is read
-        // from the spec as the plan would.
+        self.write_zero_weights().await?;
+        self.scale(&self.plan.target.clone(), 0).await?;
+        self.status.canary_weight = 0;
+        self.set_phase(Phase::Failed);
+        self.condition("False", "InvalidSpec", reason);
+        self.event(
+            EventType::Warning,
+            "RolledBack",
+            clip(&format!(
+                "rolling back {}: the spec is invalid: {reason}",
+                self.plan.target
+            )),
+        );
+        Ok(())
+    }
+
+    /// The canary's pods at weight 0 (the primary's at their default: whatever a Blue/Green
+    /// switch had set), without session affinity, and no A/B route: what a run stopped by an
+    /// invalid spec leaves. The plan is not valid: the application is read from the spec as
+    /// the plan would.
+    pub(super) async fn write_zero_weights(&mut self) -> Result<(), Error> {
         let application = self
             .canary
             .spec
@@ -537,20 +555,7 @@ impl Run<'_> {
             None,
         ))
         .await?;
-        self.write_route(None).await?;
-        self.scale(&self.plan.target.clone(), 0).await?;
-        self.status.canary_weight = 0;
-        self.set_phase(Phase::Failed);
-        self.condition("False", "InvalidSpec", reason);
-        self.event(
-            EventType::Warning,
-            "RolledBack",
-            clip(&format!(
-                "rolling back {}: the spec is invalid: {reason}",
-                self.plan.target
-            )),
-        );
-        Ok(())
+        self.write_route(None).await
     }
 
     /// Sets the primary's template back to the last promoted revision's.

@@ -64,7 +64,8 @@ fn session_affinity_names_a_header_and_needs_weights() {
             json!({"headerName": "x-user", "maxAge": 60}),
             "sessionAffinity.maxAge",
         ),
-        (json!({}), "sessionAffinity.headerName \"\""),
+        (json!({}), "sessionAffinity.headerName is required"),
+        (json!({"headerName": "content-type"}), "\"content-type\""),
         (json!({"headerName": "grpc-x"}), "\"grpc-x\""),
     ] {
         let err = plan(&affinity(value.clone())).unwrap_err();

@@ -16,13 +16,19 @@ use super::{SCOPES, config_version, limits};
 /// a ring hash.
 pub const HASH_HEADER: &str = "hash.header";
 
+/// Headers every call carries with one value (gRPC sets them): hashing on one would put all of
+/// an application's callers on one pod.
+const CONSTANT_HEADERS: [&str; 4] = ["content-type", "te", "user-agent", "host"];
+
 /// A header gRPC clients hash on: a lower-case metadata key that is not binary (`-bin`), not a
-/// pseudo-header and not gRPC's own (`grpc-`), at most 100 characters.
+/// pseudo-header, not gRPC's own (`grpc-`) nor one gRPC sets on every call (`content-type`, `te`,
+/// `user-agent`, `host`), at most 100 characters.
 pub fn hashable_header(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 100
         && !name.ends_with("-bin")
         && !name.starts_with("grpc-")
+        && !CONSTANT_HEADERS.contains(&name)
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
@@ -99,13 +105,58 @@ impl DynamicConfigSpec {
         config_version(&field(path, "configVersion"), &self.config_version, false)?;
         at_least_one(&field(path, "configs"), &self.configs, "config")?;
         for (i, config) in self.configs.iter().enumerate() {
-            config.check(&item(path, "configs", i))?;
+            let path = item(path, "configs", i);
+            config.check(&path)?;
+            if config.parameters.contains_key(HASH_HEADER) && self.scope != "application" {
+                return Err(FieldError::value(
+                    field(&field(&path, "parameters"), HASH_HEADER),
+                    "asks for affinity on an application's callers: only in an \
+                     application-scoped config",
+                    &self.scope,
+                ));
+            }
         }
         Ok(())
     }
 }
 
 impl OverrideConfig {
+    /// `hash.header` applies to every pod of the application, for all its callers: it is
+    /// refused where it would read as narrower (some addresses, a match, the consumer side).
+    fn check_hash_header(&self, path: &str, value: &str) -> Checked {
+        if !hashable_header(value) {
+            return Err(FieldError::value(
+                path,
+                "must be a lower-case metadata key of at most 100 characters (letters, digits, \
+                 '-', '_', '.'), not binary ('-bin'), not gRPC's ('grpc-') and not one every \
+                 call carries (content-type, te, user-agent, host)",
+                value,
+            ));
+        }
+        let narrowed = [
+            (
+                !self.side.is_empty() && self.side != "provider",
+                "the consumer side",
+            ),
+            (
+                !self.addresses.is_empty() || !self.provider_addresses.is_empty(),
+                "addresses",
+            ),
+            (self.r#match.is_some(), "a match"),
+        ];
+        if let Some((_, what)) = narrowed.iter().find(|(narrowed, _)| *narrowed) {
+            return Err(FieldError::value(
+                path,
+                format!(
+                    "applies to every pod of the application: set it in a provider-side \
+                     override without {what}"
+                ),
+                value,
+            ));
+        }
+        Ok(())
+    }
+
     fn check(&self, path: &str) -> Checked {
         if !self.side.is_empty() {
             one_of(&field(path, "side"), &self.side, &["provider", "consumer"])?;
@@ -131,13 +182,8 @@ impl OverrideConfig {
         }
         for (key, value) in &self.parameters {
             word(&parameters, key)?;
-            if key == HASH_HEADER && !hashable_header(value) {
-                return Err(FieldError::value(
-                    field(&parameters, key),
-                    "must be a lower-case metadata key of at most 100 characters (letters, \
-                     digits, '-', '_', '.'), not binary ('-bin') and not gRPC's ('grpc-')",
-                    value,
-                ));
+            if key == HASH_HEADER {
+                self.check_hash_header(&field(&parameters, key), value)?;
             }
             let Some((_, min, max)) = INTEGER_PARAMETERS.iter().find(|(name, ..)| name == key)
             else {
@@ -179,6 +225,45 @@ mod tests {
             err.contains("spec.configs[0].parameters.hash.header") && err.contains("X-User"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_hash_header_is_refused_where_it_would_read_narrower_than_the_application() {
+        let spec = |scope: &str, config: serde_json::Value| -> DynamicConfigSpec {
+            serde_json::from_value(serde_json::json!({
+                "key": "greeter", "scope": scope, "configVersion": "v3.0", "configs": [config],
+            }))
+            .unwrap_or_else(|err| panic!("{err}"))
+        };
+        let header = serde_json::json!({"hash.header": "x-user"});
+        assert_eq!(
+            spec("application", serde_json::json!({"parameters": header})).check("spec"),
+            Ok(())
+        );
+        for (scope, config, said) in [
+            (
+                "service",
+                serde_json::json!({"parameters": header}),
+                "application-scoped",
+            ),
+            (
+                "application",
+                serde_json::json!({"side": "consumer", "parameters": header}),
+                "without the consumer side",
+            ),
+            (
+                "application",
+                serde_json::json!({"addresses": ["10.0.0.1"], "parameters": header}),
+                "without addresses",
+            ),
+        ] {
+            let err = spec(scope, config.clone()).check("spec").err();
+            let err = err.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                err.contains("spec.configs[0].parameters.hash.header") && err.contains(said),
+                "{config}: {err}"
+            );
+        }
     }
 
     #[test]
