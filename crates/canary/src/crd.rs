@@ -140,6 +140,10 @@ pub struct Analysis {
     /// that asks for it is refused (status condition `InvalidSpec`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mirror: bool,
+    /// Chat or webhook alerts on the run's events, by severity (Flagger's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub alerts: Vec<crate::alerts::CanaryAlert>,
 }
 
 /// Which calls an A/B run sends to the canary: Flagger's HTTP match. gRPC calls carry headers

@@ -6,7 +6,8 @@
 //!   makes; [`abtest`]: the ConditionRoute of an A/B run;
 //!   [`deployments`]: the primary, readiness, the spec hash, ready pods (no I/O).
 //! - [`prometheus`], [`hooks`] over [`http`]: the outside calls of an analysis; [`template`]:
-//!   Flagger's MetricTemplate and the credentials it names.
+//!   Flagger's MetricTemplate and the credentials it names; [`alerts`] over [`notifier`]:
+//!   Flagger's AlertProvider and `analysis.alerts`, delivered off the reconcile path.
 //! - [`reconcile`]: one step of the loop; [`controller`]: the watches and the Lease around it.
 
 #![forbid(unsafe_code)]
@@ -16,6 +17,7 @@ use dubbo_cp_domain::rules;
 use dubbo_cp_kit::metrics;
 
 pub mod abtest;
+pub mod alerts;
 pub mod config;
 pub mod configs;
 pub mod controller;
@@ -25,6 +27,7 @@ pub mod events;
 pub mod hooks;
 pub mod http;
 pub mod lease;
+pub mod notifier;
 pub mod ops;
 pub mod prometheus;
 pub mod reconcile;
