@@ -257,9 +257,7 @@ impl HttpClient {
             None => self.client.request(request),
         };
         let exchange = async {
-            let response = sent
-                .await
-                .map_err(|e| transport(format!("{e:#}")))?;
+            let response = sent.await.map_err(|e| transport(format!("{e:#}")))?;
             let status = response.status().as_u16();
             let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
                 .collect()

@@ -6,8 +6,9 @@
 //!   makes; [`abtest`]: the ConditionRoute of an A/B run;
 //!   [`deployments`]: the primary, readiness, the spec hash, ready pods (no I/O).
 //! - [`prometheus`], [`hooks`] over [`http`]: the outside calls of an analysis; [`template`]:
-//!   Flagger's MetricTemplate and the credentials it names; [`alerts`] over [`notifier`]:
-//!   Flagger's AlertProvider and `analysis.alerts`, delivered off the reconcile path.
+//!   Flagger's MetricTemplate and the credentials it names; [`alerts`]: Flagger's
+//!   AlertProvider and `analysis.alerts`, [`messages`] what each provider type is sent,
+//!   [`notifier`] their delivery off the reconcile path.
 //! - [`reconcile`]: one step of the loop; [`controller`]: the watches and the Lease around it.
 
 #![forbid(unsafe_code)]
@@ -27,6 +28,7 @@ pub mod events;
 pub mod hooks;
 pub mod http;
 pub mod lease;
+pub mod messages;
 pub mod notifier;
 pub mod ops;
 pub mod prometheus;

@@ -11,9 +11,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, ResourceExt};
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::alerts::{AlertProvider, CanaryAlert, Field, Message, Poster, Severity, payload};
+use crate::alerts::{AlertProvider, CanaryAlert, Severity};
 use crate::crd::Canary;
 use crate::http::{HttpClient, Via};
+use crate::messages::{Field, Message, Poster, payload, post_url};
 use crate::stats::{AlertLabels, CanaryStats};
 
 /// Events waiting to be delivered, across all Canaries.
@@ -167,7 +168,7 @@ impl Worker {
             time: &notice.time,
         };
         let body = payload(&poster, &message);
-        let url = crate::alerts::post_url(&spec.r#type, &target.address);
+        let url = post_url(&spec.r#type, &target.address);
         // Flagger sends the Secret's token to Slack only (its Web API, chat.postMessage).
         let authorization = target
             .token
@@ -238,8 +239,8 @@ impl Worker {
             })?);
             token = data.get("token").cloned();
         }
-        let address = address
-            .ok_or_else(|| format!("AlertProvider {namespace}/{name} names no address"))?;
+        let address =
+            address.ok_or_else(|| format!("AlertProvider {namespace}/{name} names no address"))?;
         Ok(Target {
             provider,
             address,

@@ -260,7 +260,7 @@ impl Run<'_> {
             canary.status = Some(self.status.clone());
             for (severity, text, described) in alerts {
                 let fields = if described {
-                    crate::alerts::metadata_fields(self.canary)
+                    crate::messages::metadata_fields(self.canary)
                 } else {
                     Vec::new()
                 };

@@ -558,7 +558,11 @@ impl Run<'_> {
             "RolledBack",
             format!("rolling back {}: {reason}", self.plan.target),
         );
-        self.alert(severity, format!("Rolling back {}: {reason}", self.plan.target), false);
+        self.alert(
+            severity,
+            format!("Rolling back {}: {reason}", self.plan.target),
+            false,
+        );
         self.run_hooks("post-rollout").await;
     }
 
