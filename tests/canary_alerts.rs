@@ -454,7 +454,8 @@ async fn each_provider_type_gets_flaggers_payload_for_the_events_its_severity_he
     receiver.answer("/gate", 500);
     receiver.answer("/check", 500);
     api.set_image(NS, "podinfo", "podinfo:3");
-    receiver.wait("/discord/slack", count(1)).await;
+    let waiting = |posts: &[Post]| posts.iter().any(|p| text_of(&p.body) == WAITING);
+    receiver.wait("/discord/slack", waiting).await;
     receiver.answer("/gate", 200);
     let failed = phase("Failed").await.unwrap();
     let everything = [

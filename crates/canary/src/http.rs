@@ -126,7 +126,7 @@ impl HttpClient {
     ) -> Result<Client<hyper_rustls::HttpsConnector<Tunnel<HttpConnector>>, Full<Bytes>>, HttpError>
     {
         let bad = |reason: &str| HttpError::Url {
-            url: proxy.to_owned(),
+            url: without_credentials(proxy),
             reason: format!("proxy: {reason}"),
         };
         let uri: http::Uri = proxy.parse().map_err(|e| bad(&format!("{e}")))?;
@@ -278,6 +278,18 @@ impl HttpClient {
     }
 }
 
+/// `url` with any `user:password@` taken out, for errors and logs.
+pub fn without_credentials(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((_, host)) if scheme.is_empty() => format!("{host}{path}"),
+        Some((_, host)) => format!("{scheme}://{host}{path}"),
+        None => url.to_owned(),
+    }
+}
+
 fn connector() -> HttpConnector {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(Duration::from_secs(5)));
@@ -344,5 +356,47 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_taken_out_of_urls() {
+        assert_eq!(
+            without_credentials("http://ops:s3cret@proxy:3128"),
+            "http://proxy:3128"
+        );
+        assert_eq!(
+            without_credentials("http://ops:p@ss@proxy:3128/x?y"),
+            "http://proxy:3128/x?y"
+        );
+        assert_eq!(
+            without_credentials("http://proxy:3128"),
+            "http://proxy:3128"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_proxy_must_be_plain_http_and_its_password_is_never_in_the_error() {
+        let client = HttpClient::default();
+        let via = Via {
+            proxy: Some("https://ops:s3cret@127.0.0.1:1"),
+            ..Via::default()
+        };
+        let error = client
+            .post_json_via(
+                "http://127.0.0.1:1/hook",
+                &serde_json::json!({}),
+                via,
+                Duration::from_secs(1),
+            )
+            .await
+            .unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("must be http://host:port"), "{text}");
+        assert!(!text.contains("s3cret"), "{text}");
     }
 }

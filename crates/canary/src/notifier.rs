@@ -57,14 +57,25 @@ impl Alerts {
             let worker = Arc::new(worker);
             let slots = Arc::new(Semaphore::new(PARALLEL));
             while let Some(notice) = notices.recv().await {
-                let Ok(slot) = slots.clone().acquire_owned().await else {
-                    return;
-                };
-                let worker = worker.clone();
-                tokio::spawn(async move {
-                    worker.deliver(&notice).await;
-                    drop(slot);
-                });
+                let notice = Arc::new(notice);
+                // One delivery per alert that hears it: a slow receiver holds one slot, not
+                // the other receivers of the same event.
+                let alerts = notice.canary.spec.analysis.alerts.iter().enumerate();
+                for (index, alert) in alerts {
+                    if !alert.severity.hears(notice.severity) {
+                        continue;
+                    }
+                    let Ok(slot) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let (worker, notice) = (worker.clone(), notice.clone());
+                    tokio::spawn(async move {
+                        if let Some(alert) = notice.canary.spec.analysis.alerts.get(index) {
+                            worker.deliver(alert, &notice).await;
+                        }
+                        drop(slot);
+                    });
+                }
             }
         });
         Alerts { queue, stats }
@@ -103,43 +114,37 @@ struct Target {
 }
 
 impl Worker {
-    /// Sends `notice` to every alert of its Canary whose severity hears it.
-    async fn deliver(&self, notice: &Notice) {
+    /// Sends `notice` to `alert`'s provider; logs and counts the outcome.
+    async fn deliver(&self, alert: &CanaryAlert, notice: &Notice) {
         let canary = &notice.canary;
-        for alert in &canary.spec.analysis.alerts {
-            if !alert.severity.hears(notice.severity) {
-                continue;
-            }
-            let outcome =
-                match tokio::time::timeout(DELIVERY_TIMEOUT, self.deliver_one(alert, notice)).await
-                {
-                    Ok(outcome) => outcome,
-                    Err(_) => Err((
-                        String::new(),
-                        format!("no delivery within {DELIVERY_TIMEOUT:?}"),
-                    )),
-                };
-            let (r#type, result) = match outcome {
-                Ok(r#type) => (r#type, "sent"),
-                Err((r#type, error)) => {
-                    tracing::warn!(
-                        canary = %canary.name_any(),
-                        namespace = canary.namespace().unwrap_or_default(),
-                        alert = %alert.name,
-                        %error,
-                        "alert not delivered"
-                    );
-                    (r#type, "failed")
-                }
+        let outcome =
+            match tokio::time::timeout(DELIVERY_TIMEOUT, self.deliver_one(alert, notice)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err((
+                    String::new(),
+                    format!("no delivery within {DELIVERY_TIMEOUT:?}"),
+                )),
             };
-            self.stats
-                .alerts
-                .get_or_create(&AlertLabels {
-                    r#type,
-                    outcome: result.to_owned(),
-                })
-                .inc();
-        }
+        let (r#type, result) = match outcome {
+            Ok(r#type) => (r#type, "sent"),
+            Err((r#type, error)) => {
+                tracing::warn!(
+                    canary = %canary.name_any(),
+                    namespace = canary.namespace().unwrap_or_default(),
+                    alert = %alert.name,
+                    %error,
+                    "alert not delivered"
+                );
+                (r#type, "failed")
+            }
+        };
+        self.stats
+            .alerts
+            .get_or_create(&AlertLabels {
+                r#type,
+                outcome: result.to_owned(),
+            })
+            .inc();
     }
 
     /// The provider's type, or it (when known) and why the alert did not get through.
@@ -179,22 +184,29 @@ impl Worker {
             insecure: spec.insecure_skip_verify,
             proxy: spec.proxy.as_deref(),
         };
-        match self
+        let failed = match self
             .http
             .post_json_via(&url, &body, via, POST_TIMEOUT)
             .await
         {
-            Ok(answer) if (200..300).contains(&answer.status) => Ok(r#type),
-            Ok(answer) => Err((
-                r#type,
-                format!(
-                    "{url}: HTTP {}: {}",
-                    answer.status,
-                    answer.body.trim().chars().take(200).collect::<String>()
-                ),
-            )),
-            Err(error) => Err((r#type, error.to_string())),
+            Ok(answer) if (200..300).contains(&answer.status) => return Ok(r#type),
+            Ok(answer) => format!(
+                "{url}: HTTP {}: {}",
+                answer.status,
+                answer.body.trim().chars().take(200).collect::<String>()
+            ),
+            Err(error) => error.to_string(),
+        };
+        // An address kept in a Secret (a Slack hook URL is a credential) and a proxy's
+        // password are not logged.
+        let mut failed = match &spec.secret_ref {
+            Some(secret) => failed.replace(&url, &format!("<address of secret {}>", secret.name)),
+            None => failed,
+        };
+        if let Some(proxy) = &spec.proxy {
+            failed = failed.replace(proxy, &crate::http::without_credentials(proxy));
         }
+        Err((r#type, failed))
     }
 
     /// Reads the provider `alert` names and, if it has one, its Secret.
