@@ -327,6 +327,62 @@ async fn every_yaml_example_in_the_docs_is_accepted_by_the_api_server_and_by_app
     }
 }
 
+/// docs/canary.md's Alerts example (its AlertProvider and Secret, and a Canary with its
+/// `alerts`) accepted by the API server; a provider with neither address nor Secret refused with
+/// the CRD's message.
+#[tokio::test]
+async fn the_alerts_example_is_accepted_and_a_provider_without_an_address_is_refused() {
+    let cluster = cluster();
+    let text = include_str!("../docs/canary.md");
+    let section = text.split("## Alerts\n").nth(1).unwrap();
+    let block = section.split("```yaml\n").nth(1).unwrap();
+    let block = block.split("```").next().unwrap();
+    let mut objects = Vec::new();
+    let mut alerts = Value::Null;
+    for document in serde_yaml::Deserializer::from_str(block) {
+        let value = <Value as serde::Deserialize>::deserialize(document).unwrap();
+        if value.get("kind").is_some() {
+            objects.push(value);
+        } else {
+            alerts = value["alerts"].clone();
+        }
+    }
+    assert_eq!(objects.len(), 2, "{block}");
+    objects.push(json!({
+        "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
+        "metadata": {"name": "podinfo", "namespace": "test"},
+        "spec": {"targetRef": {"name": "podinfo"},
+                 "analysis": {"stepWeight": 10, "alerts": alerts}},
+    }));
+    cluster.namespace("test", &[]);
+    for object in &objects {
+        let output = cluster.kubectl(
+            &["apply", "--dry-run=server", "-f", "-"],
+            Some(&object.to_string()),
+        );
+        assert!(
+            output.status.success(),
+            "refused: {}\n{object}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let no_address = json!({
+        "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "AlertProvider",
+        "metadata": {"name": "nowhere", "namespace": "test"},
+        "spec": {"type": "slack", "channel": "ops"},
+    });
+    let output = cluster.kubectl(
+        &["apply", "--dry-run=server", "-f", "-"],
+        Some(&no_address.to_string()),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("set address, or secretRef to a Secret holding it"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test]
 async fn the_ca_issues_a_certificate_to_a_caller_holding_a_real_token() {
     let cluster = cluster();

@@ -533,6 +533,7 @@ fn the_rbac_grants_exactly_what_the_control_plane_uses() {
         &["get", "list", "watch", "update", "patch"],
     );
     grant("cluster", "dubbo.apache.org/metrictemplates[]", &read);
+    grant("cluster", "dubbo.apache.org/alertproviders[]", &read);
     grant(
         "cluster",
         "dubbo.apache.org/canaries/status[]",

@@ -1175,6 +1175,7 @@ fn list_or_watch(
         "canaries" => ("dubbo.apache.org/v1alpha1", "Canary"),
         "serviceentries" => ("dubbo.apache.org/v1alpha1", "ServiceEntry"),
         "metrictemplates" => ("dubbo.apache.org/v1alpha1", "MetricTemplate"),
+        "alertproviders" => ("dubbo.apache.org/v1alpha1", "AlertProvider"),
         "tagroutes" => ("dubbo.apache.org/v1alpha1", "TagRoute"),
         "conditionroutes" => ("dubbo.apache.org/v1alpha1", "ConditionRoute"),
         "dynamicconfigs" => ("dubbo.apache.org/v1alpha1", "DynamicConfig"),

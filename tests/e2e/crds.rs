@@ -156,5 +156,5 @@ pub fn fit_the_budget_with_margin(cluster: &Cluster) {
     for line in &report {
         eprintln!("CEL cost: {line}");
     }
-    assert_eq!(report.len(), 9, "{report:#?}");
+    assert_eq!(report.len(), 10, "{report:#?}");
 }

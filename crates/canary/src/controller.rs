@@ -173,6 +173,7 @@ pub async fn drive(
     let canaries = controller.store();
     // The bundle was checked at start (canary.caFile); the system's roots otherwise.
     let http = super::http::HttpClient::with_roots(settings.roots.as_deref()).unwrap_or_default();
+    let alerts = super::notifier::Alerts::start(client.clone(), http.clone(), stats.clone());
     let ctx = Arc::new(Context {
         events: super::events::Events::new(client.clone(), &identity),
         client,
@@ -183,6 +184,7 @@ pub async fn drive(
         config_maps,
         secrets,
         prometheus: super::prometheus::Prometheus::new(http.clone()),
+        alerts,
         http,
         settings,
         stats,

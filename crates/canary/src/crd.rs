@@ -143,6 +143,10 @@ pub struct Analysis {
     /// Keeps a caller on the version it first got while weights step (Canary strategy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_affinity: Option<SessionAffinity>,
+    /// Chat or webhook alerts on the run's events, by severity (Flagger's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub alerts: Vec<crate::alerts::CanaryAlert>,
 }
 
 /// Flagger's session affinity, for gRPC: callers are told apart by a request header

@@ -1,5 +1,5 @@
-//! One small HTTP/1.1 client for the canary's outside calls (Prometheus, webhooks): a deadline
-//! on every call, a bounded answer, and errors that say which URL failed and how.
+//! One small HTTP/1.1 client for the canary's outside calls (Prometheus, webhooks, alerts): a
+//! deadline on every call, a bounded answer, and errors that say which URL failed and how.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::rt::TokioExecutor;
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
@@ -41,6 +42,17 @@ type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 pub struct HttpClient {
     client: Client<Https, Full<Bytes>>,
     insecure: Client<Https, Full<Bytes>>,
+    /// The TLS settings of both pools, for the one-off clients of calls through a proxy.
+    tls: Arc<[rustls::ClientConfig; 2]>,
+}
+
+/// How one POST goes out besides its body: an `Authorization` header, the certificate check,
+/// an HTTP proxy (`http://[user:password@]host:port`, tunnelled with CONNECT).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Via<'a> {
+    pub authorization: Option<&'a str>,
+    pub insecure: bool,
+    pub proxy: Option<&'a str>,
 }
 
 impl Default for HttpClient {
@@ -89,34 +101,74 @@ impl HttpClient {
                     .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
                     .with_no_client_auth()
             });
-        let pool = |tls: Result<rustls::ClientConfig, rustls::Error>| {
-            let mut connector = HttpConnector::new();
-            connector.set_connect_timeout(Some(Duration::from_secs(5)));
-            connector.enforce_http(false);
-            // ring's default protocol versions always build; an error here would be rustls's bug.
-            let tls = tls.unwrap_or_else(|_| {
+        // ring's default protocol versions always build; an error here would be rustls's bug.
+        let or_empty = |tls: Result<rustls::ClientConfig, rustls::Error>| {
+            tls.unwrap_or_else(|_| {
                 rustls::ClientConfig::builder()
                     .with_root_certificates(RootCertStore::empty())
                     .with_no_client_auth()
-            });
-            let https = hyper_rustls::HttpsConnectorBuilder::new()
-                .with_tls_config(tls)
-                .https_or_http()
-                .enable_http1()
-                .wrap_connector(connector);
-            Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .pool_max_idle_per_host(4)
-                .build(https)
+            })
         };
+        let (checked, unchecked) = (or_empty(checked), or_empty(unchecked));
         HttpClient {
-            client: pool(checked),
-            insecure: pool(unchecked),
+            client: pool(checked.clone(), connector()),
+            insecure: pool(unchecked.clone(), connector()),
+            tls: Arc::new([checked, unchecked]),
         }
     }
 
+    /// A one-off client whose connections are CONNECT tunnels through `proxy`: the receiver's
+    /// TLS runs inside the tunnel, checked as the pools check it.
+    fn through(
+        &self,
+        proxy: &str,
+        insecure: bool,
+    ) -> Result<Client<hyper_rustls::HttpsConnector<Tunnel<HttpConnector>>, Full<Bytes>>, HttpError>
+    {
+        let bad = |reason: &str| HttpError::Url {
+            url: without_credentials(proxy),
+            reason: format!("proxy: {reason}"),
+        };
+        let uri: http::Uri = proxy.parse().map_err(|e| bad(&format!("{e}")))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(bad(
+                "must be http://host:port (a TLS connection to the proxy itself is not supported)",
+            ));
+        }
+        let authority = uri.authority().ok_or_else(|| bad("no host"))?.as_str();
+        let (credentials, host) = match authority.rsplit_once('@') {
+            Some((credentials, host)) => (Some(credentials), host),
+            None => (None, authority),
+        };
+        let target: http::Uri = format!("http://{host}")
+            .parse()
+            .map_err(|e| bad(&format!("{e}")))?;
+        let mut tunnel = Tunnel::new(target, connector());
+        if let Some(credentials) = credentials {
+            use base64::Engine;
+            let decoded: Vec<u8> = percent_encoding::percent_decode_str(credentials).collect();
+            let value = format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(decoded)
+            );
+            let value = http::HeaderValue::from_str(&value)
+                .map_err(|_| bad("credentials are not a valid header"))?;
+            tunnel = tunnel.with_auth(value);
+        }
+        let [checked, unchecked] = self.tls.as_ref();
+        let tls = if insecure { unchecked } else { checked }.clone();
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tunnel);
+        Ok(Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build(https))
+    }
+
     pub async fn get(&self, url: &str, timeout: Duration) -> Result<Answer, HttpError> {
-        self.call(http::Method::GET, url, None, None, false, timeout)
+        self.call(http::Method::GET, url, None, Via::default(), timeout)
             .await
     }
 
@@ -129,15 +181,12 @@ impl HttpClient {
         insecure: bool,
         timeout: Duration,
     ) -> Result<Answer, HttpError> {
-        self.call(
-            http::Method::GET,
-            url,
-            None,
+        let via = Via {
             authorization,
             insecure,
-            timeout,
-        )
-        .await
+            proxy: None,
+        };
+        self.call(http::Method::GET, url, None, via, timeout).await
     }
 
     pub async fn post_json(
@@ -146,8 +195,19 @@ impl HttpClient {
         body: &serde_json::Value,
         timeout: Duration,
     ) -> Result<Answer, HttpError> {
+        self.post_json_via(url, body, Via::default(), timeout).await
+    }
+
+    /// A POST of `body` as JSON the way `via` says.
+    pub async fn post_json_via(
+        &self,
+        url: &str,
+        body: &serde_json::Value,
+        via: Via<'_>,
+        timeout: Duration,
+    ) -> Result<Answer, HttpError> {
         let body = Bytes::from(body.to_string());
-        self.call(http::Method::POST, url, Some(body), None, false, timeout)
+        self.call(http::Method::POST, url, Some(body), via, timeout)
             .await
     }
 
@@ -156,8 +216,7 @@ impl HttpClient {
         method: http::Method,
         url: &str,
         body: Option<Bytes>,
-        authorization: Option<&str>,
-        insecure: bool,
+        via: Via<'_>,
         timeout: Duration,
     ) -> Result<Answer, HttpError> {
         let uri: http::Uri = url
@@ -179,7 +238,7 @@ impl HttpClient {
         if body.is_some() {
             request = request.header(http::header::CONTENT_TYPE, "application/json");
         }
-        if let Some(authorization) = authorization {
+        if let Some(authorization) = via.authorization {
             request = request.header(http::header::AUTHORIZATION, authorization);
         }
         let request = request
@@ -192,16 +251,13 @@ impl HttpClient {
             url: url.to_owned(),
             reason,
         };
-        let client = if insecure {
-            &self.insecure
-        } else {
-            &self.client
+        let sent = match via.proxy {
+            Some(proxy) => self.through(proxy, via.insecure)?.request(request),
+            None if via.insecure => self.insecure.request(request),
+            None => self.client.request(request),
         };
         let exchange = async {
-            let response = client
-                .request(request)
-                .await
-                .map_err(|e| transport(format!("{e:#}")))?;
+            let response = sent.await.map_err(|e| transport(format!("{e:#}")))?;
             let status = response.status().as_u16();
             let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
                 .collect()
@@ -220,6 +276,37 @@ impl HttpClient {
                 timeout,
             })?
     }
+}
+
+/// `url` with any `user:password@` taken out, for errors and logs.
+pub fn without_credentials(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((_, host)) if scheme.is_empty() => format!("{host}{path}"),
+        Some((_, host)) => format!("{scheme}://{host}{path}"),
+        None => url.to_owned(),
+    }
+}
+
+fn connector() -> HttpConnector {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    connector.enforce_http(false);
+    connector
+}
+
+fn pool(tls: rustls::ClientConfig, connector: HttpConnector) -> Client<Https, Full<Bytes>> {
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(4)
+        .build(https)
 }
 
 /// Accepts any server certificate, still checking the handshake's signatures: what
@@ -269,5 +356,47 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_taken_out_of_urls() {
+        assert_eq!(
+            without_credentials("http://ops:s3cret@proxy:3128"),
+            "http://proxy:3128"
+        );
+        assert_eq!(
+            without_credentials("http://ops:p@ss@proxy:3128/x?y"),
+            "http://proxy:3128/x?y"
+        );
+        assert_eq!(
+            without_credentials("http://proxy:3128"),
+            "http://proxy:3128"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_proxy_must_be_plain_http_and_its_password_is_never_in_the_error() {
+        let client = HttpClient::default();
+        let via = Via {
+            proxy: Some("https://ops:s3cret@127.0.0.1:1"),
+            ..Via::default()
+        };
+        let error = client
+            .post_json_via(
+                "http://127.0.0.1:1/hook",
+                &serde_json::json!({}),
+                via,
+                Duration::from_secs(1),
+            )
+            .await
+            .unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("must be http://host:port"), "{text}");
+        assert!(!text.contains("s3cret"), "{text}");
     }
 }

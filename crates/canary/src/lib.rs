@@ -6,7 +6,9 @@
 //!   makes; [`abtest`]: the ConditionRoute of an A/B run;
 //!   [`deployments`]: the primary, readiness, the spec hash, ready pods (no I/O).
 //! - [`prometheus`], [`hooks`] over [`http`]: the outside calls of an analysis; [`template`]:
-//!   Flagger's MetricTemplate and the credentials it names.
+//!   Flagger's MetricTemplate and the credentials it names; [`alerts`]: Flagger's
+//!   AlertProvider and `analysis.alerts`, [`messages`] what each provider type is sent,
+//!   [`notifier`] their delivery off the reconcile path.
 //! - [`reconcile`]: one step of the loop; [`controller`]: the watches and the Lease around it.
 
 #![forbid(unsafe_code)]
@@ -16,6 +18,7 @@ use dubbo_cp_domain::rules;
 use dubbo_cp_kit::metrics;
 
 pub mod abtest;
+pub mod alerts;
 pub mod config;
 pub mod configs;
 pub mod controller;
@@ -25,6 +28,8 @@ pub mod events;
 pub mod hooks;
 pub mod http;
 pub mod lease;
+pub mod messages;
+pub mod notifier;
 pub mod ops;
 pub mod prometheus;
 pub mod reconcile;

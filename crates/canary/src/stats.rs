@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -15,6 +16,14 @@ pub struct CanaryLabels {
     pub name: String,
 }
 
+/// An alert's provider type (empty when the provider could not be read) and whether it got
+/// through (`sent`, `failed`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AlertLabels {
+    pub r#type: String,
+    pub outcome: String,
+}
+
 pub struct CanaryStats {
     pub weight: Family<CanaryLabels, Gauge>,
     /// 0 running, 1 succeeded (or idle after initialisation), 2 failed: Flagger's encoding.
@@ -22,6 +31,9 @@ pub struct CanaryStats {
     pub duration: Histogram,
     pub reconciles: AtomicU64,
     pub writes: AtomicU64,
+    pub alerts: Family<AlertLabels, Counter>,
+    /// Alerts not queued: the queue was full.
+    pub alerts_dropped: AtomicU64,
 }
 
 impl Default for CanaryStats {
@@ -37,6 +49,8 @@ impl Default for CanaryStats {
             ]),
             reconciles: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            alerts: Family::default(),
+            alerts_dropped: AtomicU64::new(0),
         }
     }
 }
@@ -72,6 +86,18 @@ impl CanaryStats {
             "Writes the canary controller made to the API server (creates, updates, deletes, events)",
             self,
             |s| s.writes.load(Ordering::Relaxed),
+        );
+        registry.register(
+            "canary_alerts",
+            "Alerts posted to AlertProviders, by provider type and outcome (sent, failed)",
+            self.alerts.clone(),
+        );
+        scraped_counter(
+            registry,
+            "canary_alerts_dropped",
+            "Alerts dropped because the delivery queue was full",
+            self,
+            |s| s.alerts_dropped.load(Ordering::Relaxed),
         );
     }
 

@@ -59,7 +59,7 @@ impl ServiceNameMapping {
     }
 }
 
-/// Every CRD (ServiceNameMapping, the rule kinds, then Canary and MetricTemplate) as
+/// Every CRD (ServiceNameMapping, the rule kinds, then Canary, MetricTemplate and AlertProvider) as
 /// multi-document YAML, as
 /// `dubbo-cp crd` prints it and `deploy/crd.yaml` holds it.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
@@ -71,6 +71,9 @@ pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     documents.push(serde_yaml::to_string(&crate::canary::Canary::crd())?);
     documents.push(serde_yaml::to_string(
         &crate::canary::template::MetricTemplate::crd(),
+    )?);
+    documents.push(serde_yaml::to_string(
+        &crate::canary::alerts::AlertProvider::crd(),
     )?);
     Ok(documents.join("---\n"))
 }

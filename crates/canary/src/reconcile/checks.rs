@@ -253,6 +253,26 @@ impl Run<'_> {
                 self.ctx.written.insert(uid, (before, after));
             }
         }
+        // After the write: a step redone because the write lost a race alerts once.
+        let alerts = std::mem::take(&mut self.alerts);
+        if !alerts.is_empty() && !self.canary.spec.analysis.alerts.is_empty() {
+            let mut canary = self.canary.clone();
+            canary.status = Some(self.status.clone());
+            for (severity, text, described) in alerts {
+                let fields = if described {
+                    crate::messages::metadata_fields(self.canary)
+                } else {
+                    Vec::new()
+                };
+                self.ctx.alerts.send(crate::notifier::Notice {
+                    canary: canary.clone(),
+                    text,
+                    fields,
+                    severity,
+                    time: now(),
+                });
+            }
+        }
         Ok(())
     }
 }

@@ -15,6 +15,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use super::abtest;
+use super::alerts::Severity;
 use super::configs::{ConfigKind, references};
 use super::crd::{Canary, CanaryCondition, CanaryStatus, HookResult, MetricResult, Step, Strategy};
 use super::deployments::{
@@ -140,6 +141,7 @@ pub struct Context {
     pub events: Events,
     pub prometheus: Prometheus,
     pub http: HttpClient,
+    pub alerts: crate::notifier::Alerts,
     pub settings: Settings,
     pub stats: Arc<CanaryStats>,
     /// Per Canary (uid): the resourceVersion this controller last wrote status over, and the
@@ -334,6 +336,9 @@ struct Run<'a> {
     plan: Plan,
     status: CanaryStatus,
     events: Vec<(EventType, &'static str, String)>,
+    /// Alerts of this step (severity, message, with the run's description), sent once its
+    /// status is written.
+    alerts: Vec<(Severity, String, bool)>,
     namespace: String,
     name: String,
 }
@@ -414,6 +419,7 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
                 },
                 status,
                 events: Vec::new(),
+                alerts: Vec::new(),
                 namespace,
                 name,
             };
@@ -447,6 +453,7 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
         plan,
         status,
         events: Vec::new(),
+        alerts: Vec::new(),
         namespace,
         name,
     };
@@ -475,6 +482,11 @@ impl Run<'_> {
 
     fn event(&mut self, kind: EventType, reason: &'static str, note: String) {
         self.events.push((kind, reason, note));
+    }
+
+    /// An alert to `analysis.alerts` (Flagger's `alert`); `described` adds the run's fields.
+    fn alert(&mut self, severity: Severity, message: String, described: bool) {
+        self.alerts.push((severity, message, described));
     }
 
     fn condition(&mut self, status: &str, reason: &str, message: &str) {

@@ -75,6 +75,12 @@ impl Run<'_> {
             self.record_revision(&target, &hash).await?;
             self.set_phase(Phase::Initialized);
             self.condition("True", "Initialized", "the primary serves all traffic");
+            let kind = self.canary.spec.target_ref.kind.clone();
+            self.alert(
+                Severity::Info,
+                format!("New {kind} detected, initialization completed."),
+                true,
+            );
             self.event(
                 EventType::Normal,
                 "Initialized",
@@ -105,7 +111,8 @@ impl Run<'_> {
             if let Some(action) = action {
                 match action {
                     ManualAction::Abort => {
-                        self.rollback("aborted by dubbo-cp canary abort").await;
+                        self.rollback("aborted by dubbo-cp canary abort", Severity::Warn)
+                            .await;
                         return self.sync_traffic(&target, &primary).await;
                     }
                     ManualAction::Promote => {
@@ -115,8 +122,11 @@ impl Run<'_> {
                 }
             }
             if let Some(hook) = self.rollback_requested().await {
-                self.rollback(&format!("rollback hook {hook} answered 2xx"))
-                    .await;
+                self.rollback(
+                    &format!("rollback hook {hook} answered 2xx"),
+                    Severity::Warn,
+                )
+                .await;
                 return self.sync_traffic(&target, &primary).await;
             }
         }
@@ -133,7 +143,17 @@ impl Run<'_> {
                 Ok(Action::requeue(self.plan.interval))
             }
             Phase::Waiting => {
+                // Flagger alerts once, when the run starts waiting.
+                let denied_before = self
+                    .status
+                    .hooks
+                    .iter()
+                    .any(|h| h.r#type == "confirm-rollout" && !h.ok);
                 if !self.run_hooks("confirm-rollout").await {
+                    if !denied_before {
+                        let text = "Canary is waiting for approval.".to_owned();
+                        self.alert(Severity::Warn, text, false);
+                    }
                     self.event(
                         EventType::Normal,
                         "Waiting",
@@ -148,6 +168,8 @@ impl Run<'_> {
                 self.status.last_analysis_time = now();
                 // The chart starts at 0 %.
                 self.record_step(Vec::new());
+                let text = "New revision detected, progressing canary analysis.".to_owned();
+                self.alert(Severity::Info, text, true);
                 self.event(
                     EventType::Normal,
                     "Progressing",
@@ -169,6 +191,12 @@ impl Run<'_> {
                 self.status.last_promoted_spec = self.status.last_applied_spec.clone();
                 self.set_phase(Phase::Succeeded);
                 self.condition("True", "Succeeded", "the canary was promoted");
+                let text = if self.canary.spec.skip_analysis {
+                    "Canary analysis was skipped, promotion finished."
+                } else {
+                    "Canary analysis completed successfully, promotion finished."
+                };
+                self.alert(Severity::Info, text.to_owned(), false);
                 self.record_step(Vec::new());
                 self.event(
                     EventType::Normal,
@@ -224,10 +252,13 @@ impl Run<'_> {
         if let Some(reason) = halted {
             let stalled = since(&self.status.last_transition_time).unwrap_or_default();
             if stalled > self.plan.deadline {
-                self.rollback(&format!(
-                    "progress deadline exceeded ({}s without progress): {reason}",
-                    self.plan.deadline.as_secs()
-                ))
+                self.rollback(
+                    &format!(
+                        "progress deadline exceeded ({}s without progress): {reason}",
+                        self.plan.deadline.as_secs()
+                    ),
+                    Severity::Error,
+                )
                 .await;
                 return self.sync_traffic(target, primary).await;
             }
@@ -306,7 +337,7 @@ impl Run<'_> {
                 "canary failed {} checks (threshold {})",
                 self.status.failed_checks, self.canary.spec.analysis.threshold
             );
-            self.rollback(&message).await;
+            self.rollback(&message, Severity::Error).await;
             return self.sync_traffic(target, primary).await;
         }
         if failed {
@@ -328,6 +359,10 @@ impl Run<'_> {
                 );
                 return self.start_promotion(target, primary, why).await;
             }
+            if self.phase() != Phase::WaitingPromotion {
+                let text = "Canary promotion is waiting for approval.".to_owned();
+                self.alert(Severity::Warn, text, false);
+            }
             self.set_phase(Phase::WaitingPromotion);
             self.event(
                 EventType::Normal,
@@ -347,6 +382,7 @@ impl Run<'_> {
         };
         // No such hook: run_hooks answers true without a call.
         if !self.run_hooks("confirm-traffic-increase").await {
+            self.traffic_increase_waits();
             self.event(
                 EventType::Normal,
                 "Waiting",
@@ -389,6 +425,7 @@ impl Run<'_> {
         if self.plan.strategy == Strategy::BlueGreen && self.status.canary_weight < 100 {
             // The switch is a traffic increase like any: its hooks may hold it.
             if !self.run_hooks("confirm-traffic-increase").await {
+                self.traffic_increase_waits();
                 self.event(
                     EventType::Normal,
                     "Waiting",
@@ -409,6 +446,12 @@ impl Run<'_> {
             return false;
         }
         true
+    }
+
+    /// Flagger alerts every time the traffic increase is held.
+    fn traffic_increase_waits(&mut self) {
+        let text = "Canary traffic increase is waiting for approval.".to_owned();
+        self.alert(Severity::Warn, text, false);
     }
 
     /// After a run, the canary pods keep weight 0 for one interval before they are scaled
@@ -445,8 +488,11 @@ impl Run<'_> {
             if !self.copy_configs(&target.spec.template).await? {
                 let stalled = since(&self.status.last_transition_time).unwrap_or_default();
                 if stalled > self.plan.deadline {
-                    self.rollback("promotion could not copy the configs the target uses")
-                        .await;
+                    self.rollback(
+                        "promotion could not copy the configs the target uses",
+                        Severity::Error,
+                    )
+                    .await;
                     self.sync_traffic(target, primary).await?;
                 }
                 return Ok(Action::requeue(HALT_RETRY));
@@ -468,8 +514,11 @@ impl Run<'_> {
         if let Some(reason) = not_ready(primary) {
             let stalled = since(&self.status.last_transition_time).unwrap_or_default();
             if stalled > self.plan.deadline {
-                self.rollback(&format!("promotion did not finish: {reason}"))
-                    .await;
+                self.rollback(
+                    &format!("promotion did not finish: {reason}"),
+                    Severity::Error,
+                )
+                .await;
             } else {
                 self.event(EventType::Normal, "Halted", format!("promotion: {reason}"));
             }
@@ -486,7 +535,7 @@ impl Run<'_> {
 
     /// Weight 0, phase Failed; the idle phase then scales the canary down. A rollback during
     /// promotion also puts the last promoted template back on the primary.
-    pub(super) async fn rollback(&mut self, reason: &str) {
+    pub(super) async fn rollback(&mut self, reason: &str, severity: Severity) {
         if self.phase() == Phase::Promoting
             && let Err(error) = self.restore_primary().await
         {
@@ -509,6 +558,11 @@ impl Run<'_> {
             "RolledBack",
             format!("rolling back {}: {reason}", self.plan.target),
         );
+        self.alert(
+            severity,
+            format!("Rolling back {}: {reason}", self.plan.target),
+            false,
+        );
         self.run_hooks("post-rollout").await;
     }
 
@@ -520,14 +574,12 @@ impl Run<'_> {
         self.status.canary_weight = 0;
         self.set_phase(Phase::Failed);
         self.condition("False", "InvalidSpec", reason);
-        self.event(
-            EventType::Warning,
-            "RolledBack",
-            clip(&format!(
-                "rolling back {}: the spec is invalid: {reason}",
-                self.plan.target
-            )),
-        );
+        let message = clip(&format!(
+            "rolling back {}: the spec is invalid: {reason}",
+            self.plan.target
+        ));
+        self.event(EventType::Warning, "RolledBack", message.clone());
+        self.alert(Severity::Error, message, false);
         Ok(())
     }
 
