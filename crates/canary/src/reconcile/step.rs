@@ -257,7 +257,15 @@ impl Run<'_> {
         if !self.run_hooks("rollout").await {
             failed = true;
         }
-        let metrics = self.check_metrics().await;
+        // At weight 0 a weight-stepping canary has taken no call, so its metrics have no data
+        // to judge: Flagger skips the analysis while no traffic reaches the canary; so do we.
+        // (A/B and Blue/Green keep weight 0 and are judged on matched or test traffic.)
+        let untried = self.plan.strategy == Strategy::Canary && self.status.canary_weight == 0;
+        let metrics = if untried {
+            Vec::new()
+        } else {
+            self.check_metrics().await
+        };
         if metrics.iter().any(|m| !m.ok) {
             failed = true;
         }
