@@ -487,3 +487,79 @@ async fn a_healthy_canary_is_promoted_with_the_traffic_following_each_step() {
     );
     setup.server.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ab_canary_takes_only_matching_calls_and_is_promoted_on_their_metrics() {
+    // The route is written as soon as the canary's pods are ready, and Prometheus's discovery
+    // batches new targets for up to 5 s before their first scrape: the first checks after the
+    // route may find no data. Every 3 s with a threshold of 3 outlasts that (an operator's
+    // intervals of a minute do by far).
+    let mut analysis = analysis(3);
+    analysis["interval"] = json!("3s");
+    analysis["iterations"] = json!(3);
+    analysis["match"] = json!([{"headers": {"x-canary": {"exact": "insider"}}}]);
+    analysis.as_object_mut().unwrap().remove("stepWeight");
+    analysis.as_object_mut().unwrap().remove("maxWeight");
+    let mut setup = Setup::start(Build::default(), analysis).await;
+    setup.wait_phase("Initialized").await;
+    // The cohort calls the whole run: on the primary until the route is in place.
+    setup
+        .client
+        .settle_with("primary", 100, "x-canary=insider")
+        .await;
+    setup
+        .scraped(r#"namespace="test",pod=~"podinfo-primary-.*""#, 2)
+        .await;
+
+    setup.release("podinfo:2").await;
+    setup
+        .api
+        .wait_for_object("conditionroutes", NS, "podinfo-canary", WAIT, |r| {
+            r.is_some()
+        })
+        .await;
+    // Insiders reach the canary, and no one else does.
+    setup
+        .client
+        .settle_with("canary", 100, "x-canary=insider")
+        .await;
+    let insiders = setup.client.count_with(2000, "x-canary=insider").await;
+    assert_eq!(answers(&insiders, "canary"), 2000, "{insiders}");
+    let others = setup.client.count_with(2000, "x-canary=outsider").await;
+    assert_eq!(answers(&others, "primary"), 2000, "{others}");
+    let plain = setup.client.count(2000).await;
+    assert_eq!(answers(&plain, "primary"), 2000, "{plain}");
+    // The iterations pass on the insiders' calls, as Prometheus scraped them.
+    setup
+        .client
+        .settle_with("canary", 10, "x-canary=insider")
+        .await;
+    let waiting = setup.wait_phase("WaitingPromotion").await;
+    assert!(
+        waiting["status"]["iterations"].as_u64() >= Some(3),
+        "{waiting}"
+    );
+    let step = setup.analysed_at(0).await;
+    assert_eq!(
+        metric(&step, "request-success-rate")["value"],
+        100.0,
+        "{step}"
+    );
+    assert_eq!(metric(&step, "request-duration")["ok"], true, "{step}");
+    eprintln!(
+        "A/B: insiders {insiders}, outsiders {others}, no header {plain}; failed checks {}",
+        waiting["status"]["failedChecks"]
+    );
+
+    setup.gates.promote.fetch_add(1, Ordering::SeqCst);
+    setup.wait_phase("Succeeded").await;
+    setup
+        .client
+        .settle_with("primary", 100, "x-canary=insider")
+        .await;
+    let after = setup.client.count_with(2000, "x-canary=insider").await;
+    assert_eq!(answers(&after, "primary"), 2000, "{after}");
+    let totals = setup.client.totals().await;
+    assert_eq!(answers(&totals, "error"), 0, "{totals}");
+    setup.server.stop().await.unwrap();
+}

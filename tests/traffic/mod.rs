@@ -108,13 +108,25 @@ impl Client {
 
     /// Who answered the next `n` calls (`injected`: the build's failures; `error`: any other).
     pub async fn count(&mut self, n: usize) -> Value {
-        self.0.ask(&format!("count {n}")).await
+        self.count_with(n, "").await
+    }
+
+    /// The same, each call with `metadata` (`key=value` words), as the calls after it.
+    pub async fn count_with(&mut self, n: usize, metadata: &str) -> Value {
+        self.0.ask(&format!("count {n} {metadata}")).await
     }
 
     /// Waits until `who` answered `run` calls in a row.
     pub async fn settle(&mut self, who: &str, run: usize) {
-        let settled = self.0.ask(&format!("settle {who} {run}")).await;
+        self.settle_with(who, run, "").await;
+    }
+
+    /// The same, each call with `metadata`, as the calls after it.
+    /// Returns how many calls it took.
+    pub async fn settle_with(&mut self, who: &str, run: usize, metadata: &str) -> u64 {
+        let settled = self.0.ask(&format!("settle {who} {run} {metadata}")).await;
         assert_eq!(settled["settled"], true, "{who} never answered: {settled}");
+        settled["calls"].as_u64().unwrap()
     }
 
     /// The counts over every call so far.

@@ -7,12 +7,14 @@ longer. Exports Dubbo's provider metrics in Prometheus's text format on HOST:0 /
 "GRPC_PORT METRICS_PORT"; runs until stdin closes.
 
 client TARGET: calls TARGET (an xds:/// URI, bootstrap from GRPC_XDS_BOOTSTRAP_CONFIG) one call
-after another, from the first command until stdin closes, so traffic flows the whole run.
-Commands on stdin, each answered with one JSON line:
-  "count N": who answered the next N calls: {NAME: n, "injected": n, "error": n, "last_error"}.
-  "settle WHO RUN": waits until WHO answered RUN calls in a row (the client applies a version a
-  moment after it acknowledged it); {"settled": bool}, false after 5,000 calls.
-  "totals": the same counts over every call so far.
+after another, from the first command until stdin closes, so traffic flows the whole run. The
+calls carry the metadata ("key=value" words) of the last "count" or "settle" command. Commands on
+stdin, each answered with one JSON line, each counting only calls started after it:
+  "count N [key=value ...]": who answered the next N calls: {NAME: n, "injected": n, "error": n,
+  "last_error": details}.
+  "settle WHO RUN [key=value ...]": waits until WHO answered RUN calls in a row (the client
+  applies a version a moment after it acknowledged it); {"settled": bool, "calls": n}, false after 5,000.
+  "totals": the counts over every call so far, whatever their metadata.
 """
 import collections
 import http.server
@@ -124,23 +126,28 @@ def client(target):
     call = channel.unary_unary(METHOD)
     state = threading.Condition()
     totals = {}
-    streak = ["", 0]  # who answered the last calls in a row, and how many
-    done = [0]
+    # What the current command counts: only calls started after it, with its metadata.
+    current = {"generation": 0, "metadata": (), "window": {}, "done": 0, "streak": ["", 0]}
 
     def calls():
         while True:
+            with state:
+                generation, metadata = current["generation"], current["metadata"]
             try:
-                who = call(b"", timeout=10).decode()
+                who = call(b"", timeout=10, metadata=metadata).decode()
                 detail = None
             except grpc.RpcError as err:
                 detail = str(err.details())
                 who = "injected" if detail == INJECTED else "error"
             with state:
                 totals[who] = totals.get(who, 0) + 1
-                if detail and who == "error":
+                if who == "error":
                     totals["last_error"] = detail
-                streak[:] = [who, streak[1] + 1 if streak[0] == who else 1]
-                done[0] += 1
+                if generation == current["generation"]:
+                    window, streak = current["window"], current["streak"]
+                    window[who] = window.get(who, 0) + 1
+                    streak[:] = [who, streak[1] + 1 if streak[0] == who else 1]
+                    current["done"] += 1
                 state.notify_all()
 
     started = False
@@ -150,23 +157,30 @@ def client(target):
             threading.Thread(target=calls, daemon=True).start()
             started = True
         with state:
-            if words[:1] == ["count"] and len(words) == 2:
-                before, until = dict(totals), done[0] + int(words[1])
-                state.wait_for(lambda: done[0] >= until)
-                counts = {k: v - before.get(k, 0) for k, v in totals.items() if k != "last_error"}
-                counts = {k: v for k, v in counts.items() if v}
-                if "last_error" in totals:
+            if words[:1] in (["count"], ["settle"]):
+                metadata = tuple(tuple(w.split("=", 1)) for w in words if "=" in w)
+                current.update(
+                    generation=current["generation"] + 1,
+                    metadata=metadata,
+                    window={},
+                    done=0,
+                    streak=["", 0],
+                )
+            if words[:1] == ["count"]:
+                wanted = int(words[1])
+                state.wait_for(lambda: current["done"] >= wanted)
+                counts = dict(current["window"])
+                if "error" in counts:
                     counts["last_error"] = totals["last_error"]
                 print(json.dumps(counts), flush=True)
-            elif words[:1] == ["settle"] and len(words) == 3:
-                start, wanted = done[0], int(words[2])
+            elif words[:1] == ["settle"]:
+                who, wanted = words[1], int(words[2])
 
                 def settled():
-                    # The run counts only calls made after the command.
-                    return streak[0] == words[1] and min(streak[1], done[0] - start) >= wanted
+                    return current["streak"][0] == who and current["streak"][1] >= wanted
 
-                state.wait_for(lambda: settled() or done[0] >= start + 5000)
-                print(json.dumps({"settled": settled()}), flush=True)
+                state.wait_for(lambda: settled() or current["done"] >= 5000)
+                print(json.dumps({"settled": settled(), "calls": current["done"]}), flush=True)
             elif words == ["totals"]:
                 print(json.dumps(totals), flush=True)
             else:
