@@ -28,11 +28,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use common::apiserver::ApiServer;
 use common::{start, wait_ready};
-use dubbo_cp::canary::prometheus::Endpoint;
+use dubbo_cp::canary::prometheus::{Endpoint, QueryError};
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use prost::Message;
 use serde_json::{Value, json};
-use traffic::{Build, Client, Prometheus, Provider, answers};
+use traffic::{Build, Client, Prometheus, Provider, WebConfig, answers};
 
 const NS: &str = "test";
 const WAIT: Duration = Duration::from_secs(60);
@@ -180,7 +180,13 @@ impl Setup {
     /// scraping them, the control plane judging a Canary with `analysis` (plus the gates) on
     /// that Prometheus, and a client (idle until its first command).
     async fn start(canary: Build, analysis: Value) -> Setup {
-        let prometheus = Arc::new(Prometheus::start(None));
+        Setup::start_with(canary, analysis, None).await
+    }
+
+    /// The same, Prometheus behind https and basic auth when `web` says so (the server trusts
+    /// its CA by `canary.caFile`).
+    async fn start_with(canary: Build, analysis: Value, web: Option<&WebConfig>) -> Setup {
+        let prometheus = Arc::new(Prometheus::start(web));
         let mut providers = Vec::new();
         let mut ports = BTreeMap::new();
         for (role, prefix, build) in [
@@ -233,7 +239,12 @@ impl Setup {
         config.debounce.max = Duration::from_millis(50);
         config.auth.token_review = Some(false);
         config.canary.enabled = true;
-        config.canary.prometheus = Some(format!("http://{}", prometheus.addr));
+        config.canary.prometheus = Some(prometheus.endpoint.address.clone());
+        if let Some(web) = web {
+            let ca_file = dir.path().join("prometheus-ca.pem");
+            std::fs::write(&ca_file, &web.ca_pem).unwrap();
+            config.canary.ca_file = Some(ca_file);
+        }
         config.canary.query_timeout = Duration::from_secs(5);
         config.canary.lease_duration = Duration::from_secs(2);
         let server = start(config).await;
@@ -265,10 +276,6 @@ impl Setup {
         }
     }
 
-    fn endpoint(&self) -> Endpoint {
-        Endpoint::plain(&format!("http://{}", self.prometheus.addr))
-    }
-
     async fn wait_phase(&self, phase: &str) -> Value {
         self.api
             .wait_for_object("canaries", NS, "podinfo", WAIT, |c| {
@@ -293,7 +300,9 @@ impl Setup {
     /// Waits until Prometheus scrapes `pods` pods matching `selector`, all up.
     async fn scraped(&self, selector: &str, pods: u32) {
         let query = format!("count(up{{{selector}}} == 1)");
-        traffic::wait_for_value(&self.endpoint(), &query, |n| n == f64::from(pods)).await;
+        self.prometheus
+            .wait_for_value(&query, |n| n == f64::from(pods))
+            .await;
     }
 
     /// Lets the next step through and waits until the Canary is at `percent`.
@@ -559,6 +568,88 @@ async fn an_ab_canary_takes_only_matching_calls_and_is_promoted_on_their_metrics
         .await;
     let after = setup.client.count_with(2000, "x-canary=insider").await;
     assert_eq!(answers(&after, "primary"), 2000, "{after}");
+    let totals = setup.client.totals().await;
+    assert_eq!(answers(&totals, "error"), 0, "{totals}");
+    setup.server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_metric_template_reads_an_https_prometheus_with_basic_auth_and_rolls_back() {
+    use base64::Engine;
+    let web = WebConfig::generate("canary", "s3cret-for-prometheus");
+    let analysis = json!({
+        "interval": "2s", "threshold": 2, "maxWeight": 60, "stepWeight": 20,
+        "metrics": [{"name": "success", "templateRef": {"name": "success"},
+                     "templateVariables": {"application": "podinfo"},
+                     "thresholdRange": {"min": 99}, "interval": "30s"}],
+    });
+    let failing = Build {
+        fail_percent: 50,
+        delay_ms: 0,
+    };
+    let mut setup = Setup::start_with(failing, analysis, Some(&web)).await;
+    // The template: Flagger's fields, the built-in success rate written out with its variables,
+    // the address https, the credentials from a Secret.
+    let pods = r#"namespace="{{ namespace }}",pod=~"{{ target }}-[0-9a-zA-Z]+(-[0-9a-zA-Z]+)",application_name="{{ variables.application }}""#;
+    let query = format!(
+        "sum(rate(dubbo_provider_requests_succeed_total{{{pods}}}[{{{{ interval }}}}])) \
+         / sum(rate(dubbo_provider_requests_total{{{pods}}}[{{{{ interval }}}}])) * 100"
+    );
+    setup.api.put_object(
+        "metrictemplates",
+        NS,
+        "success",
+        json!({"apiVersion": "dubbo.apache.org/v1alpha1", "kind": "MetricTemplate",
+               "metadata": {"name": "success", "namespace": NS},
+               "spec": {"provider": {"type": "prometheus",
+                                     "address": setup.prometheus.endpoint.address,
+                                     "secretRef": {"name": "prom-auth"}},
+                        "query": query}}),
+    );
+    let encode = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
+    setup.api.put_object(
+        "secrets",
+        NS,
+        "prom-auth",
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": "prom-auth", "namespace": NS},
+               "data": {"username": encode(&web.username), "password": encode(&web.password)}}),
+    );
+    setup.wait_phase("Initialized").await;
+    setup.client.settle("primary", 100).await;
+    setup
+        .scraped(r#"namespace="test",pod=~"podinfo-primary-.*""#, 2)
+        .await;
+    // Prometheus really asks: without credentials it refuses.
+    let anonymous = Endpoint {
+        credentials: None,
+        ..setup.prometheus.endpoint.clone()
+    };
+    let refused = setup.prometheus.query_at(&anonymous, "up").await;
+    assert!(
+        matches!(refused, Err(QueryError::Status { status: 401, .. })),
+        "{refused:?}"
+    );
+
+    setup.release("podinfo:2").await;
+    setup.permit_step(20).await;
+    setup.served(&[50, 200]).await;
+    let failed = setup.wait_phase("Failed").await;
+    let last = failed["status"]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|s| s["metrics"].is_array())
+        .unwrap()
+        .clone();
+    let rate = metric(&last, "success");
+    assert_eq!(rate["ok"], false, "{last}");
+    let value = rate["value"].as_f64().unwrap_or_else(|| panic!("{last}"));
+    assert!((40.0..=60.0).contains(&value), "{last}");
+    eprintln!("https + basic auth: rolled back at success rate {value:.1}%");
+    setup.served(&[200]).await;
+    setup.client.settle("primary", 100).await;
     let totals = setup.client.totals().await;
     assert_eq!(answers(&totals, "error"), 0, "{totals}");
     setup.server.stop().await.unwrap();

@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use dubbo_cp::canary::http::HttpClient;
+use dubbo_cp::canary::prometheus::{Endpoint, QueryError};
+use dubbo_cp::canary::template::Credentials;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -139,12 +142,34 @@ pub fn answers(counts: &Value, who: &str) -> u64 {
     counts[who].as_u64().unwrap_or(0)
 }
 
-/// How Prometheus's web server is reached: https with a certificate, basic auth.
+/// How Prometheus's web server is reached: https with a certificate for 127.0.0.1 from a test
+/// CA, and basic auth (the password stored as a bcrypt hash, as Prometheus wants it).
 pub struct WebConfig {
-    pub cert_pem: String,
-    pub key_pem: String,
-    pub user: String,
-    pub bcrypt_hash: String,
+    pub ca_pem: String,
+    cert_pem: String,
+    key_pem: String,
+    pub username: String,
+    pub password: String,
+}
+
+impl WebConfig {
+    pub fn generate(username: &str, password: &str) -> WebConfig {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+        let cert = server.signed_by(&key, &issuer).unwrap();
+        WebConfig {
+            ca_pem: ca_cert.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            username: username.to_owned(),
+            password: password.to_owned(),
+        }
+    }
 }
 
 /// Debian's Prometheus on 127.0.0.1, scraping every second the targets the test names in a
@@ -153,6 +178,9 @@ pub struct WebConfig {
 pub struct Prometheus {
     process: std::process::Child,
     pub addr: SocketAddr,
+    /// Where queries go and with which credentials.
+    pub endpoint: Endpoint,
+    client: dubbo_cp::canary::prometheus::Prometheus,
     targets: PathBuf,
     dir: tempfile::TempDir,
 }
@@ -195,15 +223,31 @@ impl Prometheus {
             .arg(format!("--web.listen-address={addr}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if let Some(web) = web {
-            command.arg(format!(
-                "--web.config.file={}",
-                write_web_config(dir.path(), web).display()
-            ));
-        }
+        let (endpoint, roots) = match web {
+            None => (Endpoint::plain(&format!("http://{addr}")), None),
+            Some(web) => {
+                command.arg(format!(
+                    "--web.config.file={}",
+                    write_web_config(dir.path(), web).display()
+                ));
+                let endpoint = Endpoint {
+                    address: format!("https://{addr}"),
+                    credentials: Some(Credentials::Basic {
+                        username: web.username.clone(),
+                        password: web.password.clone(),
+                    }),
+                    insecure: false,
+                };
+                (endpoint, Some(web.ca_pem.as_bytes()))
+            }
+        };
         Prometheus {
             process: command.spawn().unwrap(),
             addr,
+            endpoint,
+            client: dubbo_cp::canary::prometheus::Prometheus::new(
+                HttpClient::with_roots(roots).unwrap(),
+            ),
             targets,
             dir,
         }
@@ -230,6 +274,8 @@ fn write_web_config(dir: &Path, web: &WebConfig) -> PathBuf {
     let key = dir.join("web.key");
     std::fs::write(&cert, &web.cert_pem).unwrap();
     std::fs::write(&key, &web.key_pem).unwrap();
+    // The lowest cost bcrypt allows: Prometheus checks the hash on every request.
+    let hash = bcrypt::hash(&web.password, 4).unwrap();
     let config = dir.join("web.yml");
     std::fs::write(
         &config,
@@ -238,35 +284,39 @@ fn write_web_config(dir: &Path, web: &WebConfig) -> PathBuf {
              basic_auth_users:\n  {}: '{}'\n",
             cert.display(),
             key.display(),
-            web.user,
-            web.bcrypt_hash
+            web.username,
+            hash
         ),
     )
     .unwrap();
     config
 }
 
-/// Waits until `query` on Prometheus at `endpoint` gives a value `check` accepts. Polls: an
-/// outside process says nothing when it has scraped.
-pub async fn wait_for_value(
-    endpoint: &dubbo_cp::canary::prometheus::Endpoint,
-    query: &str,
-    check: impl Fn(f64) -> bool,
-) -> f64 {
-    let client = dubbo_cp::canary::prometheus::Prometheus::default();
-    let mut last = None;
-    let waited = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            let answer = client.query(endpoint, query, Duration::from_secs(2)).await;
-            if let Ok(value) = &answer
-                && check(*value)
-            {
-                return *value;
+impl Prometheus {
+    /// Runs `query` on `endpoint` (this Prometheus's, or another way in).
+    pub async fn query_at(&self, endpoint: &Endpoint, query: &str) -> Result<f64, QueryError> {
+        self.client
+            .query(endpoint, query, Duration::from_secs(2))
+            .await
+    }
+
+    /// Waits until `query` gives a value `check` accepts. Polls: an outside process says
+    /// nothing when it has scraped.
+    pub async fn wait_for_value(&self, query: &str, check: impl Fn(f64) -> bool) -> f64 {
+        let mut last = None;
+        let waited = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                let answer = self.query_at(&self.endpoint, query).await;
+                if let Ok(value) = &answer
+                    && check(*value)
+                {
+                    return *value;
+                }
+                last = Some(answer);
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            last = Some(answer);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await;
-    waited.unwrap_or_else(|_| panic!("{query} never had the value wanted; last {last:?}"))
+        })
+        .await;
+        waited.unwrap_or_else(|_| panic!("{query} never had the value wanted; last {last:?}"))
+    }
 }
