@@ -397,6 +397,7 @@ async fn a_canary_failing_half_its_calls_is_rolled_back_by_the_real_success_rate
         answers(&counts, "injected").abs_diff(canary / 2) <= 1,
         "{counts}"
     );
+    eprintln!("step 20%: the canary took {canary} of 2000 calls: {counts}");
     let clients = setup.server.xds_clients.clone().unwrap();
     let at_twenty = endpoint_nonce(&clients.list()).unwrap();
 
