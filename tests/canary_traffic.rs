@@ -172,6 +172,8 @@ struct Setup {
     prometheus: Arc<Prometheus>,
     client: Client,
     _providers: Vec<Provider>,
+    /// Each pod IP's provider ports: (gRPC, metrics).
+    ports: BTreeMap<String, (u16, u16)>,
     _dir: tempfile::TempDir,
 }
 
@@ -211,7 +213,7 @@ impl Setup {
                    "metadata": {"name": "podinfo", "namespace": NS},
                    "spec": {"ports": [{"name": "grpc", "port": 7070, "protocol": "TCP"}]}}),
         );
-        cluster_controllers(&api, prometheus.clone(), ports);
+        cluster_controllers(&api, prometheus.clone(), ports.clone());
         let gates_ = Gates::default();
         let gate = gates(gates_.clone()).await;
         let mut analysis = analysis;
@@ -272,6 +274,7 @@ impl Setup {
             client: Client::start("xds:///podinfo", bootstrap),
             prometheus,
             _providers: providers,
+            ports,
             _dir: dir,
         }
     }
@@ -653,5 +656,75 @@ async fn a_metric_template_reads_an_https_prometheus_with_basic_auth_and_rolls_b
     setup.client.settle("primary", 100).await;
     let totals = setup.client.totals().await;
     assert_eq!(answers(&totals, "error"), 0, "{totals}");
+    setup.server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_blue_green_canary_is_judged_on_test_traffic_then_takes_every_call_in_one_push() {
+    // Judged every iteration, on the load tester's calls only: the first checks after the
+    // canary's pods come up have no data until Prometheus discovers and scrapes them.
+    let mut analysis = analysis(4);
+    analysis["interval"] = json!("3s");
+    analysis["iterations"] = json!(3);
+    analysis.as_object_mut().unwrap().remove("stepWeight");
+    analysis.as_object_mut().unwrap().remove("maxWeight");
+    let mut setup = Setup::start(Build::default(), analysis).await;
+    setup.wait_phase("Initialized").await;
+    setup.client.settle("primary", 100).await;
+    setup.served(&[200]).await;
+    setup
+        .scraped(r#"namespace="test",pod=~"podinfo-primary-.*""#, 2)
+        .await;
+    // A load tester calls the canary's pods directly, as `rollout` hooks would have one do.
+    let canary_pods: Vec<String> = setup
+        .ports
+        .iter()
+        .filter(|(ip, _)| ip.starts_with("127.0.1."))
+        .map(|(ip, (grpc, _))| format!("{ip}:{grpc}"))
+        .collect();
+    let mut tester = Client::direct(&canary_pods);
+    tester.settle("canary", 10).await;
+
+    setup.release("podinfo:2").await;
+    // No production call reaches the canary while the iterations pass on test traffic.
+    let during = setup.client.count(2000).await;
+    assert_eq!(answers(&during, "primary"), 2000, "{during}");
+    let analysed = setup
+        .api
+        .wait_for_object("canaries", NS, "podinfo", WAIT, |c| {
+            c.is_some_and(|c| c["status"]["iterations"].as_u64() >= Some(3))
+        })
+        .await
+        .unwrap();
+    assert_eq!(analysed["status"]["strategy"], "Blue/Green");
+    assert_eq!(analysed["status"]["canaryWeight"], 0);
+    let step = setup.analysed_at(0).await;
+    assert_eq!(
+        metric(&step, "request-success-rate")["value"],
+        100.0,
+        "{step}"
+    );
+    let clients = setup.server.xds_clients.clone().unwrap();
+    let before = endpoint_nonce(&clients.list()).unwrap();
+
+    // The switch: every call on the canary, in one push.
+    setup.permit_step(100).await;
+    setup.client.settle("canary", 100).await;
+    let switched = setup.client.count(2000).await;
+    assert_eq!(answers(&switched, "canary"), 2000, "{switched}");
+    assert_eq!(endpoint_nonce(&clients.list()), Some(before + 1));
+    eprintln!(
+        "Blue/Green: before the switch {during}, after {switched}; failed checks {}",
+        analysed["status"]["failedChecks"]
+    );
+
+    setup.gates.promote.fetch_add(1, Ordering::SeqCst);
+    setup.wait_phase("Succeeded").await;
+    setup.client.settle("primary", 100).await;
+    let after = setup.client.count(2000).await;
+    assert_eq!(answers(&after, "primary"), 2000, "{after}");
+    let totals = setup.client.totals().await;
+    assert_eq!(answers(&totals, "error"), 0, "{totals}");
+    drop(tester);
     setup.server.stop().await.unwrap();
 }

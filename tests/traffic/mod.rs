@@ -109,6 +109,15 @@ impl Client {
         ))
     }
 
+    /// A client calling `addresses` directly (`host:port`, round robin), as a load tester
+    /// points at a canary's pods.
+    pub fn direct(addresses: &[String]) -> Client {
+        Client(Proc::spawn(
+            &["client", &format!("ipv4:{}", addresses.join(","))],
+            &[],
+        ))
+    }
+
     /// Who answered the next `n` calls (`injected`: the build's failures; `error`: any other).
     pub async fn count(&mut self, n: usize) -> Value {
         self.count_with(n, "").await

@@ -122,7 +122,11 @@ def provider(name, host, application, fail_percent, delay_ms):
 
 
 def client(target):
-    channel = grpc.insecure_channel(target)
+    options = []
+    if not target.startswith("xds:"):
+        # Round robin: a direct target of several pods (a load tester's) reaches each of them.
+        options.append(("grpc.service_config", '{"loadBalancingConfig": [{"round_robin": {}}]}'))
+    channel = grpc.insecure_channel(target, options=options)
     call = channel.unary_unary(METHOD)
     state = threading.Condition()
     totals = {}
