@@ -391,6 +391,8 @@ async fn a_canary_failing_half_its_calls_is_rolled_back_by_the_real_success_rate
     setup.release("podinfo:2").await;
     setup.permit_step(20).await;
     setup.served(&[50, 200]).await;
+    // The client uses what it acknowledged a moment later: counted from its first canary call.
+    setup.client.settle("canary", 1).await;
     // A fifth of the calls reach the canary, which fails half of those.
     let counts = setup.client.count(2000).await;
     let canary = answers(&counts, "canary") + answers(&counts, "injected");
@@ -462,6 +464,10 @@ async fn a_healthy_canary_is_promoted_with_the_traffic_following_each_step() {
         let mut weights = vec![2 * weight, 200];
         weights.sort();
         setup.served(&weights).await;
+        if percent == 20 {
+            // The client uses what it acknowledged a moment later.
+            setup.client.settle("canary", 1).await;
+        }
         let counts = setup.client.count(2000).await;
         let canary = answers(&counts, "canary");
         assert_eq!(canary + answers(&counts, "primary"), 2000, "{counts}");
