@@ -644,7 +644,8 @@ async fn a_failing_metric_rolls_back_after_threshold_checks_and_no_data_counts_a
             .contains("failed 3 checks"),
         "{condition}"
     );
-    // Each failed check held the weight at 0 and said why.
+    // Each failed check held the weight (the first step, 10: at 0 no call reached the canary to
+    // judge) and said why.
     let metrics = first_checked(&status);
     assert_eq!(metrics[0]["value"], 90.0);
     assert_eq!(metrics[0]["ok"], false);

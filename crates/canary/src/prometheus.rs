@@ -110,8 +110,18 @@ pub enum QueryError {
 /// The first sample of an instant query's answer (vector or scalar). NaN (a rate over no calls)
 /// is no data, as in Flagger.
 pub fn parse_answer(status: u16, body: &str) -> Result<f64, QueryError> {
-    let json: serde_json::Value =
-        serde_json::from_str(body).map_err(|e| QueryError::Malformed(e.to_string()))?;
+    let json: serde_json::Value = match serde_json::from_str(body) {
+        Ok(json) => json,
+        // A refusal before the API is plain text (Prometheus's basic auth answers 401
+        // "Unauthorized", a proxy 502): the status says more than the body's syntax.
+        Err(_) if !(200..300).contains(&status) => {
+            return Err(QueryError::Status {
+                status,
+                message: body.trim().chars().take(200).collect(),
+            });
+        }
+        Err(e) => return Err(QueryError::Malformed(e.to_string())),
+    };
     if !(200..300).contains(&status) || json["status"] != "success" {
         let message = json["error"]
             .as_str()
@@ -345,6 +355,13 @@ mod tests {
             parse_answer(200, "<html>"),
             Err(QueryError::Malformed(_))
         ));
+        assert_eq!(
+            parse_answer(401, "Unauthorized\n"),
+            Err(QueryError::Status {
+                status: 401,
+                message: "Unauthorized".to_owned()
+            })
+        );
         assert!(QueryError::NoData.to_string().starts_with("no data"));
     }
 

@@ -288,13 +288,21 @@ impl Run<'_> {
         if !self.run_hooks("rollout").await {
             failed = true;
         }
-        let metrics = self.check_metrics().await;
+        // Metrics judge the calls the canary took: with none there is no data, and each
+        // iteration would fail on that alone, so Flagger skips the analysis while no traffic
+        // reaches the canary, and so do we: a weight-stepping canary at weight 0, and an A/B
+        // run whose route is not in place (its iteration does not count either). Blue/Green
+        // keeps weight 0 and is judged on its hooks' test traffic.
+        let unrouted = self.plan.strategy == Strategy::ABTesting && self.stored_route().is_none();
+        let untried = self.plan.strategy == Strategy::Canary && self.status.canary_weight == 0;
+        let metrics = if untried || unrouted {
+            Vec::new()
+        } else {
+            self.check_metrics().await
+        };
         if metrics.iter().any(|m| !m.ok) {
             failed = true;
         }
-        // An A/B iteration counts only with the route in place: without it the canary took no
-        // matching call to judge.
-        let unrouted = self.plan.strategy == Strategy::ABTesting && self.stored_route().is_none();
         if unrouted && !failed {
             self.event(
                 EventType::Normal,
