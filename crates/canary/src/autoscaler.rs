@@ -5,13 +5,9 @@ use k8s_openapi::api::autoscaling::v2::{
     CrossVersionObjectReference, HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec,
 };
 use kube::KubeSchema;
-use kube::Resource;
-use kube::api::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use super::crd::Canary;
-use super::deployments::primary_name;
-use super::revisions::REVISION_LABEL;
+use super::services::Owner;
 
 /// Flagger's `autoscalerRef`; only `autoscaling/v2` HorizontalPodAutoscalers.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -40,33 +36,23 @@ pub fn copy_name(reference: &AutoscalerRef) -> String {
     format!("{}-primary", reference.name)
 }
 
-/// The copy of `source` that scales the primary of `target`, owned by `canary`: the same
-/// bounds, metrics and behaviour (Flagger copies these four).
+/// The copy of `source` that scales Deployment `primary`, owned by `owner`: the same bounds,
+/// metrics and behaviour (Flagger copies these four), and labels.
 pub fn primary_copy(
     source: &HorizontalPodAutoscaler,
     reference: &AutoscalerRef,
-    target: &str,
-    canary: &Canary,
+    primary: &str,
+    owner: &Owner,
 ) -> HorizontalPodAutoscaler {
-    let mut labels = source.metadata.labels.clone().unwrap_or_default();
-    labels.insert(
-        REVISION_LABEL.to_owned(),
-        canary.meta().name.clone().unwrap_or_default(),
-    );
+    let labels = source.metadata.labels.clone().unwrap_or_default();
     let spec = source.spec.clone();
     HorizontalPodAutoscaler {
-        metadata: ObjectMeta {
-            name: Some(copy_name(reference)),
-            namespace: canary.meta().namespace.clone(),
-            labels: Some(labels),
-            owner_references: canary.controller_owner_ref(&()).map(|r| vec![r]),
-            ..ObjectMeta::default()
-        },
+        metadata: owner.meta(&copy_name(reference), labels),
         spec: HorizontalPodAutoscalerSpec {
             scale_target_ref: CrossVersionObjectReference {
                 api_version: Some("apps/v1".to_owned()),
                 kind: "Deployment".to_owned(),
-                name: primary_name(target),
+                name: primary.to_owned(),
             },
             min_replicas: spec.min_replicas,
             max_replicas: spec.max_replicas,
@@ -108,14 +94,12 @@ mod tests {
 
     #[test]
     fn the_copy_scales_the_primary_with_the_targets_bounds() {
-        let canary: Canary = serde_json::from_value(json!({
-            "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
-            "metadata": {"name": "podinfo", "namespace": "test", "uid": "c1"},
-            "spec": {"targetRef": {"name": "podinfo"}, "analysis": {"stepWeight": 10},
-                     "autoscalerRef": {"name": "podinfo"}},
-        }))
-        .unwrap();
-        let reference = canary.spec.autoscaler_ref.clone().unwrap();
+        let reference: AutoscalerRef = serde_json::from_value(json!({"name": "podinfo"})).unwrap();
+        let owner = Owner {
+            name: "podinfo".to_owned(),
+            uid: Some("c1".to_owned()),
+            ..Owner::default()
+        };
         assert_eq!(reference.api_version, "autoscaling/v2");
         let source: HorizontalPodAutoscaler = serde_json::from_value(json!({
             "metadata": {"name": "podinfo", "namespace": "test", "labels": {"team": "a"}},
@@ -129,13 +113,16 @@ mod tests {
                 .unwrap()
                 .contains("not Deployment other")
         );
-        let copy = primary_copy(&source, &reference, "podinfo", &canary);
+        let copy = primary_copy(&source, &reference, "podinfo-primary", &owner);
         assert_eq!(copy.metadata.name.as_deref(), Some("podinfo-primary"));
         let spec = &copy.spec;
         assert_eq!(spec.scale_target_ref.name, "podinfo-primary");
         assert_eq!((spec.min_replicas, spec.max_replicas), (Some(2), 4));
         assert_eq!(copy.metadata.labels.as_ref().unwrap()["team"], "a");
-        assert!(crate::services::owned_by(&copy.metadata, &canary));
+        assert_eq!(
+            copy.metadata.labels.as_ref().unwrap()["dubbo.apache.org/canary"],
+            "podinfo"
+        );
         assert_eq!(canary_replicas(&source), 2);
     }
 }

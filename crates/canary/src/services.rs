@@ -12,13 +12,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{PodTemplateSpec, Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::KubeSchema;
-use kube::Resource;
 use kube::api::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use super::crd::Canary;
 use super::revisions::REVISION_LABEL;
 use dubbo_cp_domain::service::APPLICATION_LABEL;
 
@@ -63,12 +62,43 @@ fn http() -> String {
     "http".to_owned()
 }
 
-/// The three Services' names: apex, primary, canary.
-pub fn names(canary: &Canary, service: &CanaryService) -> [String; 3] {
-    let apex = service
-        .name
-        .clone()
-        .unwrap_or_else(|| canary.spec.target_ref.name.clone());
+/// The Canary the objects belong to (this module does not read the resource itself).
+#[derive(Debug, Clone, Default)]
+pub struct Owner {
+    pub name: String,
+    pub namespace: Option<String>,
+    pub uid: Option<String>,
+    /// Its controller owner reference.
+    pub reference: Option<OwnerReference>,
+}
+
+impl Owner {
+    /// Metadata of an object `name` it owns, labelled with its name besides `labels`.
+    pub fn meta(&self, name: &str, mut labels: BTreeMap<String, String>) -> ObjectMeta {
+        labels.insert(REVISION_LABEL.to_owned(), self.name.clone());
+        ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: self.namespace.clone(),
+            labels: Some(labels),
+            owner_references: self.reference.clone().map(|r| vec![r]),
+            ..ObjectMeta::default()
+        }
+    }
+
+    /// Whether `meta` is controlled by this Canary (a controller reference with its uid).
+    pub fn owns(&self, meta: &ObjectMeta) -> bool {
+        self.uid.is_some()
+            && meta.owner_references.iter().flatten().any(|r| {
+                r.controller == Some(true)
+                    && r.kind == "Canary"
+                    && Some(r.uid.as_str()) == self.uid.as_deref()
+            })
+    }
+}
+
+/// The three Services' names: apex (`name`, else the target's), primary, canary.
+pub fn names(service: &CanaryService, target: &str) -> [String; 3] {
+    let apex = service.name.clone().unwrap_or_else(|| target.to_owned());
     [
         apex.clone(),
         format!("{apex}-primary"),
@@ -76,39 +106,21 @@ pub fn names(canary: &Canary, service: &CanaryService) -> [String; 3] {
     ]
 }
 
-/// Whether `meta` is controlled by `canary` (its controller owner reference has its uid).
-pub fn owned_by(meta: &ObjectMeta, canary: &Canary) -> bool {
-    let uid = canary.meta().uid.as_deref();
-    uid.is_some()
-        && meta.owner_references.iter().flatten().any(|r| {
-            r.controller == Some(true) && r.kind == "Canary" && Some(r.uid.as_str()) == uid
-        })
-}
-
-/// Service `name`, owned by `canary`: `selector` picks one role's pods; the apex has none (its
+/// Service `name`, owned by `owner`: `selector` picks one role's pods; the apex has none (its
 /// slice is written) and the label of `application`.
 pub fn service(
-    canary: &Canary,
+    owner: &Owner,
     spec: &CanaryService,
     name: &str,
     selector: Option<BTreeMap<String, String>>,
     application: Option<&str>,
 ) -> Service {
-    let mut labels = BTreeMap::from([(
-        REVISION_LABEL.to_owned(),
-        canary.meta().name.clone().unwrap_or_default(),
-    )]);
+    let mut labels = BTreeMap::new();
     if let Some(application) = application {
         labels.insert(APPLICATION_LABEL.to_owned(), application.to_owned());
     }
     Service {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: canary.meta().namespace.clone(),
-            labels: Some(labels),
-            owner_references: canary.controller_owner_ref(&()).map(|r| vec![r]),
-            ..ObjectMeta::default()
-        },
+        metadata: owner.meta(name, labels),
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".to_owned()),
             selector,
@@ -182,15 +194,16 @@ pub fn target_port(spec: &CanaryService, template: &PodTemplateSpec) -> Result<i
 /// The apex's EndpointSlice `<apex>-dubbo-cp`: the ready pods of both roles (`ips`, sorted), of
 /// the first one's address family, at most [`SLICE_ENDPOINTS`].
 pub fn apex_slice(
-    canary: &Canary,
+    owner: &Owner,
     spec: &CanaryService,
     apex: &str,
     port: i32,
     ips: &[String],
 ) -> EndpointSlice {
-    let v6 = ips.first().is_some_and(|ip| ip.contains(':'));
-    let endpoints: Vec<Endpoint> = ips
-        .iter()
+    let usable: Vec<&String> = ips.iter().filter(|ip| endpoint_address(ip)).collect();
+    let v6 = usable.first().is_some_and(|ip| ip.contains(':'));
+    let endpoints: Vec<Endpoint> = usable
+        .into_iter()
         .filter(|ip| ip.contains(':') == v6)
         .take(SLICE_ENDPOINTS)
         .map(|ip| Endpoint {
@@ -203,20 +216,13 @@ pub fn apex_slice(
         })
         .collect();
     EndpointSlice {
-        metadata: ObjectMeta {
-            name: Some(slice_name(apex)),
-            namespace: canary.meta().namespace.clone(),
-            labels: Some(BTreeMap::from([
+        metadata: owner.meta(
+            &slice_name(apex),
+            BTreeMap::from([
                 (SERVICE_NAME_LABEL.to_owned(), apex.to_owned()),
                 (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
-                (
-                    REVISION_LABEL.to_owned(),
-                    canary.meta().name.clone().unwrap_or_default(),
-                ),
-            ])),
-            owner_references: canary.controller_owner_ref(&()).map(|r| vec![r]),
-            ..ObjectMeta::default()
-        },
+            ]),
+        ),
         address_type: if v6 { "IPv6" } else { "IPv4" }.to_owned(),
         endpoints: Some(endpoints),
         ports: Some(vec![EndpointPort {
@@ -225,6 +231,23 @@ pub fn apex_slice(
             protocol: Some("TCP".to_owned()),
             app_protocol: spec.app_protocol.clone(),
         }]),
+    }
+}
+
+/// Whether the API server takes `ip` in an EndpointSlice: not loopback, link-local, multicast
+/// or unspecified (one such address would make it refuse the whole slice).
+fn endpoint_address(ip: &str) -> bool {
+    match ip.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(v4)) => {
+            !(v4.is_loopback() || v4.is_link_local() || v4.is_multicast() || v4.is_unspecified())
+        }
+        Ok(std::net::IpAddr::V6(v6)) => {
+            !(v6.is_loopback()
+                || v6.is_multicast()
+                || v6.is_unspecified()
+                || v6.is_unicast_link_local())
+        }
+        Err(_) => false,
     }
 }
 
@@ -237,14 +260,25 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn canary() -> Canary {
-        serde_json::from_value(json!({
-            "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
-            "metadata": {"name": "podinfo", "namespace": "test", "uid": "c1"},
-            "spec": {"targetRef": {"name": "podinfo"}, "analysis": {"stepWeight": 10},
-                     "service": {"port": 9898, "targetPort": "grpc", "portName": "grpc"}},
-        }))
-        .unwrap()
+    fn spec() -> CanaryService {
+        serde_json::from_value(json!({"port": 9898, "targetPort": "grpc", "portName": "grpc"}))
+            .unwrap()
+    }
+
+    fn owner() -> Owner {
+        Owner {
+            name: "podinfo".to_owned(),
+            namespace: Some("test".to_owned()),
+            uid: Some("c1".to_owned()),
+            reference: Some(OwnerReference {
+                api_version: "dubbo.apache.org/v1alpha1".to_owned(),
+                kind: "Canary".to_owned(),
+                name: "podinfo".to_owned(),
+                uid: "c1".to_owned(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }),
+        }
     }
 
     fn template(port: &str) -> PodTemplateSpec {
@@ -256,10 +290,9 @@ mod tests {
 
     #[test]
     fn the_names_and_ports_follow_flaggers_defaults() {
-        let canary = canary();
-        let spec = canary.spec.service.clone().unwrap();
+        let spec = spec();
         assert_eq!(
-            names(&canary, &spec),
+            names(&spec, "podinfo"),
             ["podinfo", "podinfo-primary", "podinfo-canary"]
         );
         assert_eq!(target_port(&spec, &template("grpc")), Ok(50051));
@@ -275,17 +308,22 @@ mod tests {
 
     #[test]
     fn the_apex_has_no_selector_and_its_slice_holds_one_address_family() {
-        let canary = canary();
-        let spec = canary.spec.service.clone().unwrap();
-        let apex = service(&canary, &spec, "podinfo", None, Some("podinfo"));
-        assert!(owned_by(&apex.metadata, &canary));
+        let (owner, spec) = (owner(), spec());
+        let apex = service(&owner, &spec, "podinfo", None, Some("podinfo"));
+        assert!(owner.owns(&apex.metadata));
+        let stranger = Owner {
+            uid: Some("c2".to_owned()),
+            ..owner.clone()
+        };
+        assert!(!stranger.owns(&apex.metadata));
         assert_eq!(apex.spec.as_ref().unwrap().selector, None);
         let ips = [
             "10.0.0.1".to_owned(),
             "10.1.0.1".to_owned(),
+            "127.0.0.1".to_owned(),
             "fd00::1".to_owned(),
         ];
-        let slice = apex_slice(&canary, &spec, "podinfo", 50051, &ips);
+        let slice = apex_slice(&owner, &spec, "podinfo", 50051, &ips);
         assert_eq!(slice.address_type, "IPv4");
         assert_eq!(slice.endpoints.as_ref().unwrap().len(), 2);
         assert_eq!(slice.ports.as_ref().unwrap()[0].port, Some(50051));

@@ -193,7 +193,7 @@ fn plan(canary: &Canary) -> Result<Plan, String> {
         abtest::check(&spec.analysis.r#match)?;
     }
     if let Some(service) = &spec.service {
-        let [apex, primary, _] = super::services::names(canary, service);
+        let [apex, primary, _] = super::services::names(service, &spec.target_ref.name);
         let label = dns_label(&apex);
         if !label || primary.len() > 63 {
             return Err(format!(

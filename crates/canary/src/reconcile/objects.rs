@@ -9,7 +9,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::*;
 use crate::autoscaler;
-use crate::services::{self, owned_by};
+use crate::services::{self, Owner};
 
 /// Condition types besides Flagger's `Promoted`, one per kind of object kept.
 pub const SERVICES_READY: &str = "ServicesReady";
@@ -42,7 +42,8 @@ impl Run<'_> {
                 return Ok(());
             }
         };
-        let [apex, primary_name, canary_name] = services::names(self.canary, &spec);
+        let [apex, primary_name, canary_name] = services::names(&spec, &self.plan.target);
+        let owner = self.owner();
         let wanted = [
             (&apex, None, Some(self.plan.application.clone())),
             (
@@ -57,25 +58,34 @@ impl Run<'_> {
             ),
         ];
         let mut foreign = Vec::new();
+        let mut refused = Vec::new();
+        let mut apex_ours = false;
         for (name, selector, application) in wanted {
-            let object =
-                services::service(self.canary, &spec, name, selector, application.as_deref());
-            if !self.write_service(name, object).await? {
-                foreign.push(format!("Service {name}"));
+            let object = services::service(&owner, &spec, name, selector, application.as_deref());
+            match refusal(self.write_service(name, object).await)? {
+                Ok(true) => apex_ours |= name == &apex,
+                Ok(false) => foreign.push(format!("Service {name}")),
+                Err(why) => refused.push(format!("Service {name}: {why}")),
             }
         }
-        if !foreign.iter().any(|f| f == &format!("Service {apex}")) {
+        if apex_ours {
             let pods = self.ctx.pods.state();
             let mut ips = ready_pod_ips(target, pods.iter().map(|p| p.as_ref()));
             ips.extend(ready_pod_ips(primary, pods.iter().map(|p| p.as_ref())));
             ips.sort();
             ips.dedup();
-            let slice = services::apex_slice(self.canary, &spec, &apex, port, &ips);
-            if !self.write_slice(slice).await? {
-                foreign.push(format!("EndpointSlice {}", services::slice_name(&apex)));
+            let slice = services::apex_slice(&owner, &spec, &apex, port, &ips);
+            let name = services::slice_name(&apex);
+            match refusal(self.write_slice(slice).await)? {
+                Ok(true) => {}
+                Ok(false) => foreign.push(format!("EndpointSlice {name}")),
+                Err(why) => refused.push(format!("EndpointSlice {name}: {why}")),
             }
         }
-        if foreign.is_empty() {
+        if !refused.is_empty() {
+            let message = format!("refused by the API server: {}", refused.join("; "));
+            self.object_condition(SERVICES_READY, false, "ServiceRefused", message);
+        } else if foreign.is_empty() {
             let message = format!(
                 "Services {apex} (both roles), {primary_name} and {canary_name} are this canary's"
             );
@@ -98,7 +108,7 @@ impl Run<'_> {
                 create(&api, &wanted).await?;
                 self.wrote();
             }
-            Some(stored) if !owned_by(&stored.metadata, self.canary) => return Ok(false),
+            Some(stored) if !self.owner().owns(&stored.metadata) => return Ok(false),
             Some(stored) if services::service_matches(&stored, &wanted) => {}
             Some(mut stored) => {
                 // The API server's own fields (clusterIP, ipFamilies, ...) stay as they are.
@@ -124,7 +134,7 @@ impl Run<'_> {
                 create(&api, &wanted).await?;
                 self.wrote();
             }
-            Some(stored) if !owned_by(&stored.metadata, self.canary) => return Ok(false),
+            Some(stored) if !self.owner().owns(&stored.metadata) => return Ok(false),
             Some(stored)
                 if stored.endpoints == wanted.endpoints
                     && stored.ports == wanted.ports
@@ -165,27 +175,27 @@ impl Run<'_> {
             self.object_condition(AUTOSCALER_READY, false, "InvalidAutoscaler", problem);
             return Ok(None);
         }
-        let wanted = autoscaler::primary_copy(&source, &reference, &self.plan.target, self.canary);
+        let wanted = autoscaler::primary_copy(
+            &source,
+            &reference,
+            &primary_name(&self.plan.target),
+            &self.owner(),
+        );
         let name = autoscaler::copy_name(&reference);
-        match api.get_opt(&name).await? {
-            None => {
-                create(&api, &wanted).await?;
-                self.wrote();
-            }
-            Some(stored) if !owned_by(&stored.metadata, self.canary) => {
+        match refusal(self.write_autoscaler(&api, &name, wanted).await)? {
+            Ok(true) => {}
+            Ok(false) => {
                 let message = format!(
                     "HorizontalPodAutoscaler {name} exists and is not this canary's (no controller ownerReference to it): left as it is; rename or delete it"
                 );
                 self.object_condition(AUTOSCALER_READY, false, "AutoscalerConflict", message);
                 return Ok(Some(source));
             }
-            Some(stored) if autoscaler::copy_matches(&stored, &wanted) => {}
-            Some(mut stored) => {
-                stored.metadata.labels = wanted.metadata.labels;
-                stored.spec = wanted.spec;
-                stored.status = None;
-                api.replace(&name, &PostParams::default(), &stored).await?;
-                self.wrote();
+            Err(why) => {
+                let message =
+                    format!("HorizontalPodAutoscaler {name} refused by the API server: {why}");
+                self.object_condition(AUTOSCALER_READY, false, "AutoscalerRefused", message);
+                return Ok(Some(source));
             }
         }
         let message = format!(
@@ -194,6 +204,41 @@ impl Run<'_> {
         );
         self.object_condition(AUTOSCALER_READY, true, "AutoscalerReady", message);
         Ok(Some(source))
+    }
+
+    /// Creates or updates the primary's HPA copy; false when that name is not this Canary's.
+    async fn write_autoscaler(
+        &mut self,
+        api: &Api<HorizontalPodAutoscaler>,
+        name: &str,
+        wanted: HorizontalPodAutoscaler,
+    ) -> Result<bool, Error> {
+        match api.get_opt(name).await? {
+            None => {
+                create(&api, &wanted).await?;
+                self.wrote();
+            }
+            Some(stored) if !self.owner().owns(&stored.metadata) => return Ok(false),
+            Some(stored) if autoscaler::copy_matches(&stored, &wanted) => {}
+            Some(mut stored) => {
+                stored.metadata.labels = wanted.metadata.labels;
+                stored.spec = wanted.spec;
+                stored.status = None;
+                api.replace(name, &PostParams::default(), &stored).await?;
+                self.wrote();
+            }
+        }
+        Ok(true)
+    }
+
+    /// This Canary as the owner of what it keeps.
+    fn owner(&self) -> Owner {
+        Owner {
+            name: self.name.clone(),
+            namespace: Some(self.namespace.clone()),
+            uid: self.canary.uid(),
+            reference: self.canary.controller_owner_ref(&()),
+        }
     }
 
     /// Sets condition `kind`; a change to False is also a Warning event.
@@ -208,6 +253,21 @@ impl Run<'_> {
         if changed && !ok {
             self.event(EventType::Warning, reason, clip(&message));
         }
+    }
+}
+
+/// A write's outcome, with the API server's refusal of the object itself (an invalid or
+/// forbidden object: 4xx but a conflict or throttling) as `Err(why)`, which retrying would not
+/// change: it becomes a condition, and the run goes on. Other errors retry the reconcile.
+fn refusal(result: Result<bool, Error>) -> Result<Result<bool, String>, Error> {
+    match result {
+        Ok(ours) => Ok(Ok(ours)),
+        Err(Error::Kube(kube::Error::Api(e)))
+            if (400..500).contains(&e.code) && e.code != 409 && e.code != 429 =>
+        {
+            Ok(Err(e.message))
+        }
+        Err(e) => Err(e),
     }
 }
 
