@@ -215,7 +215,7 @@ impl Run<'_> {
     ) -> Result<bool, Error> {
         match api.get_opt(name).await? {
             None => {
-                create(&api, &wanted).await?;
+                create(api, &wanted).await?;
                 self.wrote();
             }
             Some(stored) if !self.owner().owns(&stored.metadata) => return Ok(false),
