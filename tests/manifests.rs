@@ -548,6 +548,18 @@ fn the_rbac_grants_exactly_what_the_control_plane_uses() {
         &["create", "delete"],
     );
     grant("cluster", "events.k8s.io/events[]", &["create", "patch"]);
+    // A Canary's Services, the apex's EndpointSlice and the primary's HPA.
+    grant("cluster", "/services[]", &["create", "update"]);
+    grant(
+        "cluster",
+        "discovery.k8s.io/endpointslices[]",
+        &["create", "update", "delete"],
+    );
+    grant(
+        "cluster",
+        "autoscaling/horizontalpodautoscalers[]",
+        &["get", "create", "update"],
+    );
     grant("cluster", "/configmaps[]", &write);
     grant("cluster", "/secrets[]", &write);
     grant("dubbo-system", "coordination.k8s.io/leases[]", &["create"]);

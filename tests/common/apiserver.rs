@@ -23,8 +23,9 @@ const GROUP_PATH: &str = "/apis/dubbo.apache.org/v1alpha1";
 const CORE_PATH: &str = "/api/v1";
 const ADMISSION_PATH: &str = "/apis/admissionregistration.k8s.io/v1";
 /// Deployments, ControllerRevisions, Leases and Events (the canary controller's).
-const OTHER_GROUP_PATHS: [&str; 4] = [
+const OTHER_GROUP_PATHS: [&str; 5] = [
     "/apis/apps/v1",
+    "/apis/autoscaling/v2",
     "/apis/coordination.k8s.io/v1",
     "/apis/events.k8s.io/v1",
     "/apis/discovery.k8s.io/v1",
@@ -956,7 +957,8 @@ fn count_write(inner: &mut Inner, key: &Key) {
         .or_default() += 1;
 }
 
-const CORE_RESOURCES: [&str; 12] = [
+const CORE_RESOURCES: [&str; 13] = [
+    "horizontalpodautoscalers",
     "secrets",
     "configmaps",
     "namespaces",
@@ -1172,6 +1174,7 @@ fn list_or_watch(
         "leases" => ("coordination.k8s.io/v1", "Lease"),
         "events" => ("events.k8s.io/v1", "Event"),
         "endpointslices" => ("discovery.k8s.io/v1", "EndpointSlice"),
+        "horizontalpodautoscalers" => ("autoscaling/v2", "HorizontalPodAutoscaler"),
         "canaries" => ("dubbo.apache.org/v1alpha1", "Canary"),
         "serviceentries" => ("dubbo.apache.org/v1alpha1", "ServiceEntry"),
         "metrictemplates" => ("dubbo.apache.org/v1alpha1", "MetricTemplate"),

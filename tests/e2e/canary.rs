@@ -412,5 +412,96 @@ pub async fn promotion_and_rollback(cluster: &Cluster) {
         .await;
     // The other strategies, with the same players of the cluster's controllers.
     strategies(cluster).await;
+    services_and_autoscaler(cluster).await;
     running.store(false, Ordering::Relaxed);
+}
+
+/// `spec.service` and `spec.autoscalerRef`: the API server takes the three Services, the apex's
+/// EndpointSlice and the primary's HPA copy as the controller writes them.
+pub async fn services_and_autoscaler(cluster: &Cluster) {
+    let mut target: Value = serde_json::from_str(&deployment("frontend", "frontend:1")).unwrap();
+    target["spec"]["template"]["spec"]["containers"][0]["ports"] =
+        json!([{"name": "grpc", "containerPort": 50051}]);
+    cluster.kubectl_in(&["apply", "-f", "-"], Some(&target.to_string()));
+    let hpa = json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "frontend", "namespace": NS},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "frontend"},
+                 "minReplicas": 2, "maxReplicas": 4,
+                 "metrics": [{"type": "Resource", "resource": {"name": "cpu",
+                              "target": {"type": "Utilization", "averageUtilization": 80}}}]}});
+    cluster.kubectl_in(&["apply", "-f", "-"], Some(&hpa.to_string()));
+    // The example of docs/canary.md's "Services and autoscaling", as it is written there.
+    let docs = include_str!("../../docs/canary.md");
+    let section = docs.split("## Services and autoscaling").nth(1).unwrap();
+    let example = section
+        .split("```yaml\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    assert!(
+        example.contains("name: frontend, namespace: e2e-canary"),
+        "{example}"
+    );
+    cluster.kubectl_in(&["apply", "-f", "-"], Some(example));
+    wait_phase(cluster, "frontend", "Initialized").await;
+    let condition = |kind: &str| {
+        cluster
+            .get_json(&["canary", "frontend", "-n", NS])
+            .and_then(|c| {
+                c["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["type"] == kind)
+                    .map(|c| (c["status"].clone(), c["message"].clone()))
+            })
+    };
+    for kind in ["ServicesReady", "AutoscalerReady"] {
+        cluster
+            .wait_until(&format!("condition {kind}"), WAIT, || {
+                condition(kind).is_some_and(|(status, _)| status == "True")
+            })
+            .await;
+    }
+    let owner = |object: &Value| object["metadata"]["ownerReferences"][0]["kind"].clone();
+    let apex = cluster
+        .get_json(&["service", "frontend", "-n", NS])
+        .unwrap();
+    assert_eq!(owner(&apex), "Canary");
+    assert!(apex["spec"]["selector"].is_null(), "{apex}");
+    assert_eq!(apex["spec"]["type"], "ClusterIP");
+    assert_eq!(apex["spec"]["ports"][0]["targetPort"], "grpc");
+    for (name, selected) in [
+        ("frontend-primary", "frontend-primary"),
+        ("frontend-canary", "frontend"),
+    ] {
+        let service = cluster.get_json(&["service", name, "-n", NS]).unwrap();
+        assert_eq!(owner(&service), "Canary");
+        assert_eq!(service["spec"]["selector"], json!({"app": selected}));
+    }
+    // The pods here have loopback addresses, which no EndpointSlice takes: the slice is valid
+    // and empty.
+    let slice = cluster
+        .get_json(&["endpointslice", "frontend-dubbo-cp", "-n", NS])
+        .unwrap();
+    assert_eq!(owner(&slice), "Canary");
+    assert_eq!(
+        slice["metadata"]["labels"]["kubernetes.io/service-name"],
+        "frontend"
+    );
+    assert_eq!(slice["ports"][0]["port"], 50051);
+    let copy = cluster
+        .get_json(&["hpa", "frontend-primary", "-n", NS])
+        .unwrap();
+    assert_eq!(owner(&copy), "Canary");
+    assert_eq!(copy["spec"]["scaleTargetRef"]["name"], "frontend-primary");
+    assert_eq!(
+        (
+            copy["spec"]["minReplicas"].clone(),
+            copy["spec"]["maxReplicas"].clone()
+        ),
+        (json!(2), json!(4))
+    );
+    assert_eq!(copy["spec"]["metrics"], hpa["spec"]["metrics"]);
 }

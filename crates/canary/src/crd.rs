@@ -48,6 +48,13 @@ pub struct CanarySpec {
     /// The Prometheus to query; the server's `canary.prometheus` when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<PrometheusRef>,
+    /// ClusterIP Services `<name>`, `<name>-primary`, `<name>-canary` (Flagger's); none when
+    /// unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<crate::services::CanaryService>,
+    /// The target's HorizontalPodAutoscaler: copied for the primary, it bounds the canary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaler_ref: Option<crate::autoscaler::AutoscalerRef>,
     pub analysis: Analysis,
 }
 

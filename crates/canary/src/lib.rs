@@ -4,7 +4,8 @@
 //!
 //! - [`crd`]: the resource and its strategies; [`weight`]: the formula and the DynamicConfig it
 //!   makes; [`abtest`]: the ConditionRoute of an A/B run;
-//!   [`deployments`]: the primary, readiness, the spec hash, ready pods (no I/O).
+//!   [`deployments`]: the primary, readiness, the spec hash, ready pods; [`services`] and
+//!   [`autoscaler`]: the Services and the primary's HPA (no I/O).
 //! - [`prometheus`], [`hooks`] over [`http`]: the outside calls of an analysis; [`template`]:
 //!   Flagger's MetricTemplate and the credentials it names; [`alerts`]: Flagger's
 //!   AlertProvider and `analysis.alerts`, [`messages`] what each provider type is sent,
@@ -19,6 +20,7 @@ use dubbo_cp_kit::metrics;
 
 pub mod abtest;
 pub mod alerts;
+pub mod autoscaler;
 pub mod config;
 pub mod configs;
 pub mod controller;
@@ -34,6 +36,7 @@ pub mod ops;
 pub mod prometheus;
 pub mod reconcile;
 pub mod revisions;
+pub mod services;
 pub mod stats;
 pub mod template;
 pub mod weight;

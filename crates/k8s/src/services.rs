@@ -360,4 +360,72 @@ mod tests {
         assert_eq!(greeter.endpoints[0].port_for(&greeter.ports[0]), 17070);
         assert_eq!(greeter.endpoints[0].locality, "/z1");
     }
+
+    /// The Services a Canary keeps (`spec.service`), through this source: only the apex is of
+    /// the application (so xDS clients of it get no extra clusters), with both roles' pods.
+    #[test]
+    fn a_canarys_services_add_no_cluster_to_its_application_and_the_apex_holds_both_roles() {
+        use dubbo_cp_canary::services::{self as canary, CanaryService, Owner};
+        let spec: CanaryService = serde_json::from_value(serde_json::json!(
+            {"port": 9898, "portName": "grpc", "targetPort": "grpc"}
+        ))
+        .unwrap();
+        let owner = Owner {
+            name: "podinfo".to_owned(),
+            namespace: Some("shop".to_owned()),
+            ..Owner::default()
+        };
+        let selector = |app: &str| Some(BTreeMap::from([("app".to_owned(), app.to_owned())]));
+        let made = [
+            canary::service(&owner, &spec, "podinfo", None, Some("podinfo")),
+            canary::service(
+                &owner,
+                &spec,
+                "podinfo-primary",
+                selector("podinfo-primary"),
+                None,
+            ),
+            canary::service(&owner, &spec, "podinfo-canary", selector("podinfo"), None),
+        ];
+        let services = objects::<KubeService>(&made.map(|s| serde_json::to_value(s).unwrap()));
+        let ips = ["10.0.0.1".to_owned(), "10.1.0.1".to_owned()];
+        let apex = canary::apex_slice(&owner, &spec, "podinfo", 50051, &ips);
+        // Kubernetes' EndpointSlice controller's slices of the two selecting Services.
+        let role_slice = |service: &str, ip: &str| {
+            serde_json::json!({
+                "metadata": {"namespace": "shop", "name": format!("{service}-x"),
+                             "labels": {"kubernetes.io/service-name": service}},
+                "addressType": "IPv4",
+                "ports": [{"name": "grpc", "port": 50051}],
+                "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+            })
+        };
+        let slices = objects::<EndpointSlice>(&[
+            serde_json::to_value(apex).unwrap(),
+            role_slice("podinfo-primary", "10.1.0.1"),
+            role_slice("podinfo-canary", "10.0.0.1"),
+        ]);
+        let domain = services_of(&services, &slices);
+        let of_application: Vec<&Service> = domain
+            .iter()
+            .filter(|s| s.application() == "podinfo")
+            .collect();
+        assert_eq!(of_application.len(), 1, "{domain:#?}");
+        let apex = of_application[0];
+        assert_eq!(apex.name, "podinfo");
+        let mut addresses: Vec<String> = apex
+            .endpoints
+            .iter()
+            .map(|e| e.address.to_string())
+            .collect();
+        addresses.sort();
+        assert_eq!(addresses, ["10.0.0.1", "10.1.0.1"]);
+        assert_eq!(apex.endpoints[0].port_for(&apex.ports[0]), 50051);
+        assert_eq!(apex.ports[0].protocol, "GRPC");
+        for role in ["podinfo-primary", "podinfo-canary"] {
+            let service = domain.iter().find(|s| s.name == role).unwrap();
+            assert_eq!(service.application(), role);
+            assert_eq!(service.endpoints.len(), 1);
+        }
+    }
 }

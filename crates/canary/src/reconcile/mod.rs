@@ -40,8 +40,11 @@ const HISTORY: usize = 60;
 const HALT_RETRY: Duration = Duration::from_secs(10);
 
 mod checks;
+mod objects;
 mod step;
 mod writes;
+
+pub use objects::{AUTOSCALER_READY, SERVICES_READY};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -197,6 +200,30 @@ fn plan(canary: &Canary) -> Result<Plan, String> {
         }
         abtest::check(&spec.analysis.r#match)?;
     }
+    if let Some(service) = &spec.service {
+        let [apex, primary, _] = super::services::names(service, &spec.target_ref.name);
+        let label = dns_label(&apex);
+        if !label || primary.len() > 63 {
+            return Err(format!(
+                "spec.service.name {apex:?} (targetRef.name when unset): a Service name is a DNS label (lower case letters, digits, '-') of at most 55 characters, so that {primary:?} fits 63"
+            ));
+        }
+        if !(1..=65535).contains(&service.port) {
+            return Err(format!(
+                "spec.service.port {}: a port is 1-65535",
+                service.port
+            ));
+        }
+    }
+    if let Some(reference) = &spec.autoscaler_ref
+        && (reference.kind != "HorizontalPodAutoscaler"
+            || reference.api_version != "autoscaling/v2")
+    {
+        return Err(format!(
+            "spec.autoscalerRef {}/{}: only autoscaling/v2 HorizontalPodAutoscaler is supported",
+            reference.api_version, reference.kind
+        ));
+    }
     if spec.target_ref.kind != "Deployment" {
         return Err(format!(
             "spec.targetRef.kind {:?}: only Deployment is supported",
@@ -270,6 +297,15 @@ fn session_affinity(
         ));
     }
     Ok(header.to_owned())
+}
+
+/// Whether `name` is a DNS-1035 label's characters: a Service's name.
+fn dns_label(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !name.ends_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
 
 /// The weight after `current`: the next `stepWeights` entry, or `current + stepWeight`, capped at
@@ -490,14 +526,18 @@ impl Run<'_> {
     }
 
     fn condition(&mut self, status: &str, reason: &str, message: &str) {
+        self.set_condition("Promoted", status, reason, message);
+    }
+
+    fn set_condition(&mut self, kind: &str, status: &str, reason: &str, message: &str) {
         let conditions = &mut self.status.conditions;
         let time = conditions
             .iter()
-            .find(|c| c.r#type == "Promoted" && c.status == status)
+            .find(|c| c.r#type == kind && c.status == status)
             .map_or_else(now, |c| c.last_transition_time.clone());
-        conditions.retain(|c| c.r#type != "Promoted");
+        conditions.retain(|c| c.r#type != kind);
         conditions.push(CanaryCondition {
-            r#type: "Promoted".to_owned(),
+            r#type: kind.to_owned(),
             status: status.to_owned(),
             reason: reason.to_owned(),
             message: message.to_owned(),

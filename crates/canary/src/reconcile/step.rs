@@ -60,6 +60,7 @@ impl Run<'_> {
             );
             return Ok(Action::requeue(HALT_RETRY));
         };
+        let autoscaler = self.sync_objects(&target, &primary).await?;
         if phase == Phase::Initializing {
             if let Some(reason) = not_ready(&primary) {
                 self.event(
@@ -162,7 +163,11 @@ impl Run<'_> {
                     self.sync_traffic(&target, &primary).await?;
                     return Ok(Action::requeue(self.plan.interval));
                 }
-                let replicas = primary.spec.replicas.unwrap_or(1).max(1);
+                // With an autoscaler, its minimum (as Flagger's); its HPA scales it from there.
+                let replicas = autoscaler.as_ref().map_or_else(
+                    || primary.spec.replicas.unwrap_or(1).max(1),
+                    crate::autoscaler::canary_replicas,
+                );
                 self.scale(&self.plan.target.clone(), replicas).await?;
                 self.set_phase(Phase::Progressing);
                 self.status.last_analysis_time = now();
