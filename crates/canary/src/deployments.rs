@@ -171,6 +171,23 @@ pub fn ready_pod_ips<'a>(
     deployment: &Deployment,
     pods: impl Iterator<Item = &'a Pod>,
 ) -> Vec<String> {
+    pod_ips(deployment, pods, true)
+}
+
+/// The IPs of every pod of `deployment` that has one: ready or not, terminating too. Endpoints
+/// follow pods late, so until these are gone a pod may still be listed and take calls.
+pub fn any_pod_ips<'a>(
+    deployment: &Deployment,
+    pods: impl Iterator<Item = &'a Pod>,
+) -> Vec<String> {
+    pod_ips(deployment, pods, false)
+}
+
+fn pod_ips<'a>(
+    deployment: &Deployment,
+    pods: impl Iterator<Item = &'a Pod>,
+    ready_only: bool,
+) -> Vec<String> {
     let namespace = deployment.metadata.namespace.as_deref();
     let selector = deployment
         .spec
@@ -184,7 +201,7 @@ pub fn ready_pod_ips<'a>(
     }
     let mut ips: Vec<String> = pods
         .filter(|pod| pod.metadata.namespace.as_deref() == namespace)
-        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| !ready_only || pod.metadata.deletion_timestamp.is_none())
         .filter(|pod| {
             let labels = pod.metadata.labels.as_ref();
             selector
@@ -198,7 +215,9 @@ pub fn ready_pod_ips<'a>(
                 .iter()
                 .flatten()
                 .any(|c| c.type_ == "Ready" && c.status == "True");
-            ready.then(|| status.pod_ip.clone()).flatten()
+            (ready || !ready_only)
+                .then(|| status.pod_ip.clone())
+                .flatten()
         })
         .collect();
     ips.sort();

@@ -19,7 +19,7 @@ use super::alerts::Severity;
 use super::configs::{ConfigKind, references};
 use super::crd::{Canary, CanaryCondition, CanaryStatus, HookResult, MetricResult, Step, Strategy};
 use super::deployments::{
-    not_ready, primary_from, primary_name, primary_template, ready_pod_ips, spec_hash,
+    any_pod_ips, not_ready, primary_from, primary_name, primary_template, ready_pod_ips, spec_hash,
     target_template,
 };
 use super::events::{Events, Kind as EventType, clip_to};

@@ -665,7 +665,13 @@ impl Run<'_> {
         if replicas != 0 && self.status.last_applied_spec == self.hash(target) {
             self.scale(&self.plan.target.clone(), 0).await?;
         }
-        self.write_config(None).await?;
+        // The canary's pods keep weight 0 until they are gone: their endpoints leave after the
+        // pods do, and without the override one still listed would take the default weight
+        // (measured on the real API server: 5 % of calls on a rolled-back canary).
+        let pods = self.ctx.pods.state();
+        let remaining = any_pod_ips(target, pods.iter().map(|p| p.as_ref()));
+        let zero = weight::dynamic_config(&self.plan.application, 0, &[], &remaining, None);
+        self.write_config(zero).await?;
         self.write_route(None).await
     }
 }
