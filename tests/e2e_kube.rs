@@ -11,6 +11,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[allow(dead_code)]
+#[path = "../crates/xds/tests/support/released.rs"]
+mod released;
+mod traffic;
 
 mod independent {
     #![allow(clippy::all, clippy::pedantic, dead_code, missing_docs)]
@@ -23,6 +27,7 @@ mod independent {
 mod e2e {
     pub mod canary;
     pub mod crds;
+    pub mod traffic;
     pub mod xds;
 }
 
@@ -585,6 +590,15 @@ async fn a_canary_is_promoted_and_another_is_rolled_back() {
     let cluster = cluster();
     let _ = shared_addrs();
     e2e::canary::promotion_and_rollback(cluster).await;
+}
+
+/// Real traffic and a real Prometheus judge a release the real API server holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_canary_on_real_traffic_is_rolled_back_by_real_metrics() {
+    let cluster = cluster();
+    let _ = shared_addrs();
+    let admin = e2e::canary::admin_client(cluster).await;
+    e2e::traffic::a_failing_canary_is_rolled_back_by_real_metrics(cluster, admin).await;
 }
 
 #[tokio::test]

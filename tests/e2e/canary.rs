@@ -22,7 +22,7 @@ const WAIT: Duration = Duration::from_secs(90);
 /// Marks the pods this task made, by Deployment.
 const OWNER: &str = "e2e.dubbo.apache.org/deployment";
 
-async fn admin_client(cluster: &Cluster) -> Client {
+pub async fn admin_client(cluster: &Cluster) -> Client {
     let kubeconfig = kube::config::Kubeconfig::read_from(&cluster.kubeconfig).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
@@ -30,10 +30,15 @@ async fn admin_client(cluster: &Cluster) -> Client {
     Client::try_from(config).unwrap()
 }
 
-/// One pass of the Deployment controller and the kubelet over the Deployments of [`NS`].
-async fn reconcile(client: &Client, next_ip: &AtomicU32) -> kube::Result<()> {
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+/// One pass of the Deployment controller and the kubelet over the Deployments of `namespace`;
+/// a new pod's IP is `ip(deployment, replica)`.
+pub async fn reconcile(
+    client: &Client,
+    namespace: &str,
+    ip: &(dyn Fn(&str, i32) -> String + Sync),
+) -> kube::Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     for deployment in deployments.list(&ListParams::default()).await? {
         let name = deployment.metadata.name.clone().unwrap_or_default();
         let generation = deployment.metadata.generation.unwrap_or(1);
@@ -60,7 +65,10 @@ async fn reconcile(client: &Client, next_ip: &AtomicU32) -> kube::Result<()> {
             .iter()
             .filter_map(|p| p.metadata.name.clone())
             .collect();
-        for pod_name in wanted.difference(&existing) {
+        for (replica, pod_name) in wanted.iter().enumerate() {
+            if existing.contains(pod_name) {
+                continue;
+            }
             let mut pod_labels = labels.clone();
             pod_labels[OWNER] = json!(name);
             let pod: Pod = serde_json::from_value(json!({
@@ -69,8 +77,7 @@ async fn reconcile(client: &Client, next_ip: &AtomicU32) -> kube::Result<()> {
             }))
             .unwrap();
             pods.create(&PostParams::default(), &pod).await?;
-            let n = next_ip.fetch_add(1, Ordering::Relaxed);
-            let ip = format!("127.0.{}.{}", n / 250, n % 250 + 1);
+            let ip = ip(&name, i32::try_from(replica).unwrap_or(i32::MAX));
             let status = json!({"status": {
                 "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
                 "conditions": [{"type": "Ready", "status": "True"}],
@@ -109,8 +116,12 @@ fn fnv(text: &str) -> u32 {
 fn play_controllers(client: Client, running: Arc<AtomicBool>) {
     tokio::spawn(async move {
         let next_ip = AtomicU32::new(1);
+        let ip = |_: &str, _: i32| {
+            let n = next_ip.fetch_add(1, Ordering::Relaxed);
+            format!("127.0.{}.{}", n / 250, n % 250 + 1)
+        };
         while running.load(Ordering::Relaxed) {
-            if let Err(e) = reconcile(&client, &next_ip).await {
+            if let Err(e) = reconcile(&client, NS, &ip).await {
                 // A conflict with the canary controller's own write: the next pass retries.
                 eprintln!("deployment controller pass: {e}");
             }
