@@ -592,14 +592,28 @@ async fn a_canary_is_promoted_and_another_is_rolled_back() {
     e2e::canary::promotion_and_rollback(cluster).await;
 }
 
-/// Real traffic and a real Prometheus judge a release the real API server holds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_canary_on_real_traffic_is_rolled_back_by_real_metrics() {
-    let cluster = cluster();
-    let _ = shared_addrs();
-    let admin = e2e::canary::admin_client(cluster).await;
-    e2e::traffic::a_failing_canary_is_rolled_back_by_real_metrics(cluster, admin).await;
+/// Real traffic and a real Prometheus judge releases the real API server holds, one per
+/// strategy (tests/e2e/traffic.rs).
+macro_rules! on_real_traffic {
+    ($($scenario:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $scenario() {
+                let cluster = cluster();
+                let _ = shared_addrs();
+                let admin = e2e::canary::admin_client(cluster).await;
+                e2e::traffic::$scenario(cluster, admin).await;
+            }
+        )*
+    };
 }
+
+on_real_traffic!(
+    a_failing_canary_is_rolled_back_by_real_metrics,
+    a_healthy_canary_is_promoted_step_by_step,
+    an_ab_canary_takes_only_the_matching_calls,
+    a_blue_green_canary_switches_every_call_at_once,
+);
 
 #[tokio::test]
 async fn services_endpoint_slices_and_service_entries_reach_an_xds_client() {

@@ -31,11 +31,14 @@ pub async fn admin_client(cluster: &Cluster) -> Client {
 }
 
 /// One pass of the Deployment controller and the kubelet over the Deployments of `namespace`;
-/// a new pod's IP is `ip(deployment, replica)`.
+/// a new pod's IP is `ip(deployment, replica)`. `graceful`: as a rolling update with a kubelet
+/// does, new pods come up before old ones go, and a pod deleted stays a second terminating
+/// (bound to a node, so the API server keeps it until then) before it is removed.
 pub async fn reconcile(
     client: &Client,
     namespace: &str,
     ip: &(dyn Fn(&str, i32) -> String + Sync),
+    graceful: bool,
 ) -> kube::Result<()> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
@@ -54,11 +57,13 @@ pub async fn reconcile(
         let wanted: BTreeSet<String> = (0..replicas)
             .map(|i| format!("{name}-{hash}-{i}"))
             .collect();
-        for pod in &owned {
-            let pod_name = pod.metadata.name.clone().unwrap_or_default();
-            if !wanted.contains(&pod_name) && pod.metadata.deletion_timestamp.is_none() {
-                pods.delete(&pod_name, &DeleteParams::default().grace_period(0))
-                    .await?;
+        if !graceful {
+            for pod in &owned {
+                let pod_name = pod.metadata.name.clone().unwrap_or_default();
+                if !wanted.contains(&pod_name) && pod.metadata.deletion_timestamp.is_none() {
+                    pods.delete(&pod_name, &DeleteParams::default().grace_period(0))
+                        .await?;
+                }
             }
         }
         let existing: BTreeSet<String> = owned
@@ -71,9 +76,13 @@ pub async fn reconcile(
             }
             let mut pod_labels = labels.clone();
             pod_labels[OWNER] = json!(name);
+            let mut spec = template["spec"].clone();
+            if graceful {
+                spec["nodeName"] = json!("e2e-node");
+            }
             let pod: Pod = serde_json::from_value(json!({
                 "metadata": {"name": pod_name, "labels": pod_labels},
-                "spec": template["spec"],
+                "spec": spec,
             }))
             .unwrap();
             pods.create(&PostParams::default(), &pod).await?;
@@ -84,6 +93,24 @@ pub async fn reconcile(
             }});
             pods.patch_status(pod_name, &PatchParams::default(), &Patch::Merge(&status))
                 .await?;
+        }
+        if graceful {
+            let now = k8s_openapi::jiff::Timestamp::now();
+            for pod in &owned {
+                let pod_name = pod.metadata.name.clone().unwrap_or_default();
+                match &pod.metadata.deletion_timestamp {
+                    None if !wanted.contains(&pod_name) => {
+                        pods.delete(&pod_name, &DeleteParams::default().grace_period(1))
+                            .await?;
+                    }
+                    // Its grace is over: the kubelet confirms it stopped.
+                    Some(at) if at.0 <= now => {
+                        pods.delete(&pod_name, &DeleteParams::default().grace_period(0))
+                            .await?;
+                    }
+                    _ => {}
+                }
+            }
         }
         // The Deployment controller: rolled out, every replica updated and available.
         let wanted_status = json!({
@@ -121,7 +148,7 @@ fn play_controllers(client: Client, running: Arc<AtomicBool>) {
             format!("127.0.{}.{}", n / 250, n % 250 + 1)
         };
         while running.load(Ordering::Relaxed) {
-            if let Err(e) = reconcile(&client, NS, &ip).await {
+            if let Err(e) = reconcile(&client, NS, &ip, false).await {
                 // A conflict with the canary controller's own write: the next pass retries.
                 eprintln!("deployment controller pass: {e}");
             }

@@ -1,8 +1,10 @@
-//! A Canary on the real API server judged on real traffic: one provider process per pod
-//! (released grpcio on the pod's loopback IP, exporting Dubbo's provider metrics; the canary's
-//! build fails half its calls), Debian's Prometheus scraping them, a released grpcio client over
-//! `xds:///podinfo` calling the whole run, and the real binary's canary controller moving the
-//! weights and querying that Prometheus (the Canary's `prometheus.address`).
+//! Canaries on the real API server judged on real traffic, one per strategy: one provider
+//! process per pod (released grpcio on the pod's loopback IP, exporting Dubbo's provider
+//! metrics; the canary's build may fail half its calls), Debian's Prometheus scraping them, a
+//! released grpcio client over `xds:///podinfo` calling the whole run and counting who
+//! answered, and the real binary's canary controller moving the traffic and querying that
+//! Prometheus (the Canary's `prometheus.address`). Each scenario has its namespace and its
+//! loopback subnets.
 //!
 //! The real API server refuses loopback addresses in EndpointSlices, so the pods' endpoints
 //! reach xDS through a ServiceEntry `podinfo` the test keeps in step with the ready pods (as
@@ -14,8 +16,8 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -25,16 +27,282 @@ use kube::Api;
 use kube::api::ListParams;
 use serde_json::{Value, json};
 
-use crate::common::kube_local::{Cluster, control_plane};
+use crate::common::kube_local::{Cluster, ControlPlane, control_plane};
 use crate::traffic::{Build, Client, Prometheus, Provider, answers};
 
-const NS: &str = "e2e-traffic";
 const WAIT: Duration = Duration::from_secs(90);
 
-/// The IP of a Deployment's pod: the canary's (the target's) on 127.0.7.x, the primary's on
-/// 127.0.8.x, by replica, so each IP keeps its provider process.
-fn pod_ip(deployment: &str, replica: i32) -> String {
-    let subnet = if deployment == "podinfo" { 7 } else { 8 };
+/// The xDS server the clients read: a second control plane with no canary controller (the
+/// shared one drives the Canaries) and no token review (the shared one wants a service-account
+/// token over TLS, which grpcio sends only with an experimental flag).
+fn xds_plane(cluster: &Cluster) -> SocketAddr {
+    static PLANE: OnceLock<Mutex<ControlPlane>> = OnceLock::new();
+    let plane = PLANE.get_or_init(|| {
+        let plane = control_plane(
+            cluster,
+            &[
+                "--canary-enabled",
+                "false",
+                "--webhook-enabled",
+                "false",
+                "--auth-token-review",
+                "false",
+            ],
+        );
+        crate::common::kube_local::reap_with_this_process(plane.child.id());
+        Mutex::new(plane)
+    });
+    plane.lock().unwrap().xds().expect("xDS is on")
+}
+
+/// Permits for the `confirm-traffic-increase` (`/step`) and `confirm-promotion` (`/promote`)
+/// gates: one call through per permit.
+#[derive(Clone, Default)]
+struct Gates {
+    step: Arc<AtomicUsize>,
+    promote: Arc<AtomicUsize>,
+}
+
+async fn serve_gates(gates: Gates) -> SocketAddr {
+    async fn answer(State(gates): State<Gates>, uri: axum::http::Uri) -> StatusCode {
+        let permits = if uri.path() == "/promote" {
+            &gates.promote
+        } else {
+            &gates.step
+        };
+        let taken = permits.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| p.checked_sub(1));
+        if taken.is_ok() {
+            StatusCode::OK
+        } else {
+            StatusCode::FORBIDDEN
+        }
+    }
+    let app = axum::Router::new()
+        .fallback(axum::routing::post(answer))
+        .with_state(gates);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+struct Setup {
+    cluster: &'static Cluster,
+    namespace: &'static str,
+    /// The canary's pods are on 127.0.<subnet>.x, the primary's on 127.0.<subnet + 1>.x.
+    subnet: u8,
+    prometheus: Arc<Prometheus>,
+    gates: Gates,
+    client: Client,
+    /// Each pod IP's provider ports: (gRPC, metrics).
+    ports: BTreeMap<String, (u16, u16)>,
+    running: Arc<AtomicBool>,
+    _providers: Vec<Provider>,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        self.running.store(false, Ordering::Relaxed);
+    }
+}
+
+impl Setup {
+    /// Two primary pods running a healthy build and two canary pods running `canary`, scraped by
+    /// a Prometheus of their own; Deployment `podinfo` and a Canary with `analysis` (plus the
+    /// gates and that Prometheus) applied; a client on `xds:///podinfo`, idle until asked.
+    async fn start(
+        cluster: &'static Cluster,
+        admin: kube::Client,
+        namespace: &'static str,
+        subnet: u8,
+        canary: Build,
+        mut analysis: Value,
+    ) -> Setup {
+        cluster.namespace(namespace, &[]);
+        let prometheus = Arc::new(Prometheus::start(None));
+        let mut providers = Vec::new();
+        let mut ports = BTreeMap::new();
+        for (deployment, role, build) in [
+            ("podinfo", "canary", canary),
+            ("podinfo-primary", "primary", Build::default()),
+        ] {
+            for replica in 0..2 {
+                let ip = pod_ip(subnet, deployment, replica);
+                let provider = Provider::start(role, &ip, "podinfo", build).await;
+                ports.insert(ip, (provider.grpc_port, provider.metrics_port));
+                providers.push(provider);
+            }
+        }
+        let running = Arc::new(AtomicBool::new(true));
+        play_controllers(
+            cluster,
+            admin,
+            namespace,
+            subnet,
+            prometheus.clone(),
+            ports.clone(),
+            running.clone(),
+        );
+        let xds = xds_plane(cluster).to_string();
+        let deployment = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "podinfo", "namespace": namespace, "labels": {"app": "podinfo"}},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "podinfo"}},
+                     "template": {"metadata": {"labels": {"app": "podinfo"}},
+                                  "spec": {"containers": [{"name": "app", "image": "podinfo:1"}]}}},
+        });
+        cluster.kubectl_in(&["apply", "-f", "-"], Some(&deployment.to_string()));
+        let gates = Gates::default();
+        let gate = serve_gates(gates.clone()).await;
+        analysis["webhooks"] = json!([
+            {"name": "step", "type": "confirm-traffic-increase", "url": format!("http://{gate}/step")},
+            {"name": "promote", "type": "confirm-promotion", "url": format!("http://{gate}/promote")},
+        ]);
+        let canary = json!({
+            "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
+            "metadata": {"name": "podinfo", "namespace": namespace},
+            "spec": {
+                "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "podinfo"},
+                "progressDeadlineSeconds": 120,
+                "prometheus": {"address": prometheus.endpoint.address},
+                "analysis": analysis,
+            },
+        });
+        cluster.kubectl_in(&["apply", "-f", "-"], Some(&canary.to_string()));
+        let bootstrap = std::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+            .args(["bootstrap", "--server", &xds, "-n", namespace])
+            .args(["--node-id", namespace])
+            .output()
+            .unwrap();
+        assert!(bootstrap.status.success(), "{bootstrap:?}");
+        let bootstrap = String::from_utf8(bootstrap.stdout).unwrap();
+        let setup = Setup {
+            cluster,
+            namespace,
+            subnet,
+            prometheus,
+            gates,
+            client: Client::start("xds:///podinfo", bootstrap),
+            ports,
+            running,
+            _providers: providers,
+        };
+        setup.wait_phase("Initialized").await;
+        setup
+    }
+
+    fn status(&self) -> Value {
+        self.cluster
+            .get_json(&["canary", "podinfo", "-n", self.namespace])
+            .map(|c| c["status"].clone())
+            .unwrap_or(Value::Null)
+    }
+
+    async fn wait_phase(&self, phase: &str) -> Value {
+        self.cluster
+            .wait_until(&format!("{} in {phase}", self.namespace), WAIT, || {
+                self.status()["phase"] == phase
+            })
+            .await;
+        self.status()
+    }
+
+    /// Waits until Prometheus has `pods` targets matching `pods_regex` up.
+    async fn scraped(&self, pods_regex: &str, pods: u32) {
+        let query = format!(
+            "count(up{{namespace=\"{}\",pod=~\"{pods_regex}\"}} == 1)",
+            self.namespace
+        );
+        self.prometheus
+            .wait_for_value(&query, |n| n == f64::from(pods))
+            .await;
+    }
+
+    /// A new release: the canary's pods come up (no call yet) and are scraped.
+    async fn release(&self) {
+        self.cluster.kubectl_ok(&[
+            "set",
+            "image",
+            "deployment/podinfo",
+            "app=podinfo:2",
+            "-n",
+            self.namespace,
+        ]);
+        self.wait_phase("Progressing").await;
+        self.scraped("podinfo-[0-9a-z]+-[0-9]+", 2).await;
+    }
+
+    /// Lets the next step through and waits until the Canary is at `percent`.
+    async fn permit_step(&self, percent: u32) {
+        self.gates.step.fetch_add(1, Ordering::SeqCst);
+        self.cluster
+            .wait_until(&format!("{} at {percent}%", self.namespace), WAIT, || {
+                self.status()["canaryWeight"] == percent
+            })
+            .await;
+    }
+
+    /// Calls until the canary answers at least `least` of 1,000 (at most 20 rounds): the
+    /// client applies what it acknowledged a moment later, and this client's xDS server is
+    /// another process, so the calls say when.
+    async fn converge(&mut self, least: u64) {
+        for _ in 0..20 {
+            let counts = self.client.count(1000).await;
+            if answers(&counts, "canary") + answers(&counts, "injected") >= least {
+                return;
+            }
+        }
+        panic!("the canary never answered {least} of 1000 calls");
+    }
+
+    /// 2,000 calls; the canary's share (its answers and its build's failures) within 5 points
+    /// of `percent`.
+    async fn assert_canary_share(&mut self, percent: u64) -> Value {
+        let counts = self.client.count(2000).await;
+        let on_canary = answers(&counts, "canary") + answers(&counts, "injected");
+        assert_eq!(on_canary + answers(&counts, "primary"), 2000, "{counts}");
+        assert!(
+            on_canary.abs_diff(percent * 20) <= 100,
+            "{}: the canary took {on_canary} of 2000, wanted {percent}% +/- 5: {counts}",
+            self.namespace
+        );
+        eprintln!(
+            "{} at {percent}%: the canary took {on_canary} of 2000 calls",
+            self.namespace
+        );
+        counts
+    }
+
+    /// Every call on the primary once it answered 100 in a row, and none failed over the run
+    /// but the canary build's own.
+    async fn ends_on_the_primary(&mut self) {
+        self.client.settle("primary", 100).await;
+        let after = self.client.count(2000).await;
+        assert_eq!(answers(&after, "primary"), 2000, "{after}");
+        let totals = self.client.totals().await;
+        assert_eq!(answers(&totals, "error"), 0, "{totals}");
+        eprintln!("{}: calls over the run: {totals}", self.namespace);
+    }
+
+    /// `host:port` of the canary's pods, for a load tester.
+    fn canary_pods(&self) -> Vec<String> {
+        let prefix = format!("127.0.{}.", self.subnet);
+        self.ports
+            .iter()
+            .filter(|(ip, _)| ip.starts_with(&prefix))
+            .map(|(ip, (grpc, _))| format!("{ip}:{grpc}"))
+            .collect()
+    }
+}
+
+/// The IP of a Deployment's pod by replica: the canary's (the target's) on 127.0.<subnet>.x,
+/// the primary's on the next subnet, so each IP keeps its provider process.
+fn pod_ip(subnet: u8, deployment: &str, replica: i32) -> String {
+    let subnet = if deployment == "podinfo" {
+        subnet
+    } else {
+        subnet + 1
+    };
     format!("127.0.{subnet}.{}", replica + 1)
 }
 
@@ -44,16 +312,19 @@ fn pod_ip(deployment: &str, replica: i32) -> String {
 fn play_controllers(
     cluster: &'static Cluster,
     client: kube::Client,
+    namespace: &'static str,
+    subnet: u8,
     prometheus: Arc<Prometheus>,
     ports: BTreeMap<String, (u16, u16)>,
     running: Arc<AtomicBool>,
 ) {
     tokio::spawn(async move {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let ip = |deployment: &str, replica: i32| pod_ip(subnet, deployment, replica);
         let mut served = None;
         let mut scraped = None;
         while running.load(Ordering::Relaxed) {
-            if let Err(e) = super::canary::reconcile(&client, NS, &pod_ip).await {
+            if let Err(e) = super::canary::reconcile(&client, namespace, &ip, true).await {
                 eprintln!("deployment controller pass: {e}");
             }
             let mut endpoints = Vec::new();
@@ -74,13 +345,16 @@ fn play_controllers(
                 let ip = ip.unwrap_or_default();
                 endpoints.push(json!({"address": ip, "ports": {"grpc": grpc}}));
                 let addr = SocketAddr::new(ip.parse().unwrap(), *metrics);
-                targets.push((addr, pod.metadata.name.unwrap_or_default(), NS.to_owned()));
+                let name = pod.metadata.name.unwrap_or_default();
+                targets.push((addr, name, namespace.to_owned()));
             }
+            // During a rolling update the old and the new pod of a replica share its IP.
             endpoints.sort_by_key(|e| e["address"].as_str().unwrap_or_default().to_owned());
+            endpoints.dedup_by_key(|e| e["address"].clone());
             if served.as_ref() != Some(&endpoints) {
                 let entry = json!({
                     "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "ServiceEntry",
-                    "metadata": {"name": "podinfo", "namespace": NS},
+                    "metadata": {"name": "podinfo", "namespace": namespace},
                     "spec": {"hosts": ["podinfo"],
                              "ports": [{"number": 7070, "name": "grpc", "protocol": "GRPC"}],
                              "endpoints": endpoints},
@@ -93,6 +367,7 @@ fn play_controllers(
                 }
             }
             targets.sort();
+            targets.dedup_by_key(|t| t.0);
             if scraped.as_ref() != Some(&targets) {
                 prometheus.set_targets(&targets);
                 scraped = Some(targets);
@@ -102,202 +377,190 @@ fn play_controllers(
     });
 }
 
-/// A `confirm-traffic-increase` gate letting one call through per permit.
-async fn gate(permits: Arc<AtomicUsize>) -> SocketAddr {
-    async fn answer(State(permits): State<Arc<AtomicUsize>>) -> StatusCode {
-        let taken = permits.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| p.checked_sub(1));
-        if taken.is_ok() {
-            StatusCode::OK
-        } else {
-            StatusCode::FORBIDDEN
-        }
-    }
-    let app = axum::Router::new()
-        .fallback(axum::routing::post(answer))
-        .with_state(permits);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
+/// The built-in success-rate check every 2 s over 30 s (several scrapes at any step).
+fn analysis(threshold: u32) -> Value {
+    json!({
+        "interval": "2s", "threshold": threshold, "maxWeight": 40, "stepWeight": 20,
+        "metrics": [{"name": "request-success-rate", "thresholdRange": {"min": 99},
+                     "interval": "30s"}],
+    })
 }
 
-fn status(cluster: &Cluster) -> Value {
-    cluster
-        .get_json(&["canary", "podinfo", "-n", NS])
-        .map(|c| c["status"].clone())
-        .unwrap_or(Value::Null)
-}
-
-/// Waits until Prometheus has `pods` targets matching `pods_regex` up.
-async fn scraped(prometheus: &Prometheus, pods_regex: &str, pods: u32) {
-    let query = format!("count(up{{namespace=\"{NS}\",pod=~\"{pods_regex}\"}} == 1)");
-    prometheus
-        .wait_for_value(&query, |n| n == f64::from(pods))
-        .await;
-}
-
-/// A release whose canary fails half its calls: at 20 % the client's calls split as the weights
-/// say, the built-in success rate read from the real Prometheus fails the checks, and the
-/// rollback returns every call to the primary with no call failed by the switch.
-pub async fn a_failing_canary_is_rolled_back_by_real_metrics(
-    cluster: &'static Cluster,
-    admin: kube::Client,
-) {
-    cluster.namespace(NS, &[]);
-    let prometheus = Arc::new(Prometheus::start(None));
-    let mut providers = Vec::new();
-    let mut ports = BTreeMap::new();
-    for (deployment, role, build) in [
-        (
-            "podinfo",
-            "canary",
-            Build {
-                fail_percent: 50,
-                delay_ms: 0,
-            },
-        ),
-        ("podinfo-primary", "primary", Build::default()),
-    ] {
-        for replica in 0..2 {
-            let ip = pod_ip(deployment, replica);
-            let provider = Provider::start(role, &ip, "podinfo", build).await;
-            ports.insert(ip, (provider.grpc_port, provider.metrics_port));
-            providers.push(provider);
-        }
-    }
-    let running = Arc::new(AtomicBool::new(true));
-    play_controllers(cluster, admin, prometheus.clone(), ports, running.clone());
-    // The xDS server the client reads (the shared control plane drives the Canary).
-    let xds_plane = control_plane(
-        cluster,
-        &[
-            "--canary-enabled",
-            "false",
-            "--webhook-enabled",
-            "false",
-            "--auth-token-review",
-            "false",
-        ],
-    );
-    crate::common::kube_local::reap_with_this_process(xds_plane.child.id());
-    let xds = xds_plane.xds().expect("xDS is on").to_string();
-
-    let deployment = json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "podinfo", "namespace": NS, "labels": {"app": "podinfo"}},
-        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "podinfo"}},
-                 "template": {"metadata": {"labels": {"app": "podinfo"}},
-                              "spec": {"containers": [{"name": "app", "image": "podinfo:1"}]}}},
-    });
-    cluster.kubectl_in(&["apply", "-f", "-"], Some(&deployment.to_string()));
-    let permits = Arc::new(AtomicUsize::new(0));
-    let gate = gate(permits.clone()).await;
-    let canary = json!({
-        "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
-        "metadata": {"name": "podinfo", "namespace": NS},
-        "spec": {
-            "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "podinfo"},
-            "progressDeadlineSeconds": 120,
-            "prometheus": {"address": prometheus.endpoint.address},
-            "analysis": {
-                "interval": "2s", "threshold": 3, "maxWeight": 40, "stepWeight": 20,
-                "metrics": [{"name": "request-success-rate", "thresholdRange": {"min": 99},
-                             "interval": "30s"}],
-                "webhooks": [{"name": "step", "type": "confirm-traffic-increase",
-                              "url": format!("http://{gate}/step")}],
-            },
-        },
-    });
-    cluster.kubectl_in(&["apply", "-f", "-"], Some(&canary.to_string()));
-    cluster
-        .wait_until("the Canary initialized", WAIT, || {
-            status(cluster)["phase"] == "Initialized"
-        })
-        .await;
-
-    let bootstrap = std::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
-        .args([
-            "bootstrap",
-            "--server",
-            &xds,
-            "-n",
-            NS,
-            "--node-id",
-            "e2e-traffic",
-        ])
-        .output()
-        .unwrap();
-    assert!(bootstrap.status.success(), "{bootstrap:?}");
-    let mut client = Client::start(
-        "xds:///podinfo",
-        String::from_utf8(bootstrap.stdout).unwrap(),
-    );
-    client.settle("primary", 100).await;
-    scraped(&prometheus, "podinfo-primary-.*", 2).await;
-
-    // A release: the canary's pods come up (at weight 0, no call) and are scraped; then one
-    // step to 20 %.
-    cluster.kubectl_ok(&[
-        "set",
-        "image",
-        "deployment/podinfo",
-        "app=podinfo:2",
-        "-n",
-        NS,
-    ]);
-    cluster
-        .wait_until("the run started", WAIT, || {
-            status(cluster)["phase"] == "Progressing"
-        })
-        .await;
-    scraped(&prometheus, "podinfo-[0-9a-z]+-[0-9]+", 2).await;
-    permits.fetch_add(1, Ordering::SeqCst);
-    cluster
-        .wait_until("the canary at 20%", WAIT, || {
-            status(cluster)["canaryWeight"] == 20
-        })
-        .await;
-    // Counted from the client's first canary answer (it applies what it acknowledged a moment
-    // later). A fifth of the calls reach the canary, which fails half of those.
-    client.settle("canary", 1).await;
-    let counts = client.count(2000).await;
-    let on_canary = answers(&counts, "canary") + answers(&counts, "injected");
-    assert_eq!(on_canary + answers(&counts, "primary"), 2000, "{counts}");
-    assert!(on_canary.abs_diff(400) <= 100, "{counts}");
-    eprintln!("e2e step 20%: the canary took {on_canary} of 2000 calls: {counts}");
-
-    // The built-in success rate on Prometheus's samples of the canary pods fails three checks:
-    // rolled back.
-    cluster
-        .wait_until("the rollback", WAIT, || {
-            status(cluster)["phase"] == "Failed"
-        })
-        .await;
-    let failed = status(cluster);
-    let checked = failed["history"]
+/// The last analysed step's success-rate result.
+fn last_success_rate(status: &Value) -> Value {
+    let step = status["history"]
         .as_array()
         .unwrap()
         .iter()
         .rev()
-        .find(|s| s["metrics"].is_array())
+        .find(|s| s["metrics"].as_array().is_some_and(|m| !m.is_empty()))
         .cloned()
-        .unwrap_or_else(|| panic!("no analysed step: {failed}"));
-    let rate = &checked["metrics"][0];
-    assert_eq!(rate["name"], "request-success-rate", "{checked}");
-    assert_eq!(rate["ok"], false, "{checked}");
-    let value = rate["value"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("{checked}"));
-    assert!((40.0..=60.0).contains(&value), "{checked}");
-    eprintln!("e2e rolled back at success rate {value:.1}% (weight 20)");
+        .unwrap_or_else(|| panic!("no analysed step: {status}"));
+    let rate = step["metrics"][0].clone();
+    assert_eq!(rate["name"], "request-success-rate", "{step}");
+    rate
+}
 
-    // Every call back on the primary; none failed but the canary build's own.
-    client.settle("primary", 100).await;
-    let after = client.count(2000).await;
+/// Canary strategy, failing release: at 20 % the calls split as the weights say, the built-in
+/// success rate read from the real Prometheus fails the checks, and the rollback returns every
+/// call to the primary with none failed by the switch.
+pub async fn a_failing_canary_is_rolled_back_by_real_metrics(
+    cluster: &'static Cluster,
+    admin: kube::Client,
+) {
+    let failing = Build {
+        fail_percent: 50,
+        delay_ms: 0,
+    };
+    let mut setup = Setup::start(cluster, admin, "e2e-rollback", 7, failing, analysis(3)).await;
+    setup.client.settle("primary", 100).await;
+    setup.scraped("podinfo-primary-.*", 2).await;
+    setup.release().await;
+    setup.permit_step(20).await;
+    setup.converge(100).await;
+    let counts = setup.assert_canary_share(20).await;
+    // The canary's build fails half of what it gets.
+    let canary = answers(&counts, "canary");
+    assert!(
+        answers(&counts, "injected").abs_diff(canary) <= canary / 4 + 20,
+        "{counts}"
+    );
+
+    let failed = setup.wait_phase("Failed").await;
+    let rate = last_success_rate(&failed);
+    assert_eq!(rate["ok"], false, "{failed}");
+    let value = rate["value"].as_f64().unwrap_or_else(|| panic!("{failed}"));
+    assert!((40.0..=60.0).contains(&value), "{failed}");
+    eprintln!("e2e-rollback: rolled back at success rate {value:.1}% (weight 20)");
+    setup.ends_on_the_primary().await;
+}
+
+/// Canary strategy, healthy release: the calls follow each step, the checks pass on the real
+/// counters, and the promotion puts every call back on the primary (now the new build).
+pub async fn a_healthy_canary_is_promoted_step_by_step(
+    cluster: &'static Cluster,
+    admin: kube::Client,
+) {
+    let mut setup = Setup::start(
+        cluster,
+        admin,
+        "e2e-promotion",
+        9,
+        Build::default(),
+        analysis(5),
+    )
+    .await;
+    setup.client.settle("primary", 100).await;
+    setup.scraped("podinfo-primary-.*", 2).await;
+    setup.release().await;
+    // At 0 % the canary answers nothing; under 20 %, 300 of 1,000 is over six standard
+    // deviations out.
+    for (percent, least) in [(20, 100), (40, 300)] {
+        setup.permit_step(percent).await;
+        setup.converge(least).await;
+        setup.assert_canary_share(u64::from(percent)).await;
+    }
+    setup.gates.promote.fetch_add(1, Ordering::SeqCst);
+    let done = setup.wait_phase("Succeeded").await;
+    let rate = last_success_rate(&done);
+    assert_eq!(rate["ok"], true, "{done}");
+    assert_eq!(rate["value"], 100.0, "{done}");
+    setup.ends_on_the_primary().await;
+}
+
+/// A/B testing: only calls with the matching header reach the canary, judged on their counters.
+pub async fn an_ab_canary_takes_only_the_matching_calls(
+    cluster: &'static Cluster,
+    admin: kube::Client,
+) {
+    let mut analysis = analysis(5);
+    analysis["iterations"] = json!(2);
+    analysis["match"] = json!([{"headers": {"x-canary": {"exact": "insider"}}}]);
+    analysis.as_object_mut().unwrap().remove("stepWeight");
+    analysis.as_object_mut().unwrap().remove("maxWeight");
+    let mut setup =
+        Setup::start(cluster, admin, "e2e-abtest", 11, Build::default(), analysis).await;
+    setup
+        .client
+        .settle_with("primary", 100, "x-canary=insider")
+        .await;
+    setup.scraped("podinfo-primary-.*", 2).await;
+    setup.release().await;
+    setup
+        .client
+        .settle_with("canary", 100, "x-canary=insider")
+        .await;
+    let insiders = setup.client.count_with(2000, "x-canary=insider").await;
+    assert_eq!(answers(&insiders, "canary"), 2000, "{insiders}");
+    let others = setup.client.count_with(2000, "x-canary=outsider").await;
+    assert_eq!(answers(&others, "primary"), 2000, "{others}");
+    let plain = setup.client.count(2000).await;
+    assert_eq!(answers(&plain, "primary"), 2000, "{plain}");
+    // The cohort keeps calling while the iterations pass on its counters.
+    setup
+        .client
+        .settle_with("canary", 10, "x-canary=insider")
+        .await;
+    let waiting = setup.wait_phase("WaitingPromotion").await;
+    assert_eq!(waiting["strategy"], "A/B", "{waiting}");
+    let rate = last_success_rate(&waiting);
+    assert_eq!(rate["value"], 100.0, "{waiting}");
+    eprintln!("e2e-abtest: insiders {insiders}, outsiders {others}, no header {plain}");
+    setup.gates.promote.fetch_add(1, Ordering::SeqCst);
+    setup.wait_phase("Succeeded").await;
+    setup
+        .client
+        .settle_with("primary", 100, "x-canary=insider")
+        .await;
+    let after = setup.client.count_with(2000, "x-canary=insider").await;
     assert_eq!(answers(&after, "primary"), 2000, "{after}");
-    let totals = client.totals().await;
-    assert_eq!(answers(&totals, "error"), 0, "{totals}");
-    eprintln!("e2e calls over the run: {totals}");
-    running.store(false, Ordering::Relaxed);
-    drop(providers);
+    setup.ends_on_the_primary().await;
+}
+
+/// Blue/Green: no production call on the canary while a load tester's calls are judged, then
+/// every call at once.
+pub async fn a_blue_green_canary_switches_every_call_at_once(
+    cluster: &'static Cluster,
+    admin: kube::Client,
+) {
+    let mut analysis = analysis(5);
+    analysis["iterations"] = json!(2);
+    analysis.as_object_mut().unwrap().remove("stepWeight");
+    analysis.as_object_mut().unwrap().remove("maxWeight");
+    let mut setup = Setup::start(
+        cluster,
+        admin,
+        "e2e-bluegreen",
+        13,
+        Build::default(),
+        analysis,
+    )
+    .await;
+    setup.client.settle("primary", 100).await;
+    setup.scraped("podinfo-primary-.*", 2).await;
+    // A load tester calls the canary's pods directly, as `rollout` hooks would have one do.
+    let mut tester = Client::direct(&setup.canary_pods());
+    tester.settle("canary", 10).await;
+    setup.release().await;
+    let during = setup.client.count(2000).await;
+    assert_eq!(answers(&during, "primary"), 2000, "{during}");
+    setup
+        .cluster
+        .wait_until("the Blue/Green iterations", WAIT, || {
+            setup.status()["iterations"].as_u64() >= Some(2)
+        })
+        .await;
+    let analysed = setup.status();
+    assert_eq!(analysed["strategy"], "Blue/Green", "{analysed}");
+    assert_eq!(analysed["canaryWeight"], 0, "{analysed}");
+    // The switch: every call on the canary.
+    setup.permit_step(100).await;
+    setup.client.settle("canary", 100).await;
+    let switched = setup.client.count(2000).await;
+    assert_eq!(answers(&switched, "canary"), 2000, "{switched}");
+    eprintln!("e2e-bluegreen: before the switch {during}, after {switched}");
+    setup.gates.promote.fetch_add(1, Ordering::SeqCst);
+    setup.wait_phase("Succeeded").await;
+    setup.ends_on_the_primary().await;
+    drop(tester);
 }

@@ -131,7 +131,10 @@ def client(target):
     state = threading.Condition()
     totals = {}
     # What the current command counts: only calls started after it, with its metadata.
-    current = {"generation": 0, "metadata": (), "window": {}, "done": 0, "streak": ["", 0]}
+    # "limit": a count's N, so a call that ends before the command reads its window is not
+    # counted as an N+1th.
+    current = {"generation": 0, "metadata": (), "window": {}, "done": 0, "streak": ["", 0],
+               "limit": None}
 
     def calls():
         while True:
@@ -147,7 +150,8 @@ def client(target):
                 totals[who] = totals.get(who, 0) + 1
                 if who == "error":
                     totals["last_error"] = detail
-                if generation == current["generation"]:
+                limit = current["limit"]
+                if generation == current["generation"] and (limit is None or current["done"] < limit):
                     window, streak = current["window"], current["streak"]
                     window[who] = window.get(who, 0) + 1
                     streak[:] = [who, streak[1] + 1 if streak[0] == who else 1]
@@ -169,6 +173,7 @@ def client(target):
                     window={},
                     done=0,
                     streak=["", 0],
+                    limit=int(words[1]) if words[0] == "count" else None,
                 )
             if words[:1] == ["count"]:
                 wanted = int(words[1])

@@ -665,12 +665,18 @@ impl Run<'_> {
         if replicas != 0 && self.status.last_applied_spec == self.hash(target) {
             self.scale(&self.plan.target.clone(), 0).await?;
         }
-        // The canary's pods keep weight 0 until they are gone: their endpoints leave after the
-        // pods do, and without the override one still listed would take the default weight
-        // (measured on the real API server: 5 % of calls on a rolled-back canary).
-        let pods = self.ctx.pods.state();
-        let remaining = any_pod_ips(target, pods.iter().map(|p| p.as_ref()));
-        let zero = weight::dynamic_config(&self.plan.application, 0, &[], &remaining, None);
+        // After a run the canary's pods keep weight 0 until they are gone: their endpoints
+        // leave after the pods do, and without the override one still listed would take the
+        // default weight (measured on the real API server: 5 % of calls on a rolled-back
+        // canary). Before any run there is nothing to keep: zeroing the target's pods then
+        // could leave no weighted endpoint while the primary's are not listed yet.
+        let zero = if self.stored_config_is_ours() {
+            let pods = self.ctx.pods.state();
+            let remaining = any_pod_ips(target, pods.iter().map(|p| p.as_ref()));
+            weight::dynamic_config(&self.plan.application, 0, &[], &remaining, None)
+        } else {
+            None
+        };
         self.write_config(zero).await?;
         self.write_route(None).await
     }

@@ -116,6 +116,14 @@ impl Run<'_> {
         format!("{}-canary", self.name)
     }
 
+    /// Whether this run's DynamicConfig is stored (and this Canary's).
+    pub(super) fn stored_config_is_ours(&self) -> bool {
+        self.ctx
+            .configs
+            .get(&ObjectRef::new(&self.config_name()).within(&self.namespace))
+            .is_some_and(|stored| stored.labels().get(REVISION_LABEL) == Some(&self.name))
+    }
+
     pub(super) async fn write_config(
         &mut self,
         wanted: Option<DynamicConfigSpec>,
