@@ -461,6 +461,7 @@ mod tests {
         for (url, target) in [
             ("http://alerts.invalid/x", "alerts.invalid:80"),
             ("https://alerts.invalid/x", "alerts.invalid:443"),
+            ("http://[::1]/x", "[::1]:80"),
         ] {
             let (proxy, line) = refusing_proxy().await;
             let proxy_url = format!("http://{proxy}");
