@@ -271,13 +271,12 @@ impl Worker {
             .post_json_via(&url, &body, via, POST_TIMEOUT)
             .await
         {
-            Ok(answer) if (200..300).contains(&answer.status) => match web_api {
-                true => match slack_refusal(&answer.body) {
+            Ok(answer) if (200..300).contains(&answer.status) => {
+                match slack_refusal(&answer.body).filter(|_| web_api) {
                     None => return Ok(r#type),
                     Some(error) => format!("{shown}: Slack answered ok: false: {error}"),
-                },
-                false => return Ok(r#type),
-            },
+                }
+            }
             Ok(answer) => format!(
                 "{shown}: HTTP {}: {}",
                 answer.status,
