@@ -451,11 +451,17 @@ async fn each_provider_type_gets_flaggers_payload_for_the_events_its_severity_he
     }
 
     // A release held by its gate (warn), then failing its check (error).
+    let gated = receiver.posts_to("/gate").len();
     receiver.answer("/gate", 500);
     receiver.answer("/check", 500);
     api.set_image(NS, "podinfo", "podinfo:3");
+    // The gate says no three times (three intervals held), then the run's one WAITING alert
+    // must be the only one: a repeat per held interval would be there by now.
+    receiver.wait("/gate", count(gated + 3)).await;
     let waiting = |posts: &[Post]| posts.iter().any(|p| text_of(&p.body) == WAITING);
     receiver.wait("/discord/slack", waiting).await;
+    let waited = texts(&receiver.posts_to("/discord/slack"));
+    assert_eq!(waited, [WAITING], "one WAITING alert per run");
     receiver.answer("/gate", 200);
     let failed = phase("Failed").await.unwrap();
     let everything = [
@@ -703,9 +709,18 @@ async fn failing_and_hanging_receivers_never_hold_or_fail_the_run() {
         })
     };
     phase("Initialized").await;
-    // The silent receiver holds its alert for 5 s each time; the release does not wait for it.
+    // The silent receiver holds each alert until the sender gives up after 5 s (counted then as
+    // failed). The release finishes before the first of them gives up: had the run waited for
+    // one delivery, its failure would be counted by now. (The run takes well under a second;
+    // the 5 s are the sender's own limit, not a guess of the test's.)
     api.set_image(NS, "podinfo", "podinfo:2");
     phase("Succeeded").await;
+    let (_, metrics) = common::http_get(server.admin_addr, "/metrics").await;
+    assert_eq!(
+        alerts_counted(&metrics, "msteams", "failed"),
+        0,
+        "the run waited for a silent receiver: {metrics}"
+    );
     receiver.wait("/refused", |p| p.len() >= 3).await;
 
     // Every failure is counted by type (empty: the provider could not be read): three events,

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 pub const PROVIDER_TYPES: [&str; 6] = ["slack", "msteams", "discord", "rocket", "gchat", "webhook"];
 
 /// Where alerts go, as Flagger's `alertproviders.flagger.app`.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, PartialEq)]
 #[kube(
     group = "dubbo.apache.org",
     version = "v1alpha1",
@@ -53,6 +53,23 @@ pub struct AlertProviderSpec {
     /// Accept any server certificate (https only). For test setups: the answer could be anyone's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub insecure_skip_verify: bool,
+}
+
+// By hand: a hook address is a credential, a proxy URL may hold a password; neither may reach a
+// log through `{:?}`.
+impl std::fmt::Debug for AlertProviderSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |set: bool| if set { "<redacted>" } else { "none" };
+        f.debug_struct("AlertProviderSpec")
+            .field("type", &self.r#type)
+            .field("channel", &self.channel)
+            .field("username", &self.username)
+            .field("address", &redacted(self.address.is_some()))
+            .field("proxy", &redacted(self.proxy.is_some()))
+            .field("secret_ref", &self.secret_ref)
+            .field("insecure_skip_verify", &self.insecure_skip_verify)
+            .finish()
+    }
 }
 
 /// One entry of `analysis.alerts`.
@@ -174,5 +191,19 @@ mod tests {
         let spec = &schema["properties"]["spec"]["properties"];
         assert_eq!(spec["type"]["enum"].as_array().unwrap().len(), 6);
         assert_eq!(spec["proxy"]["pattern"], "^http://");
+    }
+
+    #[test]
+    fn a_providers_debug_shows_no_address_or_proxy_password() {
+        let spec: AlertProviderSpec = serde_json::from_value(json!({
+            "type": "slack", "address": "https://hooks.slack.com/services/T0/B0/s3cret",
+            "proxy": "http://ops:pa55@squid:3128"}))
+        .unwrap();
+        let debug = format!("{spec:?}");
+        assert!(
+            !debug.contains("s3cret") && !debug.contains("pa55"),
+            "{debug}"
+        );
+        assert!(debug.contains("slack"), "{debug}");
     }
 }

@@ -35,6 +35,7 @@ pub struct Answer {
 }
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+type Tunnelled = Client<hyper_rustls::HttpsConnector<Tunnel<HttpConnector>>, Full<Bytes>>;
 
 /// Plain http, and https trusting the system's roots and the configured bundle; a second pool
 /// accepts any certificate, for the calls that ask (`insecureSkipVerify`).
@@ -47,12 +48,28 @@ pub struct HttpClient {
 }
 
 /// How one POST goes out besides its body: an `Authorization` header, the certificate check,
-/// an HTTP proxy (`http://[user:password@]host:port`, tunnelled with CONNECT).
-#[derive(Clone, Copy, Debug, Default)]
+/// an HTTP proxy (`http://[user:password@]host:port`, tunnelled with CONNECT), and what errors
+/// call the URL when the URL itself is a secret.
+#[derive(Clone, Copy, Default)]
 pub struct Via<'a> {
     pub authorization: Option<&'a str>,
     pub insecure: bool,
     pub proxy: Option<&'a str>,
+    /// Named in errors instead of the URL (a Slack hook URL kept in a Secret is a credential).
+    pub shown_as: Option<&'a str>,
+}
+
+// By hand: the bearer token, the proxy's password and a secret URL must not reach a log.
+impl std::fmt::Debug for Via<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |set: bool| if set { "<redacted>" } else { "none" };
+        f.debug_struct("Via")
+            .field("authorization", &redacted(self.authorization.is_some()))
+            .field("insecure", &self.insecure)
+            .field("proxy", &redacted(self.proxy.is_some()))
+            .field("shown_as", &self.shown_as)
+            .finish()
+    }
 }
 
 impl Default for HttpClient {
@@ -118,31 +135,30 @@ impl HttpClient {
     }
 
     /// A one-off client whose connections are CONNECT tunnels through `proxy`: the receiver's
-    /// TLS runs inside the tunnel, checked as the pools check it.
-    fn through(
-        &self,
-        proxy: &str,
-        insecure: bool,
-    ) -> Result<Client<hyper_rustls::HttpsConnector<Tunnel<HttpConnector>>, Full<Bytes>>, HttpError>
-    {
+    /// TLS runs inside the tunnel, checked as the pools check it. Also the proxy's `host:port`,
+    /// for errors. The proxy string is never put in an error: its password may not parse.
+    fn through(&self, proxy: &str, insecure: bool) -> Result<(Tunnelled, String), HttpError> {
         let bad = |reason: &str| HttpError::Url {
-            url: without_credentials(proxy),
-            reason: format!("proxy: {reason}"),
+            url: "proxy".to_owned(),
+            reason: reason.to_owned(),
         };
-        let uri: http::Uri = proxy.parse().map_err(|e| bad(&format!("{e}")))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(bad(
-                "must be http://host:port (a TLS connection to the proxy itself is not supported)",
-            ));
-        }
-        let authority = uri.authority().ok_or_else(|| bad("no host"))?.as_str();
-        let (credentials, host) = match authority.rsplit_once('@') {
-            Some((credentials, host)) => (Some(credentials), host),
-            None => (None, authority),
+        let form = "must be http://[user:password@]host:port";
+        let rest = proxy.strip_prefix("http://").ok_or_else(|| {
+            bad("must be http://host:port (a TLS connection to the proxy itself is not supported)")
+        })?;
+        // The last `@` ends the user:password, which may hold `/`, `?` or `#` unescaped.
+        let (credentials, rest) = match rest.rsplit_once('@') {
+            Some((credentials, rest)) => (Some(credentials), rest),
+            None => (None, rest),
         };
-        let target: http::Uri = format!("http://{host}")
-            .parse()
-            .map_err(|e| bad(&format!("{e}")))?;
+        let host = rest.strip_suffix('/').unwrap_or(rest);
+        let target: http::Uri = format!("http://{host}").parse().map_err(|_| bad(form))?;
+        let host = match target.authority() {
+            Some(authority) if target.path() == "/" && target.query().is_none() => {
+                authority.as_str().to_owned()
+            }
+            _ => return Err(bad(form)),
+        };
         let mut tunnel = Tunnel::new(target, connector());
         if let Some(credentials) = credentials {
             use base64::Engine;
@@ -162,9 +178,10 @@ impl HttpClient {
             .https_or_http()
             .enable_http1()
             .wrap_connector(tunnel);
-        Ok(Client::builder(TokioExecutor::new())
+        let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(0)
-            .build(https))
+            .build(https);
+        Ok((client, host))
     }
 
     pub async fn get(&self, url: &str, timeout: Duration) -> Result<Answer, HttpError> {
@@ -184,7 +201,7 @@ impl HttpClient {
         let via = Via {
             authorization,
             insecure,
-            proxy: None,
+            ..Via::default()
         };
         self.call(http::Method::GET, url, None, via, timeout).await
     }
@@ -219,22 +236,45 @@ impl HttpClient {
         via: Via<'_>,
         timeout: Duration,
     ) -> Result<Answer, HttpError> {
-        let uri: http::Uri = url
+        // Errors name the label when there is one, so a secret URL never reaches them.
+        let shown = || via.shown_as.unwrap_or(url).to_owned();
+        let invalid = |reason: String| HttpError::Url {
+            url: shown(),
+            reason,
+        };
+        let mut uri: http::Uri = url
             .parse()
-            .map_err(|e: http::uri::InvalidUri| HttpError::Url {
-                url: url.to_owned(),
-                reason: e.to_string(),
-            })?;
-        match uri.scheme_str() {
-            Some("http" | "https") => {}
-            _ => {
-                return Err(HttpError::Url {
-                    url: url.to_owned(),
-                    reason: "must start with http:// or https://".to_owned(),
-                });
+            .map_err(|e: http::uri::InvalidUri| invalid(e.to_string()))?;
+        let default_port = match uri.scheme_str() {
+            Some("http") => 80,
+            Some("https") => 443,
+            _ => return Err(invalid("must start with http:// or https://".to_owned())),
+        };
+        let mut request = http::Request::builder().method(method);
+        let proxied = match via.proxy {
+            Some(proxy) => {
+                let (client, host) = self.through(proxy, via.insecure)?;
+                // hyper-util's Tunnel asks the proxy for port 443 whatever the scheme when the
+                // URI has none: give it the scheme's, keeping the Host header as written.
+                let authority = uri
+                    .authority()
+                    .cloned()
+                    .ok_or_else(|| invalid("no host".to_owned()))?;
+                if authority.port().is_none() {
+                    request = request.header(http::header::HOST, authority.host());
+                    let mut parts = uri.into_parts();
+                    parts.authority = Some(
+                        format!("{}:{default_port}", authority.host())
+                            .parse()
+                            .map_err(|e: http::uri::InvalidUri| invalid(e.to_string()))?,
+                    );
+                    uri = http::Uri::from_parts(parts).map_err(|e| invalid(e.to_string()))?;
+                }
+                Some((client, host))
             }
-        }
-        let mut request = http::Request::builder().method(method).uri(uri);
+            None => None,
+        };
+        request = request.uri(uri);
         if body.is_some() {
             request = request.header(http::header::CONTENT_TYPE, "application/json");
         }
@@ -243,21 +283,22 @@ impl HttpClient {
         }
         let request = request
             .body(Full::new(body.unwrap_or_default()))
-            .map_err(|e| HttpError::Url {
-                url: url.to_owned(),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| invalid(e.to_string()))?;
+        let through = proxied
+            .as_ref()
+            .map(|(_, host)| format!(" via proxy {host}"))
+            .unwrap_or_default();
         let transport = |reason: String| HttpError::Transport {
-            url: url.to_owned(),
+            url: format!("{}{through}", shown()),
             reason,
         };
-        let sent = match via.proxy {
-            Some(proxy) => self.through(proxy, via.insecure)?.request(request),
+        let sent = match proxied {
+            Some((client, _)) => client.request(request),
             None if via.insecure => self.insecure.request(request),
             None => self.client.request(request),
         };
         let exchange = async {
-            let response = sent.await.map_err(|e| transport(format!("{e:#}")))?;
+            let response = sent.await.map_err(|e| transport(causes(&e)))?;
             let status = response.status().as_u16();
             let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
                 .collect()
@@ -272,22 +313,26 @@ impl HttpClient {
         tokio::time::timeout(timeout, exchange)
             .await
             .map_err(|_| HttpError::Timeout {
-                url: url.to_owned(),
+                url: format!("{}{through}", shown()),
                 timeout,
             })?
     }
 }
 
-/// `url` with any `user:password@` taken out, for errors and logs.
-pub fn without_credentials(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((_, host)) if scheme.is_empty() => format!("{host}{path}"),
-        Some((_, host)) => format!("{scheme}://{host}{path}"),
-        None => url.to_owned(),
+/// `error` and each of its sources, joined: hyper-util's own text is only "client error
+/// (Connect)", the cause (refused, DNS, the proxy's answer) is further down.
+fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
     }
+    text
 }
 
 fn connector() -> HttpConnector {
@@ -363,22 +408,6 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
 mod tests {
     use super::*;
 
-    #[test]
-    fn credentials_are_taken_out_of_urls() {
-        assert_eq!(
-            without_credentials("http://ops:s3cret@proxy:3128"),
-            "http://proxy:3128"
-        );
-        assert_eq!(
-            without_credentials("http://ops:p@ss@proxy:3128/x?y"),
-            "http://proxy:3128/x?y"
-        );
-        assert_eq!(
-            without_credentials("http://proxy:3128"),
-            "http://proxy:3128"
-        );
-    }
-
     #[tokio::test]
     async fn a_proxy_must_be_plain_http_and_its_password_is_never_in_the_error() {
         let client = HttpClient::default();
@@ -398,5 +427,119 @@ mod tests {
         let text = error.to_string();
         assert!(text.contains("must be http://host:port"), "{text}");
         assert!(!text.contains("s3cret"), "{text}");
+    }
+
+    /// A proxy on loopback that records the first line it is sent and answers 502.
+    async fn refusing_proxy() -> (String, tokio::sync::oneshot::Receiver<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tell, told) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && socket.read(&mut byte).await.unwrap() == 1 {
+                head.push(byte[0]);
+            }
+            let head = String::from_utf8_lossy(&head).into_owned();
+            let _ = tell.send(head.lines().next().unwrap_or_default().to_owned());
+            let _ = socket.write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n").await;
+        });
+        (addr.to_string(), told)
+    }
+
+    async fn post(url: &str, via: Via<'_>) -> HttpError {
+        HttpClient::default()
+            .post_json_via(url, &serde_json::json!({}), via, Duration::from_secs(10))
+            .await
+            .unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn a_portless_receiver_is_tunnelled_to_its_schemes_port() {
+        for (url, target) in [
+            ("http://alerts.invalid/x", "alerts.invalid:80"),
+            ("https://alerts.invalid/x", "alerts.invalid:443"),
+            ("http://[::1]/x", "[::1]:80"),
+        ] {
+            let (proxy, line) = refusing_proxy().await;
+            let proxy_url = format!("http://{proxy}");
+            let via = Via {
+                proxy: Some(&proxy_url),
+                ..Via::default()
+            };
+            let text = post(url, via).await.to_string();
+            assert_eq!(line.await.unwrap(), format!("CONNECT {target} HTTP/1.1"));
+            assert!(text.contains(&format!("via proxy {proxy}")), "{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_proxy_password_is_never_in_the_error_even_when_it_does_not_parse() {
+        // A port nothing listens on: the connection is refused.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed = listener.local_addr().unwrap();
+        drop(listener);
+        for proxy in [
+            format!("http://ops:pa/ss@{closed}"),
+            format!("http://ops:pa/ss@{closed}/"),
+            "http://ops:pa/ss@no host:1".to_owned(),
+            "https://ops:pa/ss@proxy:3128".to_owned(),
+        ] {
+            let via = Via {
+                proxy: Some(&proxy),
+                ..Via::default()
+            };
+            let text = post("http://alerts.invalid/x", via).await.to_string();
+            assert!(!text.contains("pa/ss"), "{text}");
+            assert!(!text.contains("ops"), "{text}");
+        }
+        let proxy = format!("http://ops:pa/ss@{closed}");
+        let via = Via {
+            proxy: Some(&proxy),
+            ..Via::default()
+        };
+        let text = post("http://alerts.invalid/x", via).await.to_string();
+        assert!(text.contains(&format!("via proxy {closed}")), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_secret_url_is_named_by_its_label_whatever_it_holds() {
+        let via = Via {
+            shown_as: Some("<the address in secret test/hook>"),
+            ..Via::default()
+        };
+        for url in [
+            "https://hooks.example/T0/s3cret\u{feff}",
+            "https://hooks.example/T0/s3cret\t",
+            "ftp://hooks.example/T0/s3cret",
+            "http://127.0.0.1:1/T0/s3cret",
+        ] {
+            let text = post(url, via).await.to_string();
+            assert!(text.contains("<the address in secret test/hook>"), "{text}");
+            assert!(!text.contains("s3cret"), "{text}");
+            assert!(!text.contains("hooks.example"), "{text}");
+        }
+        let debug = format!(
+            "{:?}",
+            Via {
+                authorization: Some("Bearer xoxb-1"),
+                proxy: Some("http://ops:pw@proxy:3128"),
+                ..Via::default()
+            }
+        );
+        assert!(!debug.contains("xoxb") && !debug.contains("pw"), "{debug}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_says_so() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed = listener.local_addr().unwrap();
+        drop(listener);
+        let text = post(&format!("http://{closed}/x"), Via::default())
+            .await
+            .to_string();
+        assert!(text.to_lowercase().contains("refused"), "{text}");
     }
 }

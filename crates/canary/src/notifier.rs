@@ -1,11 +1,14 @@
 //! Delivers a Canary's alerts off the reconcile path: a bounded queue, a few deliveries at once,
-//! each with a deadline. A full queue drops the alert (counted), a failed delivery is logged and
-//! counted; neither touches the run.
+//! each with a deadline. A full queue drops the event, a stale one is dropped when its turn
+//! comes (both counted per delivery it would have made); a failed delivery is logged and
+//! counted; none of it touches the run.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, ResourceExt};
@@ -25,6 +28,8 @@ const PARALLEL: usize = 4;
 pub const POST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reading the provider and its Secret, then the POST.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(15);
+/// An event that waited longer than this behind slow receivers is news no more: dropped.
+pub const MAX_AGE: Duration = Duration::from_secs(60);
 
 /// One event to alert on.
 pub struct Notice {
@@ -36,18 +41,40 @@ pub struct Notice {
     pub time: String,
 }
 
+impl Notice {
+    /// How many deliveries it makes: one per alert whose severity hears it.
+    fn deliveries(&self) -> u64 {
+        let alerts = &self.canary.spec.analysis.alerts;
+        alerts
+            .iter()
+            .filter(|a| a.severity.hears(self.severity))
+            .count() as u64
+    }
+}
+
+/// A notice and when it was queued.
+struct Queued {
+    notice: Notice,
+    at: Instant,
+}
+
 /// The sending side; cloned into the controller's context. The worker stops when every sender
 /// is dropped (the controller with it).
 #[derive(Clone)]
 pub struct Alerts {
-    queue: mpsc::Sender<Notice>,
+    queue: mpsc::Sender<Queued>,
     stats: Arc<CanaryStats>,
 }
 
 impl Alerts {
+    fn channel(capacity: usize, stats: Arc<CanaryStats>) -> (Alerts, mpsc::Receiver<Queued>) {
+        let (queue, notices) = mpsc::channel(capacity);
+        (Alerts { queue, stats }, notices)
+    }
+
     /// Starts the worker on the current runtime.
     pub fn start(client: kube::Client, http: HttpClient, stats: Arc<CanaryStats>) -> Alerts {
-        let (queue, mut notices) = mpsc::channel::<Notice>(QUEUE);
+        let (alerts, mut notices) = Alerts::channel(QUEUE, stats.clone());
         let worker = Worker {
             client,
             http,
@@ -56,8 +83,11 @@ impl Alerts {
         tokio::spawn(async move {
             let worker = Arc::new(worker);
             let slots = Arc::new(Semaphore::new(PARALLEL));
-            while let Some(notice) = notices.recv().await {
-                let notice = Arc::new(notice);
+            while let Some(queued) = notices.recv().await {
+                if !fresh(&queued, Instant::now(), &stats) {
+                    continue;
+                }
+                let notice = Arc::new(queued.notice);
                 // One delivery per alert that hears it: a slow receiver holds one slot, not
                 // the other receivers of the same event.
                 let alerts = notice.canary.spec.analysis.alerts.iter().enumerate();
@@ -78,26 +108,56 @@ impl Alerts {
                 }
             }
         });
-        Alerts { queue, stats }
+        alerts
     }
 
-    /// Queues `notice` if its Canary has alerts; never waits.
+    /// Queues `notice` if one of its Canary's alerts hears its severity (so events nobody
+    /// hears take no room); never waits.
     pub fn send(&self, notice: Notice) {
-        if notice.canary.spec.analysis.alerts.is_empty() {
+        let deliveries = notice.deliveries();
+        if deliveries == 0 {
             return;
         }
-        if let Err(error) = self.queue.try_send(notice) {
-            let (mpsc::error::TrySendError::Full(notice)
-            | mpsc::error::TrySendError::Closed(notice)) = error;
-            self.stats.alerts_dropped.fetch_add(1, Ordering::Relaxed);
+        let queued = Queued {
+            notice,
+            at: Instant::now(),
+        };
+        if let Err(error) = self.queue.try_send(queued) {
+            let (mpsc::error::TrySendError::Full(queued)
+            | mpsc::error::TrySendError::Closed(queued)) = error;
+            let notice = &queued.notice;
+            self.stats
+                .alerts_dropped
+                .fetch_add(deliveries, Ordering::Relaxed);
             tracing::warn!(
                 canary = %notice.canary.name_any(),
                 namespace = notice.canary.namespace().unwrap_or_default(),
                 message = %notice.text,
-                "alert dropped: {QUEUE} alerts are already waiting for slow receivers"
+                "alert dropped: the queue of events waiting for slow receivers is full"
             );
         }
     }
+}
+
+/// Whether `queued` is still worth sending at `now`; a stale one is counted as dropped.
+fn fresh(queued: &Queued, now: Instant, stats: &CanaryStats) -> bool {
+    let waited = now.saturating_duration_since(queued.at);
+    if waited <= MAX_AGE {
+        return true;
+    }
+    let notice = &queued.notice;
+    stats
+        .alerts_dropped
+        .fetch_add(notice.deliveries(), Ordering::Relaxed);
+    tracing::warn!(
+        canary = %notice.canary.name_any(),
+        namespace = notice.canary.namespace().unwrap_or_default(),
+        message = %notice.text,
+        "alert dropped: it waited {}s behind slow receivers (at most {}s)",
+        waited.as_secs(),
+        MAX_AGE.as_secs()
+    );
+    false
 }
 
 struct Worker {
@@ -113,10 +173,22 @@ struct Target {
     token: Option<String>,
 }
 
+/// The namespace and name of `alert`'s provider: the Canary's namespace unless it names one.
+fn provider_of(alert: &CanaryAlert, canary: &Canary) -> (String, String) {
+    let namespace = alert
+        .provider_ref
+        .namespace
+        .clone()
+        .or_else(|| canary.namespace())
+        .unwrap_or_default();
+    (namespace, alert.provider_ref.name.clone())
+}
+
 impl Worker {
     /// Sends `notice` to `alert`'s provider; logs and counts the outcome.
     async fn deliver(&self, alert: &CanaryAlert, notice: &Notice) {
         let canary = &notice.canary;
+        let (namespace, name) = provider_of(alert, canary);
         let outcome =
             match tokio::time::timeout(DELIVERY_TIMEOUT, self.deliver_one(alert, notice)).await {
                 Ok(outcome) => outcome,
@@ -132,6 +204,7 @@ impl Worker {
                     canary = %canary.name_any(),
                     namespace = canary.namespace().unwrap_or_default(),
                     alert = %alert.name,
+                    provider = %format!("{namespace}/{name}"),
                     %error,
                     "alert not delivered"
                 );
@@ -175,49 +248,49 @@ impl Worker {
         let body = payload(&poster, &message);
         let url = post_url(&spec.r#type, &target.address);
         // Flagger sends the Secret's token to Slack only (its Web API, chat.postMessage).
+        let web_api = target.token.is_some() && spec.r#type == "slack";
         let authorization = target
             .token
-            .filter(|_| spec.r#type == "slack")
+            .filter(|_| web_api)
             .map(|token| format!("Bearer {token}"));
+        // An address kept in a Secret (a Slack hook URL is a credential) is named, not shown.
+        let (namespace, _) = provider_of(alert, &notice.canary);
+        let secret_address = spec
+            .secret_ref
+            .as_ref()
+            .map(|secret| format!("<the address in secret {namespace}/{}>", secret.name));
         let via = Via {
             authorization: authorization.as_deref(),
             insecure: spec.insecure_skip_verify,
             proxy: spec.proxy.as_deref(),
+            shown_as: secret_address.as_deref(),
         };
+        let shown = secret_address.as_deref().unwrap_or(&url);
         let failed = match self
             .http
             .post_json_via(&url, &body, via, POST_TIMEOUT)
             .await
         {
-            Ok(answer) if (200..300).contains(&answer.status) => return Ok(r#type),
+            Ok(answer) if (200..300).contains(&answer.status) => {
+                match slack_refusal(&answer.body).filter(|_| web_api) {
+                    None => return Ok(r#type),
+                    Some(error) => format!("{shown}: Slack answered ok: false: {error}"),
+                }
+            }
             Ok(answer) => format!(
-                "{url}: HTTP {}: {}",
+                "{shown}: HTTP {}: {}",
                 answer.status,
                 answer.body.trim().chars().take(200).collect::<String>()
             ),
             Err(error) => error.to_string(),
         };
-        // An address kept in a Secret (a Slack hook URL is a credential) and a proxy's
-        // password are not logged.
-        let mut failed = match &spec.secret_ref {
-            Some(secret) => failed.replace(&url, &format!("<address of secret {}>", secret.name)),
-            None => failed,
-        };
-        if let Some(proxy) = &spec.proxy {
-            failed = failed.replace(proxy, &crate::http::without_credentials(proxy));
-        }
         Err((r#type, failed))
     }
 
     /// Reads the provider `alert` names and, if it has one, its Secret.
     async fn target(&self, alert: &CanaryAlert, canary: &Canary) -> Result<Target, String> {
-        let namespace = alert
-            .provider_ref
-            .namespace
-            .clone()
-            .or_else(|| canary.namespace())
-            .unwrap_or_default();
-        let name = &alert.provider_ref.name;
+        let (namespace, name) = provider_of(alert, canary);
+        let name = &name;
         let providers: Api<AlertProvider> = Api::namespaced(self.client.clone(), &namespace);
         let provider = providers
             .get_opt(name)
@@ -258,5 +331,92 @@ impl Worker {
             address,
             token,
         })
+    }
+}
+
+/// Slack's Web API answers 200 even when it refuses: `{"ok": false, "error": "..."}`. Its
+/// `error` (at most 100 characters) when it did. Any other answer is a delivery: an incoming
+/// webhook given a token anyway answers a plain `ok`.
+fn slack_refusal(body: &str) -> Option<String> {
+    let answer: serde_json::Value = serde_json::from_str(body).ok()?;
+    if answer.get("ok") != Some(&serde_json::Value::Bool(false)) {
+        return None;
+    }
+    let error = answer["error"].as_str().unwrap_or("no error given");
+    Some(error.chars().take(100).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A notice of `severity` from a Canary with an `error` alert and a `warn` one.
+    fn notice(severity: Severity) -> Notice {
+        let canary: Canary = serde_json::from_value(json!({
+            "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
+            "metadata": {"name": "podinfo", "namespace": "test"},
+            "spec": {"targetRef": {"name": "podinfo"},
+                     "analysis": {"stepWeight": 10, "maxWeight": 50, "alerts": [
+                         {"name": "pager", "severity": "error", "providerRef": {"name": "p"}},
+                         {"name": "chat", "severity": "warn", "providerRef": {"name": "c"}}]}},
+        }))
+        .unwrap();
+        Notice {
+            canary,
+            text: "t".to_owned(),
+            fields: Vec::new(),
+            severity,
+            time: String::new(),
+        }
+    }
+
+    fn dropped(stats: &CanaryStats) -> u64 {
+        stats.alerts_dropped.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn events_no_alert_hears_take_no_room_and_drops_count_deliveries() {
+        let stats = Arc::new(CanaryStats::default());
+        let (alerts, mut queue) = Alerts::channel(1, stats.clone());
+        // Heard by nobody: not queued, so the one slot stays free.
+        alerts.send(notice(Severity::Info));
+        assert!(queue.try_recv().is_err());
+        alerts.send(notice(Severity::Warn));
+        assert_eq!(dropped(&stats), 0);
+        // The queue is full: an error (heard by both alerts) drops two deliveries.
+        alerts.send(notice(Severity::Error));
+        assert_eq!(dropped(&stats), 2);
+        assert_eq!(queue.try_recv().unwrap().notice.severity, Severity::Warn);
+    }
+
+    #[test]
+    fn a_notice_older_than_a_minute_is_dropped_and_counted() {
+        let stats = CanaryStats::default();
+        let now = Instant::now();
+        let queued = Queued {
+            notice: notice(Severity::Error),
+            at: now,
+        };
+        assert!(fresh(&queued, now + MAX_AGE, &stats));
+        assert_eq!(dropped(&stats), 0);
+        assert!(!fresh(
+            &queued,
+            now + MAX_AGE + Duration::from_secs(1),
+            &stats
+        ));
+        assert_eq!(dropped(&stats), 2);
+    }
+
+    #[test]
+    fn slacks_ok_false_is_a_refusal_with_its_error() {
+        let refused = r#"{"ok": false, "error": "channel_not_found"}"#;
+        assert_eq!(slack_refusal(refused).as_deref(), Some("channel_not_found"));
+        assert_eq!(
+            slack_refusal(r#"{"ok": false}"#).as_deref(),
+            Some("no error given")
+        );
+        assert_eq!(slack_refusal(r#"{"ok": true, "ts": "1"}"#), None);
+        assert_eq!(slack_refusal("ok"), None);
     }
 }
