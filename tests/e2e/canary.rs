@@ -32,7 +32,7 @@ pub async fn admin_client(cluster: &Cluster) -> Client {
 
 /// One pass of the Deployment controller and the kubelet over the Deployments of `namespace`;
 /// a new pod's IP is `ip(deployment, replica)`. `graceful`: as a rolling update with a kubelet
-/// does, new pods come up before old ones go, and a pod deleted stays a second terminating
+/// does, new pods come up before old ones go, and a pod deleted stays 5 s terminating
 /// (bound to a node, so the API server keeps it until then) before it is removed.
 pub async fn reconcile(
     client: &Client,
@@ -100,7 +100,7 @@ pub async fn reconcile(
                 let pod_name = pod.metadata.name.clone().unwrap_or_default();
                 match &pod.metadata.deletion_timestamp {
                     None if !wanted.contains(&pod_name) => {
-                        pods.delete(&pod_name, &DeleteParams::default().grace_period(1))
+                        pods.delete(&pod_name, &DeleteParams::default().grace_period(5))
                             .await?;
                     }
                     // Its grace is over: the kubelet confirms it stopped.
@@ -197,11 +197,15 @@ fn image(cluster: &Cluster, deployment: &str) -> String {
 }
 
 async fn wait_phase(cluster: &Cluster, name: &str, wanted: &str) {
-    cluster
-        .wait_until(&format!("Canary {name} in phase {wanted}"), WAIT, || {
-            phase(cluster, name) == wanted
-        })
-        .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while phase(cluster, name) != wanted {
+        if tokio::time::Instant::now() >= deadline {
+            let canary = cluster.get_json(&["canary", name, "-n", NS]);
+            let status = canary.map(|c| c["status"].clone()).unwrap_or_default();
+            panic!("timed out waiting for Canary {name} in phase {wanted}; status {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The IPs of the ready pods of Deployment `name`, sorted.

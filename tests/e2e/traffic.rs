@@ -86,6 +86,10 @@ async fn serve_gates(gates: Gates) -> SocketAddr {
     addr
 }
 
+/// One scenario at a time: each runs a Prometheus, five grpcio processes and a run of 2 s
+/// intervals, and the other tests of this binary share the two cores.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 struct Setup {
     cluster: &'static Cluster,
     namespace: &'static str,
@@ -98,6 +102,8 @@ struct Setup {
     ports: BTreeMap<String, (u16, u16)>,
     running: Arc<AtomicBool>,
     _providers: Vec<Provider>,
+    /// Last: released once the processes above are stopped.
+    _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl Drop for Setup {
@@ -118,6 +124,7 @@ impl Setup {
         canary: Build,
         mut analysis: Value,
     ) -> Setup {
+        let turn = ONE_AT_A_TIME.lock().await;
         cluster.namespace(namespace, &[]);
         let prometheus = Arc::new(Prometheus::start(None));
         let mut providers = Vec::new();
@@ -186,6 +193,7 @@ impl Setup {
             ports,
             running,
             _providers: providers,
+            _turn: turn,
         };
         setup.wait_phase("Initialized").await;
         setup
@@ -198,13 +206,26 @@ impl Setup {
             .unwrap_or(Value::Null)
     }
 
+    /// Waits until the Canary's status passes `check`; a timeout shows the status.
+    async fn wait_status(&self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let status = self.status();
+            if check(&status) {
+                return status;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: timed out waiting for {what}; status {status}",
+                self.namespace
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn wait_phase(&self, phase: &str) -> Value {
-        self.cluster
-            .wait_until(&format!("{} in {phase}", self.namespace), WAIT, || {
-                self.status()["phase"] == phase
-            })
-            .await;
-        self.status()
+        self.wait_status(&format!("phase {phase}"), |s| s["phase"] == phase)
+            .await
     }
 
     /// Waits until Prometheus has `pods` targets matching `pods_regex` up.
@@ -235,11 +256,10 @@ impl Setup {
     /// Lets the next step through and waits until the Canary is at `percent`.
     async fn permit_step(&self, percent: u32) {
         self.gates.step.fetch_add(1, Ordering::SeqCst);
-        self.cluster
-            .wait_until(&format!("{} at {percent}%", self.namespace), WAIT, || {
-                self.status()["canaryWeight"] == percent
-            })
-            .await;
+        self.wait_status(&format!("weight {percent}%"), |s| {
+            s["canaryWeight"] == percent
+        })
+        .await;
     }
 
     /// Calls until the canary answers at least `least` of 1,000 (at most 20 rounds): the
@@ -377,7 +397,9 @@ fn play_controllers(
     });
 }
 
-/// The built-in success-rate check every 2 s over 30 s (several scrapes at any step).
+/// The built-in success-rate check every 2 s over 30 s (several scrapes at any step). A new
+/// pod is scraped only once Prometheus's discovery passes it on (batched, up to 5 s): healthy
+/// releases get a threshold of 10 so those first checks without data cannot fail them.
 fn analysis(threshold: u32) -> Value {
     json!({
         "interval": "2s", "threshold": threshold, "maxWeight": 40, "stepWeight": 20,
@@ -447,7 +469,7 @@ pub async fn a_healthy_canary_is_promoted_step_by_step(
         "e2e-promotion",
         9,
         Build::default(),
-        analysis(5),
+        analysis(10),
     )
     .await;
     setup.client.settle("primary", 100).await;
@@ -473,7 +495,7 @@ pub async fn an_ab_canary_takes_only_the_matching_calls(
     cluster: &'static Cluster,
     admin: kube::Client,
 ) {
-    let mut analysis = analysis(5);
+    let mut analysis = analysis(10);
     analysis["iterations"] = json!(2);
     analysis["match"] = json!([{"headers": {"x-canary": {"exact": "insider"}}}]);
     analysis.as_object_mut().unwrap().remove("stepWeight");
@@ -523,7 +545,7 @@ pub async fn a_blue_green_canary_switches_every_call_at_once(
     cluster: &'static Cluster,
     admin: kube::Client,
 ) {
-    let mut analysis = analysis(5);
+    let mut analysis = analysis(10);
     analysis["iterations"] = json!(2);
     analysis.as_object_mut().unwrap().remove("stepWeight");
     analysis.as_object_mut().unwrap().remove("maxWeight");
@@ -544,13 +566,9 @@ pub async fn a_blue_green_canary_switches_every_call_at_once(
     setup.release().await;
     let during = setup.client.count(2000).await;
     assert_eq!(answers(&during, "primary"), 2000, "{during}");
-    setup
-        .cluster
-        .wait_until("the Blue/Green iterations", WAIT, || {
-            setup.status()["iterations"].as_u64() >= Some(2)
-        })
+    let analysed = setup
+        .wait_status("two iterations", |s| s["iterations"].as_u64() >= Some(2))
         .await;
-    let analysed = setup.status();
     assert_eq!(analysed["strategy"], "Blue/Green", "{analysed}");
     assert_eq!(analysed["canaryWeight"], 0, "{analysed}");
     // The switch: every call on the canary.
