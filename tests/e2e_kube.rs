@@ -54,8 +54,10 @@ fn shared() -> &'static Mutex<ControlPlane> {
                 "2s",
                 "--canary-enabled",
                 "true",
+                // Renewed every 3 s, each try given 3 s: a slow API server under the whole
+                // suite does not make it give the lease up.
                 "--canary-lease-duration",
-                "3s",
+                "9s",
             ],
         );
         common::kube_local::reap_with_this_process(plane.child.id());
@@ -589,6 +591,7 @@ async fn the_api_server_calls_the_webhook_which_injects_opted_in_pods_and_fails_
 async fn a_canary_is_promoted_and_another_is_rolled_back() {
     let cluster = cluster();
     let _ = shared_addrs();
+    let _turn = e2e::traffic::ONE_AT_A_TIME.lock().await;
     e2e::canary::promotion_and_rollback(cluster).await;
 }
 

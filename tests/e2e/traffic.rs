@@ -86,9 +86,10 @@ async fn serve_gates(gates: Gates) -> SocketAddr {
     addr
 }
 
-/// One scenario at a time: each runs a Prometheus, five grpcio processes and a run of 2 s
-/// intervals, and the other tests of this binary share the two cores.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// One run of Canaries at a time (these scenarios, and `e2e::canary`'s): each runs a
+/// Prometheus, five grpcio processes and 2 s intervals on the shared control plane, and the
+/// other tests of this binary share the two cores.
+pub static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Setup {
     cluster: &'static Cluster,

@@ -36,13 +36,20 @@ pub async fn run(
     stats: Arc<CanaryStats>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    // One call may take no longer than a renewal period (kube's own timeouts are minutes).
+    // One call may take no longer than a renewal period (kube's own timeouts are minutes). A
+    // call that times out failed; it does not say another control plane holds the lease: the
+    // holder keeps driving until the lease would expire (below), rather than dropping every
+    // reconcile in flight because the API server was slow once.
     let attempt = |elector: &Elector| {
         let elector = elector.clone();
         async move {
-            tokio::time::timeout(elector.renew_every(), elector.try_acquire())
-                .await
-                .unwrap_or(Ok(false))
+            match tokio::time::timeout(elector.renew_every(), elector.try_acquire()).await {
+                Ok(result) => result.map_err(|e| e.to_string()),
+                Err(_) => Err(format!(
+                    "no answer within {}",
+                    humantime::format_duration(elector.renew_every())
+                )),
+            }
         }
     };
     loop {
