@@ -11,7 +11,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-#[allow(dead_code)]
 #[path = "../crates/xds/tests/support/released.rs"]
 mod released;
 mod traffic;
