@@ -21,16 +21,13 @@ mod traffic;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::StatusCode;
 use common::apiserver::ApiServer;
+use common::gates::{Gates, acked_weights, endpoint_nonce};
 use common::{start, wait_ready};
 use dubbo_cp::canary::prometheus::{Endpoint, QueryError};
-use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
-use prost::Message;
 use serde_json::{Value, json};
 use traffic::{Build, Client, Prometheus, Provider, WebConfig, answers};
 
@@ -104,67 +101,6 @@ fn cluster_controllers(
     });
 }
 
-/// Gates (`confirm-traffic-increase` on `/step`, `confirm-promotion` on `/promote`) that let
-/// one call through per permit the test gives.
-#[derive(Clone, Default)]
-struct Gates {
-    step: Arc<AtomicUsize>,
-    promote: Arc<AtomicUsize>,
-}
-
-async fn gates(gates: Gates) -> SocketAddr {
-    async fn gate(State(gates): State<Gates>, uri: axum::http::Uri) -> StatusCode {
-        let permits = if uri.path() == "/promote" {
-            &gates.promote
-        } else {
-            &gates.step
-        };
-        let taken = permits.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| p.checked_sub(1));
-        if taken.is_ok() {
-            StatusCode::OK
-        } else {
-            StatusCode::FORBIDDEN
-        }
-    }
-    let app = axum::Router::new()
-        .fallback(axum::routing::post(gate))
-        .with_state(gates);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
-}
-
-/// The response (its number) that carried the load assignment the client holds.
-fn endpoint_nonce(clients: &[dubbo_cp::xds::clients::ClientStatus]) -> Option<u64> {
-    let client = clients.iter().find(|c| c.node_id == NODE_ID)?;
-    let endpoints = client.types.get(dubbo_cp::xds::ENDPOINT)?;
-    endpoints.held.values().map(|held| held.nonce).max()
-}
-
-/// The locality weights of the load assignment the client last acknowledged, once it has
-/// acknowledged what it was sent.
-fn acked_weights(clients: &[dubbo_cp::xds::clients::ClientStatus]) -> Option<Vec<u32>> {
-    let client = clients.iter().find(|c| c.node_id == NODE_ID)?;
-    let endpoints = client.types.get(dubbo_cp::xds::ENDPOINT)?;
-    if endpoints.sent.is_none() || endpoints.acked != endpoints.sent {
-        return None;
-    }
-    let mut weights = Vec::new();
-    for held in endpoints.held.values() {
-        let any = held.resource.as_ref()?;
-        let assignment = ClusterLoadAssignment::decode(any.value.as_slice()).ok()?;
-        weights.extend(
-            assignment
-                .endpoints
-                .iter()
-                .filter_map(|l| l.load_balancing_weight.map(|w| w.value)),
-        );
-    }
-    weights.sort();
-    Some(weights)
-}
-
 struct Setup {
     api: ApiServer,
     server: dubbo_cp::server::RunningServer,
@@ -215,7 +151,7 @@ impl Setup {
         );
         cluster_controllers(&api, prometheus.clone(), ports.clone());
         let gates_ = Gates::default();
-        let gate = gates(gates_.clone()).await;
+        let gate = gates_.serve().await;
         let mut analysis = analysis;
         analysis["webhooks"] = json!([
             {"name": "step", "type": "confirm-traffic-increase", "url": format!("http://{gate}/step")},
@@ -291,11 +227,12 @@ impl Setup {
     /// Waits until the client acknowledged a load assignment with these locality weights.
     async fn served(&self, weights: &[u32]) {
         let clients = self.server.xds_clients.clone().unwrap();
-        let wait = clients.wait_for(|list| acked_weights(list).as_deref() == Some(weights));
+        let wait =
+            clients.wait_for(|list| acked_weights(list, NODE_ID).as_deref() == Some(weights));
         tokio::time::timeout(WAIT, wait).await.unwrap_or_else(|_| {
             panic!(
                 "weights {weights:?} never acknowledged; last {:?}",
-                acked_weights(&clients.list()),
+                acked_weights(&clients.list(), NODE_ID),
             )
         });
     }
@@ -404,7 +341,7 @@ async fn a_canary_failing_half_its_calls_is_rolled_back_by_the_real_success_rate
     );
     eprintln!("step 20%: the canary took {canary} of 2000 calls: {counts}");
     let clients = setup.server.xds_clients.clone().unwrap();
-    let at_twenty = endpoint_nonce(&clients.list()).unwrap();
+    let at_twenty = endpoint_nonce(&clients.list(), NODE_ID).unwrap();
 
     // The built-in success rate, on Prometheus's samples of the canary pods' counters, fails
     // twice (the threshold): rolled back.
@@ -435,7 +372,10 @@ async fn a_canary_failing_half_its_calls_is_rolled_back_by_the_real_success_rate
             d.is_some_and(|d| d["spec"]["replicas"] == 0)
         })
         .await;
-    assert_eq!(endpoint_nonce(&clients.list()), Some(at_twenty + 1));
+    assert_eq!(
+        endpoint_nonce(&clients.list(), NODE_ID),
+        Some(at_twenty + 1)
+    );
     // No call failed but the canary build's own failures: the switch itself lost none.
     let totals = setup.client.totals().await;
     assert_eq!(answers(&totals, "error"), 0, "{totals}");
@@ -711,14 +651,14 @@ async fn a_blue_green_canary_is_judged_on_test_traffic_then_takes_every_call_in_
         "{step}"
     );
     let clients = setup.server.xds_clients.clone().unwrap();
-    let before = endpoint_nonce(&clients.list()).unwrap();
+    let before = endpoint_nonce(&clients.list(), NODE_ID).unwrap();
 
     // The switch: every call on the canary, in one push.
     setup.permit_step(100).await;
     setup.client.settle("canary", 100).await;
     let switched = setup.client.count(2000).await;
     assert_eq!(answers(&switched, "canary"), 2000, "{switched}");
-    assert_eq!(endpoint_nonce(&clients.list()), Some(before + 1));
+    assert_eq!(endpoint_nonce(&clients.list(), NODE_ID), Some(before + 1));
     eprintln!(
         "Blue/Green: before the switch {during}, after {switched}; failed checks {}",
         analysed["status"]["failedChecks"]

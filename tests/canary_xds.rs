@@ -12,16 +12,14 @@ mod released;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use common::apiserver::ApiServer;
+use common::gates::{Gates, acked_weights, endpoint_nonce};
 use common::{start, wait_ready};
-use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
-use prost::Message;
 use released::{Proc, Released, answers, backend_on, count};
 use serde_json::{Value, json};
 
@@ -90,34 +88,6 @@ async fn prometheus(value: Arc<Mutex<f64>>) -> SocketAddr {
     serve(app).await
 }
 
-/// Gates (`confirm-traffic-increase` on `/step`, `confirm-promotion` on `/promote`) that let
-/// one call through per permit the test gives.
-#[derive(Clone, Default)]
-struct Gates {
-    step: Arc<AtomicUsize>,
-    promote: Arc<AtomicUsize>,
-}
-
-async fn gates(gates: Gates) -> SocketAddr {
-    async fn gate(State(gates): State<Gates>, uri: axum::http::Uri) -> StatusCode {
-        let permits = if uri.path() == "/promote" {
-            &gates.promote
-        } else {
-            &gates.step
-        };
-        let taken = permits.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| p.checked_sub(1));
-        if taken.is_ok() {
-            StatusCode::OK
-        } else {
-            StatusCode::FORBIDDEN
-        }
-    }
-    let app = axum::Router::new()
-        .fallback(axum::routing::post(gate))
-        .with_state(gates);
-    serve(app).await
-}
-
 async fn serve(app: axum::Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -135,36 +105,6 @@ fn with_gates(mut analysis: Value, gate: SocketAddr) -> Value {
     analysis["metrics"] = json!([{"name": "request-success-rate",
                                   "thresholdRange": {"min": 99}, "interval": "1m"}]);
     analysis
-}
-
-/// The response (its number) that carried the load assignment the client holds.
-fn endpoint_nonce(clients: &[dubbo_cp::xds::clients::ClientStatus]) -> Option<u64> {
-    let client = clients.iter().find(|c| c.node_id == NODE_ID)?;
-    let endpoints = client.types.get(dubbo_cp::xds::ENDPOINT)?;
-    endpoints.held.values().map(|held| held.nonce).max()
-}
-
-/// The locality weights of the load assignment the client last acknowledged, once it has
-/// acknowledged what it was sent: one per (locality, weight) group, `weight x endpoints`.
-fn acked_weights(clients: &[dubbo_cp::xds::clients::ClientStatus]) -> Option<Vec<u32>> {
-    let client = clients.iter().find(|c| c.node_id == NODE_ID)?;
-    let endpoints = client.types.get(dubbo_cp::xds::ENDPOINT)?;
-    if endpoints.sent.is_none() || endpoints.acked != endpoints.sent {
-        return None;
-    }
-    let mut weights = Vec::new();
-    for held in endpoints.held.values() {
-        let any = held.resource.as_ref()?;
-        let assignment = ClusterLoadAssignment::decode(any.value.as_slice()).ok()?;
-        weights.extend(
-            assignment
-                .endpoints
-                .iter()
-                .filter_map(|l| l.load_balancing_weight.map(|w| w.value)),
-        );
-    }
-    weights.sort();
-    Some(weights)
 }
 
 struct Setup {
@@ -206,7 +146,7 @@ impl Setup {
         let success = Arc::new(Mutex::new(100.0));
         let prometheus = prometheus(success.clone()).await;
         let gates_ = Gates::default();
-        let gate = gates(gates_.clone()).await;
+        let gate = gates_.serve().await;
         api.put_object(
             "canaries",
             NS,
@@ -271,11 +211,12 @@ impl Setup {
     /// Waits until the client acknowledged a load assignment with these locality weights.
     async fn served(&self, weights: &[u32]) {
         let clients = self.server.xds_clients.clone().unwrap();
-        let wait = clients.wait_for(|list| acked_weights(list).as_deref() == Some(weights));
+        let wait =
+            clients.wait_for(|list| acked_weights(list, NODE_ID).as_deref() == Some(weights));
         tokio::time::timeout(WAIT, wait).await.unwrap_or_else(|_| {
             panic!(
                 "weights {weights:?} never acknowledged; last {:?} of {:?}",
-                acked_weights(&clients.list()),
+                acked_weights(&clients.list(), NODE_ID),
                 clients.list()
             )
         });
@@ -393,7 +334,7 @@ async fn canary_steps_move_xds_traffic_and_a_rollback_returns_it_in_one_push() {
     setup.step(20, &[50, 200]).await;
     setup.assert_canary_share(20).await;
     let clients = setup.server.xds_clients.clone().unwrap();
-    let at_twenty = endpoint_nonce(&clients.list()).unwrap();
+    let at_twenty = endpoint_nonce(&clients.list(), NODE_ID).unwrap();
     *setup.success.lock().unwrap() = 50.0;
     setup.wait_phase("Failed").await;
     setup.served(&[200]).await;
@@ -408,7 +349,10 @@ async fn canary_steps_move_xds_traffic_and_a_rollback_returns_it_in_one_push() {
             d.is_some_and(|d| d["spec"]["replicas"] == 0)
         })
         .await;
-    assert_eq!(endpoint_nonce(&clients.list()), Some(at_twenty + 1));
+    assert_eq!(
+        endpoint_nonce(&clients.list(), NODE_ID),
+        Some(at_twenty + 1)
+    );
     drop(setup.client.child.start_kill());
     setup.server.stop().await.unwrap();
 }
@@ -519,7 +463,7 @@ async fn a_blue_green_run_analyses_on_test_traffic_then_switches_every_call_in_o
     assert_eq!(analysed["status"]["canaryWeight"], 0);
     setup.assert_canary_share(0).await;
     let clients = setup.server.xds_clients.clone().unwrap();
-    let before = endpoint_nonce(&clients.list()).unwrap();
+    let before = endpoint_nonce(&clients.list(), NODE_ID).unwrap();
 
     // The switch: every call on the canary, the primaries at weight 0, in one push. (Its
     // locality weights, 2 x 100, read like the primary's before: the calls tell them apart.)
@@ -527,7 +471,7 @@ async fn a_blue_green_run_analyses_on_test_traffic_then_switches_every_call_in_o
     released::settle(&mut setup.client, "canary", 100, "").await;
     let all = count(&mut setup.client, 2000).await;
     assert_eq!(answers(&all, "canary"), 2000, "{all}");
-    assert_eq!(endpoint_nonce(&clients.list()), Some(before + 1));
+    assert_eq!(endpoint_nonce(&clients.list(), NODE_ID), Some(before + 1));
 
     // Promoted: the primary runs the new release and takes every call back.
     setup.gates.promote.fetch_add(1, Ordering::SeqCst);

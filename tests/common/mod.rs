@@ -6,6 +6,7 @@
 
 pub mod apiserver;
 pub mod browser;
+pub mod gates;
 pub mod kube_local;
 pub mod sa_tokens;
 

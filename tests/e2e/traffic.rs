@@ -16,17 +16,16 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::StatusCode;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
 use serde_json::{Value, json};
 
+use crate::common::gates::Gates;
 use crate::common::kube_local::{Cluster, ControlPlane, control_plane};
 use crate::traffic::{Build, Client, Prometheus, Provider, answers};
 
@@ -53,37 +52,6 @@ fn xds_plane(cluster: &Cluster) -> SocketAddr {
         Mutex::new(plane)
     });
     plane.lock().unwrap().xds().expect("xDS is on")
-}
-
-/// Permits for the `confirm-traffic-increase` (`/step`) and `confirm-promotion` (`/promote`)
-/// gates: one call through per permit.
-#[derive(Clone, Default)]
-struct Gates {
-    step: Arc<AtomicUsize>,
-    promote: Arc<AtomicUsize>,
-}
-
-async fn serve_gates(gates: Gates) -> SocketAddr {
-    async fn answer(State(gates): State<Gates>, uri: axum::http::Uri) -> StatusCode {
-        let permits = if uri.path() == "/promote" {
-            &gates.promote
-        } else {
-            &gates.step
-        };
-        let taken = permits.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| p.checked_sub(1));
-        if taken.is_ok() {
-            StatusCode::OK
-        } else {
-            StatusCode::FORBIDDEN
-        }
-    }
-    let app = axum::Router::new()
-        .fallback(axum::routing::post(answer))
-        .with_state(gates);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
 }
 
 /// One run of Canaries at a time (these scenarios, and `e2e::canary`'s): each runs a
@@ -161,7 +129,7 @@ impl Setup {
         });
         cluster.kubectl_in(&["apply", "-f", "-"], Some(&deployment.to_string()));
         let gates = Gates::default();
-        let gate = serve_gates(gates.clone()).await;
+        let gate = gates.serve().await;
         analysis["webhooks"] = json!([
             {"name": "step", "type": "confirm-traffic-increase", "url": format!("http://{gate}/step")},
             {"name": "promote", "type": "confirm-promotion", "url": format!("http://{gate}/promote")},
