@@ -70,8 +70,15 @@ pub async fn reconcile(
             .iter()
             .filter_map(|p| p.metadata.name.clone())
             .collect();
+        // A pod made by an earlier pass whose status write failed (a pass under load) still
+        // lacks its IP: written again, as a kubelet keeps reporting.
+        let without_ip: BTreeSet<String> = owned
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_none())
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
         for (replica, pod_name) in wanted.iter().enumerate() {
-            if existing.contains(pod_name) {
+            if existing.contains(pod_name) && !without_ip.contains(pod_name) {
                 continue;
             }
             let mut pod_labels = labels.clone();
@@ -85,7 +92,9 @@ pub async fn reconcile(
                 "spec": spec,
             }))
             .unwrap();
-            pods.create(&PostParams::default(), &pod).await?;
+            if !existing.contains(pod_name) {
+                pods.create(&PostParams::default(), &pod).await?;
+            }
             let ip = ip(&name, i32::try_from(replica).unwrap_or(i32::MAX));
             let status = json!({"status": {
                 "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],

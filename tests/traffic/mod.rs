@@ -48,8 +48,14 @@ impl Proc {
         }
     }
 
+    /// The next line; a process that says nothing for 5 minutes fails the test rather than
+    /// hanging it (a client whose calls each time out after 10 s would take hours).
     async fn line(&mut self) -> String {
-        self.lines.next_line().await.unwrap().expect("a line")
+        tokio::time::timeout(Duration::from_secs(300), self.lines.next_line())
+            .await
+            .expect("an answer within 5 minutes")
+            .unwrap()
+            .expect("a line")
     }
 
     async fn ask(&mut self, command: &str) -> Value {

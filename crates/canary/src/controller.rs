@@ -38,8 +38,9 @@ pub async fn run(
 ) {
     // One call may take no longer than a renewal period (kube's own timeouts are minutes). A
     // call that times out failed; it does not say another control plane holds the lease: the
-    // holder keeps driving until the lease would expire (below), rather than dropping every
-    // reconcile in flight because the API server was slow once.
+    // holder tries again soon and keeps driving until a renewal period before the lease would
+    // expire (below), rather than dropping every reconcile in flight because the API server
+    // was slow once.
     let attempt = |elector: &Elector| {
         let elector = elector.clone();
         async move {
@@ -54,10 +55,12 @@ pub async fn run(
     };
     loop {
         // Wait for the lease (or shutdown).
+        let mut acquired_at;
         loop {
             if *shutdown.borrow() {
                 return;
             }
+            acquired_at = tokio::time::Instant::now();
             match attempt(&elector).await {
                 Ok(true) => break,
                 Ok(false) => {}
@@ -73,29 +76,43 @@ pub async fn run(
             "canary lease held: driving Canaries"
         );
         let holding = async {
-            let mut renewed = tokio::time::Instant::now();
+            // The lease runs from the start of the try that last renewed it (its renewTime is
+            // taken then). Driving stops a renewal period before it would expire, on a timer,
+            // whatever a try is doing: another replica may take it at expiry.
+            let hold = elector.duration().saturating_sub(elector.renew_every());
+            let mut valid_until = acquired_at + hold;
+            let mut pause = elector.renew_every();
             loop {
                 tokio::select! {
-                    () = tokio::time::sleep(elector.renew_every()) => {}
+                    () = tokio::time::sleep(pause) => {}
+                    () = tokio::time::sleep_until(valid_until) => break,
                     _ = shutdown.changed() => return,
                 }
                 if *shutdown.borrow() {
                     return;
                 }
-                match attempt(&elector).await {
-                    Ok(true) => renewed = tokio::time::Instant::now(),
+                let started = tokio::time::Instant::now();
+                let outcome = tokio::select! {
+                    outcome = attempt(&elector) => outcome,
+                    () = tokio::time::sleep_until(valid_until) => break,
+                };
+                match outcome {
+                    Ok(true) => {
+                        valid_until = started + hold;
+                        pause = elector.renew_every();
+                    }
                     Ok(false) => {
                         tracing::warn!("canary lease lost to another control plane");
                         return;
                     }
-                    Err(error) => tracing::warn!(%error, "canary lease: renewal failed"),
-                }
-                // Another replica may take it once it expires: stop a renewal period before.
-                if renewed.elapsed() + elector.renew_every() >= elector.duration() {
-                    tracing::warn!("canary lease not renewed in time: stopping");
-                    return;
+                    Err(error) => {
+                        // Soon again: one slow answer should not cost the lease.
+                        tracing::warn!(%error, "canary lease: renewal failed");
+                        pause = elector.renew_every() / 4;
+                    }
                 }
             }
+            tracing::warn!("canary lease not renewed in time: stopping");
         };
         tokio::select! {
             () = drive(

@@ -210,6 +210,11 @@ fn pod_ips<'a>(
         })
         .filter_map(|pod| {
             let status = pod.status.as_ref()?;
+            // A pod that ran to its end keeps its IP in status, but the IP may already be
+            // another pod's: it is no pod of the target any more.
+            if matches!(status.phase.as_deref(), Some("Failed" | "Succeeded")) {
+                return None;
+            }
             let ready = status
                 .conditions
                 .iter()

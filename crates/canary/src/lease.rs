@@ -42,9 +42,11 @@ impl Elector {
         self.duration
     }
 
-    /// How often the holder renews (a third of the lease, as client-go's defaults).
+    /// How often the holder renews, and how long one try may take: a quarter of the lease, so
+    /// one try that times out (a renewal period of sleep and one of waiting) still leaves a
+    /// period before the holder must stop, and a slow API server does not end its driving.
     pub fn renew_every(&self) -> Duration {
-        self.duration / 3
+        self.duration / 4
     }
 
     /// Takes the lease if it is free, expired or already ours (renewing it); true when held.

@@ -92,6 +92,39 @@ pub fn dynamic_config(
     })
 }
 
+/// `spec` with weight 0 for `held`, the target's pods that are not (or no longer) ready but
+/// have an IP: a pod has its IP before it is ready, so the override is in place before
+/// endpoints list it, and stays while a terminating pod is still listed. Without it such a pod
+/// would take Dubbo's default weight for as long as the weights lag the endpoints.
+pub fn holding_back(
+    spec: Option<DynamicConfigSpec>,
+    application: &str,
+    held: &[String],
+) -> Option<DynamicConfigSpec> {
+    if held.is_empty() {
+        return spec;
+    }
+    let mut spec = spec.unwrap_or_else(|| DynamicConfigSpec {
+        key: application.to_owned(),
+        scope: "application".to_owned(),
+        config_version: "v3.0".to_owned(),
+        enabled: true,
+        configs: Vec::new(),
+    });
+    spec.configs.extend(held.iter().map(|ip| OverrideConfig {
+        side: "provider".to_owned(),
+        addresses: vec![ip.clone()],
+        provider_addresses: Vec::new(),
+        parameters: BTreeMap::from([("weight".to_owned(), "0".to_owned())]),
+        applications: Vec::new(),
+        services: Vec::new(),
+        r#type: String::new(),
+        enabled: true,
+        r#match: None,
+    }));
+    Some(spec)
+}
+
 #[cfg(test)]
 fn canary_share(weight: u64, primaries: usize, canaries: usize) -> f64 {
     let canary = weight as f64 * canaries as f64;
@@ -176,6 +209,23 @@ mod tests {
             assert_eq!(config.parameters["weight"], "100");
         }
         assert!(dynamic_config("podinfo", 50, &primaries, &[], None).is_none());
+    }
+
+    #[test]
+    fn pods_not_ready_are_held_at_weight_zero() {
+        let ready = vec!["10.0.0.7".to_owned()];
+        let spec = dynamic_config("podinfo", 20, &["10.1.0.1".to_owned()], &ready, None);
+        let held = holding_back(spec, "podinfo", &["10.0.0.9".to_owned()]).unwrap();
+        let weights: Vec<(&str, &str)> = held
+            .configs
+            .iter()
+            .map(|c| (c.addresses[0].as_str(), c.parameters["weight"].as_str()))
+            .collect();
+        assert_eq!(weights, [("10.0.0.7", "25"), ("10.0.0.9", "0")]);
+        // Only pods coming up: a config of zeros alone.
+        let alone = holding_back(None, "podinfo", &["10.0.0.9".to_owned()]).unwrap();
+        assert_eq!(alone.configs.len(), 1);
+        assert!(holding_back(None, "podinfo", &[]).is_none());
     }
 
     #[test]

@@ -181,6 +181,17 @@ fn plan(canary: &Canary) -> Result<Plan, String> {
         );
     }
     if strategy == Strategy::Canary
+        && (spec.analysis.max_weight == 0 || spec.analysis.step_weights.contains(&0))
+    {
+        // Checks run only once traffic reaches the canary (as Flagger's): a run that never
+        // leaves weight 0 would be promoted unanalysed.
+        return Err(format!(
+            "spec.analysis: maxWeight {} and every stepWeights entry {:?} must be at least 1 \
+             (the Canary strategy judges the canary on the traffic its weights give it)",
+            spec.analysis.max_weight, spec.analysis.step_weights
+        ));
+    }
+    if strategy == Strategy::Canary
         && spec.analysis.step_weight.is_none()
         && spec.analysis.step_weights.is_empty()
     {

@@ -44,6 +44,13 @@ fn the_spec_is_checked_with_clear_messages() {
     assert!(plan(&c).unwrap_err().contains("stepWeight or stepWeights"));
     let c = canary(json!({"stepWeight": 10, "metrics": [{"name": "latency"}]}));
     assert!(plan(&c).unwrap_err().contains("give it a query"));
+    for analysis in [
+        json!({"maxWeight": 0, "stepWeight": 10}),
+        json!({"stepWeights": [0, 10]}),
+    ] {
+        let err = plan(&canary(analysis.clone())).unwrap_err();
+        assert!(err.contains("must be at least 1"), "{analysis}: {err}");
+    }
     let c = canary(json!({"stepWeight": 10, "interval": "1m30s"}));
     assert_eq!(plan(&c).unwrap().interval, Duration::from_secs(90));
     assert_eq!(plan(&c).unwrap().application, "podinfo");

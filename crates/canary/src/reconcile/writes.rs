@@ -17,6 +17,11 @@ impl Run<'_> {
         let pods = self.ctx.pods.state();
         let canary_ips = ready_pod_ips(target, pods.iter().map(|p| p.as_ref()));
         let primary_ips = ready_pod_ips(primary, pods.iter().map(|p| p.as_ref()));
+        // The target's pods that have an IP but are not ready (coming up, or terminating).
+        let held: Vec<String> = any_pod_ips(target, pods.iter().map(|p| p.as_ref()))
+            .into_iter()
+            .filter(|ip| !canary_ips.contains(ip))
+            .collect();
         let in_run = matches!(
             phase,
             Phase::Waiting
@@ -61,13 +66,14 @@ impl Run<'_> {
                 } else {
                     let zero =
                         weight::dynamic_config(&self.plan.application, 0, &[], &canary_ips, None);
+                    let zero = weight::holding_back(zero, &self.plan.application, &held);
                     self.write_config(zero).await?;
                     self.write_route(Some(route)).await?;
                 }
             }
             None => {
                 let weights = if in_run {
-                    weight::dynamic_config(
+                    let weights = weight::dynamic_config(
                         &self.plan.application,
                         if self.plan.strategy == Strategy::ABTesting {
                             0
@@ -77,7 +83,8 @@ impl Run<'_> {
                         &primary_ips,
                         &canary_ips,
                         self.plan.affinity.as_deref(),
-                    )
+                    );
+                    weight::holding_back(weights, &self.plan.application, &held)
                 } else {
                     None
                 };
