@@ -197,15 +197,7 @@ fn ip_prefix(deployment: &str) -> &'static str {
 // ---- the control plane ----
 
 fn config(dir: &std::path::Path, api: &ApiServer, prometheus: SocketAddr) -> Config {
-    let mut config = common::kubernetes_config(dir, api.url());
-    config.debounce.after = Duration::from_millis(10);
-    config.debounce.max = Duration::from_millis(50);
-    config.auth.token_review = Some(false);
-    config.canary.enabled = true;
-    config.canary.prometheus = Some(format!("http://{prometheus}"));
-    config.canary.query_timeout = Duration::from_secs(2);
-    config.canary.lease_duration = Duration::from_secs(2);
-    config
+    common::canary_config(dir, api.url(), format!("http://{prometheus}"))
 }
 
 fn canary_object(analysis: Value) -> Value {

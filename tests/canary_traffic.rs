@@ -172,37 +172,18 @@ impl Setup {
             }),
         );
         let dir = tempfile::tempdir().unwrap();
-        let mut config = common::kubernetes_config(dir.path(), api.url());
-        config.debounce.after = Duration::from_millis(10);
-        config.debounce.max = Duration::from_millis(50);
-        config.auth.token_review = Some(false);
-        config.canary.enabled = true;
-        config.canary.prometheus = Some(prometheus.endpoint.address.clone());
+        let mut config =
+            common::canary_config(dir.path(), api.url(), prometheus.endpoint.address.clone());
         if let Some(web) = web {
             let ca_file = dir.path().join("prometheus-ca.pem");
             std::fs::write(&ca_file, &web.ca_pem).unwrap();
             config.canary.ca_file = Some(ca_file);
         }
         config.canary.query_timeout = Duration::from_secs(5);
-        config.canary.lease_duration = Duration::from_secs(2);
         let server = start(config).await;
         wait_ready(server.admin_addr).await;
         let xds = server.xds_addr.expect("xDS is on").to_string();
-        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
-            .args([
-                "bootstrap",
-                "--server",
-                &xds,
-                "-n",
-                NS,
-                "--node-id",
-                NODE_ID,
-            ])
-            .output()
-            .await
-            .unwrap();
-        assert!(output.status.success(), "{output:?}");
-        let bootstrap = String::from_utf8(output.stdout).unwrap();
+        let bootstrap = common::bootstrap(&xds, NS, NODE_ID);
         Setup {
             api,
             server,

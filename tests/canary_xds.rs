@@ -162,32 +162,11 @@ impl Setup {
             }),
         );
         let dir = tempfile::tempdir().unwrap();
-        let mut config = common::kubernetes_config(dir.path(), api.url());
-        config.debounce.after = Duration::from_millis(10);
-        config.debounce.max = Duration::from_millis(50);
-        config.auth.token_review = Some(false);
-        config.canary.enabled = true;
-        config.canary.prometheus = Some(format!("http://{prometheus}"));
-        config.canary.query_timeout = Duration::from_secs(2);
-        config.canary.lease_duration = Duration::from_secs(2);
+        let config = common::canary_config(dir.path(), api.url(), format!("http://{prometheus}"));
         let server = start(config).await;
         wait_ready(server.admin_addr).await;
         let xds = server.xds_addr.expect("xDS is on").to_string();
-        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
-            .args([
-                "bootstrap",
-                "--server",
-                &xds,
-                "-n",
-                NS,
-                "--node-id",
-                NODE_ID,
-            ])
-            .output()
-            .await
-            .unwrap();
-        assert!(output.status.success(), "{output:?}");
-        let bootstrap = String::from_utf8(output.stdout).unwrap();
+        let bootstrap = common::bootstrap(&xds, NS, NODE_ID);
         let client = released::client_with(Released::Grpcio, "xds:///podinfo", bootstrap);
         Setup {
             api,

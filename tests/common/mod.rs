@@ -69,6 +69,39 @@ pub fn kubernetes_config(data_dir: &Path, api_url: String) -> Config {
     config
 }
 
+/// Kubernetes mode with the canary controller, as the canary tests run it: quick debounce, no
+/// TokenReview, the Prometheus at `prometheus` (a URL), queries bounded at 2 s and a 2 s lease.
+pub fn canary_config(data_dir: &Path, api_url: String, prometheus: String) -> Config {
+    let mut config = kubernetes_config(data_dir, api_url);
+    config.debounce.after = Duration::from_millis(10);
+    config.debounce.max = Duration::from_millis(50);
+    config.auth.token_review = Some(false);
+    config.canary.enabled = true;
+    config.canary.prometheus = Some(prometheus);
+    config.canary.query_timeout = Duration::from_secs(2);
+    config.canary.lease_duration = Duration::from_secs(2);
+    config
+}
+
+/// `dubbo-cp bootstrap` for a client of the xDS server at `xds` in `namespace` as `node`: the
+/// JSON a gRPC client reads from `GRPC_XDS_BOOTSTRAP_CONFIG`.
+pub fn bootstrap(xds: &str, namespace: &str, node: &str) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args([
+            "bootstrap",
+            "--server",
+            xds,
+            "-n",
+            namespace,
+            "--node-id",
+            node,
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
 /// An HTTP/1.1 response read to its end: the status code (0 if unreadable) and the body.
 pub fn parse_http_response(response: &[u8]) -> (u16, String) {
     let text = String::from_utf8_lossy(response).into_owned();

@@ -145,13 +145,7 @@ impl Setup {
             },
         });
         cluster.kubectl_in(&["apply", "-f", "-"], Some(&canary.to_string()));
-        let bootstrap = std::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
-            .args(["bootstrap", "--server", &xds, "-n", namespace])
-            .args(["--node-id", namespace])
-            .output()
-            .unwrap();
-        assert!(bootstrap.status.success(), "{bootstrap:?}");
-        let bootstrap = String::from_utf8(bootstrap.stdout).unwrap();
+        let bootstrap = crate::common::bootstrap(&xds, namespace, namespace);
         let setup = Setup {
             cluster,
             namespace,
