@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 
 use crate::common::gates::Gates;
 use crate::common::kube_local::{Cluster, ControlPlane, control_plane};
+use crate::traffic::sdk::SdkClient;
 use crate::traffic::{Build, Client, Prometheus, Provider, answers};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -34,7 +35,8 @@ const WAIT: Duration = Duration::from_secs(90);
 /// The xDS server the clients read: a second control plane with no canary controller (the
 /// shared one drives the Canaries) and no token review (the shared one wants a service-account
 /// token over TLS, which grpcio sends only with an experimental flag).
-fn xds_plane(cluster: &Cluster) -> SocketAddr {
+/// Its (xDS, gRPC) addresses: xDS clients read the first, SDKs' discovery streams the second.
+fn xds_plane(cluster: &Cluster) -> (SocketAddr, SocketAddr) {
     static PLANE: OnceLock<Mutex<ControlPlane>> = OnceLock::new();
     let plane = PLANE.get_or_init(|| {
         let plane = control_plane(
@@ -51,7 +53,8 @@ fn xds_plane(cluster: &Cluster) -> SocketAddr {
         crate::common::kube_local::reap_with_this_process(plane.child.id());
         Mutex::new(plane)
     });
-    plane.lock().unwrap().xds().expect("xDS is on")
+    let plane = plane.lock().unwrap();
+    (plane.xds().expect("xDS is on"), plane.grpc())
 }
 
 /// One run of Canaries at a time (these scenarios, and `e2e::canary`'s): each runs a
@@ -66,7 +69,10 @@ struct Setup {
     subnet: u8,
     prometheus: Arc<Prometheus>,
     gates: Gates,
+    /// A released grpcio client over `xds:///podinfo`.
     client: Client,
+    /// A Dubbo SDK's consumer on the discovery stream, calling the same providers.
+    sdk: SdkClient,
     /// Each pod IP's provider ports: (gRPC, metrics).
     ports: BTreeMap<String, (u16, u16)>,
     running: Arc<AtomicBool>,
@@ -110,16 +116,22 @@ impl Setup {
             }
         }
         let running = Arc::new(AtomicBool::new(true));
+        // The SDK's registry: the instances the endpoint controller below lists.
+        let (registry, instances) = tokio::sync::watch::channel(Vec::new());
         play_controllers(
             cluster,
             admin,
             namespace,
             subnet,
             prometheus.clone(),
-            ports.clone(),
+            Listing {
+                ports: ports.clone(),
+                registry,
+            },
             running.clone(),
         );
-        let xds = xds_plane(cluster).to_string();
+        let (xds, dds) = xds_plane(cluster);
+        let xds = xds.to_string();
         let deployment = json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "podinfo", "namespace": namespace, "labels": {"app": "podinfo"}},
@@ -153,6 +165,7 @@ impl Setup {
             prometheus,
             gates,
             client: Client::start("xds:///podinfo", bootstrap),
+            sdk: SdkClient::start(dds, namespace, "podinfo", instances).await,
             ports,
             running,
             _providers: providers,
@@ -225,46 +238,98 @@ impl Setup {
         .await;
     }
 
-    /// Calls until the canary answers at least `least` of 1,000 (at most 20 rounds): the
-    /// client applies what it acknowledged a moment later, and this client's xDS server is
-    /// another process, so the calls say when.
-    async fn converge(&mut self, least: u64) {
-        for _ in 0..20 {
-            let counts = self.client.count(1000).await;
-            if answers(&counts, "canary") + answers(&counts, "injected") >= least {
-                return;
-            }
+    /// Who answered the next `n` calls of the client `via`, each with `metadata`.
+    async fn count(&mut self, via: Via, n: usize, metadata: &str) -> Value {
+        match via {
+            Via::Xds => self.client.count_with(n, metadata).await,
+            Via::Sdk => self.sdk.count_with(n, metadata).await,
         }
-        panic!("the canary never answered {least} of 1000 calls");
     }
 
-    /// 2,000 calls; the canary's share (its answers and its build's failures) within 5 points
-    /// of `percent`.
-    async fn assert_canary_share(&mut self, percent: u64) -> Value {
-        let counts = self.client.count(2000).await;
-        let on_canary = answers(&counts, "canary") + answers(&counts, "injected");
-        assert_eq!(on_canary + answers(&counts, "primary"), 2000, "{counts}");
+    /// Waits until `who` answered `run` calls of the client `via` in a row.
+    async fn settle(&mut self, via: Via, who: &str, run: usize, metadata: &str) {
+        match via {
+            Via::Xds => self.client.settle_with(who, run, metadata).await,
+            Via::Sdk => self.sdk.settle_with(who, run, metadata).await,
+        };
+    }
+
+    /// [`Setup::settle`] on both clients.
+    async fn settle_both(&mut self, who: &str, run: usize, metadata: &str) {
+        for via in BOTH {
+            self.settle(via, who, run, metadata).await;
+        }
+    }
+
+    /// Calls until the canary answers at least `least` of 1,000 on each client (at most 20
+    /// rounds): a client applies what it acknowledged a moment later, and the clients' control
+    /// plane is another process, so the calls say when. The clients call at the same time: a
+    /// failing canary's run is short.
+    async fn converge(&mut self, least: u64) {
+        let reached =
+            |counts: &Value| answers(counts, "canary") + answers(counts, "injected") >= least;
+        let (client, sdk) = (&mut self.client, &mut self.sdk);
+        let xds = async {
+            for _ in 0..20 {
+                if reached(&client.count(1000).await) {
+                    return true;
+                }
+            }
+            false
+        };
+        let dds = async {
+            for _ in 0..20 {
+                if reached(&sdk.count(1000).await) {
+                    return true;
+                }
+            }
+            false
+        };
+        let (xds, dds) = tokio::join!(xds, dds);
         assert!(
-            on_canary.abs_diff(percent * 20) <= 100,
-            "{}: the canary took {on_canary} of 2000, wanted {percent}% +/- 5: {counts}",
-            self.namespace
+            xds && dds,
+            "the canary never answered {least} of 1000 calls (xDS {xds}, SDK {dds})"
         );
-        eprintln!(
-            "{} at {percent}%: the canary took {on_canary} of 2000 calls",
-            self.namespace
-        );
-        counts
     }
 
-    /// Every call on the primary once it answered 100 in a row, and none failed over the run
-    /// but the canary build's own.
+    /// 2,000 calls on each client at the same time; the canary's share (its answers and its
+    /// build's failures) within 5 points of `percent` on each.
+    async fn assert_canary_share(&mut self, percent: u64) -> [Value; 2] {
+        let (xds, dds) = tokio::join!(self.client.count(2000), self.sdk.count(2000));
+        for (via, counts) in BOTH.into_iter().zip([&xds, &dds]) {
+            let on_canary = answers(counts, "canary") + answers(counts, "injected");
+            assert_eq!(
+                on_canary + answers(counts, "primary"),
+                2000,
+                "{via:?}: {counts}"
+            );
+            assert!(
+                on_canary.abs_diff(percent * 20) <= 100,
+                "{} {via:?}: the canary took {on_canary} of 2000, wanted {percent}% +/- 5: {counts}",
+                self.namespace
+            );
+            eprintln!(
+                "{} {via:?} at {percent}%: the canary took {on_canary} of 2000 calls",
+                self.namespace
+            );
+        }
+        [xds, dds]
+    }
+
+    /// On each client: every call on the primary once it answered 100 in a row, and none
+    /// failed over the run but the canary build's own.
     async fn ends_on_the_primary(&mut self) {
-        self.client.settle("primary", 100).await;
-        let after = self.client.count(2000).await;
-        assert_eq!(answers(&after, "primary"), 2000, "{after}");
-        let totals = self.client.totals().await;
-        assert_eq!(answers(&totals, "error"), 0, "{totals}");
-        eprintln!("{}: calls over the run: {totals}", self.namespace);
+        for via in BOTH {
+            self.settle(via, "primary", 100, "").await;
+            let after = self.count(via, 2000, "").await;
+            assert_eq!(answers(&after, "primary"), 2000, "{via:?}: {after}");
+            let totals = match via {
+                Via::Xds => self.client.totals().await,
+                Via::Sdk => self.sdk.totals().await,
+            };
+            assert_eq!(answers(&totals, "error"), 0, "{via:?}: {totals}");
+            eprintln!("{} {via:?}: calls over the run: {totals}", self.namespace);
+        }
     }
 
     /// `host:port` of the canary's pods, for a load tester.
@@ -278,6 +343,15 @@ impl Setup {
     }
 }
 
+/// Which client: the released grpcio one over xDS, or the SDK's on the discovery stream.
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    Xds,
+    Sdk,
+}
+
+const BOTH: [Via; 2] = [Via::Xds, Via::Sdk];
+
 /// The IP of a Deployment's pod by replica: the canary's (the target's) on 127.0.<subnet>.x,
 /// the primary's on the next subnet, so each IP keeps its provider process.
 fn pod_ip(subnet: u8, deployment: &str, replica: i32) -> String {
@@ -289,6 +363,13 @@ fn pod_ip(subnet: u8, deployment: &str, replica: i32) -> String {
     format!("127.0.{subnet}.{}", replica + 1)
 }
 
+/// Who the endpoint controller may list: each pod IP's provider ports (gRPC, metrics), and
+/// where it publishes the listed `ip:port`s for the SDK client (its registry).
+struct Listing {
+    ports: BTreeMap<String, (u16, u16)>,
+    registry: tokio::sync::watch::Sender<Vec<SocketAddr>>,
+}
+
 /// Plays, until `running` turns false, the Deployment controller and kubelet, an endpoint
 /// controller writing the ready pods that have a provider into ServiceEntry `podinfo`, and
 /// Prometheus's discovery (each such pod's metrics port a target named after the pod).
@@ -298,9 +379,10 @@ fn play_controllers(
     namespace: &'static str,
     subnet: u8,
     prometheus: Arc<Prometheus>,
-    ports: BTreeMap<String, (u16, u16)>,
+    listing: Listing,
     running: Arc<AtomicBool>,
 ) {
+    let Listing { ports, registry } = listing;
     tokio::spawn(async move {
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let ip = |deployment: &str, replica: i32| pod_ip(subnet, deployment, replica);
@@ -334,6 +416,18 @@ fn play_controllers(
             // During a rolling update the old and the new pod of a replica share its IP.
             endpoints.sort_by_key(|e| e["address"].as_str().unwrap_or_default().to_owned());
             endpoints.dedup_by_key(|e| e["address"].clone());
+            let listed: Vec<SocketAddr> = endpoints
+                .iter()
+                .filter_map(|e| {
+                    let ip = e["address"].as_str()?.parse().ok()?;
+                    Some(SocketAddr::new(ip, e["ports"]["grpc"].as_u64()? as u16))
+                })
+                .collect();
+            registry.send_if_modified(|current| {
+                let changed = *current != listed;
+                *current = listed;
+                changed
+            });
             if served.as_ref() != Some(&endpoints) {
                 let entry = json!({
                     "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "ServiceEntry",
@@ -398,18 +492,19 @@ pub async fn a_failing_canary_is_rolled_back_by_real_metrics(
         delay_ms: 0,
     };
     let mut setup = Setup::start(cluster, admin, "e2e-rollback", 7, failing, analysis(3)).await;
-    setup.client.settle("primary", 100).await;
+    setup.settle_both("primary", 100, "").await;
     setup.scraped("podinfo-primary-.*", 2).await;
     setup.release().await;
     setup.permit_step(20).await;
     setup.converge(100).await;
-    let counts = setup.assert_canary_share(20).await;
-    // The canary's build fails half of what it gets.
-    let canary = answers(&counts, "canary");
-    assert!(
-        answers(&counts, "injected").abs_diff(canary) <= canary / 4 + 20,
-        "{counts}"
-    );
+    // The canary's build fails half of what it gets, whoever sent it.
+    for counts in setup.assert_canary_share(20).await {
+        let canary = answers(&counts, "canary");
+        assert!(
+            answers(&counts, "injected").abs_diff(canary) <= canary / 4 + 20,
+            "{counts}"
+        );
+    }
 
     let failed = setup.wait_phase("Failed").await;
     let rate = last_success_rate(&failed);
@@ -435,7 +530,7 @@ pub async fn a_healthy_canary_is_promoted_step_by_step(
         analysis(10),
     )
     .await;
-    setup.client.settle("primary", 100).await;
+    setup.settle_both("primary", 100, "").await;
     setup.scraped("podinfo-primary-.*", 2).await;
     setup.release().await;
     // At 0 % the canary answers nothing; under 20 %, 300 of 1,000 is over six standard
@@ -465,40 +560,32 @@ pub async fn an_ab_canary_takes_only_the_matching_calls(
     analysis.as_object_mut().unwrap().remove("maxWeight");
     let mut setup =
         Setup::start(cluster, admin, "e2e-abtest", 11, Build::default(), analysis).await;
-    setup
-        .client
-        .settle_with("primary", 100, "x-canary=insider")
-        .await;
+    setup.settle_both("primary", 100, "x-canary=insider").await;
     setup.scraped("podinfo-primary-.*", 2).await;
     setup.release().await;
-    setup
-        .client
-        .settle_with("canary", 100, "x-canary=insider")
-        .await;
-    let insiders = setup.client.count_with(2000, "x-canary=insider").await;
-    assert_eq!(answers(&insiders, "canary"), 2000, "{insiders}");
-    let others = setup.client.count_with(2000, "x-canary=outsider").await;
-    assert_eq!(answers(&others, "primary"), 2000, "{others}");
-    let plain = setup.client.count(2000).await;
-    assert_eq!(answers(&plain, "primary"), 2000, "{plain}");
+    setup.settle_both("canary", 100, "x-canary=insider").await;
+    for via in BOTH {
+        let insiders = setup.count(via, 2000, "x-canary=insider").await;
+        assert_eq!(answers(&insiders, "canary"), 2000, "{via:?}: {insiders}");
+        let others = setup.count(via, 2000, "x-canary=outsider").await;
+        assert_eq!(answers(&others, "primary"), 2000, "{via:?}: {others}");
+        let plain = setup.count(via, 2000, "").await;
+        assert_eq!(answers(&plain, "primary"), 2000, "{via:?}: {plain}");
+        eprintln!("e2e-abtest {via:?}: insiders {insiders}, outsiders {others}, no header {plain}");
+    }
     // The cohort keeps calling while the iterations pass on its counters.
-    setup
-        .client
-        .settle_with("canary", 10, "x-canary=insider")
-        .await;
+    setup.settle_both("canary", 10, "x-canary=insider").await;
     let waiting = setup.wait_phase("WaitingPromotion").await;
     assert_eq!(waiting["strategy"], "A/B", "{waiting}");
     let rate = last_success_rate(&waiting);
     assert_eq!(rate["value"], 100.0, "{waiting}");
-    eprintln!("e2e-abtest: insiders {insiders}, outsiders {others}, no header {plain}");
     setup.gates.promote.fetch_add(1, Ordering::SeqCst);
     setup.wait_phase("Succeeded").await;
-    setup
-        .client
-        .settle_with("primary", 100, "x-canary=insider")
-        .await;
-    let after = setup.client.count_with(2000, "x-canary=insider").await;
-    assert_eq!(answers(&after, "primary"), 2000, "{after}");
+    setup.settle_both("primary", 100, "x-canary=insider").await;
+    for via in BOTH {
+        let after = setup.count(via, 2000, "x-canary=insider").await;
+        assert_eq!(answers(&after, "primary"), 2000, "{via:?}: {after}");
+    }
     setup.ends_on_the_primary().await;
 }
 
@@ -521,14 +608,16 @@ pub async fn a_blue_green_canary_switches_every_call_at_once(
         analysis,
     )
     .await;
-    setup.client.settle("primary", 100).await;
+    setup.settle_both("primary", 100, "").await;
     setup.scraped("podinfo-primary-.*", 2).await;
     // A load tester calls the canary's pods directly, as `rollout` hooks would have one do.
     let mut tester = Client::direct(&setup.canary_pods());
     tester.settle("canary", 10).await;
     setup.release().await;
-    let during = setup.client.count(2000).await;
-    assert_eq!(answers(&during, "primary"), 2000, "{during}");
+    for via in BOTH {
+        let during = setup.count(via, 2000, "").await;
+        assert_eq!(answers(&during, "primary"), 2000, "{via:?}: {during}");
+    }
     let analysed = setup
         .wait_status("two iterations", |s| s["iterations"].as_u64() >= Some(2))
         .await;
@@ -536,10 +625,12 @@ pub async fn a_blue_green_canary_switches_every_call_at_once(
     assert_eq!(analysed["canaryWeight"], 0, "{analysed}");
     // The switch: every call on the canary.
     setup.permit_step(100).await;
-    setup.client.settle("canary", 100).await;
-    let switched = setup.client.count(2000).await;
-    assert_eq!(answers(&switched, "canary"), 2000, "{switched}");
-    eprintln!("e2e-bluegreen: before the switch {during}, after {switched}");
+    setup.settle_both("canary", 100, "").await;
+    for via in BOTH {
+        let switched = setup.count(via, 2000, "").await;
+        assert_eq!(answers(&switched, "canary"), 2000, "{via:?}: {switched}");
+        eprintln!("e2e-bluegreen {via:?}: after the switch {switched}");
+    }
     setup.gates.promote.fetch_add(1, Ordering::SeqCst);
     setup.wait_phase("Succeeded").await;
     setup.ends_on_the_primary().await;
