@@ -422,6 +422,43 @@ async fn an_ab_run_sends_only_matching_calls_to_the_canary_until_promoted() {
     setup.server.stop().await.unwrap();
 }
 
+/// A `regex` match becomes the Dubbo globs matching the same values (`insider|beta-.*` is
+/// `insider,beta-*`), which the xDS client routes by.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ab_regex_match_routes_the_values_it_matches_to_the_canary() {
+    let mut setup = Setup::start(json!({
+        "interval": "300ms", "threshold": 2, "iterations": 3,
+        "match": [{"headers": {"x-canary": {"regex": "insider|beta-.*"}}}],
+    }))
+    .await;
+    setup.wait_phase("Initialized").await;
+    released::settle(&mut setup.client, "primary", 100, "").await;
+    setup.api.set_image(NS, "podinfo", "podinfo:2");
+    released::settle(&mut setup.client, "canary", 100, "x-canary=beta-7").await;
+    for (metadata, who) in [
+        ("x-canary=insider", "canary"),
+        ("x-canary=beta-7", "canary"),
+        ("x-canary=beta-", "canary"),
+        ("x-canary=outsider", "primary"),
+        ("x-canary=beta", "primary"),
+        ("x-canary=insider-7", "primary"),
+        ("", "primary"),
+    ] {
+        let counts = released::count_with(&mut setup.client, 200, metadata).await;
+        assert_eq!(answers(&counts, who), 200, "{metadata}: {counts}");
+    }
+    let route = setup
+        .api
+        .object("conditionroutes", NS, "podinfo-canary")
+        .expect("the A/B route");
+    assert_eq!(
+        route["spec"]["conditions"][0],
+        "attachments[x-canary]=insider,beta-* => host=127.0.1.1,127.0.1.2"
+    );
+    drop(setup.client.child.start_kill());
+    setup.server.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_blue_green_run_analyses_on_test_traffic_then_switches_every_call_in_one_push() {
     let mut setup =

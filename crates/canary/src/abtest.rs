@@ -10,6 +10,8 @@
 //! matches and ignores one that leaves nobody (the rule is not `force`), xDS routes by the first
 //! match: for these conditions both give the same answer.
 
+mod regex_glob;
+
 use crate::crd::{HeaderMatch, HttpMatch};
 use crate::rules::ConditionRouteSpec;
 
@@ -53,7 +55,8 @@ fn header_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// The header's value as a Dubbo condition value: `v`, `v*` or `*v`.
+/// The header's value as a Dubbo condition value: `v`, `v*` or `*v`, or for a `regex` the
+/// comma-separated globs matching exactly its values (see [`regex_glob`]).
 fn glob(value: &HeaderMatch) -> Result<String, String> {
     let (text, glob) = match value {
         HeaderMatch {
@@ -74,18 +77,16 @@ fn glob(value: &HeaderMatch) -> Result<String, String> {
             suffix: Some(v),
             regex: None,
         } => (v, format!("*{v}")),
-        HeaderMatch { regex: Some(_), .. } => {
-            return Err(
-                "regex cannot be said to Dubbo SDKs (ConditionRoute values are globs); use \
-                 exact, prefix or suffix"
-                    .to_owned(),
-            );
-        }
-        _ => return Err("set exactly one of exact, prefix, suffix".to_owned()),
+        HeaderMatch {
+            exact: None,
+            prefix: None,
+            suffix: None,
+            regex: Some(regex),
+        } => return regex_glob::globs(regex).map(|globs| globs.join(",")),
+        _ => return Err("set exactly one of exact, prefix, suffix, regex".to_owned()),
     };
     // Condition syntax: separators, globs, ranges (`1~9`), parameter references (`$name`).
-    let bad = |c: char| c.is_whitespace() || matches!(c, '&' | '!' | '=' | ',' | '*' | '~');
-    if text.is_empty() || text.contains(bad) || text.starts_with('$') {
+    if text.is_empty() || text.contains(regex_glob::condition_syntax) || text.starts_with('$') {
         return Err(format!(
             "the value must be non-empty, without whitespace, any of & ! = , * ~ or a leading $ \
              (they are condition syntax), got {text:?}"
@@ -194,9 +195,6 @@ mod tests {
     #[test]
     fn what_a_condition_cannot_say_is_refused_by_name() {
         let refused = |value: serde_json::Value| check(&matches(value)).expect_err("refused");
-        assert!(
-            refused(serde_json::json!([{"headers": {"x": {"regex": "a.*"}}}])).contains("regex")
-        );
         assert!(refused(serde_json::json!([{"uri": {"prefix": "/"}}])).contains("only headers"));
         assert!(
             refused(serde_json::json!([{"sourceLabels": {"app": "web"}}])).contains("only headers")
@@ -223,5 +221,102 @@ mod tests {
             refused(serde_json::json!([{"headers": {"x": {"exact": "$a"}}}])).contains("leading $")
         );
         assert!(refused(serde_json::json!([{"headers": {"x": {}}}])).contains("exactly one"));
+    }
+
+    #[test]
+    fn a_regex_becomes_the_globs_matching_the_same_values() {
+        let spec = condition_route(
+            "podinfo",
+            &matches(serde_json::json!([
+                {"headers": {"x-canary": {"regex": "^(insider|beta-.*)$"}}},
+                {"headers": {"user-agent": {"regex": ".*-qa|app-.*_canary"}}},
+            ])),
+            &["10.0.0.1".to_owned()],
+            &["10.1.0.1".to_owned()],
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("canary pods: a rule"));
+        assert_eq!(
+            spec.conditions,
+            [
+                "attachments[x-canary]=insider,beta-* => host=10.0.0.1",
+                "attachments[user-agent]=*-qa,app-*_canary => host=10.0.0.1",
+                "=> host=10.1.0.1",
+            ]
+        );
+        for condition in &spec.conditions {
+            dubbo_cp_domain::rules::parse_condition(condition)
+                .unwrap_or_else(|e| panic!("{condition}: {e:?}"));
+        }
+    }
+
+    /// Each regex no glob list says, refused with the field, the value and the reason.
+    #[test]
+    fn a_regex_no_glob_says_is_refused_by_field_value_and_reason() {
+        let long = "a".repeat(1025);
+        for (regex, reason) in [
+            (".*", "matches every call"),
+            ("^.*$", "matches every call"),
+            ("a|.*", "matches every call"),
+            (".*Firefox.*", "more than one `.*`"),
+            ("a.*b.*c", "more than one `.*`"),
+            (".+", "repetition `.+`"),
+            ("beta-.+", "repetition `.+`"),
+            ("a*", "repetition `a*`"),
+            ("a?", "repetition `a?`"),
+            ("a{2}", "repetition `a{2}`"),
+            (".*?x", "repetition `.*?`"),
+            ("(.)*", "repetition `(.)*`"),
+            ("beta-[0-9]", "character class `[0-9]`"),
+            ("\\d", "character class `\\d`"),
+            ("\\pL", "character class `\\pL`"),
+            ("(?i)insider", "case-insensitive"),
+            ("(?i:insider)", "case-insensitive"),
+            ("(?m)^a$", "flags `(?m)`"),
+            ("(?-u)a", "flags `(?-u)`"),
+            ("a.", "`.` at offset 1"),
+            ("\\bword", "assertion `\\b`"),
+            ("a|", "empty alternative"),
+            ("", "empty alternative"),
+            ("^$", "empty alternative"),
+            ("a^b", "inside the value"),
+            ("ab.*bc", "would also match `abc`"),
+            ("app-.*-canary", "would also match `app-canary`"),
+            ("a.*a", "would also match `a`"),
+            ("aba.*ab", "would also match `abab`"),
+            ("ab.*ba", "would also match `aba`"),
+            ("a b", "condition syntax"),
+            ("a,b", "condition syntax"),
+            ("a\\*b", "condition syntax"),
+            ("a&b|c", "condition syntax"),
+            ("a!", "condition syntax"),
+            ("a=b", "condition syntax"),
+            ("1~9", "condition syntax"),
+            ("\\$a", "starts with `$`"),
+            ("\\$a.*", "starts with `$`"),
+            ("(a", "does not parse: unclosed group"),
+            (
+                "(((((((((((((((((a)))))))))))))))))",
+                "does not parse: exceed the maximum number of nested",
+            ),
+            ("(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)", "more than 64 globs"),
+            (&long, "over 1024 characters"),
+        ] {
+            let refused = check(&matches(serde_json::json!([
+                {"headers": {"x-canary": {"exact": "insider"}}},
+                {"headers": {"user-agent": {"regex": regex}}},
+            ])))
+            .expect_err(regex);
+            let said = format!(
+                "spec.analysis.match[1].headers[\"user-agent\"]: regex {regex:?} cannot be said \
+                 to Dubbo SDKs: "
+            );
+            assert!(
+                refused.starts_with(&said)
+                    && refused.contains(reason)
+                    && refused.contains("; supported: "),
+                "{regex}: {refused}"
+            );
+        }
     }
 }
