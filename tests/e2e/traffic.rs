@@ -513,6 +513,34 @@ pub async fn a_failing_canary_is_rolled_back_by_real_metrics(
     assert!((40.0..=60.0).contains(&value), "{failed}");
     eprintln!("e2e-rollback: rolled back at success rate {value:.1}% (weight 20)");
     setup.ends_on_the_primary().await;
+    // On the SDK path the switch back was one push: the DynamicConfig after the last one that
+    // weighed the canary's pods above 0 gives each of them 0.
+    let pushes = setup.sdk.weight_pushes();
+    let canary = |push: &BTreeMap<String, String>| -> Vec<(String, String)> {
+        push.iter()
+            .filter(|(ip, _)| ip.starts_with("127.0.7."))
+            .map(|(ip, w)| (ip.clone(), w.clone()))
+            .collect()
+    };
+    let weighed = pushes
+        .iter()
+        .rposition(|p| canary(p).iter().any(|(_, w)| w != "0"))
+        .unwrap_or_else(|| panic!("no push weighed the canary: {pushes:?}"));
+    let next = pushes
+        .get(weighed + 1)
+        .unwrap_or_else(|| panic!("no push after the weighted one: {pushes:?}"));
+    for (ip, _) in canary(&pushes[weighed]) {
+        assert_eq!(
+            next.get(&ip).map(String::as_str),
+            Some("0"),
+            "{ip}: {pushes:?}"
+        );
+    }
+    eprintln!(
+        "e2e-rollback Sdk: weights at 20% {:?}, the next push {:?}",
+        canary(&pushes[weighed]),
+        canary(next)
+    );
 }
 
 /// Canary strategy, healthy release: the calls follow each step, the checks pass on the real

@@ -46,6 +46,8 @@ struct Rules {
     configs: Vec<DynamicConfig>,
     /// Responses applied, per kind, for tests that count pushes.
     pushes: BTreeMap<&'static str, u64>,
+    /// The weights each DynamicConfig push said, by address (the last 256 pushes).
+    weight_pushes: std::collections::VecDeque<BTreeMap<String, String>>,
 }
 
 enum Command {
@@ -148,6 +150,17 @@ impl SdkClient {
         self.ask(Command::Totals).await
     }
 
+    /// The weights, by address, of each DynamicConfig push applied (the last 256), oldest first.
+    pub fn weight_pushes(&self) -> Vec<BTreeMap<String, String>> {
+        self.rules
+            .lock()
+            .unwrap()
+            .weight_pushes
+            .iter()
+            .cloned()
+            .collect()
+    }
+
     /// How many responses of `kind` (`"ConditionRoute"`, `"DynamicConfig"`) were applied.
     pub fn pushes(&self, kind: &str) -> u64 {
         let rules = self.rules.lock().unwrap();
@@ -229,6 +242,17 @@ async fn observe_once(
                     .filter(|o| o.key.ends_with(suffix))
                     .filter_map(|o| o.spec)
                     .collect();
+                let said = rules
+                    .configs
+                    .iter()
+                    .flat_map(|c| &c.configs)
+                    .filter_map(|o| Some((&o.addresses, o.parameters.get("weight")?)))
+                    .flat_map(|(addresses, w)| addresses.iter().map(|a| (a.clone(), w.clone())))
+                    .collect();
+                if rules.weight_pushes.len() == 256 {
+                    rules.weight_pushes.pop_front();
+                }
+                rules.weight_pushes.push_back(said);
                 DYNAMIC_CONFIG
             } else {
                 continue;
