@@ -576,14 +576,16 @@ pub async fn a_healthy_canary_is_promoted_step_by_step(
     setup.ends_on_the_primary().await;
 }
 
-/// A/B testing: only calls with the matching header reach the canary, judged on their counters.
+/// A/B testing: only calls whose header the regex matches reach the canary, on both kinds of
+/// client, judged on their counters.
 pub async fn an_ab_canary_takes_only_the_matching_calls(
     cluster: &'static Cluster,
     admin: kube::Client,
 ) {
     let mut analysis = analysis(10);
     analysis["iterations"] = json!(2);
-    analysis["match"] = json!([{"headers": {"x-canary": {"exact": "insider"}}}]);
+    // A regex, which reaches both kinds of client as the globs `insider,beta-*`.
+    analysis["match"] = json!([{"headers": {"x-canary": {"regex": "insider|beta-.*"}}}]);
     analysis.as_object_mut().unwrap().remove("stepWeight");
     analysis.as_object_mut().unwrap().remove("maxWeight");
     let mut setup =
@@ -595,6 +597,8 @@ pub async fn an_ab_canary_takes_only_the_matching_calls(
     for via in BOTH {
         let insiders = setup.count(via, 2000, "x-canary=insider").await;
         assert_eq!(answers(&insiders, "canary"), 2000, "{via:?}: {insiders}");
+        let betas = setup.count(via, 500, "x-canary=beta-7").await;
+        assert_eq!(answers(&betas, "canary"), 500, "{via:?}: {betas}");
         let others = setup.count(via, 2000, "x-canary=outsider").await;
         assert_eq!(answers(&others, "primary"), 2000, "{via:?}: {others}");
         let plain = setup.count(via, 2000, "").await;
