@@ -1,8 +1,9 @@
 //! Canaries on the real API server judged on real traffic, one per strategy: one provider
 //! process per pod (released grpcio on the pod's loopback IP, exporting Dubbo's provider
 //! metrics; the canary's build may fail half its calls), Debian's Prometheus scraping them, a
-//! released grpcio client over `xds:///podinfo` calling the whole run and counting who
-//! answered, and the real binary's canary controller moving the traffic and querying that
+//! released grpcio client over `xds:///podinfo` and a Dubbo SDK's consumer on the discovery
+//! stream (`crate::traffic::sdk`) calling the whole run and counting who answered, and the real
+//! binary's canary controller moving the traffic and querying that
 //! Prometheus (the Canary's `prometheus.address`). Each scenario has its namespace and its
 //! loopback subnets.
 //!
