@@ -615,6 +615,7 @@ on_real_traffic!(
     a_healthy_canary_is_promoted_step_by_step,
     an_ab_canary_takes_only_the_matching_calls,
     a_blue_green_canary_switches_every_call_at_once,
+    a_metric_template_on_an_https_prometheus_rolls_back_and_alerts,
 );
 
 #[tokio::test]

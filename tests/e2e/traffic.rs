@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use crate::common::gates::Gates;
 use crate::common::kube_local::{Cluster, ControlPlane, control_plane};
 use crate::traffic::sdk::SdkClient;
-use crate::traffic::{Build, Client, Prometheus, Provider, answers};
+use crate::traffic::{Build, Client, Prometheus, Provider, WebConfig, answers};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -91,18 +91,32 @@ impl Drop for Setup {
 impl Setup {
     /// Two primary pods running a healthy build and two canary pods running `canary`, scraped by
     /// a Prometheus of their own; Deployment `podinfo` and a Canary with `analysis` (plus the
-    /// gates and that Prometheus) applied; a client on `xds:///podinfo`, idle until asked.
+    /// gates and that Prometheus) applied; a client on `xds:///podinfo` and an SDK client,
+    /// idle until asked.
     async fn start(
         cluster: &'static Cluster,
         admin: kube::Client,
         namespace: &'static str,
         subnet: u8,
         canary: Build,
+        analysis: Value,
+    ) -> Setup {
+        Setup::start_with(cluster, admin, namespace, subnet, canary, analysis, None).await
+    }
+
+    /// The same, Prometheus behind https and basic auth when `web` says so.
+    async fn start_with(
+        cluster: &'static Cluster,
+        admin: kube::Client,
+        namespace: &'static str,
+        subnet: u8,
+        canary: Build,
         mut analysis: Value,
+        web: Option<&WebConfig>,
     ) -> Setup {
         let turn = ONE_AT_A_TIME.lock().await;
         cluster.namespace(namespace, &[]);
-        let prometheus = Arc::new(Prometheus::start(None));
+        let prometheus = Arc::new(Prometheus::start(web));
         let mut providers = Vec::new();
         let mut ports = BTreeMap::new();
         for (deployment, role, build) in [
@@ -668,4 +682,108 @@ pub async fn a_blue_green_canary_switches_every_call_at_once(
     setup.wait_phase("Succeeded").await;
     setup.ends_on_the_primary().await;
     drop(tester);
+}
+
+/// A MetricTemplate on an https Prometheus with basic auth, its credentials in a Secret the
+/// real binary reads through deploy/'s RBAC, rolls a failing canary back; an AlertProvider whose
+/// address is in a Secret gets the rollback's alert (type `webhook`: the Canary as JSON).
+pub async fn a_metric_template_on_an_https_prometheus_rolls_back_and_alerts(
+    cluster: &'static Cluster,
+    admin: kube::Client,
+) {
+    use base64::Engine;
+    let web = WebConfig::generate("canary", "s3cret-for-prometheus");
+    let mut analysis = json!({
+        "interval": "2s", "threshold": 3, "maxWeight": 40, "stepWeight": 20,
+        "metrics": [{"name": "success", "templateRef": {"name": "success"},
+                     "thresholdRange": {"min": 99}, "interval": "30s"}],
+        "alerts": [{"name": "on-call", "severity": "error", "providerRef": {"name": "on-call"}}],
+    });
+    analysis["metrics"][0]["templateVariables"] = json!({"application": "podinfo"});
+    let failing = Build {
+        fail_percent: 50,
+        delay_ms: 0,
+    };
+    let namespace = "e2e-template";
+    let mut setup =
+        Setup::start_with(cluster, admin, namespace, 15, failing, analysis, Some(&web)).await;
+    let (received, mut alerts) = tokio::sync::watch::channel(Vec::<Value>::new());
+    let receiver = {
+        let app = axum::Router::new().fallback(axum::routing::post(
+            move |axum::Json(body): axum::Json<Value>| async move {
+                received.send_modify(|all| all.push(body));
+                axum::http::StatusCode::OK
+            },
+        ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        addr
+    };
+    let encode = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
+    let pods = r#"namespace="{{ namespace }}",pod=~"{{ target }}-[0-9a-zA-Z]+(-[0-9a-zA-Z]+)",application_name="{{ variables.application }}""#;
+    let query = format!(
+        "sum(rate(dubbo_provider_requests_succeed_total{{{pods}}}[{{{{ interval }}}}])) \
+         / sum(rate(dubbo_provider_requests_total{{{pods}}}[{{{{ interval }}}}])) * 100"
+    );
+    for object in [
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": "prom-auth", "namespace": namespace},
+               "data": {"username": encode(&web.username), "password": encode(&web.password)}}),
+        json!({"apiVersion": "dubbo.apache.org/v1alpha1", "kind": "MetricTemplate",
+               "metadata": {"name": "success", "namespace": namespace},
+               "spec": {"provider": {"type": "prometheus",
+                                     "address": setup.prometheus.endpoint.address,
+                                     "secretRef": {"name": "prom-auth"},
+                                     // The control plane does not know this test's CA.
+                                     "insecureSkipVerify": true},
+                        "query": query}}),
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": "on-call-url", "namespace": namespace},
+               "data": {"address": encode(&format!("http://{receiver}/alerts"))}}),
+        json!({"apiVersion": "dubbo.apache.org/v1alpha1", "kind": "AlertProvider",
+               "metadata": {"name": "on-call", "namespace": namespace},
+               "spec": {"type": "webhook", "secretRef": {"name": "on-call-url"}}}),
+    ] {
+        cluster.kubectl_in(&["apply", "-f", "-"], Some(&object.to_string()));
+    }
+    setup.settle_both("primary", 100, "").await;
+    setup.scraped("podinfo-primary-.*", 2).await;
+    setup.release().await;
+    setup.permit_step(20).await;
+    setup.converge(100).await;
+    let failed = setup.wait_phase("Failed").await;
+    let step = failed["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|s| s["metrics"].as_array().is_some_and(|m| !m.is_empty()))
+        .cloned()
+        .unwrap_or_else(|| panic!("no analysed step: {failed}"));
+    let rate = &step["metrics"][0];
+    assert_eq!(rate["name"], "success", "{step}");
+    assert_eq!(rate["ok"], false, "{step}");
+    let value = rate["value"].as_f64().unwrap_or_else(|| panic!("{step}"));
+    assert!((40.0..=60.0).contains(&value), "{step}");
+    eprintln!("e2e-template: rolled back at success rate {value:.1}% (https, basic auth)");
+    // The alert reaches the Secret's address (the sender posts a moment after the status).
+    let rollback = |a: &Value| a["canary"]["status"]["phase"] == "Failed";
+    let waited = tokio::time::timeout(WAIT, alerts.wait_for(|all| all.iter().any(rollback)))
+        .await
+        .map(|seen| seen.is_ok());
+    assert_eq!(waited, Ok(true), "no rollback alert: {:?}", alerts.borrow());
+    let alert = alerts
+        .borrow()
+        .iter()
+        .find(|a| rollback(a))
+        .cloned()
+        .unwrap();
+    assert_eq!(alert["metadata"]["severity"], "error", "{alert}");
+    assert_eq!(
+        alert["canary"]["metadata"]["namespace"], namespace,
+        "{alert}"
+    );
+    eprintln!("e2e-template: alert {}", alert["metadata"]);
+    setup.ends_on_the_primary().await;
 }
