@@ -1325,6 +1325,48 @@ async fn promote_and_abort_act_on_the_run_in_flight_only() {
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
 }
 
+/// Flagger's `suspend`: a suspended Canary starts no run whatever its target does (its status
+/// untouched), and takes the change up once resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspended_canary_starts_no_run_until_resumed() {
+    let setup = Setup::start(|_| {
+        canary_object(json!({"interval": "200ms", "maxWeight": 20, "stepWeight": 10}))
+    })
+    .await;
+    let api = &setup.api;
+    setup.wait_phase("Initialized").await;
+    let set_suspend = |suspend: bool| {
+        let mut canary = api.object("canaries", NS, "podinfo").unwrap();
+        canary["spec"]["suspend"] = json!(suspend);
+        api.put_object("canaries", NS, "podinfo", canary);
+    };
+    let admin = setup.server.admin_addr;
+    let reconciles = || common::metric(admin, "dubbo_cp_canary_reconciles_total");
+    // Waits until the controller has reconciled the Canary `more` times since `from`.
+    let reconciled = |from: f64, more: f64| async move {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while reconciles().await < from + more {
+            assert!(tokio::time::Instant::now() < deadline, "no reconcile");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let initial = reconciles().await;
+    set_suspend(true);
+    reconciled(initial, 1.0).await;
+    let before = reconciles().await;
+    api.set_image(NS, "podinfo", "podinfo:2");
+    // The controller has looked at the Canary since its Deployment changed (which reconciles
+    // it): without `suspend` that look starts a run.
+    reconciled(before, 1.0).await;
+    let canary = api.object("canaries", NS, "podinfo").unwrap();
+    assert_eq!(canary["status"]["phase"], "Initialized", "{canary}");
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:1");
+
+    set_suspend(false);
+    setup.wait_phase("Succeeded").await;
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_revision_mid_run_takes_the_old_canary_out_of_traffic_until_approved() {
     let setup = Setup::start(|hooks| {

@@ -197,6 +197,12 @@ pub fn render_status(canary: &Canary) -> String {
         analysis.threshold,
         status.iterations,
     );
+    if canary.spec.suspend {
+        let _ = writeln!(
+            out,
+            "suspended: nothing moves until spec.suspend is cleared (the status is as last written)"
+        );
+    }
     let _ = writeln!(out, "strategy {}", strategy_line(analysis));
     let _ = writeln!(
         out,
@@ -324,6 +330,12 @@ mod tests {
             "sessionAffinity": {"headerName": "x-user"}}));
         assert!(
             render_status(&sticky).contains("strategy Canary, each caller kept by header x-user\n")
+        );
+        assert!(!render_status(&weights).contains("suspended"));
+        let mut suspended = weights;
+        suspended.spec.suspend = true;
+        assert!(
+            render_status(&suspended).contains("\nsuspended: nothing moves until spec.suspend")
         );
     }
 }

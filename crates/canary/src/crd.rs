@@ -42,6 +42,11 @@ pub struct CanarySpec {
     /// Promote the next change without analysis.
     #[serde(default)]
     pub skip_analysis: bool,
+    /// Flagger's: while true the controller does nothing for this Canary (no run starts, a run
+    /// in flight holds where it is, its status is not written); deleting it still restores the
+    /// target.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
     #[serde(default = "default_history")]
     #[schemars(range(min = 1, max = 1000))]
     pub revision_history_limit: u32,

@@ -447,6 +447,12 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
     {
         return Ok(Action::requeue(Duration::from_millis(50)));
     }
+    if canary.spec.suspend {
+        // Flagger's: nothing moves until `suspend` is cleared, which is a change of the Canary
+        // and so reconciles it again.
+        tracing::debug!(canary = %canary.name_any(), "skipping the canary: suspended");
+        return Ok(Action::await_change());
+    }
     let namespace = canary.namespace().unwrap_or_default();
     let name = canary.name_any();
     let status = canary.status.clone().unwrap_or_default();
