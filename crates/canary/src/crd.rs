@@ -159,6 +159,23 @@ pub struct Analysis {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 20))]
     pub alerts: Vec<crate::alerts::CanaryAlert>,
+    /// Flagger's: the percent of the primary's updated replicas that must be available for it
+    /// to count as ready (initialisation, analysis, promotion).
+    #[serde(default = "all_replicas", skip_serializing_if = "is_all_replicas")]
+    #[schemars(range(max = 100))]
+    pub primary_ready_threshold: u32,
+    /// Flagger's: the same for the canary (the target) during analysis.
+    #[serde(default = "all_replicas", skip_serializing_if = "is_all_replicas")]
+    #[schemars(range(max = 100))]
+    pub canary_ready_threshold: u32,
+}
+
+fn all_replicas() -> u32 {
+    100
+}
+
+fn is_all_replicas(percent: &u32) -> bool {
+    *percent == 100
 }
 
 /// Flagger's session affinity, for gRPC: callers are told apart by a request header

@@ -113,6 +113,12 @@ pub fn primary_from(
 /// Why `deployment` is not rolled out and healthy, or `None` when it is: the Deployment
 /// controller's own rules, as `kubectl rollout status` reads them.
 pub fn not_ready(deployment: &Deployment) -> Option<String> {
+    not_ready_at(deployment, 100)
+}
+
+/// [`not_ready`] with Flagger's ready threshold: `percent` of the updated replicas (rounded
+/// down, as Flagger does) must be available.
+pub fn not_ready_at(deployment: &Deployment, percent: u32) -> Option<String> {
     let name = deployment.metadata.name.as_deref().unwrap_or_default();
     let generation = deployment.metadata.generation.unwrap_or(0);
     let wanted = deployment.spec.replicas.unwrap_or(1);
@@ -143,9 +149,15 @@ pub fn not_ready(deployment: &Deployment) -> Option<String> {
         ));
     }
     let available = status.available_replicas.unwrap_or(0);
-    if available < updated {
+    let needed = i64::from(updated) * i64::from(percent.min(100)) / 100;
+    if i64::from(available) < needed {
+        let threshold = if percent < 100 {
+            format!(" (readyThreshold {percent}%)")
+        } else {
+            String::new()
+        };
         return Some(format!(
-            "deployment {name}: {available} of {updated} updated replicas are available"
+            "deployment {name}: {available} of {needed}{threshold} updated replicas are available"
         ));
     }
     None
@@ -315,6 +327,30 @@ mod tests {
                             "reason": "ProgressDeadlineExceeded"}]
         })).unwrap());
         assert!(not_ready(&d).unwrap().contains("progress deadline"));
+    }
+
+    #[test]
+    fn a_ready_threshold_asks_for_that_share_of_the_updated_replicas() {
+        let mut d = target();
+        d.spec.replicas = Some(4);
+        d.status = Some(
+            serde_json::from_value(json!({
+                "replicas": 4, "updatedReplicas": 4, "availableReplicas": 2
+            }))
+            .unwrap(),
+        );
+        assert!(not_ready(&d).unwrap().contains("2 of 4 updated"));
+        assert_eq!(not_ready_at(&d, 50), None);
+        // 4 x 60 % = 2.4, rounded down as Flagger does: 2 are enough.
+        assert_eq!(not_ready_at(&d, 60), None);
+        assert!(
+            not_ready_at(&d, 75)
+                .unwrap()
+                .contains("2 of 3 (readyThreshold 75%) updated")
+        );
+        // The threshold is about availability only: a rollout still in progress halts.
+        d.status.as_mut().unwrap().updated_replicas = Some(3);
+        assert!(not_ready_at(&d, 0).unwrap().contains("3 of 4 updated"));
     }
 
     #[test]

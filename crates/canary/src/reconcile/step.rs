@@ -62,7 +62,9 @@ impl Run<'_> {
         };
         let autoscaler = self.sync_objects(&target, &primary).await?;
         if phase == Phase::Initializing {
-            if let Some(reason) = not_ready(&primary) {
+            if let Some(reason) =
+                not_ready_at(&primary, self.canary.spec.analysis.primary_ready_threshold)
+            {
                 self.event(
                     EventType::Normal,
                     "Halted",
@@ -253,7 +255,8 @@ impl Run<'_> {
         target: &Deployment,
         primary: &Deployment,
     ) -> Result<Action, Error> {
-        let halted = not_ready(primary).or_else(|| not_ready(target));
+        let halted = not_ready_at(primary, self.canary.spec.analysis.primary_ready_threshold)
+            .or_else(|| not_ready_at(target, self.canary.spec.analysis.canary_ready_threshold));
         if let Some(reason) = halted {
             let stalled = since(&self.status.last_transition_time).unwrap_or_default();
             if stalled > self.plan.deadline {
@@ -524,7 +527,9 @@ impl Run<'_> {
             self.sync_traffic(target, primary).await?;
             return Ok(Action::requeue(HALT_RETRY));
         }
-        if let Some(reason) = not_ready(primary) {
+        if let Some(reason) =
+            not_ready_at(primary, self.canary.spec.analysis.primary_ready_threshold)
+        {
             let stalled = since(&self.status.last_transition_time).unwrap_or_default();
             if stalled > self.plan.deadline {
                 self.rollback(
