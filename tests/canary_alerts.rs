@@ -735,3 +735,77 @@ async fn failing_and_hanging_receivers_never_hold_or_fail_the_run() {
     running.store(false, Ordering::Relaxed);
     server.stop().await.unwrap();
 }
+
+/// Flagger's `muteAlert`: a gate with it holds the run as any gate does, but its wait sends no
+/// alert; the run's other alerts still go out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_muted_gate_holds_the_run_without_an_alert() {
+    let receiver = Receiver::default();
+    let addr = serve(receiver.app()).await;
+    let api = ApiServer::start().await;
+    api.create_namespace(NS);
+    api.put_deployment(NS, "podinfo", 1, "podinfo:1");
+    let running = Arc::new(AtomicBool::new(true));
+    kubelet(&api, running.clone());
+    api.put_object(
+        "alertproviders",
+        NS,
+        "audit",
+        provider(
+            "audit",
+            json!({"type": "webhook", "address": format!("http://{addr}/webhook")}),
+        ),
+    );
+    let gate = |kind: &str, path: &str| {
+        json!({"name": path, "type": kind, "url": format!("http://{addr}/{path}"),
+               "muteAlert": true})
+    };
+    api.put_object(
+        "canaries",
+        NS,
+        "podinfo",
+        json!({"apiVersion": "dubbo.apache.org/v1alpha1", "kind": "Canary",
+               "metadata": {"name": "podinfo", "namespace": NS},
+               "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "podinfo"},
+                        "analysis": {"interval": "100ms", "threshold": 1, "maxWeight": 50, "stepWeight": 50,
+                                     "webhooks": [gate("confirm-rollout", "rollout"),
+                                                  gate("confirm-traffic-increase", "step"),
+                                                  gate("confirm-promotion", "promote")],
+                                     "alerts": [{"name": "audit", "providerRef": {"name": "audit"}}]}}}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::kubernetes_config(dir.path(), api.url());
+    config.auth.token_review = Some(false);
+    config.canary.enabled = true;
+    config.canary.lease_duration = Duration::from_secs(2);
+    let server = start(config).await;
+    wait_ready(server.admin_addr).await;
+    let phase = |wanted: &'static str| {
+        api.wait_for_object("canaries", NS, "podinfo", WAIT, move |c| {
+            c.is_some_and(|c| c["status"]["phase"] == wanted)
+        })
+    };
+    phase("Initialized").await;
+    // Each gate refuses three times (three intervals held), then lets the run through.
+    for path in ["/rollout", "/step", "/promote"] {
+        receiver.answer(path, 403);
+    }
+    api.set_image(NS, "podinfo", "podinfo:2");
+    for path in ["/rollout", "/step", "/promote"] {
+        receiver.wait(path, |posts| posts.len() >= 3).await;
+        receiver.answer(path, 200);
+    }
+    phase("Succeeded").await;
+    let posts = receiver
+        .wait("/webhook", |posts| {
+            posts.iter().any(|p| text_of(&p.body) == PROMOTED)
+        })
+        .await;
+    assert_eq!(
+        texts(&posts),
+        sorted(&[INITIALIZED, NEW_REVISION, PROMOTED]),
+        "a muted gate alerted"
+    );
+    running.store(false, Ordering::Relaxed);
+    server.stop().await.unwrap();
+}

@@ -352,6 +352,10 @@ pub struct Webhook {
         "additionalProperties" = {"type": "string", "maxLength": 4096},
     ))]
     pub metadata: BTreeMap<String, String>,
+    /// Flagger's: no alert when the run waits on this gate (`confirm-*` hooks); its events and
+    /// status still say so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mute_alert: bool,
 }
 
 /// What the controller observed and decided, for `kubectl get`, the CLI and the dashboard.

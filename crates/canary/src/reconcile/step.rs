@@ -153,7 +153,7 @@ impl Run<'_> {
                     .iter()
                     .any(|h| h.r#type == "confirm-rollout" && !h.ok);
                 if !self.run_hooks("confirm-rollout").await {
-                    if !denied_before {
+                    if !denied_before && !self.muted("confirm-rollout") {
                         let text = "Canary is waiting for approval.".to_owned();
                         self.alert(Severity::Warn, text, false);
                     }
@@ -375,7 +375,7 @@ impl Run<'_> {
                 );
                 return self.start_promotion(target, primary, why).await;
             }
-            if self.phase() != Phase::WaitingPromotion {
+            if self.phase() != Phase::WaitingPromotion && !self.muted("confirm-promotion") {
                 let text = "Canary promotion is waiting for approval.".to_owned();
                 self.alert(Severity::Warn, text, false);
             }
@@ -466,8 +466,27 @@ impl Run<'_> {
 
     /// Flagger alerts every time the traffic increase is held.
     fn traffic_increase_waits(&mut self) {
+        if self.muted("confirm-traffic-increase") {
+            return;
+        }
         let text = "Canary traffic increase is waiting for approval.".to_owned();
         self.alert(Severity::Warn, text, false);
+    }
+
+    /// Whether every `kind` gate that just refused has `muteAlert` (Flagger alerts unless the
+    /// refusing webhook is muted; here several gates of a kind are asked at once).
+    fn muted(&self, kind: &str) -> bool {
+        let refused: Vec<&str> = self
+            .status
+            .hooks
+            .iter()
+            .filter(|h| h.r#type == kind && !h.ok)
+            .map(|h| h.name.as_str())
+            .collect();
+        !refused.is_empty()
+            && hooks::of_type(self.canary, kind)
+                .filter(|hook| refused.contains(&hook.name.as_str()))
+                .all(|hook| hook.mute_alert)
     }
 
     /// After a run, the canary pods keep weight 0 for one interval before they are scaled
