@@ -1325,12 +1325,18 @@ async fn promote_and_abort_act_on_the_run_in_flight_only() {
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
 }
 
-/// Flagger's `suspend`: a suspended Canary starts no run whatever its target does (its status
-/// untouched), and takes the change up once resumed.
+/// Flagger's `suspend`: a suspended Canary starts no run whatever its target does, and a run in
+/// flight holds its weight; but the weights keep following the pods (a new pod of the target is
+/// held at 0, as no Kubernetes controller would do it here). Resumed, each goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_suspended_canary_starts_no_run_until_resumed() {
-    let setup = Setup::start(|_| {
-        canary_object(json!({"interval": "200ms", "maxWeight": 20, "stepWeight": 10}))
+async fn a_suspended_canary_starts_no_run_and_holds_one_in_flight_until_resumed() {
+    let setup = Setup::start(|hooks| {
+        canary_object(json!({
+            "interval": "200ms", "maxWeight": 20, "stepWeight": 10,
+            "webhooks": [
+                {"name": "gate", "type": "confirm-promotion", "url": format!("http://{hooks}/promote")},
+            ],
+        }))
     })
     .await;
     let api = &setup.api;
@@ -1342,26 +1348,56 @@ async fn a_suspended_canary_starts_no_run_until_resumed() {
     };
     let admin = setup.server.admin_addr;
     let reconciles = || common::metric(admin, "dubbo_cp_canary_reconciles_total");
-    // Waits until the controller has reconciled the Canary `more` times since `from`.
-    let reconciled = |from: f64, more: f64| async move {
+    // Waits until the controller has reconciled the Canary `more` times from now. A suspended
+    // Canary is looked at every interval (200 ms), so five are a second of looks.
+    let reconciled = |more: f64| async move {
+        let from = reconciles().await;
         let deadline = tokio::time::Instant::now() + WAIT;
         while reconciles().await < from + more {
             assert!(tokio::time::Instant::now() < deadline, "no reconcile");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
-    let initial = reconciles().await;
+
     set_suspend(true);
-    reconciled(initial, 1.0).await;
-    let before = reconciles().await;
+    reconciled(1.0).await;
     api.set_image(NS, "podinfo", "podinfo:2");
-    // The controller has looked at the Canary since its Deployment changed (which reconciles
-    // it): without `suspend` that look starts a run.
-    reconciled(before, 1.0).await;
+    reconciled(5.0).await;
     let canary = api.object("canaries", NS, "podinfo").unwrap();
     assert_eq!(canary["status"]["phase"], "Initialized", "{canary}");
+    set_suspend(false);
+    // Held at its gate at the last step, the run is suspended.
+    setup.hooks.answer("/promote", 403);
+    setup
+        .wait_status(|s| s["phase"] == "WaitingPromotion" && s["canaryWeight"] == 20)
+        .await;
+    set_suspend(true);
+    reconciled(1.0).await;
+    setup.hooks.answer("/promote", 200);
+    // A pod of the target that has an IP but is not ready yet: held at weight 0.
+    api.put_pod(
+        NS,
+        "podinfo-late",
+        "late-uid",
+        json!({"app": "podinfo"}),
+        &["10.0.0.9"],
+    );
+    let held =
+        |c: Option<&Value>| {
+            c.is_some_and(|c| {
+                c["spec"]["configs"].as_array().unwrap().iter().any(|o| {
+                    o["addresses"] == json!(["10.0.0.9"]) && o["parameters"]["weight"] == "0"
+                })
+            })
+        };
+    api.wait_for_object("dynamicconfigs", NS, "podinfo-canary", WAIT, held)
+        .await;
+    reconciled(5.0).await;
+    let canary = api.object("canaries", NS, "podinfo").unwrap();
+    assert_eq!(canary["status"]["phase"], "WaitingPromotion", "{canary}");
+    let (ok, out) = cli(api, &["promote", "podinfo"]);
+    assert!(!ok && out.contains("is suspended"), "{out}");
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:1");
-
     set_suspend(false);
     setup.wait_phase("Succeeded").await;
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");

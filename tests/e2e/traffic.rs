@@ -529,7 +529,8 @@ pub async fn a_failing_canary_is_rolled_back_by_real_metrics(
     eprintln!("e2e-rollback: rolled back at success rate {value:.1}% (weight 20)");
     setup.ends_on_the_primary().await;
     // On the SDK path the switch back was one push: the DynamicConfig after the last one that
-    // weighed the canary's pods above 0 gives each of them 0.
+    // weighed every canary pod above 0 gives each of them 0 (a switch in two pushes, one pod
+    // at a time, would leave a push between with one pod still weighed).
     let pushes = setup.sdk.weight_pushes();
     let canary = |push: &BTreeMap<String, String>| -> Vec<(String, String)> {
         push.iter()
@@ -539,7 +540,10 @@ pub async fn a_failing_canary_is_rolled_back_by_real_metrics(
     };
     let weighed = pushes
         .iter()
-        .rposition(|p| canary(p).iter().any(|(_, w)| w != "0"))
+        .rposition(|p| {
+            let weights = canary(p);
+            !weights.is_empty() && weights.iter().all(|(_, w)| w != "0")
+        })
         .unwrap_or_else(|| panic!("no push weighed the canary: {pushes:?}"));
     let next = pushes
         .get(weighed + 1)

@@ -91,8 +91,9 @@ impl SdkClient {
         ));
         // Calls start once the first response of each kind is applied, as an SDK's consumer
         // starts once its configuration is read.
-        ready_rx
+        tokio::time::timeout(Duration::from_secs(60), ready_rx)
             .await
+            .expect("the discovery stream answered both kinds within 60 s")
             .expect("the discovery stream answered both kinds");
         let (commands, rx) = mpsc::channel(1);
         let caller = tokio::spawn(call_loop(

@@ -88,7 +88,7 @@ fn glob(value: &HeaderMatch) -> Result<String, String> {
     // Condition syntax: separators, globs, ranges (`1~9`), parameter references (`$name`).
     if text.is_empty() || text.contains(regex_glob::condition_syntax) || text.starts_with('$') {
         return Err(format!(
-            "the value must be non-empty, without whitespace, any of & ! = , * ~ or a leading $ \
+            "the value must be non-empty, without whitespace, any of & ! = , * ~ > or a leading $ \
              (they are condition syntax), got {text:?}"
         ));
     }
@@ -219,6 +219,13 @@ mod tests {
         assert!(refused(serde_json::json!([{"headers": {"x": {"exact": "1~9"}}}])).contains("~"));
         assert!(
             refused(serde_json::json!([{"headers": {"x": {"exact": "$a"}}}])).contains("leading $")
+        );
+        assert!(
+            refused(serde_json::json!([{"headers": {"x": {"exact": ">beta"}}}])).contains("~ >")
+        );
+        assert!(
+            refused(serde_json::json!([{"headers": {"x": {"regex": "insider|>beta"}}}]))
+                .contains("condition syntax")
         );
         assert!(refused(serde_json::json!([{"headers": {"x": {}}}])).contains("exactly one"));
     }

@@ -24,6 +24,11 @@ pub enum OpsError {
     NotRunning(String, String),
     #[error("target deployment {0} not found")]
     NoTarget(String),
+    #[error(
+        "canary {0} is suspended (spec.suspend: true): it would act only once resumed; clear \
+         spec.suspend first"
+    )]
+    Suspended(String),
     #[error(transparent)]
     Kube(#[from] kube::Error),
 }
@@ -51,6 +56,9 @@ pub async fn request_action(
     action: &str,
 ) -> Result<(), OpsError> {
     let current = canary(client, namespace, name).await?;
+    if current.spec.suspend {
+        return Err(OpsError::Suspended(format!("{namespace}/{name}")));
+    }
     let status = current.status.unwrap_or_default();
     if !matches!(
         status.phase.as_str(),

@@ -29,7 +29,8 @@ const SUPPORTED: &str = "supported: a literal or alternatives of literals, each 
 /// Characters of the condition syntax a value cannot hold: separators, globs, ranges (`1~9`);
 /// a leading `$` (a parameter reference) is checked apart.
 pub(super) fn condition_syntax(c: char) -> bool {
-    c.is_whitespace() || matches!(c, '&' | '!' | '=' | ',' | '*' | '~')
+    // `>`: after the `=` of `h=v` it would read as the `=>` between `when` and `then`.
+    c.is_whitespace() || matches!(c, '&' | '!' | '=' | ',' | '*' | '~' | '>')
 }
 
 /// `regex` as the Dubbo globs matching exactly the values its full match takes, or why not.
@@ -267,7 +268,7 @@ fn glob(pieces: &[Piece]) -> Result<String, String> {
             .map_err(|_| "a literal is not valid UTF-8".to_owned())?;
         if text.contains(condition_syntax) {
             return Err(format!(
-                "the literal {text:?} holds condition syntax (whitespace or any of & ! = , * ~)"
+                "the literal {text:?} holds condition syntax (whitespace or any of & ! = , * ~ >)"
             ));
         }
         Ok(text)

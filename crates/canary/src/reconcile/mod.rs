@@ -447,16 +447,12 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
     {
         return Ok(Action::requeue(Duration::from_millis(50)));
     }
-    if canary.spec.suspend {
-        // Flagger's: nothing moves until `suspend` is cleared, which is a change of the Canary
-        // and so reconciles it again.
-        tracing::debug!(canary = %canary.name_any(), "skipping the canary: suspended");
-        return Ok(Action::await_change());
-    }
     let namespace = canary.namespace().unwrap_or_default();
     let name = canary.name_any();
     let status = canary.status.clone().unwrap_or_default();
     let plan = match plan(canary) {
+        // Suspended with a spec that cannot run: nothing to do until it changes.
+        Err(_) if canary.spec.suspend => return Ok(Action::await_change()),
         Ok(plan) => plan,
         Err(message) => {
             let mut run = Run {
@@ -492,6 +488,24 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
             return Ok(Action::await_change());
         }
     };
+    if canary.spec.suspend {
+        // Flagger's `suspend`: the run neither starts nor moves and its status is left alone,
+        // but the weights and the apex's endpoints keep following the pods, which no
+        // Kubernetes controller does for us (a replaced pod would take Dubbo's default weight).
+        let mut run = Run {
+            canary,
+            ctx,
+            plan,
+            status,
+            events: Vec::new(),
+            alerts: Vec::new(),
+            namespace,
+            name,
+        };
+        let action = run.hold_suspended().await;
+        run.finish().await?;
+        return action;
+    }
     let mut status = status;
     if !status.strategy.is_empty() && status.strategy != plan.strategy.as_str() {
         // A strategy changed mid-run starts its count afresh, from no canary traffic: a weight

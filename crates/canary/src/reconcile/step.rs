@@ -464,6 +464,21 @@ impl Run<'_> {
         true
     }
 
+    /// A suspended Canary: traffic and the apex's endpoints follow the pods at the run's
+    /// current weight; nothing else happens.
+    pub(super) async fn hold_suspended(&mut self) -> Result<Action, Error> {
+        tracing::debug!(canary = %self.name, namespace = %self.namespace, "suspended: holding");
+        let target = self.deployment(&self.plan.target);
+        let primary = self.deployment(&primary_name(&self.plan.target));
+        if let (Some(target), Some(primary)) = (target, primary)
+            && !self.status.last_promoted_spec.is_empty()
+        {
+            self.sync_objects(&target, &primary).await?;
+            self.sync_traffic(&target, &primary).await?;
+        }
+        Ok(Action::requeue(self.plan.interval))
+    }
+
     /// Flagger alerts every time the traffic increase is held.
     fn traffic_increase_waits(&mut self) {
         if self.muted("confirm-traffic-increase") {
