@@ -3,8 +3,9 @@
 //! applies the rules as Dubbo Java's consumer does:
 //! - ConditionRoutes of the application (`ConditionStateRouter`): each condition whose `when`
 //!   the call matches narrows the providers to those its `then` selects, and is skipped when it
-//!   would leave none (a rule that is not `force`). Keys: `attachments[...]` and `method` on the
-//!   call, `host` on the provider; values are Dubbo globs (one `*`) in comma lists.
+//!   would leave none (a rule that is not `force`); a rule without `=>` is all `then`, and
+//!   `=> false` leaves none. Keys: `attachments[...]` and `method` on the call, `host` on the
+//!   provider; values are Dubbo globs (one `*`) in comma lists.
 //! - DynamicConfigs of the application (override configurators): each enabled provider-side
 //!   config whose `addresses` name the provider (`ip`, `ip:port`, `0.0.0.0` or none) sets its
 //!   parameters, address-wide ones first, then those naming the provider.
@@ -458,11 +459,15 @@ fn apply_condition(
     candidates: Vec<SocketAddr>,
     metadata: &[(String, String)],
 ) -> Vec<SocketAddr> {
+    // Without `=>` the whole rule is the `then` (every call matches).
     let (when, then) = match condition.split_once("=>") {
-        Some((when, then)) => (when.trim(), Some(then.trim())),
-        None => (condition.trim(), None),
+        Some((when, then)) => (when.trim(), then.trim()),
+        None => ("", condition.trim()),
     };
     let call_value = |key: &str| -> Option<String> {
+        if key == "method" {
+            return METHOD.rsplit('/').next().map(str::to_owned);
+        }
         let name = key.strip_prefix("attachments[")?.strip_suffix(']')?;
         metadata
             .iter()
@@ -475,10 +480,10 @@ fn apply_condition(
     if !matches_call {
         return candidates;
     }
-    let Some(then) = then.filter(|t| !t.is_empty() && *t != "false") else {
-        // `=> false` or nothing after `=>`: no provider for this call.
-        return if force { Vec::new() } else { candidates };
-    };
+    if then.is_empty() || then == "false" {
+        // `=> false` or nothing after `=>`: no provider for this call, forced or not.
+        return Vec::new();
+    }
     let kept: Vec<SocketAddr> = candidates
         .iter()
         .copied()
