@@ -1403,6 +1403,42 @@ async fn a_suspended_canary_starts_no_run_and_holds_one_in_flight_until_resumed(
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
 }
 
+/// Flagger's `stepWeightPromotion`: once the primary runs the promoted template, the calls go
+/// back to it a step per interval (30 -> 20 -> 10 -> 0), not at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_weight_promotion_moves_the_calls_back_a_step_per_interval() {
+    let setup = Setup::start(|_| {
+        canary_object(json!({
+            "interval": "200ms", "maxWeight": 30, "stepWeight": 10, "stepWeightPromotion": 10,
+        }))
+    })
+    .await;
+    setup.wait_phase("Initialized").await;
+    setup.api.set_image(NS, "podinfo", "podinfo:2");
+    let done = setup.wait_phase("Succeeded").await;
+    let steps: Vec<(String, u64)> = done["status"]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["phase"].as_str().unwrap().to_owned(),
+                s["weight"].as_u64().unwrap(),
+            )
+        })
+        .skip_while(|(phase, _)| phase != "Progressing")
+        .collect();
+    let promoting: Vec<u64> = steps
+        .iter()
+        .filter(|(phase, _)| phase == "Promoting")
+        .map(|(_, w)| *w)
+        .collect();
+    assert_eq!(promoting, [20, 10], "{steps:?}");
+    let finalising = steps.iter().position(|(phase, _)| phase == "Finalising");
+    assert_eq!(finalising.map(|at| steps[at].1), Some(0), "{steps:?}");
+    assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_revision_mid_run_takes_the_old_canary_out_of_traffic_until_approved() {
     let setup = Setup::start(|hooks| {

@@ -269,6 +269,16 @@ impl Setup {
         };
     }
 
+    /// [`Setup::count`] on both clients at the same time, so neither's share of a strategy's
+    /// calls pauses while the other is counted.
+    async fn count_both(&mut self, n: usize, metadata: &str) -> [Value; 2] {
+        let (xds, dds) = tokio::join!(
+            self.client.count_with(n, metadata),
+            self.sdk.count_with(n, metadata)
+        );
+        [xds, dds]
+    }
+
     /// [`Setup::settle`] on both clients.
     async fn settle_both(&mut self, who: &str, run: usize, metadata: &str) {
         for via in BOTH {
@@ -310,7 +320,7 @@ impl Setup {
     /// 2,000 calls on each client at the same time; the canary's share (its answers and its
     /// build's failures) within 5 points of `percent` on each.
     async fn assert_canary_share(&mut self, percent: u64) -> [Value; 2] {
-        let (xds, dds) = tokio::join!(self.client.count(2000), self.sdk.count(2000));
+        let [xds, dds] = self.count_both(2000, "").await;
         for (via, counts) in BOTH.into_iter().zip([&xds, &dds]) {
             let on_canary = answers(counts, "canary") + answers(counts, "injected");
             assert_eq!(
@@ -613,15 +623,16 @@ pub async fn an_ab_canary_takes_only_the_matching_calls(
     setup.scraped("podinfo-primary-.*", 2).await;
     setup.release().await;
     setup.settle_both("canary", 100, "x-canary=insider").await;
-    for via in BOTH {
-        let insiders = setup.count(via, 2000, "x-canary=insider").await;
-        assert_eq!(answers(&insiders, "canary"), 2000, "{via:?}: {insiders}");
-        let betas = setup.count(via, 500, "x-canary=beta-7").await;
-        assert_eq!(answers(&betas, "canary"), 500, "{via:?}: {betas}");
-        let others = setup.count(via, 2000, "x-canary=outsider").await;
-        assert_eq!(answers(&others, "primary"), 2000, "{via:?}: {others}");
-        let plain = setup.count(via, 2000, "").await;
-        assert_eq!(answers(&plain, "primary"), 2000, "{via:?}: {plain}");
+    let insiders = setup.count_both(2000, "x-canary=insider").await;
+    let betas = setup.count_both(500, "x-canary=beta-7").await;
+    let others = setup.count_both(2000, "x-canary=outsider").await;
+    let plain = setup.count_both(2000, "").await;
+    for (at, via) in BOTH.into_iter().enumerate() {
+        let (insiders, betas, others, plain) = (&insiders[at], &betas[at], &others[at], &plain[at]);
+        assert_eq!(answers(insiders, "canary"), 2000, "{via:?}: {insiders}");
+        assert_eq!(answers(betas, "canary"), 500, "{via:?}: {betas}");
+        assert_eq!(answers(others, "primary"), 2000, "{via:?}: {others}");
+        assert_eq!(answers(plain, "primary"), 2000, "{via:?}: {plain}");
         eprintln!("e2e-abtest {via:?}: insiders {insiders}, outsiders {others}, no header {plain}");
     }
     // The cohort keeps calling while the iterations pass on its counters.
@@ -633,9 +644,9 @@ pub async fn an_ab_canary_takes_only_the_matching_calls(
     setup.gates.promote.fetch_add(1, Ordering::SeqCst);
     setup.wait_phase("Succeeded").await;
     setup.settle_both("primary", 100, "x-canary=insider").await;
-    for via in BOTH {
-        let after = setup.count(via, 2000, "x-canary=insider").await;
-        assert_eq!(answers(&after, "primary"), 2000, "{via:?}: {after}");
+    let after = setup.count_both(2000, "x-canary=insider").await;
+    for (via, after) in BOTH.into_iter().zip(&after) {
+        assert_eq!(answers(after, "primary"), 2000, "{via:?}: {after}");
     }
     setup.ends_on_the_primary().await;
 }
@@ -665,9 +676,9 @@ pub async fn a_blue_green_canary_switches_every_call_at_once(
     let mut tester = Client::direct(&setup.canary_pods());
     tester.settle("canary", 10).await;
     setup.release().await;
-    for via in BOTH {
-        let during = setup.count(via, 2000, "").await;
-        assert_eq!(answers(&during, "primary"), 2000, "{via:?}: {during}");
+    let during = setup.count_both(2000, "").await;
+    for (via, during) in BOTH.into_iter().zip(&during) {
+        assert_eq!(answers(during, "primary"), 2000, "{via:?}: {during}");
     }
     let analysed = setup
         .wait_status("two iterations", |s| s["iterations"].as_u64() >= Some(2))
@@ -677,9 +688,9 @@ pub async fn a_blue_green_canary_switches_every_call_at_once(
     // The switch: every call on the canary.
     setup.permit_step(100).await;
     setup.settle_both("canary", 100, "").await;
-    for via in BOTH {
-        let switched = setup.count(via, 2000, "").await;
-        assert_eq!(answers(&switched, "canary"), 2000, "{via:?}: {switched}");
+    let switched = setup.count_both(2000, "").await;
+    for (via, switched) in BOTH.into_iter().zip(&switched) {
+        assert_eq!(answers(switched, "canary"), 2000, "{via:?}: {switched}");
         eprintln!("e2e-bluegreen {via:?}: after the switch {switched}");
     }
     setup.gates.promote.fetch_add(1, Ordering::SeqCst);

@@ -129,6 +129,11 @@ pub struct Analysis {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub step_weight: Option<u32>,
+    /// Flagger's: once the primary runs the promoted template, calls go back to it this many
+    /// percent per interval instead of all at once (Canary strategy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub step_weight_promotion: Option<u32>,
     /// Explicit steps, ascending; used instead of `stepWeight` when set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 100), inner(range(min = 0, max = 100)))]

@@ -577,6 +577,36 @@ impl Run<'_> {
             self.sync_traffic(target, primary).await?;
             return Ok(Action::requeue(HALT_RETRY.min(self.plan.interval)));
         }
+        // Flagger's stepWeightPromotion: the calls go back to the primary (now the new
+        // template) a step per interval, so it warms up under a growing share.
+        let step = self
+            .canary
+            .spec
+            .analysis
+            .step_weight_promotion
+            .unwrap_or(0);
+        if self.plan.strategy == Strategy::Canary && step > 0 && self.status.canary_weight > step
+        {
+            let elapsed = since(&self.status.last_analysis_time).unwrap_or(self.plan.interval);
+            if elapsed < self.plan.interval {
+                self.sync_traffic(target, primary).await?;
+                return Ok(Action::requeue(self.plan.interval - elapsed));
+            }
+            self.status.last_analysis_time = now();
+            self.status.canary_weight -= step;
+            self.record_step(Vec::new());
+            self.event(
+                EventType::Normal,
+                "WeightDecreased",
+                format!(
+                    "promotion: canary weight {}%, the rest on {}",
+                    self.status.canary_weight,
+                    primary_name(&self.plan.target)
+                ),
+            );
+            self.sync_traffic(target, primary).await?;
+            return Ok(Action::requeue(self.plan.interval));
+        }
         // The primary runs the new template: traffic goes back to it before the canary stops.
         self.status.canary_weight = 0;
         self.set_phase(Phase::Finalising);
