@@ -270,6 +270,30 @@ fn kubelet(api: &ApiServer, running: Arc<AtomicBool>) {
     });
 }
 
+/// The control plane driving the fixture's Canaries, trusting `ca_file`'s CAs when given.
+async fn plane(
+    api: &ApiServer,
+    dir: &std::path::Path,
+    ca_file: Option<std::path::PathBuf>,
+) -> dubbo_cp::server::RunningServer {
+    let mut config = common::kubernetes_config(dir, api.url());
+    config.auth.token_review = Some(false);
+    config.canary.enabled = true;
+    config.canary.ca_file = ca_file;
+    config.canary.lease_duration = Duration::from_secs(2);
+    let server = start(config).await;
+    wait_ready(server.admin_addr).await;
+    server
+}
+
+/// Waits until Canary `podinfo` is in `phase`.
+async fn wait_phase(api: &ApiServer, phase: &'static str) -> Option<Value> {
+    api.wait_for_object("canaries", NS, "podinfo", WAIT, move |c| {
+        c.is_some_and(|c| c["status"]["phase"] == phase)
+    })
+    .await
+}
+
 /// docs/canary.md's Alerts example: its objects, and the `alerts` list for the Canary.
 fn documented_example() -> (Vec<Value>, Value) {
     let text = include_str!("../docs/canary.md");
@@ -423,18 +447,8 @@ async fn each_provider_type_gets_flaggers_payload_for_the_events_its_severity_he
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, ca).unwrap();
-    let mut config = common::kubernetes_config(dir.path(), api.url());
-    config.auth.token_review = Some(false);
-    config.canary.enabled = true;
-    config.canary.ca_file = Some(ca_file);
-    config.canary.lease_duration = Duration::from_secs(2);
-    let server = start(config).await;
-    wait_ready(server.admin_addr).await;
-    let phase = |wanted: &'static str| {
-        api.wait_for_object("canaries", NS, "podinfo", WAIT, move |c| {
-            c.is_some_and(|c| c["status"]["phase"] == wanted)
-        })
-    };
+    let server = plane(&api, dir.path(), Some(ca_file)).await;
+    let phase = |wanted: &'static str| wait_phase(&api, wanted);
     let count = |n: usize| move |posts: &[Post]| posts.len() >= n;
 
     // A good release: initialisation, the analysis starting, the promotion; info hears them.
@@ -697,17 +711,8 @@ async fn failing_and_hanging_receivers_never_hold_or_fail_the_run() {
                                          {"name": "gone", "providerRef": {"name": "gone"}}]}}}),
     );
     let dir = tempfile::tempdir().unwrap();
-    let mut config = common::kubernetes_config(dir.path(), api.url());
-    config.auth.token_review = Some(false);
-    config.canary.enabled = true;
-    config.canary.lease_duration = Duration::from_secs(2);
-    let server = start(config).await;
-    wait_ready(server.admin_addr).await;
-    let phase = |wanted: &'static str| {
-        api.wait_for_object("canaries", NS, "podinfo", WAIT, move |c| {
-            c.is_some_and(|c| c["status"]["phase"] == wanted)
-        })
-    };
+    let server = plane(&api, dir.path(), None).await;
+    let phase = |wanted: &'static str| wait_phase(&api, wanted);
     phase("Initialized").await;
     // The silent receiver holds each alert until the sender gives up after 5 s (counted then as
     // failed). The release finishes before the first of them gives up: had the run waited for
@@ -774,17 +779,8 @@ async fn a_muted_gate_holds_the_run_without_an_alert() {
                                      "alerts": [{"name": "audit", "providerRef": {"name": "audit"}}]}}}),
     );
     let dir = tempfile::tempdir().unwrap();
-    let mut config = common::kubernetes_config(dir.path(), api.url());
-    config.auth.token_review = Some(false);
-    config.canary.enabled = true;
-    config.canary.lease_duration = Duration::from_secs(2);
-    let server = start(config).await;
-    wait_ready(server.admin_addr).await;
-    let phase = |wanted: &'static str| {
-        api.wait_for_object("canaries", NS, "podinfo", WAIT, move |c| {
-            c.is_some_and(|c| c["status"]["phase"] == wanted)
-        })
-    };
+    let server = plane(&api, dir.path(), None).await;
+    let phase = |wanted: &'static str| wait_phase(&api, wanted);
     phase("Initialized").await;
     // Each gate refuses three times (three intervals held), then lets the run through.
     for path in ["/rollout", "/step", "/promote"] {

@@ -492,6 +492,11 @@ fn analysis(threshold: u32) -> Value {
 
 /// The last analysed step's success-rate result.
 fn last_success_rate(status: &Value) -> Value {
+    last_metric(status, "request-success-rate")
+}
+
+/// The last analysed step's first metric result, which must be `name`'s.
+fn last_metric(status: &Value, name: &str) -> Value {
     let step = status["history"]
         .as_array()
         .unwrap()
@@ -501,7 +506,7 @@ fn last_success_rate(status: &Value) -> Value {
         .cloned()
         .unwrap_or_else(|| panic!("no analysed step: {status}"));
     let rate = step["metrics"][0].clone();
-    assert_eq!(rate["name"], "request-success-rate", "{step}");
+    assert_eq!(rate["name"], name, "{step}");
     rate
 }
 
@@ -768,19 +773,10 @@ pub async fn a_metric_template_on_an_https_prometheus_rolls_back_and_alerts(
     setup.permit_step(20).await;
     setup.converge(100).await;
     let failed = setup.wait_phase("Failed").await;
-    let step = failed["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find(|s| s["metrics"].as_array().is_some_and(|m| !m.is_empty()))
-        .cloned()
-        .unwrap_or_else(|| panic!("no analysed step: {failed}"));
-    let rate = &step["metrics"][0];
-    assert_eq!(rate["name"], "success", "{step}");
-    assert_eq!(rate["ok"], false, "{step}");
-    let value = rate["value"].as_f64().unwrap_or_else(|| panic!("{step}"));
-    assert!((40.0..=60.0).contains(&value), "{step}");
+    let rate = last_metric(&failed, "success");
+    assert_eq!(rate["ok"], false, "{failed}");
+    let value = rate["value"].as_f64().unwrap_or_else(|| panic!("{failed}"));
+    assert!((40.0..=60.0).contains(&value), "{failed}");
     eprintln!("e2e-template: rolled back at success rate {value:.1}% (https, basic auth)");
     // The alert reaches the Secret's address (the sender posts a moment after the status).
     let rollback = |a: &Value| a["canary"]["status"]["phase"] == "Failed";

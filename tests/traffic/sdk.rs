@@ -28,6 +28,7 @@ use dubbo_cp::pb::dds::rule_service_client::RuleServiceClient;
 use dubbo_cp::pb::rules::{
     ConditionRoute, ConditionRouteToClient, DynamicConfig, DynamicConfigToClient,
 };
+use dubbo_cp::rules::condition::glob;
 use prost::Message;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -531,20 +532,6 @@ fn match_value(value: Option<String>, negated: bool, globs: &[&str]) -> bool {
     };
     let any = globs.iter().any(|g| glob(g, &value));
     if negated { !any } else { any }
-}
-
-/// `UrlUtils.isMatchGlobPattern`: `*` alone is anything; else only the last `*` is a wildcard.
-fn glob(pattern: &str, value: &str) -> bool {
-    if pattern == "*" {
-        return true;
-    }
-    if pattern.is_empty() || value.is_empty() {
-        return pattern.is_empty() && value.is_empty();
-    }
-    match pattern.rfind('*') {
-        None => value == pattern,
-        Some(at) => value.starts_with(&pattern[..at]) && value.ends_with(&pattern[at + 1..]),
-    }
 }
 
 /// The provider's `weight` after the application's provider-side overrides.

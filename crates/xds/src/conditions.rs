@@ -148,21 +148,7 @@ fn condition(when: &[MatchClause], then: Option<Vec<MatchClause>>) -> Result<Con
     })
 }
 
-/// Dubbo's value pattern (`UrlUtils.isMatchGlobPattern`): `*` alone matches anything; else only
-/// the last `*` is a wildcard, between a prefix and a suffix the value starts and ends with
-/// (they may overlap: `a*a` matches `a`); an empty value matches only an empty pattern.
-pub fn glob(pattern: &str, value: &str) -> bool {
-    if pattern == "*" {
-        return true;
-    }
-    if pattern.is_empty() || value.is_empty() {
-        return pattern.is_empty() && value.is_empty();
-    }
-    match pattern.rfind('*') {
-        None => value == pattern,
-        Some(at) => value.starts_with(&pattern[..at]) && value.ends_with(&pattern[at + 1..]),
-    }
-}
+pub use dubbo_cp_domain::rules::condition::glob;
 
 /// A pattern as an RE2 regex over the whole value (what a route's safe_regex takes), as
 /// [`glob`] reads it; an overlapping prefix and suffix (`a*a` against `a`) do not match here.

@@ -323,23 +323,11 @@ fn glob(pieces: &[Piece]) -> Result<String, String> {
 mod tests {
     use super::*;
 
-    /// Dubbo's `UrlUtils.isMatchGlobPattern` over a condition value's comma-separated globs
-    /// (as `dubbo_cp_xds::conditions::glob`, which this crate does not depend on).
+    /// Dubbo's reading of a condition value: any of its comma-separated globs.
     fn dubbo_matches(value_list: &str, value: &str) -> bool {
-        value_list.split(',').any(|pattern| {
-            if pattern == "*" {
-                return true;
-            }
-            if pattern.is_empty() || value.is_empty() {
-                return pattern.is_empty() && value.is_empty();
-            }
-            match pattern.rfind('*') {
-                None => value == pattern,
-                Some(at) => {
-                    value.starts_with(&pattern[..at]) && value.ends_with(&pattern[at + 1..])
-                }
-            }
-        })
+        value_list
+            .split(',')
+            .any(|pattern| dubbo_cp_domain::rules::condition::glob(pattern, value))
     }
 
     fn said(regex: &str) -> String {

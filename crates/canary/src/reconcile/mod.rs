@@ -488,32 +488,17 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
             return Ok(Action::await_change());
         }
     };
-    if canary.spec.suspend {
-        // Flagger's `suspend`: the run neither starts nor moves and its status is left alone,
-        // but the weights and the apex's endpoints keep following the pods, which no
-        // Kubernetes controller does for us (a replaced pod would take Dubbo's default weight).
-        let mut run = Run {
-            canary,
-            ctx,
-            plan,
-            status,
-            events: Vec::new(),
-            alerts: Vec::new(),
-            namespace,
-            name,
-        };
-        let action = run.hold_suspended().await;
-        run.finish().await?;
-        return action;
-    }
     let mut status = status;
-    if !status.strategy.is_empty() && status.strategy != plan.strategy.as_str() {
-        // A strategy changed mid-run starts its count afresh, from no canary traffic: a weight
-        // or iterations of the other strategy mean nothing to it.
-        status.iterations = 0;
-        status.canary_weight = 0;
+    // Suspended, the status is left as it is.
+    if !canary.spec.suspend {
+        if !status.strategy.is_empty() && status.strategy != plan.strategy.as_str() {
+            // A strategy changed mid-run starts its count afresh, from no canary traffic: a
+            // weight or iterations of the other strategy mean nothing to it.
+            status.iterations = 0;
+            status.canary_weight = 0;
+        }
+        status.strategy = plan.strategy.as_str().to_owned();
     }
-    status.strategy = plan.strategy.as_str().to_owned();
     let mut run = Run {
         canary,
         ctx,
@@ -524,7 +509,14 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
         namespace,
         name,
     };
-    let action = run.step().await;
+    // Flagger's `suspend`: the run neither starts nor moves and its status is left alone, but
+    // the weights and the apex's endpoints keep following the pods, which no Kubernetes
+    // controller does for us (a replaced pod would take Dubbo's default weight).
+    let action = if canary.spec.suspend {
+        run.hold_suspended().await
+    } else {
+        run.step().await
+    };
     run.finish().await?;
     action
 }

@@ -579,14 +579,8 @@ impl Run<'_> {
         }
         // Flagger's stepWeightPromotion: the calls go back to the primary (now the new
         // template) a step per interval, so it warms up under a growing share.
-        let step = self
-            .canary
-            .spec
-            .analysis
-            .step_weight_promotion
-            .unwrap_or(0);
-        if self.plan.strategy == Strategy::Canary && step > 0 && self.status.canary_weight > step
-        {
+        let step = self.canary.spec.analysis.step_weight_promotion.unwrap_or(0);
+        if self.plan.strategy == Strategy::Canary && step > 0 && self.status.canary_weight > step {
             let elapsed = since(&self.status.last_analysis_time).unwrap_or(self.plan.interval);
             if elapsed < self.plan.interval {
                 self.sync_traffic(target, primary).await?;
