@@ -370,6 +370,8 @@ async fn an_ab_run_sends_only_matching_calls_to_the_canary_until_promoted() {
         .await
         .unwrap();
     assert_eq!(status["status"]["strategy"], "A/B");
+    // What `kubectl get canaries` shows in its Match column.
+    assert_eq!(status["status"]["match"], "x-canary=insider");
     assert!(
         status["status"]["iterations"].as_u64() >= Some(3),
         "{status}"

@@ -147,29 +147,10 @@ fn strategy_line(analysis: &crate::canary::crd::Analysis) -> String {
         },
         Strategy::BlueGreen => format!("{} after {iterations} iterations", strategy.as_str()),
         Strategy::ABTesting => {
-            let matches: Vec<String> = analysis
-                .r#match
-                .iter()
-                .map(|m| {
-                    m.headers
-                        .iter()
-                        .map(|(name, value)| {
-                            let (how, text) = match value {
-                                v if v.exact.is_some() => ("=", v.exact.clone()),
-                                v if v.prefix.is_some() => (" prefix ", v.prefix.clone()),
-                                v if v.suffix.is_some() => (" suffix ", v.suffix.clone()),
-                                v => (" regex ", v.regex.clone()),
-                            };
-                            format!("{name}{how}{}", text.unwrap_or_default())
-                        })
-                        .collect::<Vec<_>>()
-                        .join(" & ")
-                })
-                .collect();
             format!(
                 "{} after {iterations} iterations, canary gets calls with {}",
                 strategy.as_str(),
-                matches.join(" or ")
+                crate::canary::abtest::describe(&analysis.r#match)
             )
         }
     }

@@ -644,6 +644,20 @@ pub async fn an_ab_canary_takes_only_the_matching_calls(
     setup.settle_both("canary", 10, "x-canary=insider").await;
     let waiting = setup.wait_phase("WaitingPromotion").await;
     assert_eq!(waiting["strategy"], "A/B", "{waiting}");
+    // kubectl's columns name the strategy and the match.
+    let listed = setup
+        .cluster
+        .kubectl_ok(&["get", "canaries", "-n", setup.namespace]);
+    let row = listed
+        .lines()
+        .find(|line| line.starts_with("podinfo "))
+        .unwrap_or_default();
+    assert!(
+        listed.contains("MATCH")
+            && row.contains("A/B")
+            && row.contains("x-canary regex insider|beta-.*"),
+        "{listed}"
+    );
     let rate = last_success_rate(&waiting);
     assert_eq!(rate["value"], 100.0, "{waiting}");
     setup.gates.promote.fetch_add(1, Ordering::SeqCst);

@@ -95,6 +95,35 @@ fn glob(value: &HeaderMatch) -> Result<String, String> {
     Ok(glob)
 }
 
+/// The calls a match selects, as people read them: `x-canary=insider & x-region prefix eu or
+/// x-user suffix @example.com`, clipped to 256 characters.
+pub fn describe(matches: &[HttpMatch]) -> String {
+    let text = matches
+        .iter()
+        .map(|m| {
+            m.headers
+                .iter()
+                .map(|(name, value)| {
+                    let (how, text) = match value {
+                        v if v.exact.is_some() => ("=", v.exact.as_deref()),
+                        v if v.prefix.is_some() => (" prefix ", v.prefix.as_deref()),
+                        v if v.suffix.is_some() => (" suffix ", v.suffix.as_deref()),
+                        v => (" regex ", v.regex.as_deref()),
+                    };
+                    format!("{name}{how}{}", text.unwrap_or_default())
+                })
+                .collect::<Vec<_>>()
+                .join(" & ")
+        })
+        .collect::<Vec<_>>()
+        .join(" or ");
+    if text.chars().count() > 256 {
+        format!("{}...", text.chars().take(253).collect::<String>())
+    } else {
+        text
+    }
+}
+
 /// The longest condition the ConditionRoute schema takes (`limits::CONDITION`).
 const MAX_CONDITION: usize = dubbo_cp_domain::rules::limits::CONDITION;
 

@@ -23,6 +23,7 @@ pub const ACTION_ANNOTATION: &str = "dubbo.apache.org/canary-action";
     status = "CanaryStatus",
     printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.targetRef.name"}"#,
     printcolumn = r#"{"name":"Strategy","type":"string","jsonPath":".status.strategy"}"#,
+    printcolumn = r#"{"name":"Match","type":"string","jsonPath":".status.match"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Weight","type":"integer","jsonPath":".status.canaryWeight"}"#,
     printcolumn = r#"{"name":"FailedChecks","type":"integer","jsonPath":".status.failedChecks"}"#,
@@ -372,6 +373,10 @@ pub struct CanaryStatus {
     /// `Canary`, `A/B` or `Blue/Green` ([`Strategy`]).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub strategy: String,
+    /// A/B: the calls the canary gets, for `kubectl get` (`x-canary=insider or x-user suffix
+    /// @example.com`); empty for the other strategies.
+    #[serde(default, rename = "match", skip_serializing_if = "String::is_empty")]
+    pub r#match: String,
     #[serde(default)]
     pub canary_weight: u32,
     #[serde(default)]

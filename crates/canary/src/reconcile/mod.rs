@@ -498,6 +498,11 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
             status.canary_weight = 0;
         }
         status.strategy = plan.strategy.as_str().to_owned();
+        status.r#match = if plan.strategy == Strategy::ABTesting {
+            abtest::describe(&canary.spec.analysis.r#match)
+        } else {
+            String::new()
+        };
     }
     let mut run = Run {
         canary,
