@@ -1359,12 +1359,39 @@ async fn a_suspended_canary_starts_no_run_and_holds_one_in_flight_until_resumed(
         }
     };
 
+    // Held at weight 0 in the Canary's DynamicConfig: each of `ips`.
+    let zeroed =
+        |ips: &'static [&'static str]| {
+            move |c: Option<&Value>| {
+                c.is_some_and(|c| {
+                    ips.iter().all(|ip| {
+                        c["spec"]["configs"].as_array().unwrap().iter().any(|o| {
+                            o["addresses"] == json!([ip]) && o["parameters"]["weight"] == "0"
+                        })
+                    })
+                })
+            }
+        };
     set_suspend(true);
     reconciled(1.0).await;
+    // A new template, scaled up by hand (as a GitOps apply would): no run, its pods no call.
     api.set_image(NS, "podinfo", "podinfo:2");
+    api.set_replicas(NS, "podinfo", 2);
+    api.wait_for_object(
+        "dynamicconfigs",
+        NS,
+        "podinfo-canary",
+        WAIT,
+        zeroed(&["10.0.0.1", "10.0.0.2"]),
+    )
+    .await;
     reconciled(5.0).await;
     let canary = api.object("canaries", NS, "podinfo").unwrap();
     assert_eq!(canary["status"]["phase"], "Initialized", "{canary}");
+    assert_eq!(
+        canary["status"]["conditions"][1]["type"], "Suspended",
+        "{canary}"
+    );
     set_suspend(false);
     // Held at its gate at the last step, the run is suspended.
     setup.hooks.answer("/promote", 403);
@@ -1382,16 +1409,14 @@ async fn a_suspended_canary_starts_no_run_and_holds_one_in_flight_until_resumed(
         json!({"app": "podinfo"}),
         &["10.0.0.9"],
     );
-    let held =
-        |c: Option<&Value>| {
-            c.is_some_and(|c| {
-                c["spec"]["configs"].as_array().unwrap().iter().any(|o| {
-                    o["addresses"] == json!(["10.0.0.9"]) && o["parameters"]["weight"] == "0"
-                })
-            })
-        };
-    api.wait_for_object("dynamicconfigs", NS, "podinfo-canary", WAIT, held)
-        .await;
+    api.wait_for_object(
+        "dynamicconfigs",
+        NS,
+        "podinfo-canary",
+        WAIT,
+        zeroed(&["10.0.0.9"]),
+    )
+    .await;
     reconciled(5.0).await;
     let canary = api.object("canaries", NS, "podinfo").unwrap();
     assert_eq!(canary["status"]["phase"], "WaitingPromotion", "{canary}");
@@ -1399,8 +1424,13 @@ async fn a_suspended_canary_starts_no_run_and_holds_one_in_flight_until_resumed(
     assert!(!ok && out.contains("is suspended"), "{out}");
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:1");
     set_suspend(false);
-    setup.wait_phase("Succeeded").await;
+    let done = setup.wait_phase("Succeeded").await;
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");
+    let conditions = done["status"]["conditions"].as_array().unwrap();
+    assert!(
+        conditions.iter().all(|c| c["type"] != "Suspended"),
+        "{done}"
+    );
 }
 
 /// Flagger's `stepWeightPromotion`: once the primary runs the promoted template, the calls go
@@ -1434,6 +1464,16 @@ async fn step_weight_promotion_moves_the_calls_back_a_step_per_interval() {
         .map(|(_, w)| *w)
         .collect();
     assert_eq!(promoting, [20, 10], "{steps:?}");
+    // A step per interval (200 ms), not all in one reconcile.
+    let times: Vec<k8s_openapi::jiff::Timestamp> = done["status"]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["phase"] == "Promoting")
+        .map(|s| s["time"].as_str().unwrap().parse().unwrap())
+        .collect();
+    let apart = times[1].duration_since(times[0]);
+    assert!(apart.as_millis() >= 190, "{apart:?} {steps:?}");
     let finalising = steps.iter().position(|(phase, _)| phase == "Finalising");
     assert_eq!(finalising.map(|at| steps[at].1), Some(0), "{steps:?}");
     assert_eq!(image(&setup.deployment("podinfo-primary")), "podinfo:2");

@@ -335,6 +335,15 @@ impl ApiServer {
         });
     }
 
+    /// Sets Deployment `name`'s replicas, as `kubectl scale` does.
+    pub fn set_replicas(&self, namespace: &str, name: &str, replicas: i64) {
+        self.edit_deployment(namespace, name, |object| {
+            object["spec"]["replicas"] = json!(replicas);
+            let generation = object["metadata"]["generation"].as_i64().unwrap_or(1);
+            object["metadata"]["generation"] = json!(generation + 1);
+        });
+    }
+
     /// Plays the Deployment controller and the kubelet for `name`: its status says rolled out
     /// and healthy, and exactly `spec.replicas` ready pods run its template, with IPs
     /// `<ip_prefix><n>`. Returns the pods' IPs.

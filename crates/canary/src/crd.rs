@@ -131,7 +131,7 @@ pub struct Analysis {
     #[schemars(range(min = 1, max = 100))]
     pub step_weight: Option<u32>,
     /// Flagger's: once the primary runs the promoted template, calls go back to it this many
-    /// percent per interval instead of all at once (Canary strategy).
+    /// percent per interval instead of all at once (Canary and Blue/Green).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub step_weight_promotion: Option<u32>,

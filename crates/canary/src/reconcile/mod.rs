@@ -100,6 +100,20 @@ impl Phase {
         }
     }
 
+    /// Phases of a run, whose weights say what the target's pods get (0 outside the analysis
+    /// and promotion); outside them the target's pods get no call at all.
+    fn in_run(self) -> bool {
+        matches!(
+            self,
+            Phase::Waiting
+                | Phase::Progressing
+                | Phase::WaitingPromotion
+                | Phase::Promoting
+                | Phase::Finalising
+                | Phase::Failed
+        )
+    }
+
     /// Phases in which the canary takes traffic and `rollback` hooks are polled.
     fn analysing(self) -> bool {
         matches!(
@@ -390,6 +404,9 @@ struct Run<'a> {
     name: String,
 }
 
+/// The condition a suspended Canary carries.
+const SUSPENDED: &str = "Suspended";
+
 pub async fn reconcile(canary: Arc<Canary>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     ctx.stats
@@ -489,8 +506,15 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
         }
     };
     let mut status = status;
-    // Suspended, the status is left as it is.
+    // Suspended, the status is left as it is (but for its Suspended condition).
     if !canary.spec.suspend {
+        if status.conditions.iter().any(|c| c.r#type == SUSPENDED) {
+            // Resumed: time held by `suspend` is no lack of progress.
+            status.conditions.retain(|c| c.r#type != SUSPENDED);
+            if Phase::parse(&status.phase).in_run() {
+                status.last_transition_time = now();
+            }
+        }
         if !status.strategy.is_empty() && status.strategy != plan.strategy.as_str() {
             // A strategy changed mid-run starts its count afresh, from no canary traffic: a
             // weight or iterations of the other strategy mean nothing to it.

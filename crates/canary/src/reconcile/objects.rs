@@ -70,7 +70,14 @@ impl Run<'_> {
         }
         if apex_ours {
             let pods = self.ctx.pods.state();
-            let mut ips = ready_pod_ips(target, pods.iter().map(|p| p.as_ref()));
+            // Outside a run the target's pods are unanalysed (a template applied while
+            // suspended) or on their way out: only the primary's are listed, as Flagger's apex
+            // selects the primary alone.
+            let mut ips = if self.phase().in_run() {
+                ready_pod_ips(target, pods.iter().map(|p| p.as_ref()))
+            } else {
+                Vec::new()
+            };
             ips.extend(ready_pod_ips(primary, pods.iter().map(|p| p.as_ref())));
             ips.sort();
             ips.dedup();

@@ -468,13 +468,32 @@ impl Run<'_> {
     /// current weight; nothing else happens.
     pub(super) async fn hold_suspended(&mut self) -> Result<Action, Error> {
         tracing::debug!(canary = %self.name, namespace = %self.namespace, "suspended: holding");
+        // Said once (the condition keeps its time while it holds); on resume it is removed and
+        // a run's progress deadline starts again.
+        self.set_condition(
+            SUSPENDED,
+            "True",
+            "Suspended",
+            "spec.suspend is true: no run starts or moves until it is cleared",
+        );
         let target = self.deployment(&self.plan.target);
         let primary = self.deployment(&primary_name(&self.plan.target));
         if let (Some(target), Some(primary)) = (target, primary)
             && !self.status.last_promoted_spec.is_empty()
         {
             self.sync_objects(&target, &primary).await?;
-            self.sync_traffic(&target, &primary).await?;
+            if self.phase().in_run() {
+                self.sync_traffic(&target, &primary).await?;
+            } else {
+                // Idle, the target is not scaled down while suspended: any pod of it (a new
+                // template applied meanwhile) is held at weight 0, as Flagger's apex would
+                // never reach it.
+                let pods = self.ctx.pods.state();
+                let remaining = any_pod_ips(&target, pods.iter().map(|p| p.as_ref()));
+                let zero = weight::dynamic_config(&self.plan.application, 0, &[], &remaining, None);
+                self.write_config(zero).await?;
+                self.write_route(None).await?;
+            }
         }
         Ok(Action::requeue(self.plan.interval))
     }
@@ -580,13 +599,16 @@ impl Run<'_> {
         // Flagger's stepWeightPromotion: the calls go back to the primary (now the new
         // template) a step per interval, so it warms up under a growing share.
         let step = self.canary.spec.analysis.step_weight_promotion.unwrap_or(0);
-        if self.plan.strategy == Strategy::Canary && step > 0 && self.status.canary_weight > step {
+        if self.plan.strategy != Strategy::ABTesting && step > 0 && self.status.canary_weight > step
+        {
             let elapsed = since(&self.status.last_analysis_time).unwrap_or(self.plan.interval);
             if elapsed < self.plan.interval {
                 self.sync_traffic(target, primary).await?;
                 return Ok(Action::requeue(self.plan.interval - elapsed));
             }
             self.status.last_analysis_time = now();
+            // Progress, as a weight step is: the deadline counts from here.
+            self.status.last_transition_time = now();
             self.status.canary_weight -= step;
             self.record_step(Vec::new());
             self.event(

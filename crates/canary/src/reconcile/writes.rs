@@ -22,15 +22,7 @@ impl Run<'_> {
             .into_iter()
             .filter(|ip| !canary_ips.contains(ip))
             .collect();
-        let in_run = matches!(
-            phase,
-            Phase::Waiting
-                | Phase::Progressing
-                | Phase::WaitingPromotion
-                | Phase::Promoting
-                | Phase::Finalising
-                | Phase::Failed
-        );
+        let in_run = phase.in_run();
         // A/B: matching calls reach the canary while it is analysed and promoted, once its
         // pre-rollout hooks passed, and only if no other ConditionRoute routes the application.
         let ab = self.plan.strategy == Strategy::ABTesting
