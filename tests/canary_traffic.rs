@@ -298,7 +298,9 @@ async fn a_canary_failing_half_its_calls_is_rolled_back_by_the_real_success_rate
         fail_percent: 50,
         delay_ms: 0,
     };
-    let mut setup = Setup::start(failing, analysis(2)).await;
+    // Four failed checks (8 s at least): the 2,000 calls at 20 % are counted before the
+    // rollback (with two, a loaded CI machine once rolled back in the middle of the count).
+    let mut setup = Setup::start(failing, analysis(4)).await;
     setup.wait_phase("Initialized").await;
     setup.client.settle("primary", 100).await;
     setup.served(&[200]).await;
@@ -309,6 +311,9 @@ async fn a_canary_failing_half_its_calls_is_rolled_back_by_the_real_success_rate
     setup.release("podinfo:2").await;
     setup.permit_step(20).await;
     setup.served(&[50, 200]).await;
+    // The load assignment of the 20 % step, read before the checks can roll it back.
+    let clients = setup.server.xds_clients.clone().unwrap();
+    let at_twenty = endpoint_nonce(&clients.list(), NODE_ID).unwrap();
     // The client uses what it acknowledged a moment later: counted from its first canary call.
     setup.client.settle("canary", 1).await;
     // A fifth of the calls reach the canary, which fails half of those.
@@ -321,11 +326,9 @@ async fn a_canary_failing_half_its_calls_is_rolled_back_by_the_real_success_rate
         "{counts}"
     );
     eprintln!("step 20%: the canary took {canary} of 2000 calls: {counts}");
-    let clients = setup.server.xds_clients.clone().unwrap();
-    let at_twenty = endpoint_nonce(&clients.list(), NODE_ID).unwrap();
 
     // The built-in success rate, on Prometheus's samples of the canary pods' counters, fails
-    // twice (the threshold): rolled back.
+    // four times (the threshold): rolled back.
     let failed = setup.wait_phase("Failed").await;
     let last = failed["status"]["history"]
         .as_array()

@@ -521,7 +521,8 @@ pub async fn a_failing_canary_is_rolled_back_by_real_metrics(
         fail_percent: 50,
         delay_ms: 0,
     };
-    let mut setup = Setup::start(cluster, admin, "e2e-rollback", 7, failing, analysis(3)).await;
+    // Five failed checks (10 s at least): both clients are counted at 20 % before the rollback.
+    let mut setup = Setup::start(cluster, admin, "e2e-rollback", 7, failing, analysis(5)).await;
     setup.settle_both("primary", 100, "").await;
     setup.scraped("podinfo-primary-.*", 2).await;
     setup.release().await;

@@ -265,6 +265,13 @@ impl Strategy {
     }
 
     /// As `status.strategy` and `kubectl get canaries` show it.
+    /// The strategy [`Strategy::as_str`] names (a status's), if any.
+    pub fn named(name: &str) -> Option<Strategy> {
+        [Strategy::Canary, Strategy::ABTesting, Strategy::BlueGreen]
+            .into_iter()
+            .find(|s| s.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Strategy::Canary => "Canary",
@@ -504,6 +511,7 @@ mod tests {
             [
                 "Target",
                 "Strategy",
+                "Match",
                 "Phase",
                 "Weight",
                 "FailedChecks",

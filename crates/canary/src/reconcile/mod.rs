@@ -506,6 +506,13 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
         }
     };
     let mut status = status;
+    let mut plan = plan;
+    if canary.spec.suspend
+        && let Some(running) = Strategy::named(&status.strategy)
+    {
+        // A run held by `suspend` keeps moving traffic as it did, whatever the spec now says.
+        plan.strategy = running;
+    }
     // Suspended, the status is left as it is (but for its Suspended condition).
     if !canary.spec.suspend {
         if status.conditions.iter().any(|c| c.r#type == SUSPENDED) {
