@@ -270,6 +270,17 @@ fn kubelet(api: &ApiServer, running: Arc<AtomicBool>) {
     });
 }
 
+/// The API-server fixture with namespace [`NS`], Deployment `podinfo` of `replicas` and a
+/// kubelet rolling it out while the flag holds.
+async fn cluster(replicas: i64) -> (ApiServer, Arc<AtomicBool>) {
+    let api = ApiServer::start().await;
+    api.create_namespace(NS);
+    api.put_deployment(NS, "podinfo", replicas, "podinfo:1");
+    let running = Arc::new(AtomicBool::new(true));
+    kubelet(&api, running.clone());
+    (api, running)
+}
+
 /// The control plane driving the fixture's Canaries, trusting `ca_file`'s CAs when given.
 async fn plane(
     api: &ApiServer,
@@ -354,11 +365,7 @@ async fn each_provider_type_gets_flaggers_payload_for_the_events_its_severity_he
     let tunnels: Tunnels = Arc::default();
     let proxy = connect_proxy(tunnels.clone()).await;
 
-    let api = ApiServer::start().await;
-    api.create_namespace(NS);
-    api.put_deployment(NS, "podinfo", 2, "podinfo:1");
-    let running = Arc::new(AtomicBool::new(true));
-    kubelet(&api, running.clone());
+    let (api, running) = cluster(2).await;
 
     // Slack as documented; its Secret's address (pointed here) wins over the spec's.
     let (objects, documented_alerts) = documented_example();
@@ -664,11 +671,7 @@ async fn failing_and_hanging_receivers_never_hold_or_fail_the_run() {
         }
     });
 
-    let api = ApiServer::start().await;
-    api.create_namespace(NS);
-    api.put_deployment(NS, "podinfo", 1, "podinfo:1");
-    let running = Arc::new(AtomicBool::new(true));
-    kubelet(&api, running.clone());
+    let (api, running) = cluster(1).await;
     api.put_object(
         "alertproviders",
         NS,
@@ -747,11 +750,7 @@ async fn failing_and_hanging_receivers_never_hold_or_fail_the_run() {
 async fn a_muted_gate_holds_the_run_without_an_alert() {
     let receiver = Receiver::default();
     let addr = serve(receiver.app()).await;
-    let api = ApiServer::start().await;
-    api.create_namespace(NS);
-    api.put_deployment(NS, "podinfo", 1, "podinfo:1");
-    let running = Arc::new(AtomicBool::new(true));
-    kubelet(&api, running.clone());
+    let (api, running) = cluster(1).await;
     api.put_object(
         "alertproviders",
         NS,

@@ -227,24 +227,13 @@ async fn observe_once(
         {
             let mut rules = rules.lock().unwrap();
             let kind = if response.r#type == CONDITION_ROUTE {
-                rules.routes = objects
-                    .iter()
-                    .map(|any| ConditionRouteToClient::decode(any.value.as_slice()))
-                    .collect::<Result<Vec<_>, _>>()?
-                    .into_iter()
-                    .filter(|o| o.key.ends_with(suffix))
-                    .filter_map(|o| o.spec)
-                    .collect();
+                rules.routes = of_namespace(&objects, suffix, |o: ConditionRouteToClient| {
+                    (o.key, o.spec)
+                })?;
                 CONDITION_ROUTE
             } else if response.r#type == DYNAMIC_CONFIG {
-                rules.configs = objects
-                    .iter()
-                    .map(|any| DynamicConfigToClient::decode(any.value.as_slice()))
-                    .collect::<Result<Vec<_>, _>>()?
-                    .into_iter()
-                    .filter(|o| o.key.ends_with(suffix))
-                    .filter_map(|o| o.spec)
-                    .collect();
+                rules.configs =
+                    of_namespace(&objects, suffix, |o: DynamicConfigToClient| (o.key, o.spec))?;
                 let said = rules
                     .configs
                     .iter()
@@ -275,6 +264,23 @@ async fn observe_once(
             .await?;
     }
     Ok(())
+}
+
+/// The specs of `objects` (each a `<Kind>ToClient`, split by `keyed` into key and spec) whose
+/// key ends in `suffix`, the client's namespace.
+fn of_namespace<T: Message + Default, S>(
+    objects: &[prost_types::Any],
+    suffix: &str,
+    keyed: impl Fn(T) -> (String, Option<S>),
+) -> Result<Vec<S>, prost::DecodeError> {
+    let mut specs = Vec::new();
+    for any in objects {
+        let (key, spec) = keyed(T::decode(any.value.as_slice())?);
+        if key.ends_with(suffix) {
+            specs.extend(spec);
+        }
+    }
+    Ok(specs)
 }
 
 /// What the current command counts, as the released client's script keeps it.

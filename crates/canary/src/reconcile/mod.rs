@@ -467,7 +467,7 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
     let namespace = canary.namespace().unwrap_or_default();
     let name = canary.name_any();
     let status = canary.status.clone().unwrap_or_default();
-    let plan = match plan(canary) {
+    let mut plan = match plan(canary) {
         // Suspended with a spec that cannot run: nothing to do until it changes.
         Err(_) if canary.spec.suspend => return Ok(Action::await_change()),
         Ok(plan) => plan,
@@ -506,15 +506,13 @@ async fn apply(canary: &Canary, ctx: &Context) -> Result<Action, Error> {
         }
     };
     let mut status = status;
-    let mut plan = plan;
-    if canary.spec.suspend
-        && let Some(running) = Strategy::named(&status.strategy)
-    {
-        // A run held by `suspend` keeps moving traffic as it did, whatever the spec now says.
-        plan.strategy = running;
-    }
-    // Suspended, the status is left as it is (but for its Suspended condition).
-    if !canary.spec.suspend {
+    if canary.spec.suspend {
+        // The status is left as it is (but for its Suspended condition), and a run held by
+        // `suspend` keeps moving traffic as it did, whatever the spec now says.
+        if let Some(running) = Strategy::named(&status.strategy) {
+            plan.strategy = running;
+        }
+    } else {
         if status.conditions.iter().any(|c| c.r#type == SUSPENDED) {
             // Resumed: time held by `suspend` is no lack of progress.
             status.conditions.retain(|c| c.r#type != SUSPENDED);

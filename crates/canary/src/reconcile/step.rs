@@ -488,11 +488,7 @@ impl Run<'_> {
                 // Idle, the target is not scaled down while suspended: any pod of it (a new
                 // template applied meanwhile) is held at weight 0, as Flagger's apex would
                 // never reach it.
-                let pods = self.ctx.pods.state();
-                let remaining = any_pod_ips(&target, pods.iter().map(|p| p.as_ref()));
-                let zero = weight::dynamic_config(&self.plan.application, 0, &[], &remaining, None);
-                self.write_config(zero).await?;
-                self.write_route(None).await?;
+                self.hold_target_at_zero(&target, true).await?;
             }
         }
         Ok(Action::requeue(self.plan.interval))
@@ -755,7 +751,14 @@ impl Run<'_> {
         // default weight (measured on the real API server: 5 % of calls on a rolled-back
         // canary). Before any run there is nothing to keep: zeroing the target's pods then
         // could leave no weighted endpoint while the primary's are not listed yet.
-        let zero = if self.stored_config_is_ours() {
+        let after_a_run = self.stored_config_is_ours();
+        self.hold_target_at_zero(target, after_a_run).await
+    }
+
+    /// No run's route; the target's pods (any with an IP) at weight 0 when `hold`, else no
+    /// weights at all.
+    async fn hold_target_at_zero(&mut self, target: &Deployment, hold: bool) -> Result<(), Error> {
+        let zero = if hold {
             let pods = self.ctx.pods.state();
             let remaining = any_pod_ips(target, pods.iter().map(|p| p.as_ref()));
             weight::dynamic_config(&self.plan.application, 0, &[], &remaining, None)
