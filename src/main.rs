@@ -1,5 +1,12 @@
 use clap::Parser;
 
+// mimalloc (its v2 line) instead of glibc malloc: the registration path allocates and frees small
+// objects across threads (h2 frames, BTreeMap nodes, SQLite's page cache), and glibc's
+// consolidation showed up as ~13 % of the server's samples. Only this binary: the benchmark's
+// bare-tonic ceiling keeps the system allocator. BENCHMARKS.md has the before/after.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = dubbo_cp::cli::Cli::parse();
