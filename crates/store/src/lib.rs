@@ -114,8 +114,9 @@ pub struct StoreLimits {
     /// Most applications one (namespace, interface) may hold.
     pub max_applications_per_key: usize,
     /// Journal rows (new pairs committed in arrival order) that trigger a fold into the keyed
-    /// tables, or 1/8 of the pairs stored if more (at most 16 times this); an idle writer folds
-    /// sooner.
+    /// tables under load, or 1/8 of the pairs stored if more (at most 131,072); an idle writer
+    /// folds sooner. A burst of fewer new pairs is folded after it, so none of its
+    /// registrations waits behind a fold.
     pub fold_rows: usize,
     /// How long a writer with unfolded journal rows waits for more work before folding them.
     pub fold_idle: std::time::Duration,
@@ -128,7 +129,7 @@ impl Default for StoreLimits {
             queue_bytes: 64 * 1024 * 1024,
             max_batch: 4096,
             max_applications_per_key: 1000,
-            fold_rows: 8192,
+            fold_rows: 65_536,
             fold_idle: std::time::Duration::from_secs(1),
         }
     }

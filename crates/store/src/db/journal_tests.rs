@@ -228,3 +228,18 @@ async fn folds_grow_with_the_table() {
     assert_eq!(journal + mapping, 64);
     close(writer).await;
 }
+
+#[test]
+fn a_writer_under_load_folds_at_the_row_limit_an_eighth_of_the_table_or_the_cap() {
+    use super::writer::fold_threshold;
+    let rows = StoreLimits::default().fold_rows;
+    // A small table: a burst below the row limit waits for the idle fold.
+    assert_eq!(fold_threshold(rows, 0), rows);
+    assert_eq!(fold_threshold(rows, 8 * rows), rows);
+    // A big one: an eighth of it, so each fold writes each page about once.
+    assert_eq!(fold_threshold(rows, 8 * rows + 800), rows + 100);
+    // A huge one: capped, so one fold stays short.
+    assert_eq!(fold_threshold(rows, 100_000_000), 131_072);
+    // A test's never-folding limit stays never.
+    assert_eq!(fold_threshold(usize::MAX, 100_000_000), usize::MAX);
+}

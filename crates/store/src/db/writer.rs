@@ -3,6 +3,18 @@
 
 use super::*;
 
+/// Most journal rows a fold under load waits for, however big the table: one fold is a
+/// transaction every registration behind it waits for, and this many rows fold in well under a
+/// second.
+const FOLD_ROWS_CAP: usize = 131_072;
+
+/// Journal rows at which a writer under load folds. A fold writes about one page per row for
+/// rows scattered over a big table, so folds grow with the table (1/8 of it): each then writes
+/// each page about once, amortized. Below `fold_rows` a burst is folded after it, when idle.
+pub(super) fn fold_threshold(fold_rows: usize, table_rows: usize) -> usize {
+    fold_rows.max((table_rows / 8).min(FOLD_ROWS_CAP))
+}
+
 pub(super) struct Writer {
     pub(super) conn: Connection,
     pub(super) known: Known,
@@ -86,12 +98,7 @@ impl Writer {
                 }
             }
             self.commit(&mut batch);
-            // A fold writes about one page per row for rows scattered over a big table, so folds
-            // grow with the table (1/8 of it): each then writes each page about once, amortized.
-            // Capped at 16 x fold_rows, so one fold (a transaction the writer waits for) stays
-            // well under a second.
-            let threshold = (self.table_rows / 8).min(self.limits.fold_rows.saturating_mul(16));
-            if self.journal_rows >= self.limits.fold_rows.max(threshold) {
+            if self.journal_rows >= fold_threshold(self.limits.fold_rows, self.table_rows) {
                 self.fold();
             }
         }
