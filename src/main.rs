@@ -1,9 +1,10 @@
 use clap::Parser;
 
-// mimalloc (its v2 line) instead of glibc malloc: the registration path allocates and frees small
-// objects across threads (h2 frames, BTreeMap nodes, SQLite's page cache), and glibc's
-// consolidation showed up as ~13 % of the server's samples. Only this binary: the benchmark's
-// bare-tonic ceiling keeps the system allocator. BENCHMARKS.md has the before/after.
+// mimalloc (its v2 line) instead of glibc malloc for Rust's allocations: the registration path
+// allocates and frees small objects across threads (h2 frames, strings, BTreeMap nodes), and
+// glibc's malloc, free and consolidation were ~13 % of the server's samples. SQLite keeps
+// calling libc's malloc. Only this binary: the benchmark's bare-tonic ceiling keeps the system
+// allocator. BENCHMARKS.md has the before/after.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

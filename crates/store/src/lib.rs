@@ -114,8 +114,8 @@ pub struct StoreLimits {
     /// Most applications one (namespace, interface) may hold.
     pub max_applications_per_key: usize,
     /// Journal rows (new pairs committed in arrival order) that trigger a fold into the keyed
-    /// tables under load, or 1/8 of the pairs stored if more (at most 131,072); an idle writer
-    /// folds sooner. A burst of fewer new pairs is folded after it, so none of its
+    /// tables under load, or 1/8 of the pairs stored if more (that eighth at most 131,072); an
+    /// idle writer folds sooner. A burst of fewer new pairs is folded after it, so none of its
     /// registrations waits behind a fold.
     pub fold_rows: usize,
     /// How long a writer with unfolded journal rows waits for more work before folding them.

@@ -243,3 +243,37 @@ fn a_writer_under_load_folds_at_the_row_limit_an_eighth_of_the_table_or_the_cap(
     // A test's never-folding limit stays never.
     assert_eq!(fold_threshold(usize::MAX, 100_000_000), usize::MAX);
 }
+
+#[tokio::test]
+async fn a_fold_bigger_than_the_page_cache_sorts_in_memory() {
+    // The writer's connection keeps temporary data (the fold's sort) in memory: the deployed
+    // container has no writable temporary directory.
+    let dir = tempfile::tempdir().unwrap();
+    let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    super::sql::prepare_schema(&conn).unwrap();
+    let temp_store: i64 = conn
+        .pragma_query_value(None, "temp_store", |row| row.get(0))
+        .unwrap();
+    assert_eq!(temp_store, 2, "temp_store = MEMORY");
+    // And a fold of 40,000 rows (past the 2 MiB page cache) goes through it.
+    conn.execute_batch("BEGIN").unwrap();
+    {
+        let mut insert = conn
+            .prepare(
+                "INSERT INTO journal (namespace, interface, application) VALUES ('ns', ?1, ?2)",
+            )
+            .unwrap();
+        for i in 0..40_000 {
+            insert
+                .execute(rusqlite::params![
+                    format!("org.example.Service{}", i % 1000),
+                    format!("application-{i:08}")
+                ])
+                .unwrap();
+        }
+    }
+    conn.execute_batch("COMMIT").unwrap();
+    let mut conn = conn;
+    assert_eq!(super::sql::fold(&mut conn).unwrap(), 40_000);
+    assert_eq!(rows(dir.path()), (0, 40_000));
+}

@@ -57,6 +57,10 @@ pub(super) fn prepare_schema(conn: &Connection) -> rusqlite::Result<()> {
     // commit survive a power cut, not only a process crash.
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
+    // A fold sorts up to 131,072 journal rows (about 10 MiB). Past the page cache (2 MiB) SQLite
+    // would spill the sort to a temporary file, and the StatefulSet's root filesystem is
+    // read-only with no writable temporary directory: the fold, and so every start, would fail.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS mapping (
              namespace   TEXT NOT NULL,
