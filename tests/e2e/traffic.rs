@@ -173,7 +173,7 @@ impl Setup {
         });
         cluster.kubectl_in(&["apply", "-f", "-"], Some(&canary.to_string()));
         let bootstrap = crate::common::bootstrap(&xds, namespace, namespace);
-        let setup = Setup {
+        let mut setup = Setup {
             cluster,
             namespace,
             subnet,
@@ -187,6 +187,11 @@ impl Setup {
             _turn: turn,
         };
         setup.wait_phase("Initialized").await;
+        // "None failed over the run" counts from when both clients first reached the primary:
+        // a client started while the Canary initialised may see a version without endpoints.
+        setup.settle_both("primary", 100, "").await;
+        setup.client.reset_totals().await;
+        setup.sdk.reset_totals().await;
         setup
     }
 

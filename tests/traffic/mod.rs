@@ -153,6 +153,11 @@ impl Client {
     pub async fn totals(&mut self) -> Value {
         self.0.ask("totals").await
     }
+
+    /// Starts the totals afresh.
+    pub async fn reset_totals(&mut self) {
+        self.0.ask("reset").await;
+    }
 }
 
 pub fn answers(counts: &Value, who: &str) -> u64 {

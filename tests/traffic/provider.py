@@ -14,7 +14,8 @@ stdin, each answered with one JSON line, each counting only calls started after 
   "last_error": details}.
   "settle WHO RUN [key=value ...]": waits until WHO answered RUN calls in a row (the client
   applies a version a moment after it acknowledged it); {"settled": bool, "calls": n}, false after 5,000.
-  "totals": the counts over every call so far, whatever their metadata.
+  "totals": the counts over every call so far (since the last "reset"), whatever their metadata.
+  "reset": starts the totals afresh.
 """
 import collections
 import http.server
@@ -146,6 +147,10 @@ def client(target):
             except grpc.RpcError as err:
                 detail = str(err.details())
                 who = "injected" if detail == INJECTED else "error"
+            if who == "error":
+                # An address with no endpoint fails at once: back off as a client would, so a
+                # settle's 5,000 calls are not spent in a moment while the version converges.
+                time.sleep(0.01)
             with state:
                 totals[who] = totals.get(who, 0) + 1
                 if who == "error":
@@ -189,9 +194,17 @@ def client(target):
                     return current["streak"][0] == who and current["streak"][1] >= wanted
 
                 state.wait_for(lambda: settled() or current["done"] >= 5000)
-                print(json.dumps({"settled": settled(), "calls": current["done"]}), flush=True)
+                answer = {"settled": settled(), "calls": current["done"]}
+                if not answer["settled"]:
+                    # Who answered instead, so a failure says why.
+                    answer["window"] = dict(current["window"])
+                    answer["last_error"] = totals.get("last_error", "")
+                print(json.dumps(answer), flush=True)
             elif words == ["totals"]:
                 print(json.dumps(totals), flush=True)
+            elif words == ["reset"]:
+                totals.clear()
+                print(json.dumps({"reset": True}), flush=True)
             else:
                 print(json.dumps({"bad command": line.strip()}), flush=True)
 

@@ -56,6 +56,7 @@ enum Command {
     Count(usize, Vec<(String, String)>),
     Settle(String, usize, Vec<(String, String)>),
     Totals,
+    Reset,
 }
 
 /// A Dubbo SDK's consumer of `application`, calling `/dubbo.test.Echo/Who` from its first
@@ -151,6 +152,11 @@ impl SdkClient {
 
     pub async fn totals(&mut self) -> Value {
         self.ask(Command::Totals).await
+    }
+
+    /// Starts the totals afresh.
+    pub async fn reset_totals(&mut self) {
+        self.ask(Command::Reset).await;
     }
 
     /// The weights, by address, of each DynamicConfig push applied (the last 256), oldest first.
@@ -323,6 +329,12 @@ async fn call_loop(
                     let _ = reply.send(answer);
                     continue;
                 }
+                Command::Reset => {
+                    totals.clear();
+                    last_error.clear();
+                    let _ = reply.send(json!({"reset": true}));
+                    continue;
+                }
                 Command::Count(_, ref m) | Command::Settle(_, _, ref m) => metadata = m.clone(),
             }
             window = Some(Window {
@@ -358,12 +370,20 @@ async fn call_loop(
                     Err(status) if status.message() == INJECTED => "injected".to_owned(),
                     Err(status) => {
                         last_error = format!("{addr}: {status}");
+                        // A provider that is gone refuses at once, without the call ever
+                        // waiting: back off as an SDK would, or this loop spins, starves the
+                        // runtime (and the registry update that would end the spin) and cannot
+                        // be aborted.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
                         "error".to_owned()
                     }
                 }
             }
         };
         *totals.entry(who.clone()).or_default() += 1;
+        // Every call may be answered without a pending await (an error, a cached answer): give
+        // the runtime its turn, so the test's other tasks run and dropping the client stops it.
+        tokio::task::yield_now().await;
         let Some(current) = window.as_mut() else {
             continue;
         };
