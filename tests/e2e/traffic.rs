@@ -187,8 +187,9 @@ impl Setup {
             _turn: turn,
         };
         setup.wait_phase("Initialized").await;
-        // "None failed over the run" counts from when both clients first reached the primary:
-        // a client started while the Canary initialised may see a version without endpoints.
+        // Every scenario starts with both clients on the primary. "None failed over the run"
+        // counts from then: a client started while the Canary initialised may see a version
+        // without endpoints.
         setup.settle_both("primary", 100, "").await;
         setup.client.reset_totals().await;
         setup.sdk.reset_totals().await;
@@ -528,7 +529,6 @@ pub async fn a_failing_canary_is_rolled_back_by_real_metrics(
     };
     // Five failed checks (10 s at least): both clients are counted at 20 % before the rollback.
     let mut setup = Setup::start(cluster, admin, "e2e-rollback", 7, failing, analysis(5)).await;
-    setup.settle_both("primary", 100, "").await;
     setup.scraped("podinfo-primary-.*", 2).await;
     setup.release().await;
     setup.permit_step(20).await;
@@ -598,7 +598,6 @@ pub async fn a_healthy_canary_is_promoted_step_by_step(
         analysis(10),
     )
     .await;
-    setup.settle_both("primary", 100, "").await;
     setup.scraped("podinfo-primary-.*", 2).await;
     setup.release().await;
     // At 0 % the canary answers nothing; under 20 %, 300 of 1,000 is over six standard
@@ -695,7 +694,6 @@ pub async fn a_blue_green_canary_switches_every_call_at_once(
         analysis,
     )
     .await;
-    setup.settle_both("primary", 100, "").await;
     setup.scraped("podinfo-primary-.*", 2).await;
     // A load tester calls the canary's pods directly, as `rollout` hooks would have one do.
     let mut tester = Client::direct(&setup.canary_pods());
@@ -787,7 +785,6 @@ pub async fn a_metric_template_on_an_https_prometheus_rolls_back_and_alerts(
     ] {
         cluster.kubectl_in(&["apply", "-f", "-"], Some(&object.to_string()));
     }
-    setup.settle_both("primary", 100, "").await;
     setup.scraped("podinfo-primary-.*", 2).await;
     setup.release().await;
     setup.permit_step(20).await;
