@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::apiserver::ApiServer;
+use common::apiserver::{ApiServer, pod_ready};
 use common::gates::{Gates, acked_weights, endpoint_nonce};
 use common::{start, wait_ready};
 use dubbo_cp::canary::prometheus::{Endpoint, QueryError};
@@ -45,9 +45,17 @@ fn ip_prefix(deployment: &str) -> &'static str {
     }
 }
 
-/// Plays, every 20 ms, the Deployment controller and kubelet (ready pods with IPs for every
-/// Deployment whose spec moved), the EndpointSlice controller (a slice per ready pod whose IP
-/// has a provider) and Prometheus's pod discovery (a target per such pod, named after it).
+/// How long a pod runs with its IP before its readiness probe passes. A kubelet reports the IP
+/// first; the canary controller gives such a pod of the target weight 0 before endpoints list
+/// it as ready, so production calls never reach a canary pod the controller has not weighed.
+/// Pods ready the moment they exist would leave nothing to keep them off for as long as the
+/// weights take to follow (rollout.md), which no kubelet does.
+const READY_AFTER: Duration = Duration::from_secs(1);
+
+/// Plays, every 20 ms, the Deployment controller and kubelet (pods with IPs for every
+/// Deployment whose spec moved, ready [`READY_AFTER`] later), the EndpointSlice controller (a
+/// slice per pod whose IP has a provider, ready as the pod is) and Prometheus's pod discovery
+/// (a target per such pod, named after it).
 fn cluster_controllers(
     api: &ApiServer,
     prometheus: Arc<Prometheus>,
@@ -57,11 +65,29 @@ fn cluster_controllers(
     tokio::spawn(async move {
         let mut served: BTreeMap<String, Value> = BTreeMap::new();
         let mut scraped = None;
+        // Pods not ready yet, by name: (Deployment, when the pod was seen first).
+        let mut starting: BTreeMap<String, (String, tokio::time::Instant)> = BTreeMap::new();
         loop {
-            api.roll_out_changed(NS, |name| ip_prefix(name).to_owned());
+            api.roll_out_changed_unready(NS, |name| ip_prefix(name).to_owned());
             let mut wanted: BTreeMap<String, Value> = BTreeMap::new();
             let mut targets = Vec::new();
-            for pod in api.objects_of("pods", NS) {
+            let pods = api.objects_of("pods", NS);
+            starting.retain(|name, _| pods.iter().any(|p| p["metadata"]["name"] == *name));
+            for pod in pods {
+                let pod_name = pod["metadata"]["name"].as_str().unwrap().to_owned();
+                let mut ready = pod_ready(&pod);
+                if !ready {
+                    // `<deployment>-x<generation>-p<n>`, as the fixture names them.
+                    let deployment = pod_name.rsplitn(3, '-').nth(2).unwrap().to_owned();
+                    let (_, since) = starting
+                        .entry(pod_name.clone())
+                        .or_insert_with(|| (deployment, tokio::time::Instant::now()));
+                    if since.elapsed() >= READY_AFTER {
+                        let (deployment, _) = starting.remove(&pod_name).unwrap();
+                        api.make_ready(NS, &deployment, &pod_name);
+                        ready = true;
+                    }
+                }
                 let Some(ip) = pod["status"]["podIP"].as_str() else {
                     continue;
                 };
@@ -75,10 +101,9 @@ fn cluster_controllers(
                                  "labels": {"kubernetes.io/service-name": "podinfo"}},
                     "addressType": "IPv4",
                     "ports": [{"name": "grpc", "port": grpc, "protocol": "TCP"}],
-                    "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+                    "endpoints": [{"addresses": [ip], "conditions": {"ready": ready}}],
                 });
                 wanted.insert(name, slice);
-                let pod_name = pod["metadata"]["name"].as_str().unwrap().to_owned();
                 let addr = SocketAddr::new(ip.parse().unwrap(), *metrics);
                 targets.push((addr, pod_name, NS.to_owned()));
             }
@@ -205,6 +230,17 @@ impl Setup {
             .unwrap()
     }
 
+    /// Waits until the Canary is initialised and the client's calls (each with `metadata`)
+    /// reach the primary alone, then starts the totals afresh: the run counts from there. The
+    /// client first connects as the pods become ready, and the xDS snapshot follows readiness
+    /// a debounce window later: until then it is told the service has no endpoint, and such a
+    /// call fails at once, as it would for any client started then.
+    async fn initialized(&mut self, metadata: &str) {
+        self.wait_phase("Initialized").await;
+        self.client.settle_with("primary", 100, metadata).await;
+        self.client.reset_totals().await;
+    }
+
     /// Waits until the client acknowledged a load assignment with these locality weights.
     async fn served(&self, weights: &[u32]) {
         let clients = self.server.xds_clients.clone().unwrap();
@@ -301,8 +337,7 @@ async fn a_canary_failing_half_its_calls_is_rolled_back_by_the_real_success_rate
     // Four failed checks (8 s at least): the 2,000 calls at 20 % are counted before the
     // rollback (with two, a loaded CI machine once rolled back in the middle of the count).
     let mut setup = Setup::start(failing, analysis(4)).await;
-    setup.wait_phase("Initialized").await;
-    setup.client.settle("primary", 100).await;
+    setup.initialized("").await;
     setup.served(&[200]).await;
     setup
         .scraped(r#"namespace="test",pod=~"podinfo-primary-.*""#, 2)
@@ -374,8 +409,7 @@ async fn a_healthy_canary_is_promoted_with_the_traffic_following_each_step() {
         delay_ms: 5,
     };
     let mut setup = Setup::start(slow, analysis(3)).await;
-    setup.wait_phase("Initialized").await;
-    setup.client.settle("primary", 100).await;
+    setup.initialized("").await;
     setup.served(&[200]).await;
     setup
         .scraped(r#"namespace="test",pod=~"podinfo-primary-.*""#, 2)
@@ -444,12 +478,8 @@ async fn an_ab_canary_takes_only_matching_calls_and_is_promoted_on_their_metrics
     analysis.as_object_mut().unwrap().remove("stepWeight");
     analysis.as_object_mut().unwrap().remove("maxWeight");
     let mut setup = Setup::start(Build::default(), analysis).await;
-    setup.wait_phase("Initialized").await;
     // The cohort calls the whole run: on the primary until the route is in place.
-    setup
-        .client
-        .settle_with("primary", 100, "x-canary=insider")
-        .await;
+    setup.initialized("x-canary=insider").await;
     setup
         .scraped(r#"namespace="test",pod=~"podinfo-primary-.*""#, 2)
         .await;
@@ -549,8 +579,7 @@ async fn a_metric_template_reads_an_https_prometheus_with_basic_auth_and_rolls_b
                "metadata": {"name": "prom-auth", "namespace": NS},
                "data": {"username": encode(&web.username), "password": encode(&web.password)}}),
     );
-    setup.wait_phase("Initialized").await;
-    setup.client.settle("primary", 100).await;
+    setup.initialized("").await;
     setup
         .scraped(r#"namespace="test",pod=~"podinfo-primary-.*""#, 2)
         .await;
@@ -599,8 +628,7 @@ async fn a_blue_green_canary_is_judged_on_test_traffic_then_takes_every_call_in_
     analysis.as_object_mut().unwrap().remove("stepWeight");
     analysis.as_object_mut().unwrap().remove("maxWeight");
     let mut setup = Setup::start(Build::default(), analysis).await;
-    setup.wait_phase("Initialized").await;
-    setup.client.settle("primary", 100).await;
+    setup.initialized("").await;
     setup.served(&[200]).await;
     setup
         .scraped(r#"namespace="test",pod=~"podinfo-primary-.*""#, 2)
@@ -615,10 +643,19 @@ async fn a_blue_green_canary_is_judged_on_test_traffic_then_takes_every_call_in_
     let mut tester = Client::direct(&canary_pods);
     tester.settle("canary", 10).await;
 
+    // No production call reaches the canary while the iterations pass on test traffic: not
+    // while its pods come up (weight 0 before endpoints list them), nor after.
+    let before_release = setup.client.totals().await;
     setup.release("podinfo:2").await;
-    // No production call reaches the canary while the iterations pass on test traffic.
     let during = setup.client.count(2000).await;
     assert_eq!(answers(&during, "primary"), 2000, "{during}");
+    let since_release = setup.client.totals().await;
+    assert_eq!(
+        answers(&since_release, "canary"),
+        answers(&before_release, "canary"),
+        "production calls reached the canary's pods as they came up: before {before_release}, \
+         after {since_release}"
+    );
     let analysed = setup
         .api
         .wait_for_object("canaries", NS, "podinfo", WAIT, |c| {

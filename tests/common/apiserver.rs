@@ -348,6 +348,19 @@ impl ApiServer {
     /// and healthy, and exactly `spec.replicas` ready pods run its template, with IPs
     /// `<ip_prefix><n>`. Returns the pods' IPs.
     pub fn roll_out(&self, namespace: &str, name: &str, ip_prefix: &str) -> Vec<String> {
+        self.roll_out_as(namespace, name, ip_prefix, true)
+    }
+
+    /// The same, the pods `ready` or not yet: a kubelet reports a pod's IP before its
+    /// readiness probe passes, and the Deployment counts it ready only then
+    /// ([`ApiServer::make_ready`]).
+    fn roll_out_as(
+        &self,
+        namespace: &str,
+        name: &str,
+        ip_prefix: &str,
+        ready: bool,
+    ) -> Vec<String> {
         let (replicas, labels, generation) = {
             let inner = self.lock();
             let object = inner
@@ -361,12 +374,13 @@ impl ApiServer {
                 object["metadata"]["generation"].as_i64().unwrap_or(1),
             )
         };
+        let ready_replicas = if ready { replicas } else { 0 };
         self.set_deployment_status(
             namespace,
             name,
             json!({"observedGeneration": generation, "replicas": replicas,
-                   "updatedReplicas": replicas, "readyReplicas": replicas,
-                   "availableReplicas": replicas}),
+                   "updatedReplicas": replicas, "readyReplicas": ready_replicas,
+                   "availableReplicas": ready_replicas}),
         );
         let mut inner = self.lock();
         let stale: Vec<Key> = inner
@@ -387,7 +401,7 @@ impl ApiServer {
                 "metadata": {"name": pod, "namespace": namespace, "labels": labels.clone(),
                              "uid": format!("{pod}-uid")},
                 "status": {"podIP": ip, "phase": "Running",
-                           "conditions": [{"type": "Ready", "status": "True"}]},
+                           "conditions": [{"type": "Ready", "status": ready_status(ready)}]},
             });
             self.store(&mut inner, key("pods", namespace, &pod), object, "ADDED");
             ips.push(ip);
@@ -395,9 +409,58 @@ impl ApiServer {
         ips
     }
 
+    /// One pass of the kubelet: pod `pod` of Deployment `deployment` passes its readiness
+    /// probe, and the Deployment counts its ready pods again.
+    pub fn make_ready(&self, namespace: &str, deployment: &str, pod: &str) {
+        {
+            let mut inner = self.lock();
+            let pod_key = key("pods", namespace, pod);
+            let Some(mut object) = inner.objects.get(&pod_key).cloned() else {
+                return;
+            };
+            object["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+            self.store(&mut inner, pod_key, object, "MODIFIED");
+        }
+        let prefix = format!("{deployment}-x");
+        let ready = self
+            .objects_of("pods", namespace)
+            .iter()
+            .filter(|p| {
+                p["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
+            .filter(|p| pod_ready(p))
+            .count();
+        self.edit_deployment(namespace, deployment, |object| {
+            object["status"]["readyReplicas"] = json!(ready);
+            object["status"]["availableReplicas"] = json!(ready);
+        });
+    }
+
     /// One pass of the Deployment controller and the kubelet: every Deployment of `namespace`
     /// whose spec moved is rolled out, its pods at `ip_prefix(name)` addresses.
     pub fn roll_out_changed(&self, namespace: &str, ip_prefix: impl Fn(&str) -> String) {
+        self.roll_out_changed_as(namespace, ip_prefix, true);
+    }
+
+    /// The same, the new pods not ready until [`ApiServer::make_ready`] says so. Returns the
+    /// Deployments rolled out.
+    pub fn roll_out_changed_unready(
+        &self,
+        namespace: &str,
+        ip_prefix: impl Fn(&str) -> String,
+    ) -> Vec<String> {
+        self.roll_out_changed_as(namespace, ip_prefix, false)
+    }
+
+    fn roll_out_changed_as(
+        &self,
+        namespace: &str,
+        ip_prefix: impl Fn(&str) -> String,
+        ready: bool,
+    ) -> Vec<String> {
+        let mut rolled = Vec::new();
         for deployment in self.objects_of("deployments", namespace) {
             let generation = deployment["metadata"]["generation"].as_i64();
             let status = &deployment["status"];
@@ -405,9 +468,11 @@ impl ApiServer {
                 || status["replicas"] != deployment["spec"]["replicas"]
             {
                 let name = deployment["metadata"]["name"].as_str().unwrap_or_default();
-                self.roll_out(namespace, name, &ip_prefix(name));
+                self.roll_out_as(namespace, name, &ip_prefix(name), ready);
+                rolled.push(name.to_owned());
             }
         }
+        rolled
     }
 
     /// Replaces Deployment `name`'s status (the Deployment controller's view).
@@ -1370,4 +1435,16 @@ fn pairs_of(
                 .map(move |app| (namespace.clone(), interface.clone(), app))
         })
         .collect()
+}
+
+fn ready_status(ready: bool) -> &'static str {
+    if ready { "True" } else { "False" }
+}
+
+/// Whether `pod`'s Ready condition is true.
+pub fn pod_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
 }
