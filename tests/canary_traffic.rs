@@ -18,7 +18,7 @@ mod common;
 mod released;
 mod traffic;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -68,6 +68,8 @@ fn cluster_controllers(
         // Pods not ready yet, by name: (Deployment, when the pod was seen first).
         let mut starting: BTreeMap<String, (String, tokio::time::Instant)> = BTreeMap::new();
         loop {
+            // Deployments whose pods turned ready in this pass: counted once the slices say so.
+            let mut turned_ready = BTreeSet::new();
             api.roll_out_changed_unready(NS, |name| ip_prefix(name).to_owned());
             let mut wanted: BTreeMap<String, Value> = BTreeMap::new();
             let mut targets = Vec::new();
@@ -84,7 +86,8 @@ fn cluster_controllers(
                         .or_insert_with(|| (deployment, tokio::time::Instant::now()));
                     if since.elapsed() >= READY_AFTER {
                         let (deployment, _) = starting.remove(&pod_name).unwrap();
-                        api.make_ready(NS, &deployment, &pod_name);
+                        api.make_ready(NS, &pod_name);
+                        turned_ready.insert(deployment);
                         ready = true;
                     }
                 }
@@ -116,6 +119,9 @@ fn cluster_controllers(
                 api.delete_object("endpointslices", NS, name);
             }
             served = wanted;
+            for deployment in &turned_ready {
+                api.count_ready(NS, deployment);
+            }
             targets.sort();
             if scraped.as_ref() != Some(&targets) {
                 prometheus.set_targets(&targets);
@@ -233,8 +239,9 @@ impl Setup {
     /// Waits until the Canary is initialised and the client's calls (each with `metadata`)
     /// reach the primary alone, then starts the totals afresh: the run counts from there. The
     /// client first connects as the pods become ready, and the xDS snapshot follows readiness
-    /// a debounce window later: until then it is told the service has no endpoint, and such a
-    /// call fails at once, as it would for any client started then.
+    /// a debounce window later: until then it may be told the service has no endpoint (a call
+    /// then fails at once, as it would for any client started then) or reach the target's
+    /// pods on their way out (they run the canary's build).
     async fn initialized(&mut self, metadata: &str) {
         self.wait_phase("Initialized").await;
         self.client.settle_with("primary", 100, metadata).await;
@@ -272,12 +279,19 @@ impl Setup {
             .await;
     }
 
-    /// A new release of the target: waits until its canary pods run and Prometheus scrapes
-    /// them, so the first check after traffic reaches them has samples from before.
+    /// A new release of the target: waits until its canary pods run, Prometheus scrapes them
+    /// (so the first check after traffic reaches them has samples from before) and they are
+    /// ready.
     async fn release(&self, image: &str) {
         self.api.set_image(NS, "podinfo", image);
         self.wait_phase("Progressing").await;
         self.scraped(CANARY_PODS, 2).await;
+        // What a test counts next then includes the moment endpoints list them as ready.
+        self.api
+            .wait_for_object("deployments", NS, "podinfo", WAIT, |d| {
+                d.is_some_and(|d| d["status"]["readyReplicas"] == 2)
+            })
+            .await;
     }
 
     /// The last analysed step at `weight` whose metrics all ran on data, once there is one.

@@ -353,7 +353,7 @@ impl ApiServer {
 
     /// The same, the pods `ready` or not yet: a kubelet reports a pod's IP before its
     /// readiness probe passes, and the Deployment counts it ready only then
-    /// ([`ApiServer::make_ready`]).
+    /// ([`ApiServer::make_ready`], [`ApiServer::count_ready`]).
     fn roll_out_as(
         &self,
         namespace: &str,
@@ -409,17 +409,23 @@ impl ApiServer {
         ips
     }
 
-    /// One pass of the kubelet: pod `pod` of Deployment `deployment` passes its readiness
-    /// probe, and the Deployment counts its ready pods again.
-    pub fn make_ready(&self, namespace: &str, deployment: &str, pod: &str) {
-        {
-            let mut inner = self.lock();
-            let pod_key = key("pods", namespace, pod);
-            let Some(mut object) = inner.objects.get(&pod_key).cloned() else {
-                return;
-            };
-            object["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
-            self.store(&mut inner, pod_key, object, "MODIFIED");
+    /// The kubelet: pod `pod` passes its readiness probe. The Deployment counts it once
+    /// [`ApiServer::count_ready`] runs, as its controller does on its own time.
+    pub fn make_ready(&self, namespace: &str, pod: &str) {
+        let mut inner = self.lock();
+        let pod_key = key("pods", namespace, pod);
+        let Some(mut object) = inner.objects.get(&pod_key).cloned() else {
+            return;
+        };
+        object["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+        self.store(&mut inner, pod_key, object, "MODIFIED");
+    }
+
+    /// The Deployment controller: Deployment `deployment` (if it still exists) counts its
+    /// ready pods as ready and available.
+    pub fn count_ready(&self, namespace: &str, deployment: &str) {
+        if self.object("deployments", namespace, deployment).is_none() {
+            return;
         }
         let prefix = format!("{deployment}-x");
         let ready = self
