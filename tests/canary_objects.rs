@@ -9,9 +9,11 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::apiserver::ApiServer;
+use common::apiserver::{ApiServer, pod_ready};
 use common::{start, wait_ready};
 use serde_json::{Value, json};
 
@@ -36,6 +38,16 @@ impl Setup {
     /// Deployment podinfo (2 replicas, `app: podinfo`, container port `grpc` 50051), what
     /// `prepare` adds, Canary podinfo with `extra` merged into its spec, and a control plane.
     async fn start(prepare: impl FnOnce(&ApiServer), extra: Value) -> Setup {
+        Setup::start_with(prepare, extra, None).await
+    }
+
+    /// The same; with `held`, new pods start unready, and the primary's stay so while `held`
+    /// is set (a readiness probe failing), the others turn ready on the next pass.
+    async fn start_with(
+        prepare: impl FnOnce(&ApiServer),
+        extra: Value,
+        held: Option<Arc<AtomicBool>>,
+    ) -> Setup {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
@@ -50,7 +62,24 @@ impl Setup {
         let kubelet = api.clone();
         tokio::spawn(async move {
             loop {
-                kubelet.roll_out_changed(NS, ip_prefix);
+                match &held {
+                    None => kubelet.roll_out_changed(NS, ip_prefix),
+                    Some(held) => {
+                        kubelet.roll_out_changed_unready(NS, ip_prefix);
+                        let primary_held = held.load(Ordering::SeqCst);
+                        for pod in kubelet.objects_of("pods", NS) {
+                            let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
+                            // `<deployment>-x<generation>-p<n>`, as the fixture names them.
+                            let deployment = name.rsplitn(3, '-').nth(2).unwrap().to_owned();
+                            if pod_ready(&pod) || (primary_held && deployment == "podinfo-primary")
+                            {
+                                continue;
+                            }
+                            kubelet.make_ready(NS, &name);
+                            kubelet.count_ready(NS, &deployment);
+                        }
+                    }
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         });
@@ -232,6 +261,39 @@ async fn the_services_serve_each_role_the_apex_both_and_a_foreign_one_is_left_al
         .wait("endpointslices", "podinfo-dubbo-cp", |s| {
             addresses(s) == ["10.1.0.1", "10.1.0.2"]
         })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_primary_is_not_ready_the_apex_lists_the_targets_pods_then_the_primarys_alone() {
+    let held = Arc::new(AtomicBool::new(true));
+    let setup = Setup::start_with(
+        |_| {},
+        json!({"service": {"port": 9898, "portName": "grpc", "targetPort": "grpc"}}),
+        Some(held.clone()),
+    )
+    .await;
+    // Initialising, the primary's pods not ready: the target's serve the apex meanwhile.
+    setup
+        .wait("endpointslices", "podinfo-dubbo-cp", |s| {
+            addresses(s) == ["10.0.0.1", "10.0.0.2"]
+        })
+        .await;
+    let canary = setup.wait_canary(|_| true).await;
+    assert_eq!(canary["status"]["phase"], "Initializing", "{canary}");
+    let target = setup.api.object("deployments", NS, "podinfo").unwrap();
+    assert_eq!(target["spec"]["replicas"], 2, "{target}");
+
+    // Ready: the apex moves to the primary's pods, and the target goes to zero.
+    held.store(false, Ordering::SeqCst);
+    setup.wait_phase("Initialized").await;
+    setup
+        .wait("endpointslices", "podinfo-dubbo-cp", |s| {
+            addresses(s) == ["10.1.0.1", "10.1.0.2"]
+        })
+        .await;
+    setup
+        .wait("deployments", "podinfo", |d| d["spec"]["replicas"] == 0)
         .await;
 }
 

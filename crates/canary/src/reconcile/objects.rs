@@ -27,7 +27,7 @@ impl Run<'_> {
         self.sync_autoscaler().await
     }
 
-    async fn sync_services(
+    pub(super) async fn sync_services(
         &mut self,
         target: &Deployment,
         primary: &Deployment,
@@ -72,8 +72,11 @@ impl Run<'_> {
             let pods = self.ctx.pods.state();
             // Outside a run the target's pods are unanalysed (a template applied while
             // suspended) or on their way out: only the primary's are listed, as Flagger's apex
-            // selects the primary alone.
-            let mut ips = if self.phase().in_run() {
+            // selects the primary alone. While initialising they run what the primary copies
+            // and serve until its pods are ready (Flagger's target serves until then too), so
+            // the apex never lists no pod.
+            let phase = self.phase();
+            let mut ips = if phase.in_run() || phase == Phase::Initializing {
                 ready_pod_ips(target, pods.iter().map(|p| p.as_ref()))
             } else {
                 Vec::new()
