@@ -10,7 +10,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use common::apiserver::{ApiServer, pod_ready};
@@ -41,12 +41,13 @@ impl Setup {
         Setup::start_with(prepare, extra, None).await
     }
 
-    /// The same; with `held`, new pods start unready, and the primary's stay so while `held`
-    /// is set (a readiness probe failing), the others turn ready on the next pass.
+    /// The same; with `primary`, new pods start unready and the others turn ready on the next
+    /// pass, while the primary's go through `primary`'s stages (the control plane starts once
+    /// the target's pods are ready).
     async fn start_with(
         prepare: impl FnOnce(&ApiServer),
         extra: Value,
-        held: Option<Arc<AtomicBool>>,
+        primary: Option<Arc<AtomicU8>>,
     ) -> Setup {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -60,29 +61,25 @@ impl Setup {
             json!([{"name": "grpc", "containerPort": 50051}]);
         api.put_object("deployments", NS, "podinfo", deployment);
         let kubelet = api.clone();
+        let staged = primary.is_some();
         tokio::spawn(async move {
             loop {
-                match &held {
+                match &primary {
                     None => kubelet.roll_out_changed(NS, ip_prefix),
-                    Some(held) => {
+                    Some(stage) => {
                         kubelet.roll_out_changed_unready(NS, ip_prefix);
-                        let primary_held = held.load(Ordering::SeqCst);
-                        for pod in kubelet.objects_of("pods", NS) {
-                            let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
-                            // `<deployment>-x<generation>-p<n>`, as the fixture names them.
-                            let deployment = name.rsplitn(3, '-').nth(2).unwrap().to_owned();
-                            if pod_ready(&pod) || (primary_held && deployment == "podinfo-primary")
-                            {
-                                continue;
-                            }
-                            kubelet.make_ready(NS, &name);
-                            kubelet.count_ready(NS, &deployment);
-                        }
+                        staged_readiness(&kubelet, stage.load(Ordering::SeqCst));
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         });
+        if staged {
+            api.wait_for_object("deployments", NS, "podinfo", WAIT, |d| {
+                d.is_some_and(|d| d["status"]["readyReplicas"] == 2)
+            })
+            .await;
+        }
         prepare(&api);
         let mut spec = json!({
             "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "podinfo"},
@@ -129,6 +126,40 @@ impl Setup {
             .wait_for_object(resource, NS, name, WAIT, |o| o.is_some_and(&check))
             .await
             .unwrap()
+    }
+}
+
+/// The primary's pods are not ready.
+const PRIMARY_UNREADY: u8 = 0;
+/// Its Deployment counts them available, the pods do not say ready yet: what a control plane
+/// sees when its pod cache lags the Deployment's status.
+const PRIMARY_COUNTED: u8 = 1;
+/// Its pods are ready.
+const PRIMARY_READY: u8 = 2;
+
+/// One pass of the kubelet and the Deployment controller: every unready pod turns ready, but
+/// the primary's, which follow `stage`.
+fn staged_readiness(api: &ApiServer, stage: u8) {
+    for pod in api.objects_of("pods", NS) {
+        let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
+        // `<deployment>-x<generation>-p<n>`, as the fixture names them.
+        let deployment = name.rsplitn(3, '-').nth(2).unwrap().to_owned();
+        if pod_ready(&pod) {
+            continue;
+        }
+        if deployment != "podinfo-primary" || stage == PRIMARY_READY {
+            api.make_ready(NS, &name);
+            api.count_ready(NS, &deployment);
+        } else if stage == PRIMARY_COUNTED {
+            let object = api.object("deployments", NS, &deployment).unwrap();
+            let replicas = &object["spec"]["replicas"];
+            let mut status = object["status"].clone();
+            if status["availableReplicas"] != *replicas {
+                status["readyReplicas"] = replicas.clone();
+                status["availableReplicas"] = replicas.clone();
+                api.set_deployment_status(NS, &deployment, status);
+            }
+        }
     }
 }
 
@@ -266,13 +297,14 @@ async fn the_services_serve_each_role_the_apex_both_and_a_foreign_one_is_left_al
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_the_primary_is_not_ready_the_apex_lists_the_targets_pods_then_the_primarys_alone() {
-    let held = Arc::new(AtomicBool::new(true));
+    let stage = Arc::new(AtomicU8::new(PRIMARY_UNREADY));
     let setup = Setup::start_with(
         |_| {},
         json!({"service": {"port": 9898, "portName": "grpc", "targetPort": "grpc"}}),
-        Some(held.clone()),
+        Some(stage.clone()),
     )
     .await;
+    let api = &setup.api;
     // Initialising, the primary's pods not ready: the target's serve the apex meanwhile.
     setup
         .wait("endpointslices", "podinfo-dubbo-cp", |s| {
@@ -281,20 +313,55 @@ async fn while_the_primary_is_not_ready_the_apex_lists_the_targets_pods_then_the
         .await;
     let canary = setup.wait_canary(|_| true).await;
     assert_eq!(canary["status"]["phase"], "Initializing", "{canary}");
-    let target = setup.api.object("deployments", NS, "podinfo").unwrap();
-    assert_eq!(target["spec"]["replicas"], 2, "{target}");
 
-    // Ready: the apex moves to the primary's pods, and the target goes to zero.
-    held.store(false, Ordering::SeqCst);
-    setup.wait_phase("Initialized").await;
-    setup
-        .wait("endpointslices", "podinfo-dubbo-cp", |s| {
-            addresses(s) == ["10.1.0.1", "10.1.0.2"]
+    // The Deployment counts the primary's pods before the pods say ready: initialisation waits
+    // for them, the target still serving.
+    stage.store(PRIMARY_COUNTED, Ordering::SeqCst);
+    api.wait_for("a Halted event for the pod cache", WAIT, |api| {
+        api.objects_of("events", NS).iter().any(|e| {
+            e["reason"] == "Halted"
+                && e["note"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("waiting for the pod cache"))
         })
-        .await;
+    })
+    .await;
+    let canary = setup.wait_canary(|_| true).await;
+    assert_eq!(canary["status"]["phase"], "Initializing", "{canary}");
+    assert_eq!(
+        api.object("deployments", NS, "podinfo").unwrap()["spec"]["replicas"],
+        2
+    );
+
+    // Ready: the apex moves to the primary's pods, and then the target goes to zero.
+    stage.store(PRIMARY_READY, Ordering::SeqCst);
+    setup.wait_phase("Initialized").await;
     setup
         .wait("deployments", "podinfo", |d| d["spec"]["replicas"] == 0)
         .await;
+    let slices = api.history("endpointslices", NS, "podinfo-dubbo-cp");
+    let listed: Vec<Vec<String>> = slices.iter().map(|(_, _, s)| addresses(s)).collect();
+    assert!(listed.iter().all(|ips| !ips.is_empty()), "{listed:?}");
+    assert_eq!(
+        listed.last().unwrap(),
+        &["10.1.0.1", "10.1.0.2"],
+        "{listed:?}"
+    );
+    let switched = slices
+        .iter()
+        .find(|(_, _, s)| addresses(s) == ["10.1.0.1", "10.1.0.2"])
+        .map(|(rv, _, _)| *rv)
+        .unwrap();
+    let scaled_down = api
+        .history("deployments", NS, "podinfo")
+        .iter()
+        .find(|(_, _, d)| d["spec"]["replicas"] == 0)
+        .map(|(rv, _, _)| *rv)
+        .unwrap();
+    assert!(
+        switched < scaled_down,
+        "apex at {switched}, target at zero at {scaled_down}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -251,6 +251,26 @@ impl ApiServer {
         self.lock().write_times.clone()
     }
 
+    /// Every version object `name` of `resource` had, oldest first: (resourceVersion, event
+    /// type, object).
+    pub fn history(
+        &self,
+        resource: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Vec<(u64, String, Value)> {
+        self.lock()
+            .events
+            .iter()
+            .filter(|(_, _, r, o)| {
+                r == resource
+                    && o["metadata"]["namespace"] == namespace
+                    && o["metadata"]["name"] == name
+            })
+            .map(|(rv, kind, _, object)| (*rv, (*kind).to_owned(), object.clone()))
+            .collect()
+    }
+
     /// Makes `token` authenticate as `username` for `audiences` (empty: the API server's).
     pub fn add_token(&self, token: &str, username: &str, audiences: &[&str]) {
         let audiences = audiences.iter().map(|a| a.to_string()).collect();

@@ -23,14 +23,23 @@ impl Run<'_> {
         target: &Deployment,
         primary: &Deployment,
     ) -> Result<Option<HorizontalPodAutoscaler>, Error> {
-        self.sync_services(target, primary).await?;
+        // Outside a run the target's pods are unanalysed (a template applied while suspended)
+        // or on their way out: only the primary's are listed, as Flagger's apex selects the
+        // primary alone. While initialising they run what the primary copies and serve until
+        // its pods are ready (Flagger's target serves until then too).
+        let phase = self.phase();
+        let with_target = phase.in_run() || phase == Phase::Initializing;
+        self.sync_services(target, primary, with_target).await?;
         self.sync_autoscaler().await
     }
 
+    /// Keeps the Services; the apex's slice lists the primary's ready pods, and the target's
+    /// too when `with_target`.
     pub(super) async fn sync_services(
         &mut self,
         target: &Deployment,
         primary: &Deployment,
+        with_target: bool,
     ) -> Result<(), Error> {
         let Some(spec) = self.canary.spec.service.clone() else {
             return Ok(());
@@ -70,13 +79,7 @@ impl Run<'_> {
         }
         if apex_ours {
             let pods = self.ctx.pods.state();
-            // Outside a run the target's pods are unanalysed (a template applied while
-            // suspended) or on their way out: only the primary's are listed, as Flagger's apex
-            // selects the primary alone. While initialising they run what the primary copies
-            // and serve until its pods are ready (Flagger's target serves until then too), so
-            // the apex never lists no pod.
-            let phase = self.phase();
-            let mut ips = if phase.in_run() || phase == Phase::Initializing {
+            let mut ips = if with_target {
                 ready_pod_ips(target, pods.iter().map(|p| p.as_ref()))
             } else {
                 Vec::new()

@@ -72,25 +72,32 @@ impl Run<'_> {
                 );
                 return Ok(Action::requeue(HALT_RETRY));
             }
-            if self.canary.spec.service.is_some() && primary.spec.replicas.unwrap_or(1) > 0 {
-                // The apex moves to the primary's pods before the target's go, so it needs them
-                // in the pod cache, which can lag the Deployment's status.
-                let pods = self.ctx.pods.state();
-                if ready_pod_ips(&primary, pods.iter().map(|p| p.as_ref())).is_empty() {
-                    let message = format!(
-                        "initialisation: waiting for a ready pod of {}",
-                        primary_name(&self.plan.target)
-                    );
-                    self.event(EventType::Normal, "Halted", message);
-                    return Ok(Action::requeue(HALT_RETRY));
-                }
+            // The apex moves to the primary's pods before the target's go. The pod cache can
+            // lag the Deployment's status: while the Deployment counts available pods the
+            // cache does not show ready yet, it waits for them rather than list none.
+            let available = primary
+                .status
+                .as_ref()
+                .and_then(|s| s.available_replicas)
+                .unwrap_or(0);
+            let pods = self.ctx.pods.state();
+            if self.canary.spec.service.is_some()
+                && available > 0
+                && ready_pod_ips(&primary, pods.iter().map(|p| p.as_ref())).is_empty()
+            {
+                let message = format!(
+                    "initialisation: waiting for the pod cache to show a ready pod of {}",
+                    primary_name(&self.plan.target)
+                );
+                self.event(EventType::Normal, "Halted", message);
+                return Ok(Action::requeue(HALT_RETRY));
             }
-            self.set_phase(Phase::Initialized);
-            self.sync_services(&target, &primary).await?;
+            self.sync_services(&target, &primary, false).await?;
             self.scale(&self.plan.target.clone(), 0).await?;
             self.status.last_applied_spec = hash.clone();
             self.status.last_promoted_spec = hash.clone();
             self.record_revision(&target, &hash).await?;
+            self.set_phase(Phase::Initialized);
             self.condition("True", "Initialized", "the primary serves all traffic");
             let kind = self.canary.spec.target_ref.kind.clone();
             self.alert(
