@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use common::apiserver::{ApiServer, pod_ready};
+use common::apiserver::{ApiServer, deployment_of, pod_ready};
 use common::{start, wait_ready};
 use serde_json::{Value, json};
 
@@ -141,23 +141,22 @@ const PRIMARY_READY: u8 = 2;
 /// the primary's, which follow `stage`.
 fn staged_readiness(api: &ApiServer, stage: u8) {
     for pod in api.objects_of("pods", NS) {
-        let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
-        // `<deployment>-x<generation>-p<n>`, as the fixture names them.
-        let deployment = name.rsplitn(3, '-').nth(2).unwrap().to_owned();
+        let name = pod["metadata"]["name"].as_str().unwrap();
+        let deployment = deployment_of(name);
         if pod_ready(&pod) {
             continue;
         }
         if deployment != "podinfo-primary" || stage == PRIMARY_READY {
-            api.make_ready(NS, &name);
-            api.count_ready(NS, &deployment);
+            api.make_ready(NS, name);
+            api.count_ready(NS, deployment);
         } else if stage == PRIMARY_COUNTED {
-            let object = api.object("deployments", NS, &deployment).unwrap();
+            let object = api.object("deployments", NS, deployment).unwrap();
             let replicas = &object["spec"]["replicas"];
             let mut status = object["status"].clone();
             if status["availableReplicas"] != *replicas {
                 status["readyReplicas"] = replicas.clone();
                 status["availableReplicas"] = replicas.clone();
-                api.set_deployment_status(NS, &deployment, status);
+                api.set_deployment_status(NS, deployment, status);
             }
         }
     }

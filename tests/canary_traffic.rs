@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::apiserver::{ApiServer, pod_ready};
+use common::apiserver::{ApiServer, deployment_of, pod_ready};
 use common::gates::{Gates, acked_weights, endpoint_nonce};
 use common::{start, wait_ready};
 use dubbo_cp::canary::prometheus::{Endpoint, QueryError};
@@ -65,8 +65,8 @@ fn cluster_controllers(
     tokio::spawn(async move {
         let mut served: BTreeMap<String, Value> = BTreeMap::new();
         let mut scraped = None;
-        // Pods not ready yet, by name: (Deployment, when the pod was seen first).
-        let mut starting: BTreeMap<String, (String, tokio::time::Instant)> = BTreeMap::new();
+        // Pods not ready yet, by name: when each was seen first.
+        let mut starting: BTreeMap<String, tokio::time::Instant> = BTreeMap::new();
         loop {
             // Deployments whose pods turned ready in this pass: counted once the slices say so.
             let mut turned_ready = BTreeSet::new();
@@ -79,15 +79,13 @@ fn cluster_controllers(
                 let pod_name = pod["metadata"]["name"].as_str().unwrap().to_owned();
                 let mut ready = pod_ready(&pod);
                 if !ready {
-                    // `<deployment>-x<generation>-p<n>`, as the fixture names them.
-                    let deployment = pod_name.rsplitn(3, '-').nth(2).unwrap().to_owned();
-                    let (_, since) = starting
+                    let since = starting
                         .entry(pod_name.clone())
-                        .or_insert_with(|| (deployment, tokio::time::Instant::now()));
+                        .or_insert_with(tokio::time::Instant::now);
                     if since.elapsed() >= READY_AFTER {
-                        let (deployment, _) = starting.remove(&pod_name).unwrap();
+                        starting.remove(&pod_name);
                         api.make_ready(NS, &pod_name);
-                        turned_ready.insert(deployment);
+                        turned_ready.insert(deployment_of(&pod_name).to_owned());
                         ready = true;
                     }
                 }

@@ -1463,6 +1463,11 @@ fn pairs_of(
         .collect()
 }
 
+/// The Deployment of a pod the fixture made: its pods are `<deployment>-x<generation>-p<n>`.
+pub fn deployment_of(pod: &str) -> &str {
+    pod.rsplitn(3, '-').nth(2).unwrap_or(pod)
+}
+
 fn ready_status(ready: bool) -> &'static str {
     if ready { "True" } else { "False" }
 }
