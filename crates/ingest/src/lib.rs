@@ -217,6 +217,7 @@ fn store_refusal(err: StoreError) -> Counted {
             "exhausted",
         ),
         StoreError::ShuttingDown => (Err(Status::unavailable(err.to_string())), "unavailable"),
+        StoreError::Refused(reason) => (Err(Status::invalid_argument(reason)), "invalid"),
         other => {
             // The message stands alone, so it carries the sources (`commit failed: disk I/O
             // error`).

@@ -80,16 +80,8 @@ impl Default for WriterStats {
     }
 }
 
-/// A key that failed for a reason retrying soon cannot fix.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ParkedKey {
-    pub namespace: String,
-    pub interface_name: String,
-    pub reason: String,
-    /// Unix seconds of the failure.
-    pub since: u64,
-}
+/// A key that failed for a reason retrying soon cannot fix (shared with ZooKeeper mode).
+pub use crate::store::ParkedKey;
 
 /// Why one upsert attempt did not land.
 #[derive(Debug, thiserror::Error)]

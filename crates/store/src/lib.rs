@@ -30,11 +30,26 @@ pub use embedded::{Store, StoredObject, load_index, publish};
 pub use outbox::Outbox;
 pub use rules::RuleStore;
 
+/// A key of the outbox whose write failed for a reason retrying soon cannot fix (a refused
+/// write, a node or object that cannot be read); its pairs stay in the outbox.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParkedKey {
+    pub namespace: String,
+    pub interface_name: String,
+    pub reason: String,
+    /// Unix seconds of the failure.
+    pub since: u64,
+}
+
 /// Where the registration service makes registrations durable, by mode.
 #[derive(Clone)]
 pub enum Durable {
     Store(Store),
     Outbox(Outbox),
+    /// An outbox whose sink cannot hold every key (ZooKeeper: a namespace or interface that
+    /// names no node): each key is checked before anything is committed.
+    Checked(Outbox, fn(&MappingKey) -> Result<(), String>),
 }
 
 impl Durable {
@@ -45,13 +60,19 @@ impl Durable {
         match self {
             Durable::Store(store) => store.register(registration).await,
             Durable::Outbox(outbox) => outbox.register(registration).await,
+            Durable::Checked(outbox, check) => {
+                for key in registration.keys() {
+                    check(&key).map_err(StoreError::Refused)?;
+                }
+                outbox.register(registration).await
+            }
         }
     }
 
     pub fn stats(&self) -> &std::sync::Arc<StoreStats> {
         match self {
             Durable::Store(store) => store.stats(),
-            Durable::Outbox(outbox) => outbox.stats(),
+            Durable::Outbox(outbox) | Durable::Checked(outbox, _) => outbox.stats(),
         }
     }
 }
@@ -67,6 +88,10 @@ pub enum RegisterOutcome {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The registration names something the mode's sink cannot hold; the message names the
+    /// field, the value and why.
+    #[error("{0}")]
+    Refused(String),
     #[error("ingest queue is full ({0}); retry later")]
     Busy(String),
     #[error(

@@ -1,0 +1,251 @@
+//! `dubbo-cp apply` and `delete` in ZooKeeper mode: each rule is written to its node (Dubbo's
+//! config-center key for TagRoute, ConditionRoute and DynamicConfig, our own path for the rest),
+//! every document of one call in one ZooKeeper transaction (`multi`), checked against the
+//! versions it read. The watch brings the result into the index, as it brings anyone's edits.
+//!
+//! A node holding another object (two objects whose keys name one node), or a body dubbo-cp
+//! cannot read, is refused with a message naming both: it is never overwritten.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use zookeeper_client::{Acls, Client, CreateMode, Error, MultiWriteError};
+
+use crate::index::catalog::{Catalog, RuleKey, describe, key_of};
+use crate::layout;
+use crate::rules::{ManifestError, Rule, parse_manifests};
+use crate::session::Session;
+use crate::stats::ZkStats;
+use crate::store::rules::Report;
+
+/// How long a rule write waits for a session.
+const SESSION_WAIT: Duration = Duration::from_secs(5);
+/// Transactions retried when a node changed between the read and the write.
+const TRIES: usize = 3;
+
+/// Why a rule write was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RuleError {
+    /// The manifests do not parse or validate; nothing was written.
+    #[error(transparent)]
+    Invalid(#[from] ManifestError),
+    /// The rules cannot go where they must (a node holds another object, or cannot be read).
+    #[error("{0}")]
+    Refused(String),
+    /// The ensemble did not answer; nothing was written.
+    #[error("ZooKeeper: {0}")]
+    Unavailable(String),
+}
+
+pub struct ZkRules {
+    session: Arc<Session>,
+    catalog: Arc<Catalog>,
+    /// One write at a time, so a report's created/configured reflect that write alone.
+    writing: tokio::sync::Mutex<()>,
+}
+
+/// The node of `rule`.
+pub fn node_path(rule: &Rule) -> Result<String, String> {
+    let refused = |err: layout::LayoutError| format!("{}: {err}", describe(&key_of(rule)));
+    match layout::rule_key(&rule.spec) {
+        Some(name) => {
+            let name = name.map_err(refused)?;
+            Ok(format!("{}/{name}", layout::config_dir(&rule.namespace).map_err(refused)?))
+        }
+        None => Ok(format!(
+            "{}/{}",
+            layout::ours_dir(&rule.namespace, rule.kind()).map_err(refused)?,
+            rule.name
+        )),
+    }
+}
+
+/// What a node holds now, read for a write.
+enum Held {
+    Nothing,
+    /// The object (if the body reads as one) and the version to check.
+    Object(Option<RuleKey>, Vec<u8>, i32),
+}
+
+impl ZkRules {
+    pub fn new(session: Arc<Session>, catalog: Arc<Catalog>) -> Self {
+        ZkRules {
+            session,
+            catalog,
+            writing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    async fn client(&self) -> Result<Client, RuleError> {
+        self.session
+            .wait_client(SESSION_WAIT)
+            .await
+            .ok_or_else(|| RuleError::Unavailable("no session with the ensemble".to_owned()))
+    }
+
+    /// Reads what `path` holds, as the object it names.
+    async fn held(client: &Client, path: &str) -> Result<Held, RuleError> {
+        let (data, stat) = match client.get_data(path).await {
+            Ok(read) => read,
+            Err(Error::NoNode) => return Ok(Held::Nothing),
+            Err(err) => return Err(RuleError::Unavailable(err.to_string())),
+        };
+        let key = match layout::classify(path) {
+            layout::Node::Rule { namespace, name } => {
+                crate::body::decode_rule(&namespace, &name, &data)
+                    .map(|rule| rule.as_ref().map(key_of))
+            }
+            layout::Node::Ours {
+                namespace,
+                kind,
+                name,
+            } => crate::body::decode_ours(&namespace, kind, &name, &data)
+                .map(|rule| Some(key_of(&rule))),
+            _ => Ok(None),
+        };
+        match key {
+            Ok(key) => Ok(Held::Object(key, data, stat.version)),
+            Err(err) => Err(RuleError::Refused(format!(
+                "{path} holds a body dubbo-cp cannot read ({err}); it is not overwritten: fix or \
+                 delete the node first"
+            ))),
+        }
+    }
+
+    /// `dubbo-cp apply`: every document validated, then all written in one transaction.
+    pub async fn apply(&self, manifests: &str) -> Result<Report, RuleError> {
+        let rules = parse_manifests(manifests)?;
+        let mut nodes: BTreeMap<String, (Rule, Vec<u8>)> = BTreeMap::new();
+        for rule in rules {
+            let path = node_path(&rule).map_err(RuleError::Refused)?;
+            let bytes = crate::body::encode(&rule).map_err(RuleError::Refused)?;
+            if let Some((other, _)) = nodes.get(&path) {
+                return Err(RuleError::Refused(format!(
+                    "{} and {} would both be stored at {path}: their keys name one node",
+                    describe(&key_of(other)),
+                    describe(&key_of(&rule))
+                )));
+            }
+            nodes.insert(path, (rule, bytes));
+        }
+        let _writing = self.writing.lock().await;
+        let client = self.client().await?;
+        for _ in 0..TRIES {
+            let mut report = Report::default();
+            let mut multi = client.new_multi_writer();
+            let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+            for (path, (rule, bytes)) in &nodes {
+                let name = describe(&key_of(rule));
+                match Self::held(&client, path).await? {
+                    Held::Nothing => {
+                        if let Some((parent, _)) = path.rsplit_once('/') {
+                            client
+                                .mkdir(parent, &options)
+                                .await
+                                .map_err(|err| RuleError::Unavailable(err.to_string()))?;
+                        }
+                        add(multi.add_create(path, bytes, &options))?;
+                        report.created.push(name);
+                    }
+                    Held::Object(key, current, version) => {
+                        if key.as_ref().is_some_and(|key| *key != key_of(rule)) {
+                            let held = key.as_ref().map(describe).unwrap_or_default();
+                            return Err(RuleError::Refused(format!(
+                                "{path} holds {held}; {name} would replace it (their keys name \
+                                 one node): delete {held} first or give {name} another key"
+                            )));
+                        }
+                        if current == *bytes {
+                            report.unchanged.push(name);
+                            continue;
+                        }
+                        add(multi.add_set_data(path, bytes, Some(version)))?;
+                        report.configured.push(name);
+                    }
+                }
+            }
+            if report.created.is_empty() && report.configured.is_empty() {
+                return Ok(report);
+            }
+            match multi.commit().await {
+                Ok(_) => {
+                    for _ in 0..report.created.len() + report.configured.len() {
+                        ZkStats::count(&self.session.stats().rule_writes);
+                    }
+                    return Ok(report);
+                }
+                // A node changed (or appeared) since it was read: read everything again.
+                Err(MultiWriteError::OperationFailed {
+                    source: Error::BadVersion | Error::NodeExists | Error::NoNode,
+                    ..
+                }) => continue,
+                Err(err) => return Err(RuleError::Unavailable(err.to_string())),
+            }
+        }
+        Err(RuleError::Unavailable(
+            "the rules' nodes kept changing while they were written; try again".to_owned(),
+        ))
+    }
+
+    /// `dubbo-cp delete -f`: the objects the manifests name.
+    pub async fn delete_manifests(&self, manifests: &str) -> Result<Report, RuleError> {
+        let keys: Vec<RuleKey> = parse_manifests(manifests)?.iter().map(key_of).collect();
+        self.delete(&keys).await
+    }
+
+    /// Deletes the nodes holding `keys`, in one transaction.
+    pub async fn delete(&self, keys: &[RuleKey]) -> Result<Report, RuleError> {
+        let _writing = self.writing.lock().await;
+        let client = self.client().await?;
+        for _ in 0..TRIES {
+            let mut report = Report::default();
+            let mut multi = client.new_multi_writer();
+            for key in keys {
+                let name = describe(key);
+                // Where the served rule lives (a rule read from dubbo-admin's node has a derived
+                // name, so the node is found from the rule, not from the name).
+                let rule = self
+                    .catalog
+                    .list(key.0, Some(&key.1))
+                    .into_iter()
+                    .find(|rule| rule.name == key.2);
+                let Some(path) = rule.as_ref().map(node_path).transpose().map_err(RuleError::Refused)? else {
+                    report.not_found.push(name);
+                    continue;
+                };
+                match Self::held(&client, &path).await {
+                    Ok(Held::Object(Some(held), _, version)) if held == *key => {
+                        add(multi.add_delete(&path, Some(version)))?;
+                        report.deleted.push(name);
+                    }
+                    Ok(_) => report.not_found.push(name),
+                    Err(err) => return Err(err),
+                }
+            }
+            if report.deleted.is_empty() {
+                return Ok(report);
+            }
+            match multi.commit().await {
+                Ok(_) => {
+                    for _ in 0..report.deleted.len() {
+                        ZkStats::count(&self.session.stats().rule_writes);
+                    }
+                    return Ok(report);
+                }
+                Err(MultiWriteError::OperationFailed {
+                    source: Error::BadVersion | Error::NoNode,
+                    ..
+                }) => continue,
+                Err(err) => return Err(RuleError::Unavailable(err.to_string())),
+            }
+        }
+        Err(RuleError::Unavailable(
+            "the rules' nodes kept changing while they were deleted; try again".to_owned(),
+        ))
+    }
+}
+
+fn add(result: Result<(), Error>) -> Result<(), RuleError> {
+    result.map_err(|err| RuleError::Refused(err.to_string()))
+}

@@ -1,0 +1,200 @@
+//! The session with the ensemble: connected at start, watched, and replaced by a new one when it
+//! expires (a terminal state for a ZooKeeper client). Everyone who talks to the ensemble takes
+//! the current client from here; between sessions there is none and they wait or retry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use zookeeper_client::{Acls, Client, CreateMode, SessionState};
+
+use crate::stats::{ZkStats, now};
+
+/// The longest wait between two connection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+pub struct Session {
+    /// Hosts only (`host:port,host:port`).
+    hosts: String,
+    /// The chroot, `""` for none.
+    chroot: String,
+    timeout: Duration,
+    current: watch::Sender<Option<Client>>,
+    stats: Arc<ZkStats>,
+}
+
+/// Why a connect string is refused.
+#[derive(Debug, thiserror::Error)]
+#[error("zookeeper.address {address:?}: {reason}")]
+pub struct AddressError {
+    address: String,
+    reason: &'static str,
+}
+
+impl Session {
+    /// A session with `address` (`host:port[,host:port...][/chroot]`), not connected yet.
+    pub fn new(
+        address: &str,
+        timeout: Duration,
+        stats: Arc<ZkStats>,
+    ) -> Result<Arc<Self>, AddressError> {
+        let refuse = |reason| AddressError {
+            address: address.to_owned(),
+            reason,
+        };
+        let address = address.trim().trim_start_matches("zookeeper://");
+        let (hosts, chroot) = match address.find('/') {
+            Some(i) => (&address[..i], address[i..].trim_end_matches('/')),
+            None => (address, ""),
+        };
+        if hosts.is_empty() {
+            return Err(refuse("names no host (host:port[,host:port...][/chroot])"));
+        }
+        for host in hosts.split(',') {
+            let port = host.rsplit_once(':').map(|(_, port)| port);
+            if port.is_none_or(|port| port.parse::<u16>().is_err()) {
+                return Err(refuse("every host needs a port (host:port)"));
+            }
+        }
+        Ok(Arc::new(Session {
+            hosts: hosts.to_owned(),
+            chroot: chroot.to_owned(),
+            timeout,
+            current: watch::Sender::new(None),
+            stats,
+        }))
+    }
+
+    /// The client of the current session, if there is one.
+    pub fn client(&self) -> Option<Client> {
+        self.current.borrow().clone()
+    }
+
+    /// Every new session (and the end of one, as `None`).
+    pub fn subscribe(&self) -> watch::Receiver<Option<Client>> {
+        self.current.subscribe()
+    }
+
+    pub fn stats(&self) -> &Arc<ZkStats> {
+        &self.stats
+    }
+
+    /// Waits for a session, up to `limit`.
+    pub async fn wait_client(&self, limit: Duration) -> Option<Client> {
+        let mut sessions = self.subscribe();
+        let wait = sessions.wait_for(Option::is_some);
+        match tokio::time::timeout(limit, wait).await {
+            Ok(Ok(client)) => client.clone(),
+            _ => None,
+        }
+    }
+
+    /// Connects, and connects again whenever the session ends, until shutdown.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            self.stats.session("connecting");
+            let connected = tokio::select! {
+                () = crate::shutdown::signalled(&mut shutdown) => break,
+                connected = self.connect() => connected,
+            };
+            let client = match connected {
+                Ok(client) => client,
+                Err(err) => {
+                    tracing::warn!(ensemble = %self.hosts, error = %err, retry_in = ?backoff,
+                        "cannot connect to ZooKeeper");
+                    self.stats.error(format!("connect: {err}"));
+                    tokio::select! {
+                        () = crate::shutdown::signalled(&mut shutdown) => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+            };
+            backoff = Duration::from_millis(100);
+            ZkStats::count(&self.stats.sessions);
+            let id = format!("{:x}", client.session_id().0);
+            tracing::info!(ensemble = %self.hosts, chroot = %self.chroot, session = %id,
+                timeout = ?client.session_timeout(), "ZooKeeper session established");
+            let timeout_ms = client.session_timeout().as_millis() as u64;
+            self.stats.update(|state| {
+                state.session = "connected".to_owned();
+                state.session_id = Some(id.clone());
+                state.session_timeout_ms = timeout_ms;
+            });
+            let mut states = client.state_watcher();
+            self.current.send_replace(Some(client));
+            loop {
+                let state = tokio::select! {
+                    () = crate::shutdown::signalled(&mut shutdown) => {
+                        self.current.send_replace(None);
+                        return;
+                    }
+                    state = states.changed() => state,
+                };
+                match state {
+                    SessionState::SyncConnected => self.stats.session("connected"),
+                    SessionState::ConnectedReadOnly => self.stats.session("read-only"),
+                    SessionState::Disconnected => {
+                        tracing::warn!(session = %id, "ZooKeeper disconnected; reconnecting");
+                        self.stats.session("disconnected");
+                        self.stats.error("disconnected from the ensemble");
+                    }
+                    SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
+                        tracing::warn!(session = %id, ?state,
+                            "ZooKeeper session ended; starting a new one");
+                        self.stats.session("expired");
+                        self.stats.error(format!("session {id} ended: {state:?}"));
+                        self.current.send_replace(None);
+                        break;
+                    }
+                }
+            }
+        }
+        self.current.send_replace(None);
+    }
+
+    /// One connection attempt: the hosts, then the chroot (created when missing, as it is ours).
+    async fn connect(&self) -> Result<Client, zookeeper_client::Error> {
+        let connect = Client::connector()
+            .with_session_timeout(self.timeout)
+            .connect(&self.hosts);
+        let client = tokio::time::timeout(self.timeout, connect)
+            .await
+            .map_err(|_| zookeeper_client::Error::Timeout)??;
+        if self.chroot.is_empty() {
+            return Ok(client);
+        }
+        let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        client.mkdir(&self.chroot, &options).await?;
+        client
+            .chroot(self.chroot.as_str())
+            .map_err(|_| zookeeper_client::Error::BadArguments(&"invalid chroot"))
+    }
+}
+
+/// Unix seconds now, for callers that record a sync.
+pub(crate) fn synced(stats: &ZkStats, nodes: usize) {
+    stats.update(|state| {
+        state.last_sync = Some(now());
+        state.watched_nodes = nodes;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_strings_are_checked() {
+        let stats = Arc::new(ZkStats::default());
+        let session = |address| Session::new(address, Duration::from_secs(1), stats.clone());
+        let ok = session("zookeeper://a:2181,b:2182/dubbo-cp/").unwrap();
+        assert_eq!((ok.hosts.as_str(), ok.chroot.as_str()), ("a:2181,b:2182", "/dubbo-cp"));
+        assert_eq!(session("127.0.0.1:2181").unwrap().chroot, "");
+        for bad in ["", "/chroot", "host", "a:2181,b", "a:x"] {
+            assert!(session(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! One persistent recursive watch on the whole tree (ZooKeeper 3.6+), feeding the index.
+//!
+//! At every new session, and after every reconnection (events during a connection loss can be
+//! lost, ZOOKEEPER-4698), everything is listed and read again and the index reset to it. Between
+//! re-lists each node event names a path; the paths of a burst are merged by the debouncer, read
+//! once each, and applied in one batch per kind.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{Mutex, mpsc, watch};
+use zookeeper_client::{AddWatchMode, Client, Error, EventType, SessionState};
+
+use crate::debounce::{Batch, DebounceConfig, Merge};
+use crate::index::catalog::Catalog;
+use crate::index::{Index, Kind, SourceCondition, SourceProblem};
+use crate::layout::{self, OURS, SERVICES};
+use crate::service::ServiceSet;
+use crate::session::Session;
+use crate::state::{Changes, Read, State};
+use crate::stats::ZkStats;
+use crate::view::ZkView;
+
+/// Node reads in flight at once during a re-list.
+const PARALLEL_READS: usize = 64;
+/// Paths one batch may name before it becomes a re-list (a burst that large is cheaper read
+/// whole, and the set stays bounded).
+const MAX_PENDING_PATHS: usize = 10_000;
+/// How long a failed batch waits before the whole tree is read again.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// What the watch has to read next.
+#[derive(Debug, Default)]
+pub struct Pending {
+    paths: BTreeSet<String>,
+    relist: bool,
+}
+
+impl Pending {
+    fn relist() -> Self {
+        Pending {
+            paths: BTreeSet::new(),
+            relist: true,
+        }
+    }
+
+    fn path(path: String) -> Self {
+        Pending {
+            paths: BTreeSet::from([path]),
+            relist: false,
+        }
+    }
+}
+
+impl Merge for Pending {
+    fn merge(&mut self, other: Self) {
+        self.relist |= other.relist;
+        if self.relist || self.paths.len() + other.paths.len() > MAX_PENDING_PATHS {
+            self.relist = true;
+            self.paths.clear();
+        } else {
+            self.paths.extend(other.paths);
+        }
+    }
+}
+
+/// Where the watch puts what it reads.
+pub struct Sinks {
+    pub index: Arc<Index>,
+    pub catalog: Arc<Catalog>,
+    pub view: Arc<ZkView>,
+    /// Providers as services, for the xDS edge.
+    pub services: watch::Sender<ServiceSet>,
+    /// Auth policies in this namespace reach every client.
+    pub root_namespace: String,
+}
+
+/// Runs the watch until shutdown.
+pub async fn run(
+    session: Arc<Session>,
+    sinks: Sinks,
+    debounce: DebounceConfig,
+    shutdown: watch::Receiver<bool>,
+) {
+    let (tx, rx) = mpsc::channel::<Pending>(1024);
+    let retry = tx.downgrade();
+    let events = tokio::spawn(events(session.clone(), tx, shutdown));
+    let state = Arc::new(Mutex::new(State::default()));
+    let sinks = Arc::new(sinks);
+    crate::debounce::run(debounce, rx, |batch: Batch<Pending>| {
+        let (session, sinks, state, retry) =
+            (session.clone(), sinks.clone(), state.clone(), retry.clone());
+        async move {
+            let mut state = state.lock().await;
+            if let Err(err) = flush(&session, &sinks, &mut state, batch.value).await {
+                tracing::warn!(error = %err, "ZooKeeper read failed; reading everything again");
+                session.stats().error(format!("read: {err}"));
+                fail(&sinks.index, &err.to_string());
+                // Read everything again once the session is back (the loss may have hidden events).
+                tokio::spawn(async move {
+                    tokio::time::sleep(RETRY).await;
+                    if let Some(tx) = retry.upgrade() {
+                        let _ = tx.send(Pending::relist()).await;
+                    }
+                });
+            }
+        }
+    })
+    .await;
+    let _ = events.await;
+}
+
+/// Says on every kind why the source is not in sync (readiness and `/debug/sources` show it).
+fn fail(index: &Index, error: &str) {
+    for kind in Kind::ALL {
+        index.set_condition(
+            kind,
+            Some(SourceCondition {
+                problem: SourceProblem::Failing,
+                message: format!("ZooKeeper: {error}"),
+            }),
+        );
+    }
+}
+
+/// The session's node events as paths to read, and a re-list at each (re)connection.
+async fn events(session: Arc<Session>, tx: mpsc::Sender<Pending>, mut shutdown: watch::Receiver<bool>) {
+    let mut sessions = session.subscribe();
+    let mut watched = None;
+    loop {
+        // A session other than the one whose watch ended.
+        let client = tokio::select! {
+            () = crate::shutdown::signalled(&mut shutdown) => return,
+            client = sessions.wait_for(|c| c.as_ref().is_some_and(|c| Some(c.session_id()) != watched)) => match client {
+                Ok(client) => client.clone(),
+                Err(_) => return,
+            },
+        };
+        let Some(client) = client else { continue };
+        watched = Some(client.session_id());
+        let mut watcher = match client.watch("/", AddWatchMode::PersistentRecursive).await {
+            Ok(watcher) => watcher,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot watch ZooKeeper; trying again");
+                session.stats().error(format!("watch: {err}"));
+                // The same session may work again; forget it so the loop takes it once more.
+                watched = None;
+                tokio::select! {
+                    () = crate::shutdown::signalled(&mut shutdown) => return,
+                    () = tokio::time::sleep(RETRY) => continue,
+                }
+            }
+        };
+        if tx.send(Pending::relist()).await.is_err() {
+            return;
+        }
+        loop {
+            let event = tokio::select! {
+                () = crate::shutdown::signalled(&mut shutdown) => return,
+                event = watcher.changed() => event,
+            };
+            let pending = match event.event_type {
+                EventType::Session => match event.session_state {
+                    SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                        Pending::relist()
+                    }
+                    SessionState::Disconnected => continue,
+                    // Terminal: the watcher must not be asked again; a new session comes.
+                    _ => break,
+                },
+                _ => {
+                    ZkStats::count(&session.stats().watch_events);
+                    Pending::path(event.path)
+                }
+            };
+            if tx.send(pending).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Reads what `pending` names and applies it.
+async fn flush(
+    session: &Session,
+    sinks: &Sinks,
+    state: &mut State,
+    pending: Pending,
+) -> Result<(), Error> {
+    let client = session.client().ok_or(Error::ConnectionLoss)?;
+    if pending.relist {
+        return relist(session, &client, sinks, state).await;
+    }
+    let reads = read_all(&client, pending.paths.into_iter().collect()).await?;
+    let mut changes = Changes::default();
+    for (path, read) in reads {
+        state.set(&path, read, &mut changes);
+    }
+    for (rule, removed) in &changes.rules {
+        match (rule, removed) {
+            (Some(rule), _) => sinks.catalog.upsert(rule.clone()),
+            (None, Some(key)) => sinks.catalog.remove(key),
+            (None, None) => {}
+        }
+    }
+    State::rule_changes(&mut changes, &sinks.root_namespace);
+    for (kind, kind_changes) in std::mem::take(&mut changes.by_kind) {
+        sinks.index.apply(kind, kind_changes, 0);
+    }
+    // The outbox's view follows the mapping nodes.
+    for key in &changes.mapping_nodes {
+        sinks
+            .view
+            .set(key, state.mapping_node(key).unwrap_or_default());
+    }
+    if changes.services_changed {
+        publish_services(sinks, state);
+    }
+    session.stats().update(|s| s.unreadable = state.unreadable.clone());
+    Ok(())
+}
+
+fn publish_services(sinks: &Sinks, state: &State) {
+    let services = state.services();
+    sinks.services.send_if_modified(|set| {
+        let next = ServiceSet {
+            services,
+            synced: true,
+            condition: None,
+        };
+        let changed = *set != next;
+        *set = next;
+        changed
+    });
+}
+
+/// Lists and reads the whole tree, and makes the index exactly that.
+async fn relist(
+    session: &Session,
+    client: &Client,
+    sinks: &Sinks,
+    state: &mut State,
+) -> Result<(), Error> {
+    ZkStats::count(&session.stats().relists);
+    let paths = list_all(client).await?;
+    let reads = read_all(client, paths).await?;
+    let mut fresh = State::after(state);
+    let mut ignored = Changes::default();
+    fresh.nodes_read = reads.len();
+    for (path, read) in reads {
+        fresh.set(&path, read, &mut ignored);
+    }
+    fresh.drop_unused_names();
+    *state = fresh;
+    for (kind, upserts) in state.everything(&sinks.root_namespace) {
+        sinks.index.reset_changes(kind, upserts, 0);
+    }
+    for kind in crate::rules::RULE_KINDS {
+        sinks
+            .catalog
+            .reset(kind, state.rules().filter(|r| r.kind() == kind).cloned());
+        sinks.catalog.clear_invalid(kind);
+    }
+    sinks.view.reset(state.mapping_nodes());
+    publish_services(sinks, state);
+    for kind in Kind::ALL {
+        sinks.index.set_condition(kind, None);
+    }
+    sinks.index.mark_all_loaded();
+    crate::session::synced(session.stats(), state.nodes_read);
+    session.stats().update(|s| s.unreadable = state.unreadable.clone());
+    tracing::info!(nodes = state.nodes_read, unreadable = state.unreadable.len(),
+        "ZooKeeper listed");
+    Ok(())
+}
+
+/// The children of `path`; none when it does not exist.
+async fn children(client: &Client, path: &str) -> Result<Vec<String>, Error> {
+    match client.list_children(path).await {
+        Ok(children) => Ok(children),
+        Err(Error::NoNode) => Ok(Vec::new()),
+        Err(err) => Err(err),
+    }
+}
+
+fn join(parent: &str, child: &str) -> String {
+    if parent == "/" {
+        format!("/{child}")
+    } else {
+        format!("{parent}/{child}")
+    }
+}
+
+/// Every path dubbo-cp reads: mapping, rule, our own, provider and instance nodes.
+async fn list_all(client: &Client) -> Result<Vec<String>, Error> {
+    // Directories whose children are the nodes, found level by level.
+    let mut leaves: Vec<String> = Vec::new();
+    let mut dirs: Vec<String> = Vec::new();
+    for root in children(client, "/").await? {
+        let top = join("/", &root);
+        if root == OURS {
+            for namespace in children(client, &top).await? {
+                let ns_dir = join(&top, &namespace);
+                for plural in children(client, &ns_dir).await? {
+                    dirs.push(join(&ns_dir, &plural));
+                }
+            }
+        } else if root == SERVICES {
+            for application in children(client, &top).await? {
+                dirs.push(join(&top, &application));
+            }
+        } else if layout::namespace_of_root(&root).is_some() {
+            for child in children(client, &top).await? {
+                match child.as_str() {
+                    "mapping" => dirs.push(join(&top, "mapping")),
+                    "config" => dirs.push(format!("{top}/config/{}", layout::CONFIG_GROUP)),
+                    "metadata" => {}
+                    _ => dirs.push(format!("{top}/{child}/providers")),
+                }
+            }
+        }
+    }
+    let listed: Vec<Result<(String, Vec<String>), Error>> = futures::stream::iter(dirs)
+        .map(|dir| async move { children(client, &dir).await.map(|c| (dir, c)) })
+        .buffer_unordered(PARALLEL_READS)
+        .collect()
+        .await;
+    for result in listed {
+        let (dir, names) = result?;
+        leaves.extend(names.iter().map(|name| join(&dir, name)));
+    }
+    leaves.retain(|path| !matches!(layout::classify(path), layout::Node::Other));
+    Ok(leaves)
+}
+
+/// Reads each path (provider nodes need no read: the URL is the name).
+async fn read_all(client: &Client, paths: Vec<String>) -> Result<Vec<(String, Read)>, Error> {
+    let reads: Vec<Result<(String, Read), Error>> = futures::stream::iter(paths)
+        .map(|path| async move {
+            let read = match client.get_data(&path).await {
+                Ok((data, _)) => Read::Data(data),
+                Err(Error::NoNode) => Read::Absent,
+                Err(err) => return Err(err),
+            };
+            Ok((path, read))
+        })
+        .buffer_unordered(PARALLEL_READS)
+        .collect()
+        .await;
+    reads.into_iter().collect()
+}
