@@ -43,6 +43,7 @@ pub use dubbo_cp_ingest::IngestConfig;
 pub use dubbo_cp_k8s::{KubernetesConfig, MappingConfig, WriterConfig};
 pub use dubbo_cp_webhook::WebhookConfig;
 pub use dubbo_cp_xds::XdsConfig;
+pub use dubbo_cp_zookeeper::ZooKeeperConfig;
 use smart_default::SmartDefault;
 
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:30060";
@@ -66,8 +67,9 @@ pub struct Config {
     #[arg(id = "dataDir", long = "data-dir", env = "DUBBO_CP_DATA_DIR")]
     #[default(PathBuf::from(DEFAULT_DATA_DIR))]
     pub data_dir: PathBuf,
-    /// `standalone` (the embedded store is the truth) or `kubernetes` (ServiceNameMapping
-    /// objects, the store is an outbox of pending writes).
+    /// `standalone` (the embedded store is the truth), `kubernetes` (ServiceNameMapping
+    /// objects, the store is an outbox of pending writes) or `zookeeper` (Dubbo's ZooKeeper
+    /// layout, the store is an outbox; `zookeeper.address` alone selects it).
     #[arg(id = "mode", long = "mode", env = "DUBBO_CP_MODE", value_enum)]
     #[default(Mode::Standalone)]
     pub mode: Mode,
@@ -100,6 +102,8 @@ pub struct Config {
     pub auth: AuthConfig,
     #[command(flatten)]
     pub kubernetes: KubernetesConfig,
+    #[command(flatten)]
+    pub zookeeper: ZooKeeperConfig,
     #[command(flatten)]
     pub rules: RulesConfig,
     #[command(flatten)]
@@ -136,6 +140,7 @@ pub enum Mode {
     #[default]
     Standalone,
     Kubernetes,
+    Zookeeper,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::Args)]
@@ -223,6 +228,14 @@ pub struct TlsConfig {
 }
 
 impl Config {
+    /// The mode that runs: `zookeeper.address` alone selects ZooKeeper mode.
+    pub fn effective_mode(&self) -> Mode {
+        match (self.mode, &self.zookeeper.address) {
+            (Mode::Standalone, Some(_)) => Mode::Zookeeper,
+            (mode, _) => mode,
+        }
+    }
+
     /// Whether callers are authenticated: a token file, or TokenReview in Kubernetes mode.
     pub fn authenticates(&self) -> bool {
         self.auth.token_file.is_some() || self.uses_token_review()
@@ -385,6 +398,19 @@ impl Config {
             "kubernetes.maxParallelWrites",
             self.kubernetes.writer.max_parallel as u64,
         );
+        at_least_one(
+            "zookeeper.maxParallelWrites",
+            self.zookeeper.max_parallel_writes as u64,
+        );
+        match (self.mode, &self.zookeeper.address) {
+            (Mode::Zookeeper, None) => problems
+                .push("mode zookeeper needs zookeeper.address (--zookeeper HOST:PORT)".to_owned()),
+            (Mode::Kubernetes, Some(address)) => problems.push(format!(
+                "zookeeper.address {address:?} selects ZooKeeper mode, but mode is kubernetes: \
+                 use one source of truth"
+            )),
+            _ => {}
+        }
         for (key, rate) in [
             ("ingest.ratePerCaller", self.ingest.rate_per_caller),
             ("dds.newStreamsPerSecond", self.dds.new_streams_per_second),
@@ -416,6 +442,8 @@ impl Config {
                 "kubernetes.parkedRetryInterval",
                 self.kubernetes.writer.parked_retry,
             ),
+            ("zookeeper.sessionTimeout", self.zookeeper.session_timeout),
+            ("zookeeper.parkedRetryInterval", self.zookeeper.parked_retry),
         ] {
             if value.is_zero() {
                 problems.push(format!("{key} must be above zero, not {value:?}"));

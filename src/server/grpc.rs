@@ -60,7 +60,10 @@ pub(super) async fn grpc_services(
     let ads = config
         .xds
         .enabled
-        .then(|| xds_service(config, index, policy, kube_client, wiring));
+        .then(|| {
+            let zk_services = source.zookeeper.as_ref().map(|zk| zk.services.clone());
+            xds_service(config, index, policy, kube_client, zk_services, wiring)
+        });
     let edges = Edges {
         encoder,
         dds_stats,
@@ -78,11 +81,13 @@ fn xds_service(
     index: &Arc<Index>,
     policy: &Policy,
     kube_client: Option<&kube::Client>,
+    zk_services: Option<watch::Receiver<dubbo_cp_domain::service::ServiceSet>>,
     wiring: &mut Wiring,
 ) -> crate::xds::server::Ads {
     use crate::xds::{server::Ads, snapshot::Snapshot, source};
-    // Kubernetes mode: the cluster's Services and EndpointSlices, beside the ServiceEntries.
-    let services = kube_client.map(|client| {
+    // Kubernetes mode: the cluster's Services and EndpointSlices, beside the ServiceEntries;
+    // ZooKeeper mode: the providers registered there.
+    let services = zk_services.or_else(|| kube_client.map(|client| {
         let (tx, rx) = watch::channel(dubbo_cp_domain::service::ServiceSet::default());
         let client = client.clone();
         wiring
@@ -92,7 +97,7 @@ fn xds_service(
                 Ok(())
             });
         rx
-    });
+    }));
     let (snapshots, rx) = watch::channel(Arc::new(Snapshot::default()));
     let ads = Ads::new(rx, config.xds.max_streams)
         .with_authentication(Arc::new(PolicyAuthentication(policy.clone())))

@@ -141,6 +141,8 @@ struct Source {
     /// The rules as served, and (standalone) where they are written.
     catalog: Arc<Catalog>,
     standalone_rules: Option<Arc<StandaloneRules>>,
+    /// ZooKeeper mode's writer, rules, view and services.
+    zookeeper: Option<ZkParts>,
 }
 
 /// What every step shares: the shutdown signal, readiness, the task supervisor, the metrics.
@@ -201,9 +203,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     check_config(&config)?;
     let mut wiring = Wiring::new();
     let listeners = Listeners::bind(&config).await?;
-    let kube_client = match config.mode {
+    let kube_client = match config.effective_mode() {
         Mode::Kubernetes => Some(k8s::client(config.kubernetes.api_server.as_deref()).await?),
-        Mode::Standalone => None,
+        Mode::Standalone | Mode::Zookeeper => None,
     };
     let source = open_source(&config, kube_client.as_ref(), &mut wiring).await?;
     let security = open_security(&config, kube_client.as_ref(), &source, &mut wiring).await?;
@@ -258,8 +260,11 @@ async fn open_source(
         ..
     } = wiring;
     let mut source = match kube_client {
-        None => open_store(config, metrics, registry, tasks).await?,
         Some(client) => open_kubernetes(config, client, metrics, registry, tasks).await?,
+        None if config.effective_mode() == Mode::Zookeeper => {
+            open_zookeeper(config, metrics, registry, tasks).await?
+        }
+        None => open_store(config, metrics, registry, tasks).await?,
     };
     source.index.register_metrics(registry);
     source.durable.stats().register_metrics(registry);
@@ -287,10 +292,16 @@ fn serve_admin(
         encoder: edges.encoder.clone(),
         mappings: source.mappings.clone(),
         outbox: source.kube.clone(),
+        zookeeper: source.zookeeper.as_ref().map(|zk| admin::ZkAdmin {
+            writer: zk.writer.clone(),
+            outbox: zk.outbox.clone(),
+            stats: zk.stats.clone(),
+        }),
         registry: Arc::new(std::mem::take(&mut wiring.registry)),
         rules: admin::RuleAdmin {
             catalog: source.catalog.clone(),
             standalone: source.standalone_rules.clone(),
+            zookeeper: source.zookeeper.as_ref().map(|zk| zk.rules.clone()),
             policy: security.policy.clone(),
         },
         ca: security.authority.clone(),
@@ -437,8 +448,10 @@ mod grpc;
 mod kubernetes;
 mod security;
 mod sources;
+mod zookeeper;
 
 use grpc::*;
 use kubernetes::*;
 use security::*;
 use sources::*;
+use zookeeper::*;

@@ -70,6 +70,7 @@ pub(super) async fn open_store(
         kube: None,
         catalog,
         standalone_rules: Some(rules),
+        zookeeper: None,
     })
 }
 
@@ -206,6 +207,7 @@ pub(super) async fn open_kubernetes(
         kube: Some((kube_writer, outbox)),
         catalog,
         standalone_rules: None,
+        zookeeper: None,
     })
 }
 

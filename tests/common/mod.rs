@@ -9,6 +9,7 @@ pub mod browser;
 pub mod gates;
 pub mod kube_local;
 pub mod sa_tokens;
+pub mod zookeeper;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -456,14 +457,21 @@ pub fn distribution_binary(names: &[&str], package: &str) -> std::path::PathBuf 
     if let Some(path) = find() {
         return path;
     }
+    install_package(package, &|| find().is_some());
+    find().unwrap_or_else(|| panic!("{package} installed but none of {names:?} is on the PATH"))
+}
+
+/// Installs Debian's `package` with apt-get (as root, or with password-less sudo) unless
+/// `present` says it is there already.
+pub fn install_package(package: &str, present: &dyn Fn() -> bool) {
     // Tests run in parallel, and two apt-gets at once fail on dpkg's lock: one installs at a time
     // in this process, and each waits for a lock another process holds.
     static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _installing = INSTALLING
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(path) = find() {
-        return path;
+    if present() {
+        return;
     }
     let apt = |args: &[&str]| {
         let root = std::process::Command::new("id")
@@ -497,5 +505,4 @@ pub fn distribution_binary(names: &[&str], package: &str) -> std::path::PathBuf 
         assert!(apt(&["update", "-q"]), "apt-get update failed");
         assert!(apt(&install), "apt-get install {package} failed");
     }
-    find().unwrap_or_else(|| panic!("{package} installed but none of {names:?} is on the PATH"))
 }

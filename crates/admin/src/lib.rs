@@ -17,6 +17,7 @@ use dubbo_cp_index as index;
 use dubbo_cp_k8s as k8s;
 use dubbo_cp_kit::metrics;
 use dubbo_cp_store as store;
+use dubbo_cp_zookeeper as zookeeper;
 
 mod ca_api;
 mod rule_api;
@@ -71,6 +72,8 @@ impl Readiness {
 pub enum MappingSource {
     Store(Store),
     Cluster(Arc<ClusterView>),
+    /// The mapping nodes the ZooKeeper watch sees.
+    ZooKeeper(Arc<crate::zookeeper::ZkView>),
 }
 
 impl MappingSource {
@@ -78,6 +81,7 @@ impl MappingSource {
         match self {
             MappingSource::Store(store) => store.mappings(),
             MappingSource::Cluster(cluster) => cluster.snapshot(),
+            MappingSource::ZooKeeper(view) => view.snapshot(),
         }
     }
 }
@@ -92,6 +96,8 @@ pub struct AdminState {
     pub mappings: MappingSource,
     /// Kubernetes mode: the writer's queue and the outbox behind it.
     pub outbox: Option<(Arc<KubeWriter>, Outbox)>,
+    /// ZooKeeper mode: the writer, the outbox behind it and what is known of the ensemble.
+    pub zookeeper: Option<ZkAdmin>,
     pub registry: Arc<Registry>,
     pub rules: RuleAdmin,
     /// The certificate authority, when it runs.
@@ -104,12 +110,22 @@ pub struct AdminState {
     pub canaries: Option<kube::Client>,
 }
 
+/// ZooKeeper mode's parts the admin port shows.
+#[derive(Clone)]
+pub struct ZkAdmin {
+    pub writer: Arc<crate::zookeeper::ZkWriter>,
+    pub outbox: Outbox,
+    pub stats: Arc<crate::zookeeper::ZkStats>,
+}
+
 /// What the rule API reads and writes.
 #[derive(Clone)]
 pub struct RuleAdmin {
     pub catalog: Arc<Catalog>,
     /// Standalone: the store rules are written to. Kubernetes mode: `None` (kubectl writes).
     pub standalone: Option<Arc<StandaloneRules>>,
+    /// ZooKeeper mode: rules are written to the config center (and our own path).
+    pub zookeeper: Option<Arc<crate::zookeeper::ZkRules>>,
     /// Who may use the API: an admin identity whenever authentication is configured.
     pub policy: Policy,
 }
@@ -175,6 +191,14 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
             }
             (true, None) => {}
         }
+    }
+    if let Some(zk) = state.zookeeper.as_ref().filter(|zk| !zk.stats.connected()) {
+        // Served from the last state read; registrations wait in the outbox.
+        let source = zk.stats.state();
+        body.push_str(&format!(
+            "ZooKeeper {}: session {}; serving the last state read, registrations held in the outbox\n",
+            source.ensemble, source.session
+        ));
     }
     let code = if ready {
         StatusCode::OK

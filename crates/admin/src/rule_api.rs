@@ -20,14 +20,30 @@ pub(super) fn rule_kind(name: &str) -> Result<Kind, ApiError> {
         })
 }
 
-/// The rule store an admin caller may write to (standalone only).
+/// Where an admin caller's rule writes go, by mode.
+pub(super) enum Writable {
+    Standalone(Arc<StandaloneRules>),
+    ZooKeeper(Arc<crate::zookeeper::ZkRules>),
+}
+
+/// What a rule write does, whichever store it goes to.
+pub(super) enum RuleWrite {
+    Apply(String),
+    DeleteManifests(String),
+    Delete(Vec<RuleKey>),
+}
+
+/// The rule store an admin caller may write to (standalone and ZooKeeper modes).
 pub(super) async fn writable(
     admin: &RuleAdmin,
     headers: &axum::http::HeaderMap,
     peer: std::net::SocketAddr,
-) -> Result<Arc<StandaloneRules>, ApiError> {
+) -> Result<Writable, ApiError> {
     require_admin(&admin.policy, headers, peer).await?;
-    admin.standalone.clone().ok_or_else(|| {
+    if let Some(rules) = &admin.zookeeper {
+        return Ok(Writable::ZooKeeper(rules.clone()));
+    }
+    admin.standalone.clone().map(Writable::Standalone).ok_or_else(|| {
         api_error(
             StatusCode::METHOD_NOT_ALLOWED,
             "in Kubernetes mode rules are custom resources: use kubectl apply / kubectl delete",
@@ -35,21 +51,44 @@ pub(super) async fn writable(
     })
 }
 
-/// Runs a rule write off the async threads (SQLite blocks) and turns its result into an answer.
-pub(super) async fn write_rules(
-    rules: Arc<StandaloneRules>,
-    write: impl FnOnce(&StandaloneRules) -> Result<Report, RuleWriteError> + Send + 'static,
-) -> Result<Json<Report>, ApiError> {
-    match tokio::task::spawn_blocking(move || write(&rules)).await {
-        Ok(Ok(report)) => Ok(Json(report)),
-        Ok(Err(RuleWriteError::Invalid(err))) => {
-            Err(api_error(StatusCode::BAD_REQUEST, err.to_string()))
+/// Runs a rule write (SQLite off the async threads; ZooKeeper on them) and turns its result into
+/// an answer.
+pub(super) async fn write_rules(rules: Writable, write: RuleWrite) -> Result<Json<Report>, ApiError> {
+    match rules {
+        Writable::Standalone(rules) => {
+            let written = tokio::task::spawn_blocking(move || match write {
+                RuleWrite::Apply(body) => rules.apply(&body),
+                RuleWrite::DeleteManifests(body) => rules.delete_manifests(&body),
+                RuleWrite::Delete(keys) => rules.delete(&keys),
+            })
+            .await;
+            match written {
+                Ok(Ok(report)) => Ok(Json(report)),
+                Ok(Err(RuleWriteError::Invalid(err))) => {
+                    Err(api_error(StatusCode::BAD_REQUEST, err.to_string()))
+                }
+                Ok(Err(err)) => Err(api_error(StatusCode::SERVICE_UNAVAILABLE, err.to_string())),
+                Err(_) => Err(api_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the rule write did not finish",
+                )),
+            }
         }
-        Ok(Err(err)) => Err(api_error(StatusCode::SERVICE_UNAVAILABLE, err.to_string())),
-        Err(_) => Err(api_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the rule write did not finish",
-        )),
+        Writable::ZooKeeper(rules) => {
+            use crate::zookeeper::rules_writer::RuleError;
+            let written = match write {
+                RuleWrite::Apply(body) => rules.apply(&body).await,
+                RuleWrite::DeleteManifests(body) => rules.delete_manifests(&body).await,
+                RuleWrite::Delete(keys) => rules.delete(&keys).await,
+            };
+            match written {
+                Ok(report) => Ok(Json(report)),
+                Err(err @ (RuleError::Invalid(_) | RuleError::Refused(_))) => {
+                    Err(api_error(StatusCode::BAD_REQUEST, err.to_string()))
+                }
+                Err(err) => Err(api_error(StatusCode::SERVICE_UNAVAILABLE, err.to_string())),
+            }
+        }
     }
 }
 
@@ -60,7 +99,7 @@ pub(super) async fn apply_rules(
     body: String,
 ) -> Result<Json<Report>, ApiError> {
     let rules = writable(&state.rules, &headers, peer).await?;
-    write_rules(rules, move |rules| rules.apply(&body)).await
+    write_rules(rules, RuleWrite::Apply(body)).await
 }
 
 pub(super) async fn delete_rules(
@@ -70,7 +109,7 @@ pub(super) async fn delete_rules(
     body: String,
 ) -> Result<Json<Report>, ApiError> {
     let rules = writable(&state.rules, &headers, peer).await?;
-    write_rules(rules, move |rules| rules.delete_manifests(&body)).await
+    write_rules(rules, RuleWrite::DeleteManifests(body)).await
 }
 
 pub(super) async fn delete_rule(
@@ -82,7 +121,7 @@ pub(super) async fn delete_rule(
     let rules = writable(&state.rules, &headers, peer).await?;
     let kind = rule_kind(&kind)?;
     let key: RuleKey = (kind, namespace, name);
-    write_rules(rules, move |rules| rules.delete(&[key])).await
+    write_rules(rules, RuleWrite::Delete(vec![key])).await
 }
 
 #[derive(serde::Deserialize)]
@@ -147,11 +186,21 @@ pub(super) async fn unregister(
     body: String,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     require_admin(&state.rules.policy, &headers, peer).await?;
-    let MappingSource::Store(store) = &state.mappings else {
-        return Err(api_error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "in Kubernetes mode ServiceNameMapping objects are the truth: edit them with kubectl",
-        ));
+    let store = match &state.mappings {
+        MappingSource::Store(store) => store,
+        MappingSource::Cluster(_) => {
+            return Err(api_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "in Kubernetes mode ServiceNameMapping objects are the truth: edit them with kubectl",
+            ));
+        }
+        MappingSource::ZooKeeper(_) => {
+            return Err(api_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "in ZooKeeper mode the mapping nodes are the truth (/<root>/mapping/<interface>): \
+                 edit them as Dubbo's SDKs do",
+            ));
+        }
     };
     let request: UnregisterRequest = serde_json::from_str(&body).map_err(|err| {
         api_error(

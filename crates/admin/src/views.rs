@@ -14,6 +14,33 @@ pub struct SourceView {
     pub state: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub condition: Option<String>,
+    /// The row of the backing store itself (kind `ZooKeeper`): its full state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<serde_json::Value>,
+}
+
+/// ZooKeeper mode's own row of `/debug/sources`: the ensemble, the session, what is watched, the
+/// last sync and the last error; `detail` has every unreadable node.
+fn zookeeper_source(state: &crate::zookeeper::stats::SourceState) -> SourceView {
+    let mut condition = vec![format!(
+        "{} session {} ({} nodes watched)",
+        state.ensemble,
+        state.session_id.as_deref().unwrap_or("none"),
+        state.watched_nodes
+    )];
+    if !state.unreadable.is_empty() {
+        condition.push(format!("{} unreadable nodes", state.unreadable.len()));
+    }
+    if let Some((at, error)) = &state.last_error {
+        condition.push(format!("last error at {at}: {error}"));
+    }
+    SourceView {
+        kind: "ZooKeeper".to_owned(),
+        loaded: state.last_sync.is_some(),
+        state: state.session.clone(),
+        condition: Some(condition.join("; ")),
+        detail: serde_json::to_value(state).ok(),
+    }
 }
 
 /// Each kind's source: loaded or not, and why it is not healthy (`dubbo-cp status` prints it).
@@ -38,8 +65,13 @@ pub(super) async fn debug_sources(
             }
             .to_owned(),
             condition: condition.map(|c| c.message),
+            detail: None,
         })
-        .collect();
+        .collect::<Vec<_>>();
+    let mut views = views;
+    if let Some(zk) = &state.zookeeper {
+        views.push(zookeeper_source(&zk.stats.state()));
+    }
     Ok(Json(views))
 }
 
@@ -353,6 +385,12 @@ pub(super) async fn list_outbox(
     headers: axum::http::HeaderMap,
 ) -> Result<Json<OutboxView>, ApiError> {
     require_admin(&state.rules.policy, &headers, peer).await?;
+    if let Some(zk) = &state.zookeeper {
+        return Ok(Json(OutboxView {
+            pending: views(zk.outbox.pending()).0,
+            parked: zk.writer.parked(),
+        }));
+    }
     let Some((writer, outbox)) = &state.outbox else {
         return Ok(Json(OutboxView::default()));
     };

@@ -1,0 +1,136 @@
+//! ZooKeeper mode: registrations wait in the outbox until the writer has put them in their
+//! mapping nodes; one persistent recursive watch is the only way into the index, for mappings,
+//! rules and providers alike, whoever wrote them.
+
+use crate::zookeeper::watch::Sinks;
+use crate::zookeeper::{Session, ZkRules, ZkStats, ZkView, ZkWriter};
+
+use super::*;
+
+/// What ZooKeeper mode hands the rest of the wiring.
+pub(super) struct ZkParts {
+    pub writer: Arc<ZkWriter>,
+    pub outbox: Outbox,
+    pub rules: Arc<ZkRules>,
+    pub stats: Arc<ZkStats>,
+    pub services: watch::Receiver<dubbo_cp_domain::service::ServiceSet>,
+}
+
+/// Refuses, before it is acknowledged, a registration that names no node.
+fn has_node(key: &crate::mapping::MappingKey) -> Result<(), String> {
+    crate::zookeeper::layout::check_registration(&key.namespace, &key.interface)
+        .map_err(|err| err.to_string())
+}
+
+pub(super) async fn open_zookeeper(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    registry: &mut Registry,
+    tasks: &mut Supervisor,
+) -> anyhow::Result<Source> {
+    anyhow::ensure!(
+        config.rules.dir.is_none(),
+        "rules.dir (--rules-dir) is for standalone mode; in ZooKeeper mode apply rules with \
+         `dubbo-cp apply` (they are written to the config center)"
+    );
+    let address = config
+        .zookeeper
+        .address
+        .clone()
+        .context("ZooKeeper mode needs zookeeper.address")?;
+    let stats = Arc::new(ZkStats::new(&address));
+    stats.register_metrics(registry);
+    let session = Session::new(&address, config.zookeeper.session_timeout, stats.clone())?;
+    tasks.spawn("ZooKeeper session", {
+        let run = session.clone().run(tasks.shutdown_receiver());
+        async move {
+            run.await;
+            Ok(())
+        }
+    });
+
+    let view = Arc::new(ZkView::default());
+    let catalog = Arc::new(Catalog::default());
+    let (changes_tx, changes) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
+    let data_dir = config.data_dir.clone();
+    let limits = store_limits(config);
+    let known = (view.applications(), view.registrants());
+    let (outbox, writer) =
+        tokio::task::spawn_blocking(move || Outbox::open(&data_dir, known, limits, changes_tx))
+            .await
+            .context("outbox open task failed")?
+            .with_context(|| format!("cannot open the outbox in {}", config.data_dir.display()))?;
+    outbox.register_metrics(registry);
+    let index = Arc::new(Index::new(outbox.opened_revision()));
+
+    let zk_writer = Arc::new(ZkWriter::new(
+        session.clone(),
+        config.zookeeper.max_parallel_writes,
+        config.zookeeper.parked_retry,
+    ));
+    // What was acknowledged but not yet written before the last stop goes out first.
+    let pending = outbox.pending();
+    tracing::info!(pending = pending.len(), data_dir = %config.data_dir.display(), %address,
+        "outbox opened (ZooKeeper mode)");
+    let mut delta = crate::mapping::MappingDelta::default();
+    for (key, apps) in pending {
+        for app in apps {
+            delta.add(key.clone(), app);
+        }
+    }
+    zk_writer.enqueue(delta);
+    let run = zk_writer
+        .clone()
+        .run(outbox.clone(), tasks.shutdown_receiver());
+    tasks.spawn("ZooKeeper writer", async move {
+        run.await;
+        Ok(())
+    });
+    let feed = crate::zookeeper::writer::feed(
+        config.debounce,
+        changes,
+        zk_writer.clone(),
+        metrics.clone(),
+    );
+    tasks.spawn("outbox feed", async move {
+        feed.await;
+        Ok(())
+    });
+
+    let (services_tx, services) =
+        watch::channel(dubbo_cp_domain::service::ServiceSet::default());
+    let sinks = Sinks {
+        index: index.clone(),
+        catalog: catalog.clone(),
+        view: view.clone(),
+        services: services_tx,
+        root_namespace: config.rules.root_namespace.clone(),
+    };
+    let watch = crate::zookeeper::watch::run(
+        session.clone(),
+        sinks,
+        config.debounce,
+        tasks.shutdown_receiver(),
+    );
+    tasks.spawn("ServiceNameMapping watch", async move {
+        watch.await;
+        Ok(())
+    });
+    let rules = Arc::new(ZkRules::new(session, catalog.clone()));
+    Ok(Source {
+        index,
+        durable: Durable::Checked(outbox.clone(), has_node),
+        writer,
+        mappings: MappingSource::ZooKeeper(view.clone()),
+        kube: None,
+        catalog,
+        standalone_rules: None,
+        zookeeper: Some(ZkParts {
+            writer: zk_writer,
+            outbox,
+            rules,
+            stats,
+            services,
+        }),
+    })
+}

@@ -1,0 +1,187 @@
+//! A real ZooKeeper (Debian's `zookeeper` package, 3.8) on a free loopback port, all its state in
+//! a temporary directory; installed with apt-get when missing. It can be stopped and started
+//! again on the same port with the same data (an ensemble outage), and paused.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use zookeeper_client::{Acls, Client, CreateMode, Error};
+
+const JAR: &str = "/usr/share/java/zookeeper.jar";
+/// tickTime: session timeouts negotiate into [2 ticks, 20 ticks] = [1 s, 10 s].
+const TICK_MS: u64 = 500;
+
+pub struct ZooKeeper {
+    child: Option<Child>,
+    pub port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for ZooKeeper {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl ZooKeeper {
+    /// Starts a fresh server and waits until it answers.
+    pub async fn start() -> ZooKeeper {
+        super::install_package("zookeeper", &|| {
+            std::path::Path::new(JAR).exists() && which("java")
+        });
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut zk = ZooKeeper {
+            child: None,
+            port,
+            dir: tempfile::tempdir().unwrap(),
+        };
+        zk.resume_serving().await;
+        zk
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn config(&self) -> PathBuf {
+        let data = self.dir.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        let config = self.dir.path().join("zoo.cfg");
+        std::fs::write(
+            &config,
+            format!(
+                "tickTime={TICK_MS}\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
+                 minSessionTimeout={}\nmaxSessionTimeout={}\nadmin.enableServer=false\n\
+                 maxClientCnxns=0\n",
+                data.display(),
+                self.port,
+                TICK_MS * 2,
+                TICK_MS * 20,
+            ),
+        )
+        .unwrap();
+        config
+    }
+
+    /// Starts the server (again, after [`ZooKeeper::stop`]: same port, same data).
+    pub async fn resume_serving(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        let config = self.config();
+        let child = Command::new("java")
+            .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
+            .arg("-Dzookeeper.admin.enableServer=false")
+            .arg(format!("-Dzookeeper.log.dir={}", self.dir.path().display()))
+            .args(["-cp", &format!("{JAR}:/etc/zookeeper/conf")])
+            .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start ZooKeeper (java)");
+        self.child = Some(child);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Ok(client)) =
+                tokio::time::timeout(Duration::from_secs(2), Client::connect(&self.address())).await
+                && client.list_children("/").await.is_ok()
+            {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "ZooKeeper did not start");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops the server (its data stays for [`ZooKeeper::resume_serving`]).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// A client of this server, as an SDK would hold one.
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.address()).await.expect("cannot connect to ZooKeeper")
+    }
+}
+
+fn which(name: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| dir.join(name).is_file())
+    })
+}
+
+/// Writes `data` at `path`, creating it and its parents (persistent), as dubbo-admin or an
+/// operator would.
+pub async fn put(client: &Client, path: &str, data: &[u8]) {
+    let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    match client.set_data(path, data, None).await {
+        Ok(_) => {}
+        Err(Error::NoNode) => {
+            if let Some((parent, _)) = path.rsplit_once('/')
+                && !parent.is_empty()
+            {
+                client.mkdir(parent, &options).await.unwrap();
+            }
+            client.create(path, data, &options).await.unwrap();
+        }
+        Err(err) => panic!("set {path}: {err}"),
+    }
+}
+
+/// The node's bytes as UTF-8, or None when it does not exist.
+pub async fn get(client: &Client, path: &str) -> Option<String> {
+    match client.get_data(path).await {
+        Ok((data, _)) => Some(String::from_utf8(data).unwrap()),
+        Err(Error::NoNode) => None,
+        Err(err) => panic!("get {path}: {err}"),
+    }
+}
+
+/// What the SDK's `MetadataServiceNameMapping` does for one mapping: read the node and its
+/// version; if the application is missing, append it and write with the version check (or create
+/// the node); on a lost ticket wait a random time below 100 ms and retry, up to 10 times.
+pub async fn sdk_register(client: &Client, interface: &str, application: &str) -> bool {
+    let path = format!("/dubbo/mapping/{interface}");
+    let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    for _ in 0..10 {
+        match client.get_data(&path).await {
+            Ok((data, stat)) => {
+                let current = String::from_utf8_lossy(&data).into_owned();
+                if current.split(',').any(|app| app.trim() == application) {
+                    return true;
+                }
+                let next = if current.is_empty() {
+                    application.to_owned()
+                } else {
+                    format!("{current},{application}")
+                };
+                match client.set_data(&path, next.as_bytes(), Some(stat.version)).await {
+                    Ok(_) => return true,
+                    Err(Error::BadVersion) => {}
+                    Err(err) => panic!("{err}"),
+                }
+            }
+            Err(Error::NoNode) => {
+                let _ = client.mkdir("/dubbo/mapping", &options).await;
+                match client.create(&path, application.as_bytes(), &options).await {
+                    Ok(_) => return true,
+                    Err(Error::NodeExists) => {}
+                    Err(err) => panic!("{err}"),
+                }
+            }
+            Err(err) => panic!("{err}"),
+        }
+        let wait = std::collections::hash_map::RandomState::new();
+        use std::hash::{BuildHasher, Hasher};
+        tokio::time::sleep(Duration::from_millis(wait.build_hasher().finish() % 100)).await;
+    }
+    false
+}
