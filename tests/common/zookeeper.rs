@@ -58,7 +58,7 @@ impl ZooKeeper {
             format!(
                 "tickTime={TICK_MS}\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
                  minSessionTimeout={}\nmaxSessionTimeout={}\nadmin.enableServer=false\n\
-                 maxClientCnxns=0\n",
+                 maxClientCnxns=0\n4lw.commands.whitelist=ruok,srvr,wchs\n",
                 data.display(),
                 self.port,
                 TICK_MS * 2,
@@ -104,6 +104,16 @@ impl ZooKeeper {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// A four-letter command's answer (`wchs`: how many watches the server holds).
+    pub fn four_letters(&self, command: &str) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        stream.write_all(command.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer
     }
 
     /// A client of this server, as an SDK would hold one.

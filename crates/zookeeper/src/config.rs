@@ -32,7 +32,7 @@ pub struct ZooKeeperConfig {
     /// path refused) is tried again.
     #[arg(id = "zookeeper.parkedRetryInterval", long = "zookeeper-parked-retry-interval",
           env = "DUBBO_CP_ZOOKEEPER_PARKED_RETRY_INTERVAL", value_parser = DurationArg)]
-    #[serde(with = "duration")]
+    #[serde(rename = "parkedRetryInterval", with = "duration")]
     #[default(Duration::from_secs(30))]
     pub parked_retry: Duration,
 }
