@@ -118,10 +118,10 @@ pub(super) async fn open_zookeeper(
     });
     let rules = Arc::new(ZkRules::new(session, catalog.clone()));
     Ok(Source {
+        mappings: MappingSource::ZooKeeper(index.clone()),
         index,
         durable: Durable::Checked(outbox.clone(), has_node),
         writer,
-        mappings: MappingSource::ZooKeeper(view.clone()),
         kube: None,
         catalog,
         standalone_rules: None,

@@ -72,8 +72,9 @@ impl Readiness {
 pub enum MappingSource {
     Store(Store),
     Cluster(Arc<ClusterView>),
-    /// The mapping nodes the ZooKeeper watch sees.
-    ZooKeeper(Arc<crate::zookeeper::ZkView>),
+    /// ZooKeeper mode: the served mappings (the mapping nodes, and the interfaces that
+    /// interface-level providers name).
+    ZooKeeper(Arc<Index>),
 }
 
 impl MappingSource {
@@ -81,9 +82,31 @@ impl MappingSource {
         match self {
             MappingSource::Store(store) => store.mappings(),
             MappingSource::Cluster(cluster) => cluster.snapshot(),
-            MappingSource::ZooKeeper(view) => view.snapshot(),
+            MappingSource::ZooKeeper(index) => served_mappings(index),
         }
     }
+}
+
+/// The mappings the index serves, by key.
+fn served_mappings(index: &Index) -> BTreeMap<MappingKey, BTreeSet<String>> {
+    let state = index.current(Kind::ServiceNameMapping);
+    state
+        .objects
+        .iter()
+        .filter_map(|(client_key, object)| {
+            let (_, namespace) = client_key.rsplit_once('/')?;
+            match &object.value {
+                crate::index::Resource::Mapping {
+                    interface,
+                    applications,
+                } => Some((
+                    MappingKey::new(namespace, interface.clone()),
+                    applications.iter().cloned().collect(),
+                )),
+                crate::index::Resource::Rule(_) => None,
+            }
+        })
+        .collect()
 }
 
 /// What the admin endpoints read.

@@ -189,10 +189,11 @@ pub fn parse_instance(application: &str, data: &[u8]) -> Result<Vec<Provider>, S
 }
 
 /// The services the providers form: one per (namespace, application), named after it, with a
-/// port per protocol and port number its endpoints serve.
+/// port per protocol (numbered by the lowest port a provider serves it on) and each endpoint on
+/// its own port, as a Kubernetes Service's target ports are.
 pub fn services<'a>(providers: impl IntoIterator<Item = &'a Provider>) -> Vec<Service> {
     let mut by_app: BTreeMap<(String, String), Vec<&Provider>> = BTreeMap::new();
-    for provider in providers {
+    for provider in providers.into_iter().filter(|p| p.served()) {
         by_app
             .entry((provider.namespace.clone(), provider.application.clone()))
             .or_default()
@@ -200,27 +201,23 @@ pub fn services<'a>(providers: impl IntoIterator<Item = &'a Provider>) -> Vec<Se
     }
     by_app
         .into_iter()
-        .filter_map(|((namespace, application), providers)| {
-            let name = crate::mapping::object_name(&application);
-            let mut ports: BTreeMap<(String, u16), ()> = BTreeMap::new();
-            for provider in providers.iter().filter(|p| p.served()) {
-                ports.insert((provider.protocol.clone(), provider.port), ());
-            }
-            if ports.is_empty() {
-                return None;
+        .map(|((namespace, application), providers)| {
+            let mut ports: BTreeMap<&str, u16> = BTreeMap::new();
+            for provider in &providers {
+                let number = ports.entry(provider.protocol.as_str()).or_insert(provider.port);
+                *number = (*number).min(provider.port);
             }
             let ports: Vec<ServicePort> = ports
-                .into_keys()
+                .into_iter()
                 .map(|(protocol, number)| ServicePort {
                     number,
-                    name: format!("{protocol}-{number}"),
+                    name: protocol.to_owned(),
                     protocol: if protocol == "tri" { "TRIPLE" } else { "GRPC" }.to_owned(),
                 })
                 .collect();
             let mut endpoints: BTreeMap<(IpAddr, u16), ServiceEndpoint> = BTreeMap::new();
-            for provider in providers.iter().filter(|p| p.served()) {
-                let port_name = format!("{}-{}", provider.protocol, provider.port);
-                let endpoint = endpoints
+            for provider in providers {
+                endpoints
                     .entry((provider.address, provider.port))
                     .or_insert_with(|| ServiceEndpoint {
                         address: provider.address,
@@ -228,16 +225,17 @@ pub fn services<'a>(providers: impl IntoIterator<Item = &'a Provider>) -> Vec<Se
                         labels: provider.labels.clone(),
                         weight: provider.weight,
                         locality: String::new(),
-                    });
-                endpoint.ports.insert(port_name, provider.port);
+                    })
+                    .ports
+                    .insert(provider.protocol.clone(), provider.port);
             }
-            Some(Service {
+            Service {
                 namespace,
-                name,
+                name: crate::mapping::object_name(&application),
                 labels: BTreeMap::from([(APPLICATION_LABEL.to_owned(), application)]),
                 ports,
                 endpoints: endpoints.into_values().collect(),
-            })
+            }
         })
         .collect()
 }
@@ -284,7 +282,7 @@ mod tests {
     fn services_group_providers_by_application() {
         let a = parse_url("default", "org.Greeter", URL).unwrap();
         let b = parse_url("default", "org.Greeter",
-            "tri://10.0.0.2:50051/org.Greeter?application=shop").unwrap();
+            "tri://10.0.0.2:50052/org.Greeter?application=shop").unwrap();
         let other = parse_url("default", "I", "dubbo://10.0.0.9:20880/I?application=shop").unwrap();
         let services = services([&a, &b, &other]);
         assert_eq!(services.len(), 1);
@@ -295,5 +293,13 @@ mod tests {
         assert_eq!(shop.endpoints.len(), 2, "the dubbo endpoint is not offered");
         assert_eq!(shop.endpoints[0].weight, 50);
         assert_eq!(shop.endpoints[1].weight, DEFAULT_WEIGHT);
+        // One port for the protocol; each endpoint on its own.
+        assert_eq!((shop.ports[0].name.as_str(), shop.ports[0].number), ("tri", 50051));
+        assert_eq!(shop.endpoints[1].ports["tri"], 50052);
+        // dubbo-python registers `tri://ip:port?service=I`: no path, no application.
+        let python = parse_url("default", "dubbo.test.Echo",
+            "tri%3A%2F%2F127.0.0.1%3A57625%3Fservice%3Ddubbo.test.Echo").unwrap();
+        assert_eq!((python.application.as_str(), python.port), ("dubbo.test.Echo", 57625));
+        assert_eq!(super::services([&python])[0].name, "dubbo-test-echo");
     }
 }

@@ -1,0 +1,125 @@
+//! Providers registered in ZooKeeper by a released Dubbo SDK (PyPI `apache-dubbo`, Triple, an
+//! ephemeral node per provider) reach a released gRPC client (grpcio over `xds:///`) through
+//! dubbo-cp in ZooKeeper mode, by interface name; DynamicConfig weights apply to them; a provider
+//! whose session ends leaves the endpoints.
+
+mod common;
+#[path = "../crates/xds/tests/support/released.rs"]
+mod released;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::zookeeper::ZooKeeper;
+use common::*;
+use released::{Released, answers, assert_split, count, settle};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// The released Python SDK under test, with its ZooKeeper registry (kazoo).
+const DUBBO_PYTHON: &str = "apache-dubbo[zookeeper]==3.0.0b1";
+const SERVICE: &str = "dubbo.test.Echo";
+
+/// A virtual environment with the SDK, made once per target directory by the test itself.
+fn dubbo_python() -> PathBuf {
+    static MAKING: Mutex<()> = Mutex::new(());
+    let _making = MAKING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("apache-dubbo-3.0.0b1");
+    let python = venv.join("bin/python");
+    let has_sdk = std::process::Command::new(&python)
+        .args(["-c", "import dubbo, kazoo"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_sdk {
+        let made = std::process::Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python3 is needed for the Dubbo SDK tests");
+        assert!(made.success(), "python3 -m venv failed");
+        let installed = std::process::Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", DUBBO_PYTHON])
+            .status()
+            .unwrap();
+        assert!(installed.success(), "pip install {DUBBO_PYTHON} failed");
+    }
+    python
+}
+
+/// One provider process of the SDK answering `name`; its port once it is registered.
+async fn provider(zk: &ZooKeeper, name: &str) -> (tokio::process::Child, u16) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/zookeeper/dubbo_provider.py");
+    let mut child = tokio::process::Command::new(dubbo_python())
+        .arg(script)
+        .args([&zk.address(), SERVICE, name, "ignored-by-the-sdk"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the provider started within a minute")
+        .unwrap()
+        .expect("a port");
+    (child, line.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_sdks_providers_are_called_by_interface_over_xds() {
+    let zk = ZooKeeper::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    config.zookeeper.address = Some(zk.address());
+    config.debounce.after = Duration::from_millis(20);
+    config.debounce.max = Duration::from_millis(200);
+    let server = start(config).await;
+    wait_ready(server.admin_addr).await;
+    let (mut a, port_a) = provider(&zk, "a").await;
+    let (_b, port_b) = provider(&zk, "b").await;
+
+    // dubbo-python writes no mapping node; its providers' URLs name the interface.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !admin_mappings(server.admin_addr)
+        .await
+        .contains_key(&("default".to_owned(), SERVICE.to_owned()))
+    {
+        assert!(tokio::time::Instant::now() < deadline, "the providers' interface never mapped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A released gRPC client calls the interface by name and reaches both providers.
+    let xds = server.xds_addr.expect("xDS is on by default").to_string();
+    let mut client = released::client_with(
+        Released::Grpcio,
+        &format!("xds:///{SERVICE}"),
+        bootstrap(&xds, "default", "zk-client"),
+    );
+    settle(&mut client, "a", 1, "").await;
+    settle(&mut client, "b", 1, "").await;
+
+    // DynamicConfig weights apply to registry endpoints as to any: a 400, b the default 100.
+    let weights = format!(
+        "apiVersion: dubbo.apache.org/v1alpha1\nkind: DynamicConfig\n\
+         metadata: {{name: weights, namespace: default}}\nspec:\n  key: {SERVICE}\n  \
+         scope: application\n  configVersion: v3.0\n  \
+         configs: [{{addresses: ['127.0.0.1:{port_a}'], parameters: {{weight: '400'}}}}]\n"
+    );
+    let (status, body) = http_send(server.admin_addr, "POST", "/api/v1/apply", &weights, None).await;
+    assert_eq!(status, 200, "{body}");
+    // Settled on the new weights: a run of a's longer than the even split makes likely.
+    settle(&mut client, "a", 12, "").await;
+    assert_split(&count(&mut client, 2000).await, 80);
+
+    // A provider whose process dies leaves the endpoints when its session ends (the SDK's
+    // ephemeral node goes); every call then reaches b.
+    a.kill().await.unwrap();
+    settle(&mut client, "b", 50, "").await;
+    let counts = count(&mut client, 500).await;
+    assert_eq!(answers(&counts, "b"), 500, "{counts}");
+    assert!(port_b != port_a);
+    server.stop().await.unwrap();
+}
