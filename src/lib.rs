@@ -58,13 +58,13 @@ pub use dubbo_cp_dds::{digest, objects as resources};
 pub use dubbo_cp_debounce as debounce;
 pub use dubbo_cp_domain::{kind, mapping, resource, rules};
 pub use dubbo_cp_index as index;
-pub use dubbo_cp_zookeeper as zookeeper;
 pub use dubbo_cp_ingest as ingest;
 pub use dubbo_cp_k8s as k8s;
 pub use dubbo_cp_kit::{duration, metrics, ratelimit, shutdown};
 pub use dubbo_cp_store as store;
 pub use dubbo_cp_webhook as webhook;
 pub use dubbo_cp_xds as xds;
+pub use dubbo_cp_zookeeper as zookeeper;
 
 pub mod cli;
 pub mod config;

@@ -112,6 +112,7 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     // Sources, sinks and the debouncer between them: no protocol.
     ("dubbo-cp-store", PROTOCOLS),
     ("dubbo-cp-k8s", PROTOCOLS),
+    ("dubbo-cp-zookeeper", PROTOCOLS),
     ("dubbo-cp-debounce", PROTOCOLS),
     ("dubbo-cp-canary", PROTOCOLS),
 ];
@@ -152,6 +153,16 @@ const OURS: &[(&str, &[&str])] = &[
             "dubbo-cp-store",
             "dubbo-cp-auth",
             "dubbo-cp-canary",
+        ],
+    ),
+    (
+        "dubbo-cp-zookeeper",
+        &[
+            "dubbo-cp-domain",
+            "dubbo-cp-index",
+            "dubbo-cp-kit",
+            "dubbo-cp-debounce",
+            "dubbo-cp-store",
         ],
     ),
     ("dubbo-cp-ca", &["dubbo-cp-kit", "dubbo-cp-auth"]),
@@ -195,6 +206,7 @@ const OURS: &[(&str, &[&str])] = &[
             "dubbo-cp-xds",
             "dubbo-cp-k8s",
             "dubbo-cp-store",
+            "dubbo-cp-zookeeper",
         ],
     ),
     (
@@ -215,6 +227,7 @@ const OURS: &[(&str, &[&str])] = &[
             "dubbo-cp-dds",
             "dubbo-cp-xds",
             "dubbo-cp-admin",
+            "dubbo-cp-zookeeper",
         ],
     ),
     ("dubbo-cp-bench", &["dubbo-cp"]),

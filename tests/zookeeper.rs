@@ -1,6 +1,8 @@
 //! ZooKeeper mode against a real ZooKeeper (Debian's package, started per test): mappings both
 //! ways, byte for byte as Dubbo's metadata report keeps them; rules in the config center; bad
 //! nodes reported and skipped; replicas and an SDK writer converging; the ensemble going away.
+// Helpers are test code too; clippy.toml's allowance reaches only `#[test]` functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -73,7 +75,11 @@ async fn registrations_land_in_mapping_nodes_as_dubbo_writes_them() {
     let sdk = zk.client().await;
 
     let reply = grpc
-        .register_service_app_mapping(request("default", "shop", &["org.demo.Greeter", "org.demo.Cart"]))
+        .register_service_app_mapping(request(
+            "default",
+            "shop",
+            &["org.demo.Greeter", "org.demo.Cart"],
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -93,7 +99,10 @@ async fn registrations_land_in_mapping_nodes_as_dubbo_writes_them() {
         .unwrap()
         .into_inner();
     assert_eq!(again.message, "already registered");
-    assert_eq!(metric(server.admin_addr, "dubbo_cp_zookeeper_writes_total").await, writes);
+    assert_eq!(
+        metric(server.admin_addr, "dubbo_cp_zookeeper_writes_total").await,
+        writes
+    );
 
     // Another namespace is another Dubbo group.
     grpc.register_service_app_mapping(request("shop", "cart", &["org.demo.Cart"]))
@@ -112,13 +121,21 @@ async fn registrations_land_in_mapping_nodes_as_dubbo_writes_them() {
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument);
-    assert!(refused.message().contains("namespace") && refused.message().contains("\"dubbo\""), "{}", refused.message());
+    assert!(
+        refused.message().contains("namespace") && refused.message().contains("\"dubbo\""),
+        "{}",
+        refused.message()
+    );
     let refused = grpc
         .register_service_app_mapping(request("default", "x", &["org/demo"]))
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument);
-    assert!(refused.message().contains("interfaceNames"), "{}", refused.message());
+    assert!(
+        refused.message().contains("interfaceNames"),
+        "{}",
+        refused.message()
+    );
     server.stop().await.unwrap();
 }
 
@@ -147,7 +164,9 @@ async fn what_sdks_write_is_served_and_bad_nodes_are_skipped() {
         m.get(&key("default", "org.demo.Greeter")) == Some(&apps(&["java-app", "go-app"]))
     })
     .await;
-    sdk.delete("/dubbo/mapping/org.demo.Greeter", None).await.unwrap();
+    sdk.delete("/dubbo/mapping/org.demo.Greeter", None)
+        .await
+        .unwrap();
     wait_mappings(server.admin_addr, "an SDK's delete", |m| {
         !m.contains_key(&key("default", "org.demo.Greeter"))
     })
@@ -155,8 +174,18 @@ async fn what_sdks_write_is_served_and_bad_nodes_are_skipped() {
 
     // Garbage and an oversized value are reported and skipped; the rest keeps flowing.
     put(&sdk, "/dubbo/mapping/org.demo.Garbage", &[0xff, 0xfe, 0x00]).await;
-    put(&sdk, "/dubbo/mapping/org.demo.Huge", &vec![b'a'; 300 * 1024]).await;
-    put(&sdk, "/dubbo/config/dubbo/shop.tag-router", b"tags: [unclosed").await;
+    put(
+        &sdk,
+        "/dubbo/mapping/org.demo.Huge",
+        &vec![b'a'; 300 * 1024],
+    )
+    .await;
+    put(
+        &sdk,
+        "/dubbo/config/dubbo/shop.tag-router",
+        b"tags: [unclosed",
+    )
+    .await;
     put(&sdk, "/dubbo/org.demo.Greeter/providers/not-a-url", b"").await;
     assert!(sdk_register(&sdk, "org.demo.After", "after").await);
     wait_mappings(server.admin_addr, "a good node after bad ones", |m| {
@@ -177,8 +206,37 @@ async fn what_sdks_write_is_served_and_bad_nodes_are_skipped() {
         "/dubbo/config/dubbo/shop.tag-router",
         "/dubbo/org.demo.Greeter/providers/not-a-url",
     ] {
-        assert!(unreadable.get(path).is_some(), "{path} not reported: {unreadable}");
+        assert!(
+            unreadable.get(path).is_some(),
+            "{path} not reported: {unreadable}"
+        );
     }
+    // `dubbo-cp status` and the dashboard show the same.
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args(["status", "--admin", &server.admin_addr.to_string()])
+        .output()
+        .await
+        .unwrap();
+    let printed = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        printed.contains("ZooKeeper") && printed.contains(&format!("connected: {}", zk.address())),
+        "{printed}"
+    );
+    let admin = server.admin_addr;
+    tokio::task::spawn_blocking(move || {
+        let mut browser = common::browser::Browser::open(&format!("http://{admin}/ui"));
+        browser.wait_for(
+            r#"document.querySelector('#sources tr[data-source="ZooKeeper"][data-state="connected"]') !== null
+               && document.querySelector('#sources tr[data-source="/dubbo/mapping/org.demo.Garbage"][data-state="unreadable"]') !== null"#,
+        );
+        let shot = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("zookeeper-dashboard.png");
+        browser.screenshot(&shot);
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "ZooKeeper dashboard screenshot: {}", shot.display());
+    })
+    .await
+    .unwrap();
+
     // A garbage node is never overwritten: the registration is acknowledged, and parked.
     let mut grpc = client(server.grpc_addr).await;
     let reply = grpc
@@ -193,10 +251,16 @@ async fn what_sdks_write_is_served_and_bad_nodes_are_skipped() {
         if outbox.contains("org.demo.Garbage") && outbox.contains("not overwritten") {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "never parked: {outbox}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never parked: {outbox}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (data, _) = sdk.get_data("/dubbo/mapping/org.demo.Garbage").await.unwrap();
+    let (data, _) = sdk
+        .get_data("/dubbo/mapping/org.demo.Garbage")
+        .await
+        .unwrap();
     assert_eq!(data, vec![0xff, 0xfe, 0x00]);
     server.stop().await.unwrap();
 }
@@ -292,12 +356,36 @@ async fn rules_are_written_where_the_sdks_read_them_and_read_back_from_anyone() 
             "{node}"
         );
     }
-    assert!(get(&sdk, "/dubbo/config/dubbo/shop.tag-router").await.is_some());
-    assert!(get(&sdk, "/dubbo/config/dubbo/org.demo.Greeter:1.0.0:g1.condition-router").await.is_some());
-    assert!(get(&sdk, "/dubbo/config/dubbo/shop.configurators").await.is_some());
-    assert!(get(&sdk, "/dubbo-cp/default/serviceentries/greeter").await.is_some());
+    assert!(
+        get(&sdk, "/dubbo/config/dubbo/shop.tag-router")
+            .await
+            .is_some()
+    );
+    assert!(
+        get(
+            &sdk,
+            "/dubbo/config/dubbo/org.demo.Greeter:1.0.0:g1.condition-router"
+        )
+        .await
+        .is_some()
+    );
+    assert!(
+        get(&sdk, "/dubbo/config/dubbo/shop.configurators")
+            .await
+            .is_some()
+    );
+    assert!(
+        get(&sdk, "/dubbo-cp/default/serviceentries/greeter")
+            .await
+            .is_some()
+    );
     let again = run_cli(&["apply", "--admin", &admin, "-f", path]).await;
-    assert_eq!(String::from_utf8_lossy(&again.stdout).matches(" unchanged").count(), 4);
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout)
+            .matches(" unchanged")
+            .count(),
+        4
+    );
     wait_rules(server.admin_addr, "TagRoute", |items| {
         items.len() == 1 && items[0]["metadata"]["name"] == "grey"
     })
@@ -308,15 +396,25 @@ async fn rules_are_written_where_the_sdks_read_them_and_read_back_from_anyone() 
     // derived from its node, and left as it is.
     let admin_body = "conditions:\n- method=sayHello => region=hz\nenabled: true\nforce: false\n\
                       key: shop\npriority: 0\nruntime: true\nscope: application\n";
-    put(&sdk, "/dubbo/config/dubbo/shop.condition-router", admin_body.as_bytes()).await;
-    let items = wait_rules(server.admin_addr, "ConditionRoute", |items| items.len() == 2).await;
+    put(
+        &sdk,
+        "/dubbo/config/dubbo/shop.condition-router",
+        admin_body.as_bytes(),
+    )
+    .await;
+    let items = wait_rules(server.admin_addr, "ConditionRoute", |items| {
+        items.len() == 2
+    })
+    .await;
     let read = items
         .iter()
         .find(|item| item["metadata"]["name"] == "shop")
         .expect("the admin's rule, named after its key");
     assert_eq!(read["spec"]["configVersion"], "v2.7");
     assert_eq!(
-        get(&sdk, "/dubbo/config/dubbo/shop.condition-router").await.as_deref(),
+        get(&sdk, "/dubbo/config/dubbo/shop.condition-router")
+            .await
+            .as_deref(),
         Some(admin_body)
     );
 
@@ -328,30 +426,58 @@ async fn rules_are_written_where_the_sdks_read_them_and_read_back_from_anyone() 
         .replace("name: grey", "name: other");
     let (status, body) = http_send(server.admin_addr, "POST", "/api/v1/apply", &clash, None).await;
     assert_eq!(status, 400, "{body}");
-    assert!(body.contains("TagRoute default/grey") && body.contains("TagRoute default/other"), "{body}");
+    assert!(
+        body.contains("TagRoute default/grey") && body.contains("TagRoute default/other"),
+        "{body}"
+    );
     // A body dubbo-cp cannot read is never overwritten.
     put(&sdk, "/dubbo/config/dubbo/cart.tag-router", b": not yaml [").await;
     let onto_garbage = clash.replace("key: shop", "key: cart");
-    let (status, body) = http_send(server.admin_addr, "POST", "/api/v1/apply", &onto_garbage, None).await;
+    let (status, body) = http_send(
+        server.admin_addr,
+        "POST",
+        "/api/v1/apply",
+        &onto_garbage,
+        None,
+    )
+    .await;
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("cannot read"), "{body}");
-    assert_eq!(get(&sdk, "/dubbo/config/dubbo/cart.tag-router").await.as_deref(), Some(": not yaml ["));
+    assert_eq!(
+        get(&sdk, "/dubbo/config/dubbo/cart.tag-router")
+            .await
+            .as_deref(),
+        Some(": not yaml [")
+    );
 
     // An edit by hand flows in; `dubbo-cp delete` removes the node.
     let edited = get(&sdk, "/dubbo/config/dubbo/shop.tag-router")
         .await
         .unwrap()
         .replace("priority: 0", "priority: 7");
-    put(&sdk, "/dubbo/config/dubbo/shop.tag-router", edited.as_bytes()).await;
+    put(
+        &sdk,
+        "/dubbo/config/dubbo/shop.tag-router",
+        edited.as_bytes(),
+    )
+    .await;
     wait_rules(server.admin_addr, "TagRoute", |items| {
         items.len() == 1 && items[0]["spec"]["priority"] == 7
     })
     .await;
     let deleted = run_cli(&["delete", "--admin", &admin, "-f", path]).await;
     assert!(deleted.status.success(), "{deleted:?}");
-    assert_eq!(String::from_utf8_lossy(&deleted.stdout).matches(" deleted").count(), 4);
+    assert_eq!(
+        String::from_utf8_lossy(&deleted.stdout)
+            .matches(" deleted")
+            .count(),
+        4
+    );
     assert_eq!(get(&sdk, "/dubbo/config/dubbo/shop.tag-router").await, None);
-    assert_eq!(get(&sdk, "/dubbo-cp/default/serviceentries/greeter").await, None);
+    assert_eq!(
+        get(&sdk, "/dubbo-cp/default/serviceentries/greeter").await,
+        None
+    );
     wait_rules(server.admin_addr, "TagRoute", |items| items.is_empty()).await;
     // The admin's rule is deleted by its served name too.
     let (status, body) = http_send(
@@ -363,7 +489,10 @@ async fn rules_are_written_where_the_sdks_read_them_and_read_back_from_anyone() 
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(get(&sdk, "/dubbo/config/dubbo/shop.condition-router").await, None);
+    assert_eq!(
+        get(&sdk, "/dubbo/config/dubbo/shop.condition-router").await,
+        None
+    );
     server.stop().await.unwrap();
 }
 
@@ -393,7 +522,11 @@ async fn two_replicas_and_an_sdk_writer_converge_on_the_union() {
                 let mut grpc = client(replica).await;
                 let names: Vec<&str> = interfaces.iter().map(String::as_str).collect();
                 let reply = grpc
-                    .register_service_app_mapping(request("default", &format!("{prefix}{app}"), &names))
+                    .register_service_app_mapping(request(
+                        "default",
+                        &format!("{prefix}{app}"),
+                        &names,
+                    ))
                     .await
                     .unwrap()
                     .into_inner();
@@ -463,7 +596,11 @@ async fn with_the_ensemble_down_registrations_are_acknowledged_and_written_when_
 
     zk.stop();
     let reply = grpc
-        .register_service_app_mapping(request("default", "during", &["org.demo.Greeter", "org.demo.Cart"]))
+        .register_service_app_mapping(request(
+            "default",
+            "during",
+            &["org.demo.Greeter", "org.demo.Cart"],
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -479,14 +616,21 @@ async fn with_the_ensemble_down_registrations_are_acknowledged_and_written_when_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(
-        admin_mappings(server.admin_addr).await.get(&key("default", "org.demo.Greeter")),
+        admin_mappings(server.admin_addr)
+            .await
+            .get(&key("default", "org.demo.Greeter")),
         Some(&apps(&["before"]))
     );
     assert!(metric(server.admin_addr, "dubbo_cp_outbox_pending_pairs").await >= 2.0);
 
     zk.resume_serving().await;
     let sdk = zk.client().await;
-    wait_node(&sdk, "/dubbo/mapping/org.demo.Greeter", Some("before,during")).await;
+    wait_node(
+        &sdk,
+        "/dubbo/mapping/org.demo.Greeter",
+        Some("before,during"),
+    )
+    .await;
     wait_node(&sdk, "/dubbo/mapping/org.demo.Cart", Some("during")).await;
     wait_mappings(server.admin_addr, "converged", |m| {
         m.get(&key("default", "org.demo.Greeter")) == Some(&apps(&["before", "during"]))
@@ -494,7 +638,10 @@ async fn with_the_ensemble_down_registrations_are_acknowledged_and_written_when_
     .await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while metric(server.admin_addr, "dubbo_cp_outbox_pending_pairs").await != 0.0 {
-        assert!(tokio::time::Instant::now() < deadline, "the outbox never drained");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the outbox never drained"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     server.stop().await.unwrap();
@@ -545,7 +692,10 @@ async fn an_expired_session_is_replaced_and_everything_read_again() {
         &["--zookeeper", &address, "--zookeeper-session-timeout", "1s"],
     );
     wait_ready(replica.admin_addr).await;
-    assert_eq!(metric(replica.admin_addr, "dubbo_cp_zookeeper_sessions_total").await, 1.0);
+    assert_eq!(
+        metric(replica.admin_addr, "dubbo_cp_zookeeper_sessions_total").await,
+        1.0
+    );
     // Frozen past its session's timeout, the replica's session expires; what is written
     // meanwhile is read by the next session's re-list.
     signal(&replica, "-STOP");
@@ -555,7 +705,11 @@ async fn an_expired_session_is_replaced_and_everything_read_again() {
     // one, its persistent recursive watch).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while !zk.four_letters("wchs").contains("Total watches:0") {
-        assert!(tokio::time::Instant::now() < deadline, "{}", zk.four_letters("wchs"));
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}",
+            zk.four_letters("wchs")
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     signal(&replica, "-CONT");

@@ -2,6 +2,8 @@
 //! ephemeral node per provider) reach a released gRPC client (grpcio over `xds:///`) through
 //! dubbo-cp in ZooKeeper mode, by interface name; DynamicConfig weights apply to them; a provider
 //! whose session ends leaves the endpoints.
+// Helpers are test code too; clippy.toml's allowance reaches only `#[test]` functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 #[path = "../crates/xds/tests/support/released.rs"]
@@ -24,7 +26,9 @@ const SERVICE: &str = "dubbo.test.Echo";
 /// A virtual environment with the SDK, made once per target directory by the test itself.
 fn dubbo_python() -> PathBuf {
     static MAKING: Mutex<()> = Mutex::new(());
-    let _making = MAKING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _making = MAKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("apache-dubbo-3.0.0b1");
     let python = venv.join("bin/python");
     let has_sdk = std::process::Command::new(&python)
@@ -39,7 +43,14 @@ fn dubbo_python() -> PathBuf {
             .expect("python3 is needed for the Dubbo SDK tests");
         assert!(made.success(), "python3 -m venv failed");
         let installed = std::process::Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", DUBBO_PYTHON])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                DUBBO_PYTHON,
+            ])
             .status()
             .unwrap();
         assert!(installed.success(), "pip install {DUBBO_PYTHON} failed");
@@ -49,7 +60,8 @@ fn dubbo_python() -> PathBuf {
 
 /// One provider process of the SDK answering `name`; its port once it is registered.
 async fn provider(zk: &ZooKeeper, name: &str) -> (tokio::process::Child, u16) {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/zookeeper/dubbo_provider.py");
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/zookeeper/dubbo_provider.py");
     let mut child = tokio::process::Command::new(dubbo_python())
         .arg(script)
         .args([&zk.address(), SERVICE, name, "ignored-by-the-sdk"])
@@ -87,7 +99,10 @@ async fn a_released_sdks_providers_are_called_by_interface_over_xds() {
         .await
         .contains_key(&("default".to_owned(), SERVICE.to_owned()))
     {
-        assert!(tokio::time::Instant::now() < deadline, "the providers' interface never mapped");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the providers' interface never mapped"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -108,7 +123,8 @@ async fn a_released_sdks_providers_are_called_by_interface_over_xds() {
          scope: application\n  configVersion: v3.0\n  \
          configs: [{{addresses: ['127.0.0.1:{port_a}'], parameters: {{weight: '400'}}}}]\n"
     );
-    let (status, body) = http_send(server.admin_addr, "POST", "/api/v1/apply", &weights, None).await;
+    let (status, body) =
+        http_send(server.admin_addr, "POST", "/api/v1/apply", &weights, None).await;
     assert_eq!(status, 200, "{body}");
     // Settled on the new weights: a run of a's longer than the even split makes likely.
     settle(&mut client, "a", 12, "").await;

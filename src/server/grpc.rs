@@ -57,13 +57,10 @@ pub(super) async fn grpc_services(
             },
         )
     });
-    let ads = config
-        .xds
-        .enabled
-        .then(|| {
-            let zk_services = source.zookeeper.as_ref().map(|zk| zk.services.clone());
-            xds_service(config, index, policy, kube_client, zk_services, wiring)
-        });
+    let ads = config.xds.enabled.then(|| {
+        let zk_services = source.zookeeper.as_ref().map(|zk| zk.services.clone());
+        xds_service(config, index, policy, kube_client, zk_services, wiring)
+    });
     let edges = Edges {
         encoder,
         dds_stats,
@@ -87,17 +84,19 @@ fn xds_service(
     use crate::xds::{server::Ads, snapshot::Snapshot, source};
     // Kubernetes mode: the cluster's Services and EndpointSlices, beside the ServiceEntries;
     // ZooKeeper mode: the providers registered there.
-    let services = zk_services.or_else(|| kube_client.map(|client| {
-        let (tx, rx) = watch::channel(dubbo_cp_domain::service::ServiceSet::default());
-        let client = client.clone();
-        wiring
-            .tasks
-            .spawn("Service and EndpointSlice watch", async move {
-                crate::k8s::services::run(client, tx).await;
-                Ok(())
-            });
-        rx
-    }));
+    let services = zk_services.or_else(|| {
+        kube_client.map(|client| {
+            let (tx, rx) = watch::channel(dubbo_cp_domain::service::ServiceSet::default());
+            let client = client.clone();
+            wiring
+                .tasks
+                .spawn("Service and EndpointSlice watch", async move {
+                    crate::k8s::services::run(client, tx).await;
+                    Ok(())
+                });
+            rx
+        })
+    });
     let (snapshots, rx) = watch::channel(Arc::new(Snapshot::default()));
     let ads = Ads::new(rx, config.xds.max_streams)
         .with_authentication(Arc::new(PolicyAuthentication(policy.clone())))

@@ -97,8 +97,7 @@ pub(super) async fn open_zookeeper(
         Ok(())
     });
 
-    let (services_tx, services) =
-        watch::channel(dubbo_cp_domain::service::ServiceSet::default());
+    let (services_tx, services) = watch::channel(dubbo_cp_domain::service::ServiceSet::default());
     let sinks = Sinks {
         index: index.clone(),
         catalog: catalog.clone(),

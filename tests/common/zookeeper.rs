@@ -93,7 +93,10 @@ impl ZooKeeper {
             {
                 return;
             }
-            assert!(tokio::time::Instant::now() < deadline, "ZooKeeper did not start");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "ZooKeeper did not start"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -118,14 +121,15 @@ impl ZooKeeper {
 
     /// A client of this server, as an SDK would hold one.
     pub async fn client(&self) -> Client {
-        Client::connect(&self.address()).await.expect("cannot connect to ZooKeeper")
+        Client::connect(&self.address())
+            .await
+            .expect("cannot connect to ZooKeeper")
     }
 }
 
 fn which(name: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| dir.join(name).is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()))
 }
 
 /// Writes `data` at `path`, creating it and its parents (persistent), as dubbo-admin or an
@@ -173,7 +177,10 @@ pub async fn sdk_register(client: &Client, interface: &str, application: &str) -
                 } else {
                     format!("{current},{application}")
                 };
-                match client.set_data(&path, next.as_bytes(), Some(stat.version)).await {
+                match client
+                    .set_data(&path, next.as_bytes(), Some(stat.version))
+                    .await
+                {
                     Ok(_) => return true,
                     Err(Error::BadVersion) => {}
                     Err(err) => panic!("{err}"),

@@ -43,17 +43,24 @@ pub(super) async fn writable(
     if let Some(rules) = &admin.zookeeper {
         return Ok(Writable::ZooKeeper(rules.clone()));
     }
-    admin.standalone.clone().map(Writable::Standalone).ok_or_else(|| {
-        api_error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "in Kubernetes mode rules are custom resources: use kubectl apply / kubectl delete",
-        )
-    })
+    admin
+        .standalone
+        .clone()
+        .map(Writable::Standalone)
+        .ok_or_else(|| {
+            api_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "in Kubernetes mode rules are custom resources: use kubectl apply / kubectl delete",
+            )
+        })
 }
 
 /// Runs a rule write (SQLite off the async threads; ZooKeeper on them) and turns its result into
 /// an answer.
-pub(super) async fn write_rules(rules: Writable, write: RuleWrite) -> Result<Json<Report>, ApiError> {
+pub(super) async fn write_rules(
+    rules: Writable,
+    write: RuleWrite,
+) -> Result<Json<Report>, ApiError> {
     match rules {
         Writable::Standalone(rules) => {
             let written = tokio::task::spawn_blocking(move || match write {

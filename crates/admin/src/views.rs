@@ -23,7 +23,8 @@ pub struct SourceView {
 /// last sync and the last error; `detail` has every unreadable node.
 fn zookeeper_source(state: &crate::zookeeper::stats::SourceState) -> SourceView {
     let mut condition = vec![format!(
-        "{} session {} ({} nodes watched)",
+        "{}: {} session {} ({} nodes watched)",
+        state.session,
         state.ensemble,
         state.session_id.as_deref().unwrap_or("none"),
         state.watched_nodes

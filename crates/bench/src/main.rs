@@ -23,6 +23,7 @@ mod load;
 mod separate;
 mod xds;
 mod zk;
+mod zkmode;
 
 #[derive(Parser)]
 #[command(name = "dubbo-cp-bench", about = "Load generator for dubbo-cp")]
@@ -46,6 +47,9 @@ enum Command {
     /// Fan-out of one rule change to streams in many namespaces, each seeing its own
     /// namespace's authentication policies (filtered views, one encoding per distinct view).
     FanoutRules(RulesFanoutArgs),
+    /// ZooKeeper mode against the SDK way (each client's own CAS) and standalone, the real
+    /// binary in its own process, every acknowledged pair looked for in ZooKeeper afterwards.
+    Zookeeper(zkmode::ZkModeArgs),
     /// Serve the bare-tonic ceiling on `--addr` until killed (used by `separate`).
     /// Certificates issued per second: a cold start of many pods, one CreateIdentity each.
     Ca(ca::CaArgs),
@@ -113,6 +117,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Fanout(args) => fanout::run(args).await,
         Command::All(args) => all::run(args).await,
         Command::Separate(args) => separate::run(args).await,
+        Command::Zookeeper(args) => zkmode::run(args).await,
         Command::FanoutRules(args) => fanout::run_rules(args).await,
         Command::Ca(args) => ca::run(args).await,
         Command::Xds(args) => xds::run(args).await,

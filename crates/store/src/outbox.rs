@@ -98,7 +98,7 @@ impl Outbox {
         crate::metrics::scraped_gauge(
             registry,
             "outbox_pending_pairs",
-            "Acknowledged pairs not yet written to the API server",
+            "Acknowledged pairs not yet written to the API server or the ZooKeeper ensemble",
             &Arc::new(self.clone()),
             |outbox| i64::try_from(outbox.pending_pairs()).unwrap_or(i64::MAX),
         );

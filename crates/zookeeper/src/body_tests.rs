@@ -199,7 +199,11 @@ fn admin_bodies_are_read() {
     .unwrap()
     .unwrap();
     assert_eq!(rule.namespace, "default");
-    assert!(rule.name.starts_with("org-apache-dubbo-demo-demoservice"), "{}", rule.name);
+    assert!(
+        rule.name.starts_with("org-apache-dubbo-demo-demoservice"),
+        "{}",
+        rule.name
+    );
     let RuleSpec::ConditionRoute(spec) = &rule.spec else {
         panic!()
     };
@@ -236,7 +240,11 @@ fn unreadable_bodies_are_reported() {
         assert!(decode_rule("default", node, bad).is_err(), "{bad:?}");
     }
     let big = vec![b'#'; MAX_BODY_BYTES + 1];
-    assert!(decode_rule("default", node, &big).unwrap_err().contains("limit"));
+    assert!(
+        decode_rule("default", node, &big)
+            .unwrap_err()
+            .contains("limit")
+    );
 }
 
 #[test]
@@ -245,7 +253,10 @@ fn a_header_naming_another_kind_or_namespace_is_ignored() {
     let read = decode_rule("shop", "shop-provider.tag-router", body.as_bytes())
         .unwrap()
         .unwrap();
-    assert_eq!((read.namespace.as_str(), read.name.as_str()), ("shop", "shop-provider"));
+    assert_eq!(
+        (read.namespace.as_str(), read.name.as_str()),
+        ("shop", "shop-provider")
+    );
 }
 
 // ---- The SDKs' readers, as their sources read (§1b of the spec this crate follows). ----
@@ -288,10 +299,15 @@ fn go_applies_condition(body: &str) -> Result<bool, String> {
     let (Some(_enabled), Some(force)) = (flag("enabled"), flag("force")) else {
         return Err("nil pointer dereference".into());
     };
-    let version = map.get("configVersion").and_then(|v| v.as_str()).unwrap_or("");
+    let version = map
+        .get("configVersion")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
     let valid = version.len() > 1
         && version.starts_with(['v', 'V'])
-        && version[1..].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        && version[1..]
+            .split('.')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
     if !valid {
         return Err("rejected: configVersion".into());
     }
@@ -302,8 +318,17 @@ fn go_applies_condition(body: &str) -> Result<bool, String> {
 fn java_and_go_read_what_we_write() {
     let tag = text(&rule(TAG_ROUTE));
     let map = java_reads(&tag).unwrap();
-    assert_eq!(map.get("configVersion").and_then(|v| v.as_str()), Some("v3.0"));
-    assert!(map.get("configVersion").unwrap().as_str().unwrap().starts_with("v3.0"));
+    assert_eq!(
+        map.get("configVersion").and_then(|v| v.as_str()),
+        Some("v3.0")
+    );
+    assert!(
+        map.get("configVersion")
+            .unwrap()
+            .as_str()
+            .unwrap()
+            .starts_with("v3.0")
+    );
     for flag in ["enabled", "force", "runtime"] {
         assert!(map.get(flag).and_then(|v| v.as_bool()).is_some(), "{flag}");
     }
@@ -312,7 +337,9 @@ fn java_and_go_read_what_we_write() {
     let condition = text(&rule(CONDITION_ROUTE));
     assert_eq!(go_applies_condition(&condition), Ok(true));
     // force: false is written as such; dubbo-go 3.3 then drops the rule (docs/zookeeper.md).
-    let soft = text(&rule(&CONDITION_ROUTE.replace("force: true", "force: false")));
+    let soft = text(&rule(
+        &CONDITION_ROUTE.replace("force: true", "force: false"),
+    ));
     assert_eq!(go_applies_condition(&soft), Ok(false));
     // An admin-0.6.0 body (no configVersion) is what dubbo-go refuses; ours never is.
     assert!(go_applies_condition("enabled: true\nforce: true\nconditions: []\n").is_err());

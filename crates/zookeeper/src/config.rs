@@ -12,7 +12,11 @@ use smart_default::SmartDefault;
 pub struct ZooKeeperConfig {
     /// ZooKeeper mode: the ensemble `host:port[,host:port...][/chroot]`, as Dubbo's
     /// `zookeeper://` addresses name it; unset, the mode is standalone or Kubernetes.
-    #[arg(id = "zookeeper.address", long = "zookeeper", env = "DUBBO_CP_ZOOKEEPER")]
+    #[arg(
+        id = "zookeeper.address",
+        long = "zookeeper",
+        env = "DUBBO_CP_ZOOKEEPER"
+    )]
     pub address: Option<String>,
     /// Session timeout asked of the ensemble (it grants one within its own bounds).
     #[arg(id = "zookeeper.sessionTimeout", long = "zookeeper-session-timeout",

@@ -331,7 +331,10 @@ mod tests {
             ("com.foo.DemoService", "com.foo.DemoService::"),
             ("com.foo.DemoService:1.0.0", "com.foo.DemoService:1.0.0:"),
             ("g1/com.foo.DemoService", "com.foo.DemoService::g1"),
-            ("g1/com.foo.DemoService:1.0.0", "com.foo.DemoService:1.0.0:g1"),
+            (
+                "g1/com.foo.DemoService:1.0.0",
+                "com.foo.DemoService:1.0.0:g1",
+            ),
         ] {
             assert_eq!(service_node_key(ours), dubbo);
             assert_eq!(service_key(dubbo), ours);

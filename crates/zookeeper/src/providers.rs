@@ -91,7 +91,15 @@ pub fn parse_url(namespace: &str, interface: &str, node: &str) -> Result<Provide
         .get("application")
         .cloned()
         .unwrap_or_else(|| interface.to_owned());
-    provider(namespace, application, Some(interface), protocol, address, port, params)
+    provider(
+        namespace,
+        application,
+        Some(interface),
+        protocol,
+        address,
+        port,
+        params,
+    )
 }
 
 fn provider(
@@ -204,7 +212,9 @@ pub fn services<'a>(providers: impl IntoIterator<Item = &'a Provider>) -> Vec<Se
         .map(|((namespace, application), providers)| {
             let mut ports: BTreeMap<&str, u16> = BTreeMap::new();
             for provider in &providers {
-                let number = ports.entry(provider.protocol.as_str()).or_insert(provider.port);
+                let number = ports
+                    .entry(provider.protocol.as_str())
+                    .or_insert(provider.port);
                 *number = (*number).min(provider.port);
             }
             let ports: Vec<ServicePort> = ports
@@ -257,8 +267,15 @@ mod tests {
         assert_eq!(provider.labels["dubbo.tag"], "gray");
         assert_eq!(provider.labels["version"], "1.0");
         assert!(provider.served());
-        for bad in ["", "not-a-url", "tri%3A%2F%2Fhost", "tri://name.svc:50051/x", "tri://10.0.0.1:0/x",
-            "tri://10.0.0.1:99999/x", "tri://10.0.0.1:1/x?weight=-1"] {
+        for bad in [
+            "",
+            "not-a-url",
+            "tri%3A%2F%2Fhost",
+            "tri://name.svc:50051/x",
+            "tri://10.0.0.1:0/x",
+            "tri://10.0.0.1:99999/x",
+            "tri://10.0.0.1:1/x?weight=-1",
+        ] {
             assert!(parse_url("default", "I", bad).is_err(), "{bad}");
         }
         let dubbo = parse_url("default", "I", "dubbo://10.0.0.2:20880/I").unwrap();
@@ -273,7 +290,10 @@ mod tests {
             "dubbo.metadata.revision":"abc"}}}"#;
         let providers = parse_instance("shop", body).unwrap();
         assert_eq!(providers.len(), 2);
-        assert_eq!((providers[0].protocol.as_str(), providers[0].port), ("tri", 50052));
+        assert_eq!(
+            (providers[0].protocol.as_str(), providers[0].port),
+            ("tri", 50052)
+        );
         assert!(parse_instance("shop", b"garbage").is_err());
         assert!(parse_instance("shop", br#"{"address":"x","port":1}"#).is_err());
     }
@@ -281,8 +301,12 @@ mod tests {
     #[test]
     fn services_group_providers_by_application() {
         let a = parse_url("default", "org.Greeter", URL).unwrap();
-        let b = parse_url("default", "org.Greeter",
-            "tri://10.0.0.2:50052/org.Greeter?application=shop").unwrap();
+        let b = parse_url(
+            "default",
+            "org.Greeter",
+            "tri://10.0.0.2:50052/org.Greeter?application=shop",
+        )
+        .unwrap();
         let other = parse_url("default", "I", "dubbo://10.0.0.9:20880/I?application=shop").unwrap();
         let services = services([&a, &b, &other]);
         assert_eq!(services.len(), 1);
@@ -294,12 +318,22 @@ mod tests {
         assert_eq!(shop.endpoints[0].weight, 50);
         assert_eq!(shop.endpoints[1].weight, DEFAULT_WEIGHT);
         // One port for the protocol; each endpoint on its own.
-        assert_eq!((shop.ports[0].name.as_str(), shop.ports[0].number), ("tri", 50051));
+        assert_eq!(
+            (shop.ports[0].name.as_str(), shop.ports[0].number),
+            ("tri", 50051)
+        );
         assert_eq!(shop.endpoints[1].ports["tri"], 50052);
         // dubbo-python registers `tri://ip:port?service=I`: no path, no application.
-        let python = parse_url("default", "dubbo.test.Echo",
-            "tri%3A%2F%2F127.0.0.1%3A57625%3Fservice%3Ddubbo.test.Echo").unwrap();
-        assert_eq!((python.application.as_str(), python.port), ("dubbo.test.Echo", 57625));
+        let python = parse_url(
+            "default",
+            "dubbo.test.Echo",
+            "tri%3A%2F%2F127.0.0.1%3A57625%3Fservice%3Ddubbo.test.Echo",
+        )
+        .unwrap();
+        assert_eq!(
+            (python.application.as_str(), python.port),
+            ("dubbo.test.Echo", 57625)
+        );
         assert_eq!(super::services([&python])[0].name, "dubbo-test-echo");
     }
 }

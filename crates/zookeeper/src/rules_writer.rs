@@ -51,7 +51,10 @@ pub fn node_path(rule: &Rule) -> Result<String, String> {
     match layout::rule_key(&rule.spec) {
         Some(name) => {
             let name = name.map_err(refused)?;
-            Ok(format!("{}/{name}", layout::config_dir(&rule.namespace).map_err(refused)?))
+            Ok(format!(
+                "{}/{name}",
+                layout::config_dir(&rule.namespace).map_err(refused)?
+            ))
         }
         None => Ok(format!(
             "{}/{}",
@@ -210,7 +213,12 @@ impl ZkRules {
                     .list(key.0, Some(&key.1))
                     .into_iter()
                     .find(|rule| rule.name == key.2);
-                let Some(path) = rule.as_ref().map(node_path).transpose().map_err(RuleError::Refused)? else {
+                let Some(path) = rule
+                    .as_ref()
+                    .map(node_path)
+                    .transpose()
+                    .map_err(RuleError::Refused)?
+                else {
                     report.not_found.push(name);
                     continue;
                 };

@@ -174,7 +174,7 @@ impl Session {
     }
 }
 
-/// Unix seconds now, for callers that record a sync.
+/// Records a complete re-list: when, and how many nodes it knows.
 pub(crate) fn synced(stats: &ZkStats, nodes: usize) {
     stats.update(|state| {
         state.last_sync = Some(now());
@@ -191,7 +191,10 @@ mod tests {
         let stats = Arc::new(ZkStats::default());
         let session = |address| Session::new(address, Duration::from_secs(1), stats.clone());
         let ok = session("zookeeper://a:2181,b:2182/dubbo-cp/").unwrap();
-        assert_eq!((ok.hosts.as_str(), ok.chroot.as_str()), ("a:2181,b:2182", "/dubbo-cp"));
+        assert_eq!(
+            (ok.hosts.as_str(), ok.chroot.as_str()),
+            ("a:2181,b:2182", "/dubbo-cp")
+        );
         assert_eq!(session("127.0.0.1:2181").unwrap().chroot, "");
         for bad in ["", "/chroot", "host", "a:2181,b", "a:x"] {
             assert!(session(bad).is_err(), "{bad}");

@@ -198,10 +198,7 @@ impl State {
 
     fn mapping_changed(&mut self, key: MappingKey, changes: &mut Changes) {
         let applications = self.served(&key);
-        let changes = changes
-            .by_kind
-            .entry(Kind::ServiceNameMapping)
-            .or_default();
+        let changes = changes.by_kind.entry(Kind::ServiceNameMapping).or_default();
         if applications.is_empty() {
             if let Some(name) = self.names.remove(&key) {
                 self.taken.remove(&(key.namespace.clone(), name.clone()));
@@ -212,10 +209,11 @@ impl State {
         let name = match self.names.get(&key) {
             Some(name) => name.clone(),
             None => {
-                let Some(name) = candidate_names(&key.interface)
-                    .into_iter()
-                    .find(|name| !self.taken.contains_key(&(key.namespace.clone(), name.clone())))
-                else {
+                let Some(name) = candidate_names(&key.interface).into_iter().find(|name| {
+                    !self
+                        .taken
+                        .contains_key(&(key.namespace.clone(), name.clone()))
+                }) else {
                     return;
                 };
                 self.taken
@@ -313,6 +311,11 @@ impl State {
                 .push(change_for(rule, root_namespace));
         }
         by_kind
+    }
+
+    /// Mapping, rule, provider and instance nodes known.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len() + self.rules.len() + self.providers.len()
     }
 
     pub fn rules(&self) -> impl Iterator<Item = &Rule> {

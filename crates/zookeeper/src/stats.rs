@@ -12,6 +12,9 @@ use crate::metrics::{scraped_counter, scraped_gauge};
 /// Nodes reported unreadable at most (the oldest reports go first beyond it).
 pub const MAX_REPORTED_NODES: usize = 1000;
 
+/// A counter's name, help and how it is read.
+type Counter = (&'static str, &'static str, fn(&ZkStats) -> u64);
+
 /// Counters for `/metrics`, tests and benchmarks.
 #[derive(Debug, Default)]
 pub struct ZkStats {
@@ -104,7 +107,7 @@ impl ZkStats {
     }
 
     pub fn register_metrics(self: &std::sync::Arc<Self>, registry: &mut Registry) {
-        let counters: [(&'static str, &'static str, fn(&ZkStats) -> u64); 8] = [
+        let counters: [Counter; 8] = [
             ("zookeeper_writes", "Mapping nodes created or set", |s| {
                 s.writes.load(Ordering::Relaxed)
             }),

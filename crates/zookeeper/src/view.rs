@@ -56,7 +56,10 @@ impl ZkView {
     }
 
     /// Replaces everything with a fresh list.
-    pub(crate) fn reset<'a>(&self, listed: impl IntoIterator<Item = (&'a MappingKey, &'a [String])>) {
+    pub(crate) fn reset<'a>(
+        &self,
+        listed: impl IntoIterator<Item = (&'a MappingKey, &'a [String])>,
+    ) {
         let listed: BTreeMap<&MappingKey, &[String]> = listed.into_iter().collect();
         self.applications.retain(|key, _| listed.contains_key(key));
         self.registrants.retain(|key, _| listed.contains_key(key));

@@ -126,7 +126,11 @@ fn fail(index: &Index, error: &str) {
 }
 
 /// The session's node events as paths to read, and a re-list at each (re)connection.
-async fn events(session: Arc<Session>, tx: mpsc::Sender<Pending>, mut shutdown: watch::Receiver<bool>) {
+async fn events(
+    session: Arc<Session>,
+    tx: mpsc::Sender<Pending>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut sessions = session.subscribe();
     let mut watched = None;
     loop {
@@ -218,7 +222,9 @@ async fn flush(
     if changes.services_changed {
         publish_services(sinks, state);
     }
-    session.stats().update(|s| s.unreadable = state.unreadable.clone());
+    session
+        .stats()
+        .update(|s| s.unreadable = state.unreadable.clone());
     Ok(())
 }
 
@@ -269,10 +275,15 @@ async fn relist(
         sinks.index.set_condition(kind, None);
     }
     sinks.index.mark_all_loaded();
-    crate::session::synced(session.stats(), state.nodes_read);
-    session.stats().update(|s| s.unreadable = state.unreadable.clone());
-    tracing::info!(nodes = state.nodes_read, unreadable = state.unreadable.len(),
-        "ZooKeeper listed");
+    crate::session::synced(session.stats(), state.node_count());
+    session
+        .stats()
+        .update(|s| s.unreadable = state.unreadable.clone());
+    tracing::info!(
+        nodes = state.nodes_read,
+        unreadable = state.unreadable.len(),
+        "ZooKeeper listed"
+    );
     Ok(())
 }
 

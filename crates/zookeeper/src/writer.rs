@@ -131,7 +131,11 @@ impl ZkWriter {
     }
 
     /// Starts due keys while workers are free; returns the next due time.
-    fn start_due(self: &Arc<Self>, workers: &mut JoinSet<Attempt>, outbox: &Outbox) -> Option<Instant> {
+    fn start_due(
+        self: &Arc<Self>,
+        workers: &mut JoinSet<Attempt>,
+        outbox: &Outbox,
+    ) -> Option<Instant> {
         let mut queue = self.queue();
         let now = Instant::now();
         let mut next = None;
@@ -241,9 +245,14 @@ impl ZkWriter {
     }
 
     /// One attempt at a key: up to [`CAS_TRIES`] read-append-write rounds.
-    async fn attempt(&self, key: &MappingKey, applications: &BTreeSet<String>) -> Result<(), Failure> {
+    async fn attempt(
+        &self,
+        key: &MappingKey,
+        applications: &BTreeSet<String>,
+    ) -> Result<(), Failure> {
         let failures = self.queue().attempts.get(key).copied().unwrap_or(0);
-        let path = crate::layout::mapping_path(key).map_err(|err| Failure::Permanent(err.to_string()))?;
+        let path =
+            crate::layout::mapping_path(key).map_err(|err| Failure::Permanent(err.to_string()))?;
         let Some(client) = self.session.client() else {
             return Err(Failure::Transient(backoff(failures)));
         };
@@ -287,7 +296,11 @@ enum Round {
 }
 
 /// One round; true when it wrote, false when every application was listed already.
-async fn cas_once(client: &Client, path: &str, applications: &BTreeSet<String>) -> Result<bool, Round> {
+async fn cas_once(
+    client: &Client,
+    path: &str,
+    applications: &BTreeSet<String>,
+) -> Result<bool, Round> {
     match client.get_data(path).await {
         Ok((data, stat)) => {
             if let Err(err) = crate::mapping_value::parse(&data) {
@@ -299,7 +312,10 @@ async fn cas_once(client: &Client, path: &str, applications: &BTreeSet<String>) 
             let Some(next) = crate::mapping_value::append(&current, applications) else {
                 return Ok(false);
             };
-            match client.set_data(path, next.as_bytes(), Some(stat.version)).await {
+            match client
+                .set_data(path, next.as_bytes(), Some(stat.version))
+                .await
+            {
                 Ok(_) => Ok(true),
                 Err(Error::BadVersion | Error::NoNode) => Err(Round::Lost),
                 Err(err) => Err(Round::Failed(err)),

@@ -12,6 +12,8 @@ const CLIENT_ROWS = 500;
 
 const ENDPOINTS = {
   digest: '/debug/digest',
+  // Each kind's source, and the backing store's own row (ZooKeeper: ensemble, session, errors).
+  sources: '/debug/sources',
   mappings: '/debug/mappings',
   applications: '/debug/applications',
   // At most CLIENT_ROWS streams per poll (a large fleet would be megabytes a second); the
@@ -192,6 +194,7 @@ const fmtTime = (iso) => (iso ? String(iso).replace('T', ' ').replace(/\.\d+/, '
 
 function render() {
   if (last.digest) renderDigest(last.digest);
+  if (last.sources) renderSources(last.sources);
   if (last.mappings) renderMappings();
   if (last.applications) renderApplications(last.applications);
   for (const kind of RULE_KINDS) if (last[kind]) renderRules(kind, last[kind]);
@@ -210,6 +213,25 @@ function renderDigest(d) {
     data: { kind: k.kind },
     cells: [k.kind, num(k.objects), num(k.revision), mono(String(k.digest ?? '').slice(0, 12) || null, k.digest)],
   }));
+}
+
+function renderSources(sources) {
+  // The store's row first, then each kind; a node the store could not read is a row of its own.
+  const rows = [];
+  for (const s of [...sources].sort((a, b) => (a.detail ? 0 : 1) - (b.detail ? 0 : 1))) {
+    rows.push({ key: keyStr(['source', s.kind]), kind: s.kind, state: s.state, condition: s.condition, bad: s.state !== 'synced' && s.state !== 'connected' });
+    const unreadable = (s.detail && s.detail.unreadable) || {};
+    for (const [path, error] of Object.entries(unreadable).sort()) {
+      rows.push({ key: keyStr(['node', s.kind, path]), kind: path, state: 'unreadable', condition: error, bad: true });
+    }
+  }
+  syncRows($('#sources'), rows, (r) => ({
+    key: r.key,
+    cls: r.bad ? 'source stale' : 'source',
+    data: { source: r.kind, state: r.state },
+    cells: [mono(r.kind), r.state, mono(r.condition ?? null)],
+  }));
+  setText($('#sources-count'), `${sources.length}`);
 }
 
 function renderMappings() {

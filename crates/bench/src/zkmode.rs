@@ -1,0 +1,161 @@
+//! ZooKeeper mode against the SDK way and standalone, side by side in one run, each level on a
+//! fresh ZooKeeper (Debian's package) and a fresh data directory:
+//! - the SDK way: every client does its own compare-and-swap on `/dubbo/mapping/<interface>`
+//!   (read, append, write with the version; random wait below 100 ms on a lost ticket, 10 tries),
+//!   as Dubbo Java's `MetadataServiceNameMapping` does;
+//! - dubbo-cp in ZooKeeper mode: the real binary in its own process, acknowledging once a
+//!   registration is in its outbox and merging bursts into one write per node;
+//! - dubbo-cp standalone: the real binary, its embedded store.
+//!
+//! After each ZooKeeper run every pair acknowledged is looked for in its node: `lost` counts those
+//! missing (for dubbo-cp, once the outbox has drained; `drain` is how long that took after the
+//! last acknowledgement).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+
+use super::fanout::spawn_server_in;
+use super::load::{RunResult, ms, request_mix, run_load};
+use super::{drive_grpc, zk};
+
+#[derive(clap::Args, Clone)]
+pub struct ZkModeArgs {
+    /// Repetitions; the table shows each run's figures.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Registrations per concurrency level.
+    #[arg(long, default_value_t = 4_000)]
+    requests: usize,
+    #[arg(long, value_delimiter = ',', default_value = "16,128,1024")]
+    concurrency: Vec<usize>,
+    /// Connections (HTTP/2 or ZooKeeper sessions) the requests share.
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+}
+
+/// The pairs of the request mix, by interface.
+fn expected(run: usize, requests: usize) -> BTreeMap<String, BTreeSet<String>> {
+    let mut pairs: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for i in 0..requests {
+        let (application, interface) = request_mix(run, i);
+        pairs.entry(interface).or_default().insert(application);
+    }
+    pairs
+}
+
+/// Pairs of `expected` not in their node under `/dubbo/mapping/<prefix><interface>`.
+async fn missing(
+    client: &zookeeper_client::Client,
+    prefix: &str,
+    expected: &BTreeMap<String, BTreeSet<String>>,
+) -> anyhow::Result<usize> {
+    let mut missing = 0;
+    for (interface, applications) in expected {
+        let listed: BTreeSet<String> = match client
+            .get_data(&format!("/dubbo/mapping/{prefix}{interface}"))
+            .await
+        {
+            Ok((data, _)) => String::from_utf8_lossy(&data)
+                .split(',')
+                .map(str::to_owned)
+                .collect(),
+            Err(zookeeper_client::Error::NoNode) => BTreeSet::new(),
+            Err(err) => bail!("reading {interface}: {err}"),
+        };
+        missing += applications.difference(&listed).count();
+    }
+    Ok(missing)
+}
+
+fn row(
+    target: &str,
+    in_flight: usize,
+    result: &RunResult,
+    lost: Option<usize>,
+    drain: Option<Duration>,
+) {
+    let lost = lost.map_or("-".to_owned(), |n| n.to_string());
+    let drain = drain.map_or("-".to_owned(), |d| format!("{:.0}", ms(d)));
+    println!(
+        "| {target} | {in_flight} | {:.0} | {:.2} | {:.2} | {} | {lost} | {drain} |",
+        result.per_second,
+        ms(result.p50),
+        ms(result.p99),
+        result.errors
+    );
+}
+
+pub async fn run(args: ZkModeArgs) -> anyhow::Result<()> {
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    println!(
+        "# ZooKeeper mode: {} registrations per level (new pairs over 1,000 interfaces), {} connections, {cpus} cpus",
+        args.requests, args.connections
+    );
+    println!("| target | in flight | req/s | p50 ms | p99 ms | errors | lost | drain ms |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for run in 0..args.runs {
+        let pairs = expected(run, args.requests);
+        for &in_flight in &args.concurrency {
+            // The SDK way.
+            let server = zk::start().await?;
+            let mut clients = Vec::new();
+            for _ in 0..args.connections.max(1) {
+                clients.push(zookeeper_client::Client::connect(&server.address()).await?);
+            }
+            let result = run_load(args.requests, in_flight, |i| {
+                let client = clients[i % clients.len()].clone();
+                let (application, interface) = request_mix(run, i);
+                zk::register(client, interface, application)
+            })
+            .await?;
+            let lost = missing(&clients[0], "", &pairs).await?;
+            row(
+                "SDK way (CAS per client)",
+                in_flight,
+                &result,
+                Some(lost),
+                None,
+            );
+            drop(clients);
+            drop(server);
+
+            // dubbo-cp in ZooKeeper mode, its own process.
+            let server = zk::start().await?;
+            let address = server.address();
+            let replica = spawn_server_in(tempfile::tempdir()?, &["--zookeeper", &address])?;
+            let target = format!("http://{}", replica.grpc_addr);
+            let result =
+                drive_grpc(&target, args.requests, in_flight, args.connections, run, 1).await?;
+            let acked = Instant::now();
+            let reader = zookeeper_client::Client::connect(&address).await?;
+            let deadline = acked + Duration::from_secs(300);
+            let lost = loop {
+                let lost = missing(&reader, "", &pairs).await?;
+                if lost == 0 || Instant::now() > deadline {
+                    break lost;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            row(
+                "dubbo-cp, ZooKeeper mode",
+                in_flight,
+                &result,
+                Some(lost),
+                Some(acked.elapsed()),
+            );
+            drop(replica);
+            drop(server);
+
+            // dubbo-cp standalone, its own process.
+            let replica = spawn_server_in(tempfile::tempdir()?, &[])?;
+            let target = format!("http://{}", replica.grpc_addr);
+            let result =
+                drive_grpc(&target, args.requests, in_flight, args.connections, run, 1).await?;
+            row("dubbo-cp, standalone", in_flight, &result, None, None);
+            drop(replica);
+        }
+    }
+    Ok(())
+}
