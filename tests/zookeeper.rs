@@ -91,7 +91,7 @@ async fn registrations_land_in_mapping_nodes_as_dubbo_writes_them() {
         .await
         .unwrap();
     wait_node(&sdk, "/dubbo/mapping/org.demo.Greeter", Some("shop,sho")).await;
-    // Registering again writes nothing.
+    // Registering again writes nothing: the next write after it is the next new pair's alone.
     let writes = metric(server.admin_addr, "dubbo_cp_zookeeper_writes_total").await;
     let again = grpc
         .register_service_app_mapping(request("default", "shop", &["org.demo.Greeter"]))
@@ -99,9 +99,13 @@ async fn registrations_land_in_mapping_nodes_as_dubbo_writes_them() {
         .unwrap()
         .into_inner();
     assert_eq!(again.message, "already registered");
+    grpc.register_service_app_mapping(request("default", "next", &["org.demo.Next"]))
+        .await
+        .unwrap();
+    wait_node(&sdk, "/dubbo/mapping/org.demo.Next", Some("next")).await;
     assert_eq!(
         metric(server.admin_addr, "dubbo_cp_zookeeper_writes_total").await,
-        writes
+        writes + 1.0
     );
 
     // Another namespace is another Dubbo group.
@@ -187,6 +191,21 @@ async fn what_sdks_write_is_served_and_bad_nodes_are_skipped() {
     )
     .await;
     put(&sdk, "/dubbo/org.demo.Greeter/providers/not-a-url", b"").await;
+    // A node another system keeps to itself (its ACL) is reported, and stops nothing.
+    let owner = zookeeper_client::Client::connector()
+        .with_auth("digest", b"owner:secret")
+        .connect(&zk.address())
+        .await
+        .unwrap();
+    owner
+        .create(
+            "/dubbo/mapping/org.demo.Secret",
+            b"theirs",
+            &zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::creator_all()),
+        )
+        .await
+        .unwrap();
     assert!(sdk_register(&sdk, "org.demo.After", "after").await);
     wait_mappings(server.admin_addr, "a good node after bad ones", |m| {
         m.get(&key("default", "org.demo.After")) == Some(&apps(&["after"]))
@@ -339,6 +358,13 @@ async fn rules_are_written_where_the_sdks_read_them_and_read_back_from_anyone() 
     wait_ready(server.admin_addr).await;
     let admin = server.admin_addr.to_string();
 
+    // A data-plane client on the discovery stream sees what the config center holds.
+    let mut observer = Observer::open(server.grpc_addr).await;
+    observer.subscribe(&type_of("TagRoute")).await;
+    let empty = observer.next().await;
+    assert_eq!(empty.data.len(), 0);
+    observer.ack(&empty).await;
+
     // `dubbo-cp apply`: each object at its node, with the bytes the golden tests show.
     let manifest = dir.path().join("rules.yaml");
     std::fs::write(&manifest, RULES).unwrap();
@@ -391,6 +417,13 @@ async fn rules_are_written_where_the_sdks_read_them_and_read_back_from_anyone() 
     })
     .await;
     wait_rules(server.admin_addr, "ServiceEntry", |items| items.len() == 1).await;
+    let pushed = observer.next().await;
+    assert_eq!(
+        pushed.data.decode().unwrap().len(),
+        1,
+        "the TagRoute reached the stream"
+    );
+    assert!(pushed.revision > empty.revision);
 
     // A rule dubbo-admin wrote (no header, no configVersion) is read and served with a name
     // derived from its node, and left as it is.
@@ -449,6 +482,43 @@ async fn rules_are_written_where_the_sdks_read_them_and_read_back_from_anyone() 
             .as_deref(),
         Some(": not yaml [")
     );
+
+    // A changed key moves the object: the old node goes in the same transaction.
+    let moved = RULES
+        .split("---")
+        .next()
+        .unwrap()
+        .replace("key: shop", "key: shop-v2");
+    let (status, body) = http_send(server.admin_addr, "POST", "/api/v1/apply", &moved, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("configured"), "{body}");
+    assert_eq!(get(&sdk, "/dubbo/config/dubbo/shop.tag-router").await, None);
+    assert!(
+        get(&sdk, "/dubbo/config/dubbo/shop-v2.tag-router")
+            .await
+            .is_some()
+    );
+    wait_rules(server.admin_addr, "TagRoute", |items| {
+        items.len() == 1 && items[0]["spec"]["key"] == "shop-v2"
+    })
+    .await;
+    let (status, body) = http_send(
+        server.admin_addr,
+        "POST",
+        "/api/v1/apply",
+        RULES.split("---").next().unwrap(),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        get(&sdk, "/dubbo/config/dubbo/shop-v2.tag-router").await,
+        None
+    );
+    wait_rules(server.admin_addr, "TagRoute", |items| {
+        items.len() == 1 && items[0]["spec"]["key"] == "shop"
+    })
+    .await;
 
     // An edit by hand flows in; `dubbo-cp delete` removes the node.
     let edited = get(&sdk, "/dubbo/config/dubbo/shop.tag-router")
@@ -608,8 +678,10 @@ async fn with_the_ensemble_down_registrations_are_acknowledged_and_written_when_
     // Readiness says what is wrong, and the last state is still served.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let (_, body) = http_get(server.admin_addr, "/readyz").await;
+        let (status, body) = http_get(server.admin_addr, "/readyz").await;
         if body.contains("ZooKeeper") {
+            // Still ready: the last state is served, registrations are held.
+            assert_eq!(status, 200, "{body}");
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "{body}");

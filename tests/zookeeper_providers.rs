@@ -80,6 +80,44 @@ async fn provider(zk: &ZooKeeper, name: &str) -> (tokio::process::Child, u16) {
     (child, line.trim().parse().unwrap())
 }
 
+/// Waits (up to 30 s) until the client's acknowledged load assignment has these endpoint weights.
+async fn wait_weights(admin: std::net::SocketAddr, wanted: &[u64]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = http_get(admin, "/debug/xds/config_dump?node=zk-client").await;
+        let dump: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let acked_weights = dump["config"][0]["generic_xds_configs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| {
+                c["type_url"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("ClusterLoadAssignment"))
+                    && c["client_status"] == "ACKED"
+            })
+            .map(|c| {
+                let mut weights: Vec<u64> = c["xds_config"]["endpoints"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|l| l["load_balancing_weight"].as_u64())
+                    .collect();
+                weights.sort();
+                weights
+            })
+            .any(|weights| weights == wanted);
+        if acked_weights {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "weights {wanted:?} never acknowledged: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_sdks_providers_are_called_by_interface_over_xds() {
     let zk = ZooKeeper::start().await;
@@ -126,8 +164,10 @@ async fn a_released_sdks_providers_are_called_by_interface_over_xds() {
     let (status, body) =
         http_send(server.admin_addr, "POST", "/api/v1/apply", &weights, None).await;
     assert_eq!(status, 200, "{body}");
-    // Settled on the new weights: a run of a's longer than the even split makes likely.
-    settle(&mut client, "a", 12, "").await;
+    // Counted once the client acknowledged the weighted endpoints (and settled: it applies a
+    // version a moment after its ACK).
+    wait_weights(server.admin_addr, &[100, 400]).await;
+    settle(&mut client, "a", 1, "").await;
     assert_split(&count(&mut client, 2000).await, 80);
 
     // A provider whose process dies leaves the endpoints when its session ends (the SDK's

@@ -82,16 +82,43 @@ pub fn namespace_of_root(name: &str) -> Option<String> {
     Some(name.to_owned())
 }
 
-/// One path segment: no `/`, not `.` or `..`, no NUL (ZooKeeper refuses those).
+/// Characters ZooKeeper refuses in a path (its `PathUtils.validatePath`): controls, the
+/// surrogate and private-use block, the specials, and anything beyond the Basic Multilingual
+/// Plane (the server sees it as surrogates).
+fn refused_char(c: char) -> bool {
+    let u = u32::from(c);
+    [
+        0x0000..=0x001f,
+        0x007f..=0x009f,
+        0xd800..=0xf8ff,
+        0xfff0..=0xffff,
+    ]
+    .into_iter()
+    .any(|range| range.contains(&u))
+        || u > 0xffff
+}
+
+/// One path segment: no `/`, not `.` or `..`, no character ZooKeeper refuses.
 fn segment(field: &'static str, value: &str) -> Result<(), LayoutError> {
     if value.is_empty() || value == "." || value == ".." {
         return Err(refuse(field, value, "is not a ZooKeeper node name"));
     }
-    if value.contains('/') || value.contains('\0') {
+    if value.contains('/') {
         return Err(refuse(
             field,
             value,
-            "must not contain '/' or NUL in ZooKeeper mode (it names one node)",
+            "must not contain '/' in ZooKeeper mode (it names one node)",
+        ));
+    }
+    if let Some(c) = value.chars().find(|c| refused_char(*c)) {
+        return Err(refuse(
+            field,
+            value,
+            format!(
+                "contains {c:?} (U+{:04X}), which ZooKeeper refuses in node names (controls, \
+                 U+D800-U+F8FF, U+FFF0-U+FFFF and characters beyond U+FFFF)",
+                u32::from(c)
+            ),
         ));
     }
     Ok(())
@@ -204,8 +231,9 @@ pub fn parse_rule_key(name: &str) -> Option<RuleNode> {
         return None;
     }
     if base.contains(':') {
-        // A TagRoute is keyed by application only (Dubbo has no service-level tag rule).
-        if kind == Kind::TagRoute {
+        // A TagRoute is keyed by application only (Dubbo has no service-level tag rule), and
+        // Dubbo's service key always has two colons (`interface:version:group`).
+        if kind == Kind::TagRoute || base.matches(':').count() != 2 {
             return None;
         }
         return Some(RuleNode {
@@ -322,6 +350,10 @@ mod tests {
         let err = check_registration("default", "a/b").unwrap_err();
         assert_eq!(err.field, "interfaceNames");
         assert!(check_registration("default", "..").is_err());
+        let err = check_registration("default", "org.demo.\u{1F600}").unwrap_err();
+        assert!(err.to_string().contains("U+1F600"), "{err}");
+        assert!(check_registration("default", "org.demo.\u{E000}").is_err());
+        assert!(check_registration("default", "org.demo.Caf\u{E9}").is_ok());
         assert!(check_registration("dubbo", "x.Y").is_err());
     }
 
@@ -360,6 +392,7 @@ mod tests {
             })
         );
         assert_eq!(parse_rule_key("x::.tag-router"), None);
+        assert_eq!(parse_rule_key("org.Foo:1.0.condition-router"), None);
         assert_eq!(parse_rule_key("shop.script-router"), None);
         assert_eq!(parse_rule_key(".configurators"), None);
         assert_eq!(

@@ -60,9 +60,10 @@ pub fn parse_url(namespace: &str, interface: &str, node: &str) -> Result<Provide
         return Err(format!("is over {MAX_PROVIDER_BYTES} bytes"));
     }
     let url = url_decode(node)?;
+    let shown = crate::stats::short(&url);
     let (protocol, rest) = url
         .split_once("://")
-        .ok_or_else(|| format!("{url:?} is not a URL (protocol://host:port/path?params)"))?;
+        .ok_or_else(|| format!("{shown:?} is not a URL (protocol://host:port/path?params)"))?;
     let (authority, query) = match rest.split_once('?') {
         Some((before, query)) => (before, query),
         None => (rest, ""),
@@ -72,15 +73,15 @@ pub fn parse_url(namespace: &str, interface: &str, node: &str) -> Result<Provide
     let authority = authority.rsplit('@').next().unwrap_or(authority);
     let (host, port) = authority
         .rsplit_once(':')
-        .ok_or_else(|| format!("{url:?} has no port"))?;
+        .ok_or_else(|| format!("{shown:?} has no port"))?;
     let address: IpAddr = host
         .trim_start_matches('[')
         .trim_end_matches(']')
         .parse()
-        .map_err(|_| format!("{url:?}: host {host:?} is not an IP address"))?;
+        .map_err(|_| format!("{shown:?}: host {host:?} is not an IP address"))?;
     let port: u16 = port
         .parse()
-        .map_err(|_| format!("{url:?}: port {port:?} is not a port"))?;
+        .map_err(|_| format!("{shown:?}: port {port:?} is not a port"))?;
     let params: BTreeMap<String, String> = query
         .split('&')
         .filter_map(|pair| pair.split_once('='))
@@ -113,6 +114,20 @@ fn provider(
 ) -> Result<Provider, String> {
     if port == 0 {
         return Err("port 0 is not a port".to_owned());
+    }
+    // What registrations may not carry, a provider may not either: the name becomes a mapping's
+    // application and a service's label.
+    if application.is_empty()
+        || application.len() > crate::mapping::MAX_APPLICATION_BYTES
+        || application
+            .chars()
+            .any(|c| c == ',' || c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "application {:?} is not an application name (1-253 bytes, no ',', whitespace or \
+             control characters)",
+            crate::stats::short(&application)
+        ));
     }
     let weight = match params.get("weight") {
         Some(weight) => weight

@@ -138,18 +138,28 @@ impl ZkRules {
             let mut report = Report::default();
             let mut multi = client.new_multi_writer();
             let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+            let mut checks = Vec::new();
             for (path, (rule, bytes)) in &nodes {
                 let name = describe(&key_of(rule));
+                // The object lives at another node (its key changed): that node goes in the
+                // same transaction, or the SDKs would read both.
+                let moved = self.moved_from(&client, rule, path, &nodes).await?;
                 match Self::held(&client, path).await? {
                     Held::Nothing => {
-                        if let Some((parent, _)) = path.rsplit_once('/') {
+                        if let Some(parent) = path.rsplit_once('/').map(|(parent, _)| parent) {
                             client
                                 .mkdir(parent, &options)
                                 .await
                                 .map_err(|err| RuleError::Unavailable(err.to_string()))?;
                         }
                         add(multi.add_create(path, bytes, &options))?;
-                        report.created.push(name);
+                        match moved {
+                            Some((old, version)) => {
+                                add(multi.add_delete(&old, Some(version)))?;
+                                report.configured.push(name);
+                            }
+                            None => report.created.push(name),
+                        }
                     }
                     Held::Object(key, current, version) => {
                         if key.as_ref().is_some_and(|key| *key != key_of(rule)) {
@@ -159,8 +169,13 @@ impl ZkRules {
                                  one node): delete {held} first or give {name} another key"
                             )));
                         }
+                        if let Some((old, version)) = moved {
+                            add(multi.add_delete(&old, Some(version)))?;
+                        }
                         if current == *bytes {
                             report.unchanged.push(name);
+                            // Checked all the same: the call is one state, read at one time.
+                            checks.push((path.clone(), version));
                             continue;
                         }
                         add(multi.add_set_data(path, bytes, Some(version)))?;
@@ -170,6 +185,9 @@ impl ZkRules {
             }
             if report.created.is_empty() && report.configured.is_empty() {
                 return Ok(report);
+            }
+            for (path, version) in &checks {
+                add(multi.add_check_version(path, *version))?;
             }
             match multi.commit().await {
                 Ok(_) => {
@@ -191,34 +209,73 @@ impl ZkRules {
         ))
     }
 
+    /// The node other than `path` that holds `rule`'s object now (the served rule's), with its
+    /// version; None when there is none, or when this call writes that node too.
+    async fn moved_from(
+        &self,
+        client: &Client,
+        rule: &Rule,
+        path: &str,
+        nodes: &BTreeMap<String, (Rule, Vec<u8>)>,
+    ) -> Result<Option<(String, i32)>, RuleError> {
+        let key = key_of(rule);
+        let Some(old) = self.node_of(&key, None) else {
+            return Ok(None);
+        };
+        if old == path || nodes.contains_key(&old) {
+            return Ok(None);
+        }
+        match Self::held(client, &old).await {
+            Ok(Held::Object(Some(held), _, version)) if held == key => Ok(Some((old, version))),
+            Ok(_) => Ok(None),
+            // What cannot be read there is not this object.
+            Err(RuleError::Refused(_)) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The node of the served object `key`, else of `given` (a manifest's, whose node is known
+    /// before the watch has served it).
+    fn node_of(&self, key: &RuleKey, given: Option<&Rule>) -> Option<String> {
+        self.catalog
+            .list(key.0, Some(&key.1))
+            .into_iter()
+            .find(|rule| rule.name == key.2)
+            .as_ref()
+            .or(given)
+            .and_then(|rule| node_path(rule).ok())
+    }
+
     /// `dubbo-cp delete -f`: the objects the manifests name.
     pub async fn delete_manifests(&self, manifests: &str) -> Result<Report, RuleError> {
-        let keys: Vec<RuleKey> = parse_manifests(manifests)?.iter().map(key_of).collect();
-        self.delete(&keys).await
+        let rules = parse_manifests(manifests)?;
+        self.delete_with(
+            rules
+                .iter()
+                .map(|rule| (key_of(rule), Some(rule)))
+                .collect(),
+        )
+        .await
     }
 
     /// Deletes the nodes holding `keys`, in one transaction.
     pub async fn delete(&self, keys: &[RuleKey]) -> Result<Report, RuleError> {
+        self.delete_with(keys.iter().map(|key| (key.clone(), None)).collect())
+            .await
+    }
+
+    async fn delete_with(&self, keys: Vec<(RuleKey, Option<&Rule>)>) -> Result<Report, RuleError> {
         let _writing = self.writing.lock().await;
         let client = self.client().await?;
         for _ in 0..TRIES {
             let mut report = Report::default();
             let mut multi = client.new_multi_writer();
-            for key in keys {
+            for (key, given) in &keys {
                 let name = describe(key);
                 // Where the served rule lives (a rule read from dubbo-admin's node has a derived
-                // name, so the node is found from the rule, not from the name).
-                let rule = self
-                    .catalog
-                    .list(key.0, Some(&key.1))
-                    .into_iter()
-                    .find(|rule| rule.name == key.2);
-                let Some(path) = rule
-                    .as_ref()
-                    .map(node_path)
-                    .transpose()
-                    .map_err(RuleError::Refused)?
-                else {
+                // name, so the node is found from the rule, not from the name), else where the
+                // manifest's would.
+                let Some(path) = self.node_of(key, *given) else {
                     report.not_found.push(name);
                     continue;
                 };

@@ -47,6 +47,9 @@ impl Session {
             Some(i) => (&address[..i], address[i..].trim_end_matches('/')),
             None => (address, ""),
         };
+        if chroot.split('/').skip(1).any(str::is_empty) && !chroot.is_empty() {
+            return Err(refuse("the chroot has an empty segment (/a//b)"));
+        }
         if hosts.is_empty() {
             return Err(refuse("names no host (host:port[,host:port...][/chroot])"));
         }
@@ -124,7 +127,16 @@ impl Session {
                 state.session_timeout_ms = timeout_ms;
             });
             let mut states = client.state_watcher();
-            self.current.send_replace(Some(client));
+            // A session that ended between the connect and the subscription reports no change.
+            let ended = matches!(
+                client.state(),
+                SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
+            );
+            self.current.send_replace((!ended).then_some(client));
+            if ended {
+                self.stats.session("expired");
+                continue;
+            }
             loop {
                 let state = tokio::select! {
                     () = crate::shutdown::signalled(&mut shutdown) => {
@@ -196,7 +208,7 @@ mod tests {
             ("a:2181,b:2182", "/dubbo-cp")
         );
         assert_eq!(session("127.0.0.1:2181").unwrap().chroot, "");
-        for bad in ["", "/chroot", "host", "a:2181,b", "a:x"] {
+        for bad in ["", "/chroot", "host", "a:2181,b", "a:x", "a:1/x//y"] {
             assert!(session(bad).is_err(), "{bad}");
         }
     }

@@ -15,6 +15,8 @@ pub enum Read {
     /// The node is gone (or empty, for a rule).
     Absent,
     Data(Vec<u8>),
+    /// The node could not be read (its ACL, say): reported, and what it held is no longer served.
+    Failed(String),
 }
 
 /// Changes to hand to the index and the catalog after a batch of node reads.
@@ -41,6 +43,8 @@ pub struct State {
     rules: BTreeMap<String, Rule>,
     /// Which node holds each rule.
     holders: BTreeMap<RuleKey, String>,
+    /// Rules whose object another node holds already, by path: served once that node lets go.
+    shadowed: BTreeMap<String, Rule>,
     /// Providers by node path.
     providers: BTreeMap<String, Vec<Provider>>,
     /// Nodes whose content cannot be read, and why.
@@ -62,12 +66,20 @@ impl State {
     /// Applies what `path` now holds; records its changes in `changes`.
     pub fn set(&mut self, path: &str, read: Read, changes: &mut Changes) {
         self.unreadable.remove(path);
+        let read = match read {
+            Read::Failed(why) => {
+                self.report(path, why);
+                None
+            }
+            Read::Absent => None,
+            Read::Data(data) => Some(data),
+        };
         match layout::classify(path) {
             Node::Mapping(key) => self.set_mapping(path, key, read, changes),
             Node::Rule { namespace, name } => {
                 let rule = match read {
-                    Read::Absent => Ok(None),
-                    Read::Data(data) => crate::body::decode_rule(&namespace, &name, &data),
+                    None => Ok(None),
+                    Some(data) => crate::body::decode_rule(&namespace, &name, &data),
                 };
                 self.set_rule(path, rule, changes);
             }
@@ -77,9 +89,9 @@ impl State {
                 name,
             } => {
                 let rule = match read {
-                    Read::Absent => Ok(None),
-                    Read::Data(data) if data.is_empty() => Ok(None),
-                    Read::Data(data) => {
+                    None => Ok(None),
+                    Some(data) if data.is_empty() => Ok(None),
+                    Some(data) => {
                         crate::body::decode_ours(&namespace, kind, &name, &data).map(Some)
                     }
                 };
@@ -91,16 +103,16 @@ impl State {
                 url,
             } => {
                 let providers = match read {
-                    Read::Absent => Ok(Vec::new()),
-                    Read::Data(_) => crate::providers::parse_url(&namespace, &interface, &url)
+                    None => Ok(Vec::new()),
+                    Some(_) => crate::providers::parse_url(&namespace, &interface, &url)
                         .map(|provider| vec![provider]),
                 };
                 self.set_providers(path, providers, changes);
             }
             Node::Instance { application, .. } => {
                 let providers = match read {
-                    Read::Absent => Ok(Vec::new()),
-                    Read::Data(data) => crate::providers::parse_instance(&application, &data),
+                    None => Ok(Vec::new()),
+                    Some(data) => crate::providers::parse_instance(&application, &data),
                 };
                 self.set_providers(path, providers, changes);
             }
@@ -110,18 +122,26 @@ impl State {
 
     fn report(&mut self, path: &str, error: String) {
         tracing::warn!(path, %error, "ZooKeeper node skipped: its content cannot be read");
-        if self.unreadable.len() >= crate::stats::MAX_REPORTED_NODES
-            && let Some(first) = self.unreadable.keys().next().cloned()
+        // Bounded: the first MAX_REPORTED_NODES by path stay listed (the log has every one),
+        // each reason cut short.
+        if self.unreadable.len() < crate::stats::MAX_REPORTED_NODES
+            || self.unreadable.contains_key(path)
         {
-            self.unreadable.remove(&first);
+            self.unreadable
+                .insert(path.to_owned(), crate::stats::short(&error));
         }
-        self.unreadable.insert(path.to_owned(), error);
     }
 
-    fn set_mapping(&mut self, path: &str, key: MappingKey, read: Read, changes: &mut Changes) {
+    fn set_mapping(
+        &mut self,
+        path: &str,
+        key: MappingKey,
+        read: Option<Vec<u8>>,
+        changes: &mut Changes,
+    ) {
         let applications = match read {
-            Read::Absent => Vec::new(),
-            Read::Data(data) => match crate::mapping_value::parse(&data) {
+            None => Vec::new(),
+            Some(data) => match crate::mapping_value::parse(&data) {
                 Ok(applications) => applications,
                 Err(err) => {
                     self.report(path, format!("mapping value {err}"));
@@ -233,46 +253,61 @@ impl State {
             self.report(path, err);
             None
         });
-        if let Some(rule) = &rule {
-            let key = key_of(rule);
-            if let Some(holder) = self.holders.get(&key).filter(|holder| *holder != path) {
-                let error = format!(
-                    "holds {}, which node {holder} already holds",
-                    crate::index::catalog::describe(&key)
-                );
-                self.report(path, error);
-                return;
+        self.shadowed.remove(path);
+        // What this node held before leaves first (a changed header, a deleted node).
+        if let Some(previous) = self.rules.remove(path) {
+            let key = key_of(&previous);
+            self.holders.remove(&key);
+            if rule.as_ref().is_none_or(|rule| key_of(rule) != key) {
+                // Another node with the same object takes over, else it goes.
+                if !self.promote(&key, changes) {
+                    changes
+                        .by_kind
+                        .entry(key.0)
+                        .or_default()
+                        .push(delete_for(&key));
+                    changes.rules.push((None, Some(key)));
+                }
             }
-        }
-        let previous = self.rules.remove(path);
-        if let Some(previous) = &previous {
-            self.holders.remove(&key_of(previous));
         }
         let Some(rule) = rule else {
-            if let Some(previous) = previous {
-                let key = key_of(&previous);
-                changes
-                    .by_kind
-                    .entry(key.0)
-                    .or_default()
-                    .push(delete_for(&key));
-                changes.rules.push((None, Some(key)));
-            }
             return;
         };
         let key = key_of(&rule);
-        if let Some(previous) = previous.filter(|p| key_of(p) != key) {
-            let old = key_of(&previous);
-            changes
-                .by_kind
-                .entry(old.0)
-                .or_default()
-                .push(delete_for(&old));
-            changes.rules.push((None, Some(old)));
+        if let Some(holder) = self.holders.get(&key) {
+            let error = format!(
+                "holds {}, which node {holder} already holds (served once that node lets go)",
+                crate::index::catalog::describe(&key)
+            );
+            self.report(path, error);
+            self.shadowed.insert(path.to_owned(), rule);
+            return;
         }
-        self.holders.insert(key.clone(), path.to_owned());
+        self.hold(path, rule, changes);
+    }
+
+    fn hold(&mut self, path: &str, rule: Rule, changes: &mut Changes) {
+        self.holders.insert(key_of(&rule), path.to_owned());
         self.rules.insert(path.to_owned(), rule.clone());
         changes.rules.push((Some(rule), None));
+    }
+
+    /// Serves the first shadowed node (by path) holding `key`; false when there is none.
+    fn promote(&mut self, key: &RuleKey, changes: &mut Changes) -> bool {
+        let Some(path) = self
+            .shadowed
+            .iter()
+            .find(|(_, rule)| key_of(rule) == *key)
+            .map(|(path, _)| path.clone())
+        else {
+            return false;
+        };
+        let Some(rule) = self.shadowed.remove(&path) else {
+            return false;
+        };
+        self.unreadable.remove(&path);
+        self.hold(&path, rule, changes);
+        true
     }
 
     /// The index's change for each rule change, with the audience of auth policies.
@@ -351,5 +386,84 @@ impl State {
                 self.mapping_changed(key, &mut ignored);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag_route(key: &str) -> Vec<u8> {
+        let manifest = format!(
+            "apiVersion: dubbo.apache.org/v1alpha1\nkind: TagRoute\n\
+             metadata: {{name: grey, namespace: default}}\nspec:\n  key: {key}\n  \
+             configVersion: v3.0\n  tags: [{{name: gray, addresses: ['10.0.0.1:1']}}]\n"
+        );
+        let rules = crate::rules::parse_manifests(&manifest).unwrap();
+        crate::body::encode(&rules[0]).unwrap()
+    }
+
+    fn served_key(state: &State) -> Vec<String> {
+        state
+            .rules()
+            .map(|rule| match &rule.spec {
+                crate::rules::RuleSpec::TagRoute(spec) => spec.key.clone(),
+                _ => String::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_shadowed_rule_is_served_once_its_holder_lets_go() {
+        let (shop, cart) = (
+            "/dubbo/config/dubbo/shop.tag-router",
+            "/dubbo/config/dubbo/cart.tag-router",
+        );
+        let mut state = State::default();
+        let mut changes = Changes::default();
+        state.set(shop, Read::Data(tag_route("shop")), &mut changes);
+        // The same object (default/grey) at a second node: reported, not served.
+        state.set(cart, Read::Data(tag_route("cart")), &mut changes);
+        assert_eq!(served_key(&state), ["shop"]);
+        assert!(
+            state.unreadable[cart].contains("already holds"),
+            "{:?}",
+            state.unreadable
+        );
+        // The holder goes: the other node's rule is served, in the same batch.
+        let mut changes = Changes::default();
+        state.set(shop, Read::Absent, &mut changes);
+        assert_eq!(served_key(&state), ["cart"]);
+        assert!(state.unreadable.is_empty());
+        assert!(
+            changes.rules.iter().any(|(rule, _)| rule.is_some()),
+            "the promoted rule is handed on"
+        );
+        assert!(
+            !changes
+                .by_kind
+                .values()
+                .flatten()
+                .any(|c| matches!(c, Change::Delete(_))),
+            "the object never left: no delete"
+        );
+    }
+
+    #[test]
+    fn a_node_that_cannot_be_read_leaves_and_is_reported() {
+        let path = "/dubbo/mapping/org.demo.Greeter";
+        let mut state = State::default();
+        let mut changes = Changes::default();
+        state.set(path, Read::Data(b"a,b".to_vec()), &mut changes);
+        assert_eq!(
+            state.mapping_node(&MappingKey::new("default", "org.demo.Greeter")),
+            Some(&["a".to_owned(), "b".to_owned()][..])
+        );
+        state.set(path, Read::Failed("not authorized".into()), &mut changes);
+        assert_eq!(
+            state.mapping_node(&MappingKey::new("default", "org.demo.Greeter")),
+            None
+        );
+        assert_eq!(state.unreadable[path], "not authorized");
     }
 }

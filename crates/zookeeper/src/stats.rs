@@ -55,8 +55,23 @@ pub struct SourceState {
     pub last_sync: Option<u64>,
     /// The last error talking to the ensemble, with its unix second.
     pub last_error: Option<(u64, String)>,
-    /// Nodes skipped because their content cannot be read, by path.
+    /// Nodes skipped because their content cannot be read, by path (the first 1,000 by path,
+    /// each reason cut to 300 characters).
     pub unreadable: BTreeMap<String, String>,
+}
+
+/// Longest reason kept per unreadable node (a provider URL may be 64 KiB).
+const MAX_REASON_CHARS: usize = 300;
+
+/// `text` cut to [`MAX_REASON_CHARS`] characters.
+pub(crate) fn short(text: &str) -> String {
+    let mut chars = text.chars();
+    let kept: String = chars.by_ref().take(MAX_REASON_CHARS).collect();
+    if chars.next().is_some() {
+        format!("{kept}... ({} bytes)", text.len())
+    } else {
+        kept
+    }
 }
 
 pub(crate) fn now() -> u64 {
@@ -99,7 +114,17 @@ impl ZkStats {
 
     /// Whether the session is up (for readiness).
     pub fn connected(&self) -> bool {
-        matches!(self.state().session.as_str(), "connected" | "read-only")
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        matches!(state.session.as_str(), "connected" | "read-only")
+    }
+
+    /// Unreadable nodes, counted without copying them.
+    fn unreadable_nodes(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unreadable
+            .len()
     }
 
     pub(crate) fn count(counter: &AtomicU64) {
@@ -158,7 +183,7 @@ impl ZkStats {
             "zookeeper_unreadable_nodes",
             "Nodes skipped because their content cannot be read (see /debug/sources)",
             self,
-            |s| s.state().unreadable.len() as i64,
+            |s| s.unreadable_nodes() as i64,
         );
     }
 }

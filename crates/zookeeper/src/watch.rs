@@ -176,6 +176,10 @@ async fn events(
                 },
                 _ => {
                     ZkStats::count(&session.stats().watch_events);
+                    // Consumers, metadata, other systems' nodes: nothing to read.
+                    if matches!(layout::classify(&event.path), layout::Node::Other) {
+                        continue;
+                    }
                     Pending::path(event.path)
                 }
             };
@@ -250,11 +254,14 @@ async fn relist(
     state: &mut State,
 ) -> Result<(), Error> {
     ZkStats::count(&session.stats().relists);
-    let paths = list_all(client).await?;
+    let (paths, skipped) = list_all(client).await?;
     let reads = read_all(client, paths).await?;
     let mut fresh = State::after(state);
     let mut ignored = Changes::default();
     fresh.nodes_read = reads.len();
+    for (path, why) in skipped {
+        fresh.set(&path, Read::Failed(why), &mut ignored);
+    }
     for (path, read) in reads {
         fresh.set(&path, read, &mut ignored);
     }
@@ -287,11 +294,35 @@ async fn relist(
     Ok(())
 }
 
-/// The children of `path`; none when it does not exist.
-async fn children(client: &Client, path: &str) -> Result<Vec<String>, Error> {
+/// Whether `err` says the session or the connection failed (the batch must be read again),
+/// rather than something about one node (it is reported and skipped: an ACL'd node of another
+/// system sharing the ensemble must not stop the rest).
+fn session_failed(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::ConnectionLoss
+            | Error::SessionExpired
+            | Error::SessionMoved
+            | Error::Timeout
+            | Error::ClientClosed
+            | Error::NoHosts
+            | Error::AuthFailed
+    )
+}
+
+/// The children of `path`; none when it does not exist or cannot be listed (reported).
+async fn children(
+    client: &Client,
+    path: &str,
+    skipped: &mut Vec<(String, String)>,
+) -> Result<Vec<String>, Error> {
     match client.list_children(path).await {
         Ok(children) => Ok(children),
         Err(Error::NoNode) => Ok(Vec::new()),
+        Err(err) if !session_failed(&err) => {
+            skipped.push((path.to_owned(), format!("cannot be listed: {err}")));
+            Ok(Vec::new())
+        }
         Err(err) => Err(err),
     }
 }
@@ -304,26 +335,30 @@ fn join(parent: &str, child: &str) -> String {
     }
 }
 
-/// Every path dubbo-cp reads: mapping, rule, our own, provider and instance nodes.
-async fn list_all(client: &Client) -> Result<Vec<String>, Error> {
+/// One directory's children, and why it could not be listed if it could not.
+type Listed = (String, Vec<String>, Option<String>);
+
+/// Every path dubbo-cp reads (mapping, rule, our own, provider and instance nodes), sorted, and
+/// the directories that could not be listed, with why.
+async fn list_all(client: &Client) -> Result<(Vec<String>, Vec<(String, String)>), Error> {
+    let mut skipped = Vec::new();
     // Directories whose children are the nodes, found level by level.
-    let mut leaves: Vec<String> = Vec::new();
     let mut dirs: Vec<String> = Vec::new();
-    for root in children(client, "/").await? {
+    for root in children(client, "/", &mut skipped).await? {
         let top = join("/", &root);
         if root == OURS {
-            for namespace in children(client, &top).await? {
+            for namespace in children(client, &top, &mut skipped).await? {
                 let ns_dir = join(&top, &namespace);
-                for plural in children(client, &ns_dir).await? {
+                for plural in children(client, &ns_dir, &mut skipped).await? {
                     dirs.push(join(&ns_dir, &plural));
                 }
             }
         } else if root == SERVICES {
-            for application in children(client, &top).await? {
+            for application in children(client, &top, &mut skipped).await? {
                 dirs.push(join(&top, &application));
             }
         } else if layout::namespace_of_root(&root).is_some() {
-            for child in children(client, &top).await? {
+            for child in children(client, &top, &mut skipped).await? {
                 match child.as_str() {
                     "mapping" => dirs.push(join(&top, "mapping")),
                     "config" => dirs.push(format!("{top}/config/{}", layout::CONFIG_GROUP)),
@@ -333,26 +368,37 @@ async fn list_all(client: &Client) -> Result<Vec<String>, Error> {
             }
         }
     }
-    let listed: Vec<Result<(String, Vec<String>), Error>> = futures::stream::iter(dirs)
-        .map(|dir| async move { children(client, &dir).await.map(|c| (dir, c)) })
+    let listed: Vec<Result<Listed, Error>> = futures::stream::iter(dirs)
+        .map(|dir| async move {
+            let mut skipped = Vec::new();
+            let names = children(client, &dir, &mut skipped).await?;
+            Ok((dir, names, skipped.pop().map(|(_, why)| why)))
+        })
         .buffer_unordered(PARALLEL_READS)
         .collect()
         .await;
+    let mut leaves: Vec<String> = Vec::new();
     for result in listed {
-        let (dir, names) = result?;
+        let (dir, names, why) = result?;
+        if let Some(why) = why {
+            skipped.push((dir.clone(), why));
+        }
         leaves.extend(names.iter().map(|name| join(&dir, name)));
     }
     leaves.retain(|path| !matches!(layout::classify(path), layout::Node::Other));
-    Ok(leaves)
+    leaves.sort();
+    Ok((leaves, skipped))
 }
 
-/// Reads each path (provider nodes need no read: the URL is the name).
+/// Reads each path, in path order whatever order the answers came in (so every replica, and
+/// every re-list, decides clashes alike), removals first.
 async fn read_all(client: &Client, paths: Vec<String>) -> Result<Vec<(String, Read)>, Error> {
     let reads: Vec<Result<(String, Read), Error>> = futures::stream::iter(paths)
         .map(|path| async move {
             let read = match client.get_data(&path).await {
                 Ok((data, _)) => Read::Data(data),
                 Err(Error::NoNode) => Read::Absent,
+                Err(err) if !session_failed(&err) => Read::Failed(err.to_string()),
                 Err(err) => return Err(err),
             };
             Ok((path, read))
@@ -360,5 +406,10 @@ async fn read_all(client: &Client, paths: Vec<String>) -> Result<Vec<(String, Re
         .buffer_unordered(PARALLEL_READS)
         .collect()
         .await;
-    reads.into_iter().collect()
+    let mut reads: Vec<(String, Read)> = reads.into_iter().collect::<Result<_, _>>()?;
+    reads.sort_by(|(a, read_a), (b, read_b)| {
+        let present = |read: &Read| !matches!(read, Read::Absent);
+        (present(read_a), a).cmp(&(present(read_b), b))
+    });
+    Ok(reads)
 }

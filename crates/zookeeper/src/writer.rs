@@ -18,7 +18,6 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode, Error};
 
-use crate::mapping::registrants::Pending;
 use crate::mapping::{MappingDelta, MappingKey};
 use crate::session::Session;
 use crate::stats::{ZkStats, now};
@@ -64,7 +63,6 @@ pub struct ZkWriter {
 struct Attempt {
     key: MappingKey,
     applications: BTreeSet<String>,
-    registrants: Pending,
     result: Result<(), Failure>,
 }
 
@@ -116,7 +114,7 @@ impl ZkWriter {
     pub async fn run(self: Arc<Self>, outbox: Outbox, mut shutdown: watch::Receiver<bool>) {
         let mut workers: JoinSet<Attempt> = JoinSet::new();
         loop {
-            let next = self.start_due(&mut workers, &outbox);
+            let next = self.start_due(&mut workers);
             tokio::select! {
                 () = crate::shutdown::signalled(&mut shutdown) => break,
                 () = self.wake.notified() => {}
@@ -131,11 +129,7 @@ impl ZkWriter {
     }
 
     /// Starts due keys while workers are free; returns the next due time.
-    fn start_due(
-        self: &Arc<Self>,
-        workers: &mut JoinSet<Attempt>,
-        outbox: &Outbox,
-    ) -> Option<Instant> {
+    fn start_due(self: &Arc<Self>, workers: &mut JoinSet<Attempt>) -> Option<Instant> {
         let mut queue = self.queue();
         let now = Instant::now();
         let mut next = None;
@@ -158,15 +152,12 @@ impl ZkWriter {
                 continue;
             };
             queue.in_flight.insert(key.clone());
-            let mut registrants = outbox.registrants_of(&key);
-            registrants.retain(|app, _| applications.contains(app));
             let writer = self.clone();
             workers.spawn(async move {
                 let result = writer.attempt(&key, &applications).await;
                 Attempt {
                     key,
                     applications,
-                    registrants,
                     result,
                 }
             });
@@ -182,7 +173,6 @@ impl ZkWriter {
         let Attempt {
             key,
             applications,
-            registrants,
             result,
         } = attempt;
         let written = {
@@ -235,6 +225,10 @@ impl ZkWriter {
             for application in applications {
                 pairs.add(key.clone(), application);
             }
+            // Every pod recorded for these applications, up to now: ZooKeeper keeps no pods, so
+            // once the node lists an application nothing of it is left to write.
+            let mut registrants = outbox.registrants_of(&key);
+            registrants.retain(|app, _| pairs.contains(&key, app));
             let registrants = BTreeMap::from([(key.clone(), registrants)]);
             if let Err(err) = outbox.complete(pairs, registrants).await {
                 let error: &dyn std::error::Error = &err;
@@ -312,6 +306,14 @@ async fn cas_once(
             let Some(next) = crate::mapping_value::append(&current, applications) else {
                 return Ok(false);
             };
+            if next.len() > crate::mapping_value::MAX_VALUE_BYTES {
+                return Err(Round::Unreadable(format!(
+                    "{path}: appending would make the value {} bytes, over the {}-byte limit \
+                     its readers keep to",
+                    next.len(),
+                    crate::mapping_value::MAX_VALUE_BYTES
+                )));
+            }
             match client
                 .set_data(path, next.as_bytes(), Some(stat.version))
                 .await
