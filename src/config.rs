@@ -128,8 +128,8 @@ pub struct RulesConfig {
     )]
     #[default("dubbo-system".to_owned())]
     pub root_namespace: String,
-    /// Standalone: a directory of rule manifests applied at start and on every change (files
-    /// that fail to parse keep their last good objects).
+    /// Standalone and ZooKeeper modes: a directory of rule manifests applied at start and on
+    /// every change (files that fail to parse keep their last good objects).
     #[arg(id = "rules.dir", long = "rules-dir", env = "DUBBO_CP_RULES_DIR")]
     pub dir: Option<PathBuf>,
 }

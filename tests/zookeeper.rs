@@ -375,7 +375,9 @@ async fn rules_are_written_where_the_sdks_read_them_and_read_back_from_anyone() 
     assert_eq!(stdout.matches(" created").count(), 4, "{stdout}");
     for rule in dubbo_cp::rules::parse_manifests(RULES).unwrap() {
         let node = dubbo_cp::zookeeper::rules_writer::node_path(&rule).unwrap();
-        let bytes = dubbo_cp::zookeeper::body::encode(&rule).unwrap();
+        let bytes =
+            dubbo_cp::zookeeper::body::encode(&rule, dubbo_cp::zookeeper::body::Origin::Api)
+                .unwrap();
         assert_eq!(
             get(&sdk, &node).await.as_deref(),
             Some(String::from_utf8(bytes).unwrap().as_str()),
@@ -790,4 +792,61 @@ async fn an_expired_session_is_replaced_and_everything_read_again() {
     })
     .await;
     assert!(metric(replica.admin_addr, "dubbo_cp_zookeeper_sessions_total").await >= 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rules_directory_is_written_to_the_config_center_and_reloaded() {
+    let zk = ZooKeeper::start().await;
+    let sdk = zk.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rules_dir = dir.path().join("rules");
+    std::fs::create_dir(&rules_dir).unwrap();
+    let tag_route = RULES.split("---").next().unwrap().to_owned();
+    std::fs::write(rules_dir.join("grey.yaml"), &tag_route).unwrap();
+    let mut config = zk_config(&dir.path().join("data"), &zk);
+    config.rules.dir = Some(rules_dir.clone());
+    let server = start(config).await;
+    wait_ready(server.admin_addr).await;
+
+    // Written with the directory's mark, served like any rule.
+    let node = "/dubbo/config/dubbo/shop.tag-router";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if get(&sdk, node).await.is_some_and(|body| {
+            body.starts_with("# dubbo-cp: TagRoute default/grey from rules-dir\n")
+        }) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            get(&sdk, node).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_rules(server.admin_addr, "TagRoute", |items| items.len() == 1).await;
+
+    // A rule applied through the API is not the directory's: a reload leaves it.
+    let condition = RULES.split("---").nth(1).unwrap();
+    let (status, body) =
+        http_send(server.admin_addr, "POST", "/api/v1/apply", condition, None).await;
+    assert_eq!(status, 200, "{body}");
+    wait_rules(server.admin_addr, "ConditionRoute", |items| {
+        items.len() == 1
+    })
+    .await;
+
+    // The file goes: its object goes, the applied one stays.
+    std::fs::remove_file(rules_dir.join("grey.yaml")).unwrap();
+    wait_node(&sdk, node, None).await;
+    wait_rules(server.admin_addr, "TagRoute", |items| items.is_empty()).await;
+    assert!(
+        get(
+            &sdk,
+            "/dubbo/config/dubbo/org.demo.Greeter:1.0.0:g1.condition-router"
+        )
+        .await
+        .is_some()
+    );
+    server.stop().await.unwrap();
 }

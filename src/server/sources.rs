@@ -21,29 +21,8 @@ pub(super) async fn open_store(
     let index = Arc::new(Index::new(store.opened_revision()));
     let catalog = Arc::new(Catalog::default());
     let rules = open_rules(config, &index, &catalog, store.opened_revision()).await?;
-    if let Some(dir) = &config.rules.dir {
-        // Watched first, so a change during the first apply is not missed.
-        let watching = store::rules_dir::watch(dir)?;
-        // Applied before the index is marked loaded: clients never see a state without it.
-        let (first_rules, first_catalog, first_dir) = (rules.clone(), catalog.clone(), dir.clone());
-        let mut state = store::rules_dir::DirState::default();
-        state.stats().register_metrics(registry);
-        let state = tokio::task::spawn_blocking(move || {
-            store::rules_dir::apply_once(&first_rules, &first_catalog, &first_dir, &mut state);
-            state
-        })
-        .await
-        .context("rules directory task failed")?;
-        let reload = store::rules_dir::run(
-            rules.clone(),
-            catalog.clone(),
-            dir.clone(),
-            state,
-            watching,
-            tasks.shutdown_receiver(),
-        );
-        tasks.spawn("rules directory", reload);
-    }
+    // Applied before the index is marked loaded: clients never see a state without it.
+    start_rules_dir(config, rules.clone(), &catalog, registry, tasks, true).await?;
     store::load_index(&store, &index);
     tracing::info!(
         mappings = index.current(Kind::ServiceNameMapping).objects.len(),
@@ -72,6 +51,51 @@ pub(super) async fn open_store(
         standalone_rules: Some(rules),
         zookeeper: None,
     })
+}
+
+/// `--rules-dir`: watched first (so a change during the first apply is not missed), applied, and
+/// applied again on every change. With `at_once` the first apply is done before this returns
+/// (standalone: before the index is loaded); otherwise in the task (ZooKeeper: it waits for a
+/// session).
+pub(super) async fn start_rules_dir(
+    config: &Config,
+    rules: Arc<dyn store::rules_dir::DirRules>,
+    catalog: &Arc<Catalog>,
+    registry: &mut Registry,
+    tasks: &mut Supervisor,
+    at_once: bool,
+) -> anyhow::Result<()> {
+    let Some(dir) = config.rules.dir.clone() else {
+        return Ok(());
+    };
+    let watching = store::rules_dir::watch(&dir)?;
+    let state = store::rules_dir::DirState::default();
+    state.stats().register_metrics(registry);
+    let first = {
+        let (rules, catalog, dir) = (rules.clone(), catalog.clone(), dir.clone());
+        move || {
+            let mut state = state;
+            let stored = store::rules_dir::apply_once(rules.as_ref(), &catalog, &dir, &mut state);
+            (state, stored)
+        }
+    };
+    let shutdown = tasks.shutdown_receiver();
+    let catalog = catalog.clone();
+    if at_once {
+        let (state, stored) = tokio::task::spawn_blocking(first)
+            .await
+            .context("rules directory task failed")?;
+        let reload = store::rules_dir::run(rules, catalog, dir, state, watching, stored, shutdown);
+        tasks.spawn("rules directory", reload);
+    } else {
+        tasks.spawn("rules directory", async move {
+            let (state, stored) = tokio::task::spawn_blocking(first)
+                .await
+                .context("rules directory task failed")?;
+            store::rules_dir::run(rules, catalog, dir, state, watching, stored, shutdown).await
+        });
+    }
+    Ok(())
 }
 
 /// Standalone rules: the store's rule table (same file, its own connection) into the index.

@@ -28,11 +28,6 @@ pub(super) async fn open_zookeeper(
     registry: &mut Registry,
     tasks: &mut Supervisor,
 ) -> anyhow::Result<Source> {
-    anyhow::ensure!(
-        config.rules.dir.is_none(),
-        "rules.dir (--rules-dir) is for standalone mode; in ZooKeeper mode apply rules with \
-         `dubbo-cp apply` (they are written to the config center)"
-    );
     let address = config
         .zookeeper
         .address
@@ -116,6 +111,8 @@ pub(super) async fn open_zookeeper(
         Ok(())
     });
     let rules = Arc::new(ZkRules::new(session, catalog.clone()));
+    // The directory's objects are written to the ensemble; the watch serves them like any.
+    start_rules_dir(config, rules.clone(), &catalog, registry, tasks, false).await?;
     Ok(Source {
         mappings: MappingSource::ZooKeeper(index.clone()),
         index,

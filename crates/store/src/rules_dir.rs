@@ -13,13 +13,29 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::{mpsc, watch};
 
-use super::rules::StandaloneRules;
+use super::rules::{Report, StandaloneRules};
 use crate::index::catalog::Catalog;
 use crate::shutdown::signalled;
 use dubbo_cp_domain::rules::{Rule, parse_manifests};
 
 /// Changes within this time are read as one (editors write files in several steps).
 const SETTLE: Duration = Duration::from_millis(200);
+/// How long after a failed apply (the store or the ensemble did not answer) it is tried again.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// Where a rules directory's objects go: the standalone store, or ZooKeeper's nodes.
+pub trait DirRules: Send + Sync {
+    /// Makes the objects that came from the directory exactly `rules`; with `keep_others`,
+    /// deletes none of the others (a file failed to parse: its last good objects stay).
+    /// Blocking: called off the async threads.
+    fn replace_dir(&self, rules: &[Rule], keep_others: bool) -> Result<Report, String>;
+}
+
+impl DirRules for StandaloneRules {
+    fn replace_dir(&self, rules: &[Rule], keep_others: bool) -> Result<Report, String> {
+        StandaloneRules::replace_dir(self, rules, keep_others).map_err(|err| err.to_string())
+    }
+}
 
 /// How often the directory was applied (the start included), as
 /// `dubbo_cp_rules_dir_applies_total`: a count that grows without edits means the watcher
@@ -132,13 +148,20 @@ fn is_manifest(path: &Path) -> bool {
             .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"))
 }
 
-/// Reads `dir` and applies it (blocking: file reads and SQLite). While any file fails, stored
-/// directory objects are not deleted: after a restart the failed file's last good objects are
-/// known only to the store. The errors are reported once the apply is done.
-pub fn apply_once(rules: &StandaloneRules, catalog: &Catalog, dir: &Path, state: &mut DirState) {
+/// Reads `dir` and applies it (blocking: file reads, SQLite or ZooKeeper). While any file
+/// fails, stored directory objects are not deleted: after a restart the failed file's last good
+/// objects are known only to the store. The errors are reported once the apply is done.
+/// Returns false when the objects could not be stored (the caller tries again).
+pub fn apply_once(
+    rules: &dyn DirRules,
+    catalog: &Catalog,
+    dir: &Path,
+    state: &mut DirState,
+) -> bool {
     state.stats.applies.fetch_add(1, Ordering::Relaxed);
     state.read = fingerprint(dir);
     let reading = state.reload(dir);
+    let mut stored = true;
     if !reading.unreadable {
         let keep_others = !reading.errors.is_empty();
         match rules.replace_dir(&reading.objects, keep_others) {
@@ -149,10 +172,14 @@ pub fn apply_once(rules: &StandaloneRules, catalog: &Catalog, dir: &Path, state:
                 dir = %dir.display(),
                 "rules directory applied"
             ),
-            Err(err) => tracing::error!(error = %err, "rules directory not applied"),
+            Err(error) => {
+                tracing::error!(%error, retry_in = ?RETRY, "rules directory not applied");
+                stored = false;
+            }
         }
     }
     catalog.set_file_errors(reading.errors);
+    stored
 }
 
 /// Refuses a rules directory that is not one, naming the path (at start, before any port
@@ -226,28 +253,38 @@ pub fn watch(dir: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::Re
 
 /// Applies `dir` after every change until shutdown (the first apply is [`apply_once`] at start,
 /// after [`watch`], so no change between the two is missed).
+/// `stored` says whether that first apply stored the objects; until one does, it is tried
+/// again every few seconds.
 pub async fn run(
-    rules: Arc<StandaloneRules>,
+    rules: Arc<dyn DirRules>,
     catalog: Arc<Catalog>,
     dir: PathBuf,
     mut state: DirState,
     (_watcher, mut woken): (notify::RecommendedWatcher, mpsc::Receiver<()>),
+    mut stored: bool,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     loop {
+        let retry = async {
+            if stored {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(RETRY).await;
+        };
         tokio::select! {
             woke = woken.recv() => if woke.is_none() { return Ok(()) },
+            () = retry => {}
             () = signalled(&mut shutdown) => return Ok(()),
         }
         tokio::time::sleep(SETTLE).await;
         while woken.try_recv().is_ok() {}
-        if fingerprint(&dir) == state.read {
+        if stored && fingerprint(&dir) == state.read {
             continue;
         }
         let (rules, catalog, dir_path) = (rules.clone(), catalog.clone(), dir.clone());
-        state = tokio::task::spawn_blocking(move || {
-            apply_once(&rules, &catalog, &dir_path, &mut state);
-            state
+        (state, stored) = tokio::task::spawn_blocking(move || {
+            let stored = apply_once(rules.as_ref(), &catalog, &dir_path, &mut state);
+            (state, stored)
         })
         .await?;
     }

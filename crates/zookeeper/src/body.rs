@@ -23,13 +23,47 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
 /// The comment that names the object a body holds.
 const HEADER: &str = "# dubbo-cp: ";
+/// The end of the header of an object a rules directory (`--rules-dir`) wrote.
+const DIR_MARK: &str = " from rules-dir";
+
+/// Who wrote an object through dubbo-cp: `dubbo-cp apply` (the admin API), or a rules directory,
+/// whose reload deletes the objects it no longer holds and only those.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Api,
+    Dir,
+}
+
+/// The header line of `rule`'s body.
+fn header(rule: &Rule, origin: Origin) -> String {
+    let mark = match origin {
+        Origin::Api => "",
+        Origin::Dir => DIR_MARK,
+    };
+    format!(
+        "{HEADER}{} {}/{}{mark}\n",
+        rule.kind().name(),
+        rule.namespace,
+        rule.name
+    )
+}
+
+/// Who wrote the body `data`, by its header (a body without one is not a directory's).
+pub fn origin_of(data: &[u8]) -> Origin {
+    let first = data.split(|b| *b == b'\n').next().unwrap_or_default();
+    match std::str::from_utf8(first) {
+        Ok(line) if line.starts_with(HEADER) && line.trim_end().ends_with(DIR_MARK) => Origin::Dir,
+        _ => Origin::Api,
+    }
+}
 
 /// The body of `rule` as stored at its node.
-pub fn encode(rule: &Rule) -> Result<Vec<u8>, String> {
+pub fn encode(rule: &Rule, origin: Origin) -> Result<Vec<u8>, String> {
     if !layout::in_config_center(rule.kind()) {
-        let text = serde_json::to_string_pretty(&rule.to_manifest())
+        // The manifest as YAML (it reads back as `dubbo-cp apply` reads files).
+        let text = serde_yaml::to_string(&rule.to_manifest())
             .map_err(|err| format!("cannot encode {}: {err}", rule.name))?;
-        return Ok(format!("{text}\n").into_bytes());
+        return Ok(format!("{}{text}", header(rule, origin)).into_bytes());
     }
     let spec = rule.spec.to_json();
     let field = |name: &str| spec.get(name).cloned().unwrap_or(Value::Null);
@@ -69,13 +103,7 @@ pub fn encode(rule: &Rule) -> Result<Vec<u8>, String> {
     }
     let yaml = serde_yaml::to_string(&body)
         .map_err(|err| format!("cannot encode {}: {err}", rule.name))?;
-    Ok(format!(
-        "{HEADER}{} {}/{}\n{yaml}",
-        rule.kind().name(),
-        rule.namespace,
-        rule.name
-    )
-    .into_bytes())
+    Ok(format!("{}{yaml}", header(rule, origin)).into_bytes())
 }
 
 /// `enabled`, `force`, `runtime`, `priority`, all explicit.
@@ -176,7 +204,9 @@ pub fn decode_rule(namespace: &str, node: &str, data: &[u8]) -> Result<Option<Ru
 /// The name the header gives, when it names this kind in this namespace.
 fn named_in_header(text: &str, kind: Kind, namespace: &str) -> Option<String> {
     let line = text.lines().next()?.strip_prefix(HEADER)?;
-    let (named_kind, object) = line.trim().split_once(' ')?;
+    let line = line.trim();
+    let line = line.strip_suffix(DIR_MARK).unwrap_or(line);
+    let (named_kind, object) = line.split_once(' ')?;
     let (named_namespace, name) = object.split_once('/')?;
     (named_kind == kind.name() && named_namespace == namespace).then(|| name.to_owned())
 }

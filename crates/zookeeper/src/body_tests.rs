@@ -11,7 +11,7 @@ fn rule(manifest: &str) -> Rule {
 }
 
 fn text(rule: &Rule) -> String {
-    String::from_utf8(encode(rule).unwrap()).unwrap()
+    String::from_utf8(encode(rule, Origin::Api).unwrap()).unwrap()
 }
 
 const TAG_ROUTE: &str = "
@@ -142,14 +142,14 @@ fn what_we_write_reads_back_as_the_same_rule() {
     for manifest in [TAG_ROUTE, CONDITION_ROUTE] {
         let rule = rule(manifest);
         let node = layout::rule_key(&rule.spec).unwrap().unwrap();
-        let back = decode_rule(&rule.namespace, &node, &encode(&rule).unwrap())
+        let back = decode_rule(&rule.namespace, &node, &encode(&rule, Origin::Api).unwrap())
             .unwrap()
             .unwrap();
         assert_eq!(back, rule);
     }
     // The DynamicConfig comes back with its provider side explicit, and encodes the same.
     let rule = rule(DYNAMIC_CONFIG);
-    let bytes = encode(&rule).unwrap();
+    let bytes = encode(&rule, Origin::Api).unwrap();
     let back = decode_rule("default", "shop-provider.configurators", &bytes)
         .unwrap()
         .unwrap();
@@ -158,7 +158,7 @@ fn what_we_write_reads_back_as_the_same_rule() {
         panic!("{back:?}")
     };
     assert_eq!(spec.configs[0].side, "provider");
-    assert_eq!(encode(&back).unwrap(), bytes);
+    assert_eq!(encode(&back, Origin::Api).unwrap(), bytes);
 }
 
 #[test]
@@ -178,7 +178,7 @@ spec:
         layout::ours_dir("shop", entry.kind()).unwrap(),
         "/dubbo-cp/shop/serviceentries"
     );
-    let bytes = encode(&entry).unwrap();
+    let bytes = encode(&entry, Origin::Api).unwrap();
     assert_eq!(
         decode_ours("shop", Kind::ServiceEntry, "greeter", &bytes).unwrap(),
         entry
@@ -351,4 +351,22 @@ fn java_and_go_read_what_we_write() {
     assert_eq!(map.get("enabled").and_then(|v| v.as_bool()), Some(true));
     // Parameter values stay strings for both maps (Map<String,String>, map[string]string).
     assert!(config.contains("weight: '50'"));
+}
+
+#[test]
+fn a_directorys_objects_say_so_and_read_back_the_same() {
+    let rule = rule(TAG_ROUTE);
+    let bytes = encode(&rule, Origin::Dir).unwrap();
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    assert!(
+        text.starts_with("# dubbo-cp: TagRoute default/grey from rules-dir\n"),
+        "{text}"
+    );
+    assert_eq!(origin_of(&bytes), Origin::Dir);
+    assert_eq!(origin_of(&encode(&rule, Origin::Api).unwrap()), Origin::Api);
+    assert_eq!(origin_of(b"tags: []"), Origin::Api);
+    let back = decode_rule("default", "shop-provider.tag-router", &bytes)
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, rule);
 }

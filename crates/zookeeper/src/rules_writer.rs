@@ -6,12 +6,13 @@
 //! A node holding another object (two objects whose keys name one node), or a body dubbo-cp
 //! cannot read, is refused with a message naming both: it is never overwritten.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use zookeeper_client::{Acls, Client, CreateMode, Error, MultiWriteError};
 
+use crate::body::Origin;
 use crate::index::catalog::{Catalog, RuleKey, describe, key_of};
 use crate::layout;
 use crate::rules::{ManifestError, Rule, parse_manifests};
@@ -43,6 +44,13 @@ pub struct ZkRules {
     catalog: Arc<Catalog>,
     /// One write at a time, so a report's created/configured reflect that write alone.
     writing: tokio::sync::Mutex<()>,
+    /// Objects the rules directory wrote while this process ran (the catalog may not serve a
+    /// just-written one yet when the directory drops it again).
+    dir_written: tokio::sync::Mutex<BTreeSet<RuleKey>>,
+    /// Where each of those was written.
+    dir_paths: std::sync::Mutex<BTreeMap<RuleKey, String>>,
+    /// The runtime a rules directory's blocking reload waits on.
+    runtime: tokio::runtime::Handle,
 }
 
 /// The node of `rule`.
@@ -72,11 +80,15 @@ enum Held {
 }
 
 impl ZkRules {
+    /// Called on the runtime (its handle is kept for the rules directory's reloads).
     pub fn new(session: Arc<Session>, catalog: Arc<Catalog>) -> Self {
         ZkRules {
             session,
             catalog,
             writing: tokio::sync::Mutex::new(()),
+            dir_written: tokio::sync::Mutex::default(),
+            dir_paths: std::sync::Mutex::default(),
+            runtime: tokio::runtime::Handle::current(),
         }
     }
 
@@ -119,10 +131,70 @@ impl ZkRules {
     /// `dubbo-cp apply`: every document validated, then all written in one transaction.
     pub async fn apply(&self, manifests: &str) -> Result<Report, RuleError> {
         let rules = parse_manifests(manifests)?;
+        let _writing = self.writing.lock().await;
+        self.write(rules, Origin::Api).await
+    }
+
+    /// `--rules-dir`: writes `rules` (marked as the directory's), then, unless `keep_others`,
+    /// deletes the objects the directory wrote before and no longer holds.
+    pub async fn replace_dir(
+        &self,
+        rules: &[Rule],
+        keep_others: bool,
+    ) -> Result<Report, RuleError> {
+        let _writing = self.writing.lock().await;
+        let wanted: BTreeSet<RuleKey> = rules.iter().map(key_of).collect();
+        let mut report = self.write(rules.to_vec(), Origin::Dir).await?;
+        let mut written = self.dir_written.lock().await;
+        written.extend(wanted.iter().cloned());
+        if keep_others {
+            return Ok(report);
+        }
+        // Candidates: what the directory wrote while this process ran, and every served object
+        // (after a restart only their nodes' headers say which came from a directory).
+        let mut candidates: BTreeSet<RuleKey> = written.clone();
+        for kind in crate::rules::RULE_KINDS {
+            candidates.extend(self.catalog.list(kind, None).iter().map(key_of));
+        }
+        let client = self.client().await?;
+        let mut doomed = Vec::new();
+        for key in candidates.difference(&wanted) {
+            let Some(path) = self
+                .node_of(key, None)
+                .or_else(|| self.dir_paths.lock().ok()?.get(key).cloned())
+            else {
+                continue;
+            };
+            match client.get_data(&path).await {
+                Ok((data, _)) if crate::body::origin_of(&data) == Origin::Dir => {
+                    doomed.push((key.clone(), path));
+                }
+                Ok(_) | Err(Error::NoNode) => {}
+                Err(err) => return Err(RuleError::Unavailable(err.to_string())),
+            }
+        }
+        let deleted = self
+            .delete_at(
+                &client,
+                doomed
+                    .iter()
+                    .map(|(key, path)| (key.clone(), path.clone()))
+                    .collect(),
+            )
+            .await?;
+        for (key, _) in &doomed {
+            written.remove(key);
+        }
+        report.deleted = deleted.deleted;
+        Ok(report)
+    }
+
+    /// Writes `rules` in one transaction; the caller holds `writing`.
+    async fn write(&self, rules: Vec<Rule>, origin: Origin) -> Result<Report, RuleError> {
         let mut nodes: BTreeMap<String, (Rule, Vec<u8>)> = BTreeMap::new();
         for rule in rules {
             let path = node_path(&rule).map_err(RuleError::Refused)?;
-            let bytes = crate::body::encode(&rule).map_err(RuleError::Refused)?;
+            let bytes = crate::body::encode(&rule, origin).map_err(RuleError::Refused)?;
             if let Some((other, _)) = nodes.get(&path) {
                 return Err(RuleError::Refused(format!(
                     "{} and {} would both be stored at {path}: their keys name one node",
@@ -130,9 +202,13 @@ impl ZkRules {
                     describe(&key_of(&rule))
                 )));
             }
+            if origin == Origin::Dir
+                && let Ok(mut paths) = self.dir_paths.lock()
+            {
+                paths.insert(key_of(&rule), path.clone());
+            }
             nodes.insert(path, (rule, bytes));
         }
-        let _writing = self.writing.lock().await;
         let client = self.client().await?;
         for _ in 0..TRIES {
             let mut report = Report::default();
@@ -267,21 +343,37 @@ impl ZkRules {
     async fn delete_with(&self, keys: Vec<(RuleKey, Option<&Rule>)>) -> Result<Report, RuleError> {
         let _writing = self.writing.lock().await;
         let client = self.client().await?;
+        let mut report = Report::default();
+        let mut found = Vec::new();
+        for (key, given) in keys {
+            // Where the served rule lives (a rule read from dubbo-admin's node has a derived
+            // name, so the node is found from the rule, not from the name), else where the
+            // manifest's would.
+            match self.node_of(&key, given) {
+                Some(path) => found.push((key, path)),
+                None => report.not_found.push(describe(&key)),
+            }
+        }
+        let deleted = self.delete_at(&client, found).await?;
+        report.deleted = deleted.deleted;
+        report.not_found.extend(deleted.not_found);
+        Ok(report)
+    }
+
+    /// Deletes each node that holds its object, in one transaction; the caller holds `writing`.
+    async fn delete_at(
+        &self,
+        client: &Client,
+        found: Vec<(RuleKey, String)>,
+    ) -> Result<Report, RuleError> {
         for _ in 0..TRIES {
             let mut report = Report::default();
             let mut multi = client.new_multi_writer();
-            for (key, given) in &keys {
+            for (key, path) in &found {
                 let name = describe(key);
-                // Where the served rule lives (a rule read from dubbo-admin's node has a derived
-                // name, so the node is found from the rule, not from the name), else where the
-                // manifest's would.
-                let Some(path) = self.node_of(key, *given) else {
-                    report.not_found.push(name);
-                    continue;
-                };
-                match Self::held(&client, &path).await {
+                match Self::held(client, path).await {
                     Ok(Held::Object(Some(held), _, version)) if held == *key => {
-                        add(multi.add_delete(&path, Some(version)))?;
+                        add(multi.add_delete(path, Some(version)))?;
                         report.deleted.push(name);
                     }
                     Ok(_) => report.not_found.push(name),
@@ -308,6 +400,14 @@ impl ZkRules {
         Err(RuleError::Unavailable(
             "the rules' nodes kept changing while they were deleted; try again".to_owned(),
         ))
+    }
+}
+
+impl crate::store::rules_dir::DirRules for ZkRules {
+    fn replace_dir(&self, rules: &[Rule], keep_others: bool) -> Result<Report, String> {
+        self.runtime
+            .block_on(ZkRules::replace_dir(self, rules, keep_others))
+            .map_err(|err| err.to_string())
     }
 }
 

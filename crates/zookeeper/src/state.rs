@@ -400,7 +400,7 @@ mod tests {
              configVersion: v3.0\n  tags: [{{name: gray, addresses: ['10.0.0.1:1']}}]\n"
         );
         let rules = crate::rules::parse_manifests(&manifest).unwrap();
-        crate::body::encode(&rules[0]).unwrap()
+        crate::body::encode(&rules[0], crate::body::Origin::Api).unwrap()
     }
 
     fn served_key(state: &State) -> Vec<String> {
