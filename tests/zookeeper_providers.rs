@@ -179,3 +179,70 @@ async fn a_released_sdks_providers_are_called_by_interface_over_xds() {
     assert!(port_b != port_a);
     server.stop().await.unwrap();
 }
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_replica_fails_no_call_of_clients_that_reconnect_to_another() {
+    let zk = ZooKeeper::start().await;
+    let (_a, _) = provider(&zk, "a").await;
+    let (_b, port_b) = provider(&zk, "b").await;
+    // Two replicas behind one address, as behind a Service: the second takes the port once
+    // the first is gone.
+    let xds = format!("127.0.0.1:{}", free_port());
+    let address = zk.address();
+    let args = ["--zookeeper", address.as_str(), "--xds-addr", xds.as_str()];
+    let (dir_1, dir_2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut first = spawn_binary(dir_1.path(), &args);
+    wait_ready(first.admin_addr).await;
+    let mut client = released::client_with(
+        Released::Grpcio,
+        &format!("xds:///{SERVICE}"),
+        bootstrap(&xds, "default", "zk-client"),
+    );
+    settle(&mut client, "a", 1, "").await;
+    settle(&mut client, "b", 1, "").await;
+
+    // 3,000 calls; once 300 are done the replica serving the client is SIGKILLed and another
+    // starts on its address.
+    use tokio::io::AsyncWriteExt;
+    client
+        .stdin
+        .write_all(b"count 3000 running\n")
+        .await
+        .unwrap();
+    assert_eq!(client.line().await, "running");
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let second = spawn_binary(dir_2.path(), &args);
+    let counts: serde_json::Value = serde_json::from_str(&client.line().await).unwrap();
+    assert_eq!(
+        answers(&counts, "a") + answers(&counts, "b"),
+        3000,
+        "every call answered: {counts}"
+    );
+
+    // The client now follows the second replica: its weights reach the client.
+    wait_ready(second.admin_addr).await;
+    let weights = format!(
+        "apiVersion: dubbo.apache.org/v1alpha1\nkind: DynamicConfig\n\
+         metadata: {{name: weights, namespace: default}}\nspec:\n  key: {SERVICE}\n  \
+         scope: application\n  configVersion: v3.0\n  \
+         configs: [{{addresses: ['127.0.0.1:{port_b}'], parameters: {{weight: '0'}}}}]\n"
+    );
+    let (status, body) =
+        http_send(second.admin_addr, "POST", "/api/v1/apply", &weights, None).await;
+    assert_eq!(status, 200, "{body}");
+    // A weight of 0 takes no calls: the endpoint is left out.
+    wait_weights(second.admin_addr, &[100]).await;
+    settle(&mut client, "a", 20, "").await;
+    let counts = count(&mut client, 200).await;
+    assert_eq!(answers(&counts, "a"), 200, "{counts}");
+}

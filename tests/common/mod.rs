@@ -205,22 +205,23 @@ impl Drop for Process {
     }
 }
 
+/// `extra` may name a port of its own (`--xds-addr 127.0.0.1:PORT`): that one replaces the
+/// ephemeral default.
 pub fn spawn_binary(data_dir: &Path, extra: &[&str]) -> Process {
+    let ports = [
+        "--grpc-addr",
+        "--admin-addr",
+        "--tls-addr",
+        "--webhook-addr",
+        "--xds-addr",
+    ]
+    .into_iter()
+    .filter(|flag| !extra.contains(flag))
+    .flat_map(|flag| [flag, "127.0.0.1:0"]);
     let mut child = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--tls-addr",
-            "127.0.0.1:0",
-            "--webhook-addr",
-            "127.0.0.1:0",
-            "--xds-addr",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
+        .arg("serve")
+        .args(ports)
+        .arg("--data-dir")
         .arg(data_dir)
         .args(extra)
         .env("RUST_LOG", "info")
