@@ -246,3 +246,70 @@ async fn a_sigkilled_replica_fails_no_call_of_clients_that_reconnect_to_another(
     let counts = count(&mut client, 200).await;
     assert_eq!(answers(&counts, "a"), 200, "{counts}");
 }
+
+/// An application-level instance as Dubbo Java 3's `ZookeeperServiceDiscovery` registers it
+/// (Curator's `ServiceInstance` JSON, its protocols in `dubbo.endpoints`). Dubbo Java cannot run
+/// here, so the node is written as it writes it; the backend behind it is a released gRPC server.
+fn java_instance(application: &str, port: u16) -> String {
+    let endpoints = format!(r#"[{{"port":{port},"protocol":"tri"}}]"#);
+    serde_json::json!({
+        "name": application,
+        "id": format!("127.0.0.1:{port}"),
+        "address": "127.0.0.1",
+        "port": 20880,
+        "sslPort": null,
+        "payload": {
+            "@class": "org.apache.dubbo.registry.zookeeper.ZookeeperInstance",
+            "id": format!("127.0.0.1:{port}"),
+            "name": application,
+            "metadata": {
+                "dubbo.endpoints": endpoints,
+                "dubbo.metadata.revision": "4f3a9c0b6c1f",
+                "dubbo.metadata.storage-type": "local",
+            },
+        },
+        "registrationTimeUTC": 1_764_000_000_000_u64,
+        "serviceType": "DYNAMIC",
+        "uriSpec": null,
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_level_instances_are_called_through_the_mapping() {
+    let zk = ZooKeeper::start().await;
+    let sdk = zk.client().await;
+    let (_a, port_a) = released::backend(Released::Grpcio, "a").await;
+    let (_b, port_b) = released::backend(Released::Grpcio, "b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    config.zookeeper.address = Some(zk.address());
+    let server = start(config).await;
+    wait_ready(server.admin_addr).await;
+    // What a Java provider of application `shop` writes: its mapping and its instances.
+    common::zookeeper::put(&sdk, "/dubbo/mapping/org.demo.Echo", b"shop").await;
+    for port in [port_a, port_b] {
+        common::zookeeper::put(
+            &sdk,
+            &format!("/services/shop/127.0.0.1:{port}"),
+            java_instance("shop", port).as_bytes(),
+        )
+        .await;
+    }
+    let xds = server.xds_addr.expect("xDS is on by default").to_string();
+    let mut client = released::client_with(
+        Released::Grpcio,
+        "xds:///org.demo.Echo",
+        bootstrap(&xds, "default", "zk-client"),
+    );
+    settle(&mut client, "a", 1, "").await;
+    settle(&mut client, "b", 1, "").await;
+    // An instance that goes (its session ended) leaves.
+    sdk.delete(&format!("/services/shop/127.0.0.1:{port_b}"), None)
+        .await
+        .unwrap();
+    settle(&mut client, "a", 50, "").await;
+    let counts = count(&mut client, 200).await;
+    assert_eq!(answers(&counts, "a"), 200, "{counts}");
+    server.stop().await.unwrap();
+}
