@@ -87,6 +87,55 @@ fn row(
     );
 }
 
+/// A GET on the admin port; the body.
+async fn admin_get(admin: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response)
+}
+
+/// How long a mapping an SDK writes takes to be served (`/debug/mappings`, polled every
+/// millisecond), over `samples` writes, each to a new node, with the default debounce.
+async fn watch_latency(samples: usize) -> anyhow::Result<Vec<Duration>> {
+    let server = zk::start().await?;
+    let replica = spawn_server_in(tempfile::tempdir()?, &["--zookeeper", &server.address()])?;
+    while !super::fanout::readyz(replica.admin_addr).await? {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let client = zookeeper_client::Client::connect(&server.address()).await?;
+    let mut latencies = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let interface = format!("org.apache.dubbo.bench.Watched{i}");
+        let written = Instant::now();
+        if !zk::register(client.clone(), interface.clone(), "sdk-app".to_owned()).await {
+            bail!("the SDK's write of {interface} failed");
+        }
+        let needle = format!("\"{interface}\"");
+        loop {
+            if admin_get(replica.admin_addr, "/debug/mappings")
+                .await?
+                .contains(&needle)
+            {
+                break;
+            }
+            if written.elapsed() > Duration::from_secs(30) {
+                bail!("{interface} was not served within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        latencies.push(written.elapsed());
+    }
+    latencies.sort();
+    Ok(latencies)
+}
+
 pub async fn run(args: ZkModeArgs) -> anyhow::Result<()> {
     let cpus = std::thread::available_parallelism().map_or(0, usize::from);
     println!(
@@ -157,5 +206,12 @@ pub async fn run(args: ZkModeArgs) -> anyhow::Result<()> {
             drop(replica);
         }
     }
+    let latencies = watch_latency(50).await?;
+    println!();
+    println!(
+        "SDK write to served by dubbo-cp (debounce 100 ms), 50 writes: p50 {:.0} ms, max {:.0} ms",
+        ms(latencies[latencies.len() / 2]),
+        ms(latencies[latencies.len() - 1])
+    );
     Ok(())
 }
