@@ -45,24 +45,35 @@ fn expected(run: usize, requests: usize) -> BTreeMap<String, BTreeSet<String>> {
     pairs
 }
 
-/// Pairs of `expected` not in their node under `/dubbo/mapping/<prefix><interface>`.
+/// Pairs of `expected` not in their node under `<root>/mapping/<interface>` (the SDK way
+/// writes Dubbo's default group `/dubbo`; the gRPC load registers in namespace `bench`, whose
+/// root is `/bench`).
 async fn missing(
     client: &zookeeper_client::Client,
-    prefix: &str,
+    root: &str,
     expected: &BTreeMap<String, BTreeSet<String>>,
 ) -> anyhow::Result<usize> {
     let mut missing = 0;
     for (interface, applications) in expected {
-        let listed: BTreeSet<String> = match client
-            .get_data(&format!("/dubbo/mapping/{prefix}{interface}"))
-            .await
-        {
-            Ok((data, _)) => String::from_utf8_lossy(&data)
-                .split(',')
-                .map(str::to_owned)
-                .collect(),
-            Err(zookeeper_client::Error::NoNode) => BTreeSet::new(),
-            Err(err) => bail!("reading {interface}: {err}"),
+        let path = format!("{root}/mapping/{interface}");
+        let mut tries = 0;
+        let listed: BTreeSet<String> = loop {
+            match client.get_data(&path).await {
+                Ok((data, _)) => {
+                    break String::from_utf8_lossy(&data)
+                        .split(',')
+                        .map(str::to_owned)
+                        .collect();
+                }
+                Err(zookeeper_client::Error::NoNode) => break BTreeSet::new(),
+                // A connection lost under the load's tail: read again.
+                Err(err) if tries < 20 => {
+                    tries += 1;
+                    eprintln!("reading {path}: {err}; again");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(err) => bail!("reading {path}: {err}"),
+            }
         };
         missing += applications.difference(&listed).count();
     }
@@ -159,7 +170,7 @@ pub async fn run(args: ZkModeArgs) -> anyhow::Result<()> {
                 zk::register(client, interface, application)
             })
             .await?;
-            let lost = missing(&clients[0], "", &pairs).await?;
+            let lost = missing(&clients[0], "/dubbo", &pairs).await?;
             row(
                 "SDK way (CAS per client)",
                 in_flight,
@@ -181,7 +192,7 @@ pub async fn run(args: ZkModeArgs) -> anyhow::Result<()> {
             let reader = zookeeper_client::Client::connect(&address).await?;
             let deadline = acked + Duration::from_secs(300);
             let lost = loop {
-                let lost = missing(&reader, "", &pairs).await?;
+                let lost = missing(&reader, "/bench", &pairs).await?;
                 if lost == 0 || Instant::now() > deadline {
                     break lost;
                 }
