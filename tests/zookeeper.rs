@@ -57,6 +57,22 @@ async fn wait_node(client: &zookeeper_client::Client, path: &str, expected: Opti
     }
 }
 
+/// Registers over `grpc` and returns the answer (a refusal fails the test).
+async fn registered(
+    grpc: &mut dubbo_cp::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient<tonic::transport::Channel>,
+    namespace: &str,
+    application: &str,
+    interfaces: &[&str],
+) -> dubbo_cp::pb::snp::ServiceMappingResponse {
+    let reply = grpc
+        .register_service_app_mapping(request(namespace, application, interfaces))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.success, "{reply:?}");
+    reply
+}
+
 fn apps(list: &[&str]) -> BTreeSet<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -74,34 +90,23 @@ async fn registrations_land_in_mapping_nodes_as_dubbo_writes_them() {
     let mut grpc = client(server.grpc_addr).await;
     let sdk = zk.client().await;
 
-    let reply = grpc
-        .register_service_app_mapping(request(
-            "default",
-            "shop",
-            &["org.demo.Greeter", "org.demo.Cart"],
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success, "{reply:?}");
+    registered(
+        &mut grpc,
+        "default",
+        "shop",
+        &["org.demo.Greeter", "org.demo.Cart"],
+    )
+    .await;
     wait_node(&sdk, "/dubbo/mapping/org.demo.Greeter", Some("shop")).await;
     wait_node(&sdk, "/dubbo/mapping/org.demo.Cart", Some("shop")).await;
     // Appended in order, no spaces; an application whose name another contains is its own item.
-    grpc.register_service_app_mapping(request("default", "sho", &["org.demo.Greeter"]))
-        .await
-        .unwrap();
+    registered(&mut grpc, "default", "sho", &["org.demo.Greeter"]).await;
     wait_node(&sdk, "/dubbo/mapping/org.demo.Greeter", Some("shop,sho")).await;
     // Registering again writes nothing: the next write after it is the next new pair's alone.
     let writes = metric(server.admin_addr, "dubbo_cp_zookeeper_writes_total").await;
-    let again = grpc
-        .register_service_app_mapping(request("default", "shop", &["org.demo.Greeter"]))
-        .await
-        .unwrap()
-        .into_inner();
+    let again = registered(&mut grpc, "default", "shop", &["org.demo.Greeter"]).await;
     assert_eq!(again.message, "already registered");
-    grpc.register_service_app_mapping(request("default", "next", &["org.demo.Next"]))
-        .await
-        .unwrap();
+    registered(&mut grpc, "default", "next", &["org.demo.Next"]).await;
     wait_node(&sdk, "/dubbo/mapping/org.demo.Next", Some("next")).await;
     assert_eq!(
         metric(server.admin_addr, "dubbo_cp_zookeeper_writes_total").await,
@@ -109,9 +114,7 @@ async fn registrations_land_in_mapping_nodes_as_dubbo_writes_them() {
     );
 
     // Another namespace is another Dubbo group.
-    grpc.register_service_app_mapping(request("shop", "cart", &["org.demo.Cart"]))
-        .await
-        .unwrap();
+    registered(&mut grpc, "shop", "cart", &["org.demo.Cart"]).await;
     wait_node(&sdk, "/shop/mapping/org.demo.Cart", Some("cart")).await;
     wait_mappings(server.admin_addr, "both namespaces", |m| {
         m.get(&key("default", "org.demo.Greeter")) == Some(&apps(&["shop", "sho"]))
@@ -258,12 +261,7 @@ async fn what_sdks_write_is_served_and_bad_nodes_are_skipped() {
 
     // A garbage node is never overwritten: the registration is acknowledged, and parked.
     let mut grpc = client(server.grpc_addr).await;
-    let reply = grpc
-        .register_service_app_mapping(request("default", "app", &["org.demo.Garbage"]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success);
+    registered(&mut grpc, "default", "app", &["org.demo.Garbage"]).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let (_, outbox) = http_get(server.admin_addr, "/debug/outbox").await;
@@ -593,16 +591,8 @@ async fn two_replicas_and_an_sdk_writer_converge_on_the_union() {
             writers.spawn(async move {
                 let mut grpc = client(replica).await;
                 let names: Vec<&str> = interfaces.iter().map(String::as_str).collect();
-                let reply = grpc
-                    .register_service_app_mapping(request(
-                        "default",
-                        &format!("{prefix}{app}"),
-                        &names,
-                    ))
-                    .await
-                    .unwrap()
-                    .into_inner();
-                assert!(reply.success, "{reply:?}");
+
+                registered(&mut grpc, "default", &format!("{prefix}{app}"), &names).await;
             });
         }
     }
@@ -658,25 +648,21 @@ async fn with_the_ensemble_down_registrations_are_acknowledged_and_written_when_
     let server = start(zk_config(dir.path(), &zk)).await;
     wait_ready(server.admin_addr).await;
     let mut grpc = client(server.grpc_addr).await;
-    grpc.register_service_app_mapping(request("default", "before", &["org.demo.Greeter"]))
-        .await
-        .unwrap();
+    registered(&mut grpc, "default", "before", &["org.demo.Greeter"]).await;
     wait_mappings(server.admin_addr, "written", |m| {
         m.get(&key("default", "org.demo.Greeter")) == Some(&apps(&["before"]))
     })
     .await;
 
     zk.stop();
-    let reply = grpc
-        .register_service_app_mapping(request(
-            "default",
-            "during",
-            &["org.demo.Greeter", "org.demo.Cart"],
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success, "acknowledged from the outbox: {reply:?}");
+    // Acknowledged from the outbox.
+    registered(
+        &mut grpc,
+        "default",
+        "during",
+        &["org.demo.Greeter", "org.demo.Cart"],
+    )
+    .await;
     // Readiness says what is wrong, and the last state is still served.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
@@ -740,12 +726,7 @@ async fn a_sigkilled_replica_loses_no_acknowledged_registration() {
     // With the ensemble away, acknowledged pairs exist only in the replica's outbox.
     zk.stop();
     let mut grpc = client(replica.grpc_addr).await;
-    let reply = grpc
-        .register_service_app_mapping(request("default", "kept", &["org.demo.Greeter"]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(reply.success);
+    registered(&mut grpc, "default", "kept", &["org.demo.Greeter"]).await;
     signal(&replica, "-KILL");
     let _ = replica.child.wait();
 

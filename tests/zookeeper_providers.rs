@@ -11,7 +11,6 @@ mod released;
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::zookeeper::ZooKeeper;
@@ -25,37 +24,7 @@ const SERVICE: &str = "dubbo.test.Echo";
 
 /// A virtual environment with the SDK, made once per target directory by the test itself.
 fn dubbo_python() -> PathBuf {
-    static MAKING: Mutex<()> = Mutex::new(());
-    let _making = MAKING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("apache-dubbo-3.0.0b1");
-    let python = venv.join("bin/python");
-    let has_sdk = std::process::Command::new(&python)
-        .args(["-c", "import dubbo, kazoo"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_sdk {
-        let made = std::process::Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .expect("python3 is needed for the Dubbo SDK tests");
-        assert!(made.success(), "python3 -m venv failed");
-        let installed = std::process::Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                DUBBO_PYTHON,
-            ])
-            .status()
-            .unwrap();
-        assert!(installed.success(), "pip install {DUBBO_PYTHON} failed");
-    }
-    python
+    released::venv("apache-dubbo-3.0.0b1", DUBBO_PYTHON, "import dubbo, kazoo")
 }
 
 /// One provider process of the SDK answering `name`; its port once it is registered.
@@ -155,12 +124,7 @@ async fn a_released_sdks_providers_are_called_by_interface_over_xds() {
     settle(&mut client, "b", 1, "").await;
 
     // DynamicConfig weights apply to registry endpoints as to any: a 400, b the default 100.
-    let weights = format!(
-        "apiVersion: dubbo.apache.org/v1alpha1\nkind: DynamicConfig\n\
-         metadata: {{name: weights, namespace: default}}\nspec:\n  key: {SERVICE}\n  \
-         scope: application\n  configVersion: v3.0\n  \
-         configs: [{{addresses: ['127.0.0.1:{port_a}'], parameters: {{weight: '400'}}}}]\n"
-    );
+    let weights = weight_of(port_a, 400);
     let (status, body) =
         http_send(server.admin_addr, "POST", "/api/v1/apply", &weights, None).await;
     assert_eq!(status, 200, "{body}");
@@ -178,6 +142,16 @@ async fn a_released_sdks_providers_are_called_by_interface_over_xds() {
     assert_eq!(answers(&counts, "b"), 500, "{counts}");
     assert!(port_b != port_a);
     server.stop().await.unwrap();
+}
+
+/// A DynamicConfig giving the provider on `port` the weight `weight`.
+fn weight_of(port: u16, weight: u32) -> String {
+    format!(
+        "apiVersion: dubbo.apache.org/v1alpha1\nkind: DynamicConfig\n\
+         metadata: {{name: weights, namespace: default}}\nspec:\n  key: {SERVICE}\n  \
+         scope: application\n  configVersion: v3.0\n  \
+         configs: [{{addresses: ['127.0.0.1:{port}'], parameters: {{weight: '{weight}'}}}}]\n"
+    )
 }
 
 /// A free loopback port.
@@ -231,12 +205,7 @@ async fn a_sigkilled_replica_fails_no_call_of_clients_that_reconnect_to_another(
 
     // The client now follows the second replica: its weights reach the client.
     wait_ready(second.admin_addr).await;
-    let weights = format!(
-        "apiVersion: dubbo.apache.org/v1alpha1\nkind: DynamicConfig\n\
-         metadata: {{name: weights, namespace: default}}\nspec:\n  key: {SERVICE}\n  \
-         scope: application\n  configVersion: v3.0\n  \
-         configs: [{{addresses: ['127.0.0.1:{port_b}'], parameters: {{weight: '0'}}}}]\n"
-    );
+    let weights = weight_of(port_b, 0);
     let (status, body) =
         http_send(second.admin_addr, "POST", "/api/v1/apply", &weights, None).await;
     assert_eq!(status, 200, "{body}");

@@ -136,16 +136,13 @@ pub(super) async fn open_kubernetes(
     );
     let cluster = Arc::new(ClusterView::default());
     let catalog = Arc::new(Catalog::default());
-    let (changes_tx, changes) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
-    let data_dir = config.data_dir.clone();
-    let limits = store_limits(config);
     let known = (cluster.applications(), cluster.registrants());
-    let (outbox, writer) =
-        tokio::task::spawn_blocking(move || Outbox::open(&data_dir, known, limits, changes_tx))
-            .await
-            .context("outbox open task failed")?
-            .with_context(|| format!("cannot open the outbox in {}", config.data_dir.display()))?;
-    outbox.register_metrics(registry);
+    let OpenOutbox {
+        outbox,
+        writer,
+        changes,
+        pending,
+    } = open_outbox(config, known, registry).await?;
     let index = Arc::new(Index::new(outbox.opened_revision()));
 
     let kube_writer = Arc::new(KubeWriter::new(
@@ -155,15 +152,7 @@ pub(super) async fn open_kubernetes(
     ));
     kube_writer.register_metrics(registry);
     // What was acknowledged but not yet written before the last stop goes out first.
-    let pending = outbox.pending();
-    tracing::info!(pending = pending.len(), data_dir = %config.data_dir.display(), "outbox opened");
-    let mut delta = crate::mapping::MappingDelta::default();
-    for (key, apps) in pending {
-        for app in apps {
-            delta.add(key.clone(), app);
-        }
-    }
-    kube_writer.enqueue(delta);
+    kube_writer.enqueue(pending);
 
     let shutdown = tasks.shutdown_receiver();
     let run = kube_writer.clone().run(outbox.clone(), shutdown.clone());
@@ -232,6 +221,51 @@ pub(super) async fn open_kubernetes(
         catalog,
         standalone_rules: None,
         zookeeper: None,
+    })
+}
+
+/// An outbox opened in the data directory, with what it hands on.
+pub(super) struct OpenOutbox {
+    pub outbox: Outbox,
+    pub writer: StoreWriter,
+    /// Committed pairs, for the mode's write stage (through the debouncer).
+    pub changes: mpsc::Receiver<StoredChange>,
+    /// What was acknowledged but not written before the last stop: written first.
+    pub pending: crate::mapping::MappingDelta,
+}
+
+/// Opens the outbox of Kubernetes and ZooKeeper modes: `known` is what the mode's watch sees
+/// stored already (pairs there need no write).
+pub(super) async fn open_outbox(
+    config: &Config,
+    known: (
+        Arc<crate::mapping::SharedMappings>,
+        Arc<crate::mapping::registrants::SharedRegistrants>,
+    ),
+    registry: &mut Registry,
+) -> anyhow::Result<OpenOutbox> {
+    let (changes_tx, changes) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
+    let data_dir = config.data_dir.clone();
+    let limits = store_limits(config);
+    let (outbox, writer) =
+        tokio::task::spawn_blocking(move || Outbox::open(&data_dir, known, limits, changes_tx))
+            .await
+            .context("outbox open task failed")?
+            .with_context(|| format!("cannot open the outbox in {}", config.data_dir.display()))?;
+    outbox.register_metrics(registry);
+    let backlog = outbox.pending();
+    tracing::info!(pending = backlog.len(), data_dir = %config.data_dir.display(), "outbox opened");
+    let mut pending = crate::mapping::MappingDelta::default();
+    for (key, apps) in backlog {
+        for app in apps {
+            pending.add(key.clone(), app);
+        }
+    }
+    Ok(OpenOutbox {
+        outbox,
+        writer,
+        changes,
+        pending,
     })
 }
 

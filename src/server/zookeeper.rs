@@ -46,16 +46,13 @@ pub(super) async fn open_zookeeper(
 
     let view = Arc::new(ZkView::default());
     let catalog = Arc::new(Catalog::default());
-    let (changes_tx, changes) = mpsc::channel::<StoredChange>(CHANGE_FEED_CAPACITY);
-    let data_dir = config.data_dir.clone();
-    let limits = store_limits(config);
     let known = (view.applications(), view.registrants());
-    let (outbox, writer) =
-        tokio::task::spawn_blocking(move || Outbox::open(&data_dir, known, limits, changes_tx))
-            .await
-            .context("outbox open task failed")?
-            .with_context(|| format!("cannot open the outbox in {}", config.data_dir.display()))?;
-    outbox.register_metrics(registry);
+    let OpenOutbox {
+        outbox,
+        writer,
+        changes,
+        pending,
+    } = open_outbox(config, known, registry).await?;
     let index = Arc::new(Index::new(outbox.opened_revision()));
 
     let zk_writer = Arc::new(ZkWriter::new(
@@ -64,16 +61,7 @@ pub(super) async fn open_zookeeper(
         config.zookeeper.parked_retry,
     ));
     // What was acknowledged but not yet written before the last stop goes out first.
-    let pending = outbox.pending();
-    tracing::info!(pending = pending.len(), data_dir = %config.data_dir.display(), %address,
-        "outbox opened (ZooKeeper mode)");
-    let mut delta = crate::mapping::MappingDelta::default();
-    for (key, apps) in pending {
-        for app in apps {
-            delta.add(key.clone(), app);
-        }
-    }
-    zk_writer.enqueue(delta);
+    zk_writer.enqueue(pending);
     let run = zk_writer
         .clone()
         .run(outbox.clone(), tasks.shutdown_receiver());

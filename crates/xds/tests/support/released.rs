@@ -23,24 +23,30 @@ pub enum Released {
 /// A virtual environment with grpcio, made once per target directory by this test itself, so a
 /// fresh machine needs only python3 (pip fetches the wheel from PyPI).
 pub fn python() -> PathBuf {
+    venv(&GRPCIO.replace("==", "-"), GRPCIO, "import grpc")
+}
+
+/// A virtual environment `name` under the target directory with `requirement` installed (from
+/// PyPI), made once: `check` (Python) says whether it is there already.
+pub fn venv(name: &str, requirement: &str, check: &str) -> PathBuf {
     static MAKING: Mutex<()> = Mutex::new(());
     let _making = MAKING
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(GRPCIO.replace("==", "-"));
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
     let python = venv.join("bin/python");
-    let has_grpc = |python: &PathBuf| {
+    let present = |python: &PathBuf| {
         std::process::Command::new(python)
-            .args(["-c", "import grpc"])
+            .args(["-c", check])
             .status()
             .is_ok_and(|s| s.success())
     };
-    if !has_grpc(&python) {
+    if !present(&python) {
         let made = std::process::Command::new("python3")
             .args(["-m", "venv"])
             .arg(&venv)
             .status()
-            .expect("python3 is needed for the grpcio tests");
+            .expect("python3 is needed for the released-client tests");
         assert!(made.success(), "python3 -m venv {} failed", venv.display());
         let installed = std::process::Command::new(&python)
             .args([
@@ -49,11 +55,11 @@ pub fn python() -> PathBuf {
                 "install",
                 "-q",
                 "--disable-pip-version-check",
-                GRPCIO,
+                requirement,
             ])
             .status()
             .unwrap();
-        assert!(installed.success(), "pip install {GRPCIO} failed");
+        assert!(installed.success(), "pip install {requirement} failed");
     }
     python
 }
