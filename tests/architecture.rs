@@ -112,7 +112,20 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     // Sources, sinks and the debouncer between them: no protocol.
     ("dubbo-cp-store", PROTOCOLS),
     ("dubbo-cp-k8s", PROTOCOLS),
-    ("dubbo-cp-zookeeper", PROTOCOLS),
+    (
+        "dubbo-cp-zookeeper",
+        &[
+            "prost",
+            "tonic",
+            "envoy-types",
+            "dubbo-cp-dds",
+            "dubbo-cp-ingest",
+            "dubbo-cp-xds",
+            "kube",
+            "k8s-openapi",
+            "dubbo-cp-k8s",
+        ],
+    ),
     ("dubbo-cp-debounce", PROTOCOLS),
     ("dubbo-cp-canary", PROTOCOLS),
 ];

@@ -34,7 +34,7 @@ use crate::ingest::Ingest;
 use crate::k8s;
 use crate::k8s::cluster::ClusterView;
 use crate::k8s::watch::{MappingKind, RuleKind, WatchStats};
-use crate::k8s::writer::{KubeWriter, WriterStats};
+use crate::k8s::writer::{KubeDrain, WriterStats};
 use crate::metrics::{self, Metrics};
 use crate::pb;
 use crate::ratelimit::RateLimiter;
@@ -100,7 +100,10 @@ impl RunningServer {
             encoder: edges.encoder,
             store_stats: source.durable.stats().clone(),
             dds_stats: edges.dds_stats,
-            kube_stats: source.kube.as_ref().map(|(writer, _)| writer.stats()),
+            kube_stats: source
+                .kube
+                .as_ref()
+                .map(|(writer, _)| writer.sink().stats()),
             readiness: wiring.readiness.clone(),
             task: tokio::spawn(shutdown_in_order(
                 wiring.tasks,
@@ -137,7 +140,7 @@ struct Source {
     durable: Durable,
     writer: StoreWriter,
     mappings: MappingSource,
-    kube: Option<(Arc<KubeWriter>, Outbox)>,
+    kube: Option<(Arc<KubeDrain>, Outbox)>,
     /// The rules as served, and (standalone) where they are written.
     catalog: Arc<Catalog>,
     standalone_rules: Option<Arc<StandaloneRules>>,

@@ -145,31 +145,20 @@ pub(super) async fn open_kubernetes(
     } = open_outbox(config, known, registry).await?;
     let index = Arc::new(Index::new(outbox.opened_revision()));
 
-    let kube_writer = Arc::new(KubeWriter::new(
-        client.clone(),
-        config.kubernetes.writer,
-        cluster.clone(),
-    ));
-    kube_writer.register_metrics(registry);
-    // What was acknowledged but not yet written before the last stop goes out first.
-    kube_writer.enqueue(pending);
-
+    let kube_writer =
+        k8s::writer::KubeWriter::new(client.clone(), config.kubernetes.writer, cluster.clone());
+    let kube_writer = kube_writer.drain(config.kubernetes.writer);
+    kube_writer.sink().register_metrics(registry);
+    kube_writer.register_metrics(registry, k8s::writer::QUEUE_GAUGE);
     let shutdown = tasks.shutdown_receiver();
-    let run = kube_writer.clone().run(outbox.clone(), shutdown.clone());
-    tasks.spawn("Kubernetes writer", async move {
-        run.await;
-        Ok(())
-    });
-    let feed = k8s::writer::feed(
-        config.debounce,
-        changes,
-        kube_writer.clone(),
-        metrics.clone(),
+    start_drain(
+        config,
+        &kube_writer,
+        (&outbox, pending, changes),
+        metrics,
+        tasks,
+        "Kubernetes writer",
     );
-    tasks.spawn("outbox feed", async move {
-        feed.await;
-        Ok(())
-    });
 
     let watch_stats = Arc::new(WatchStats::default());
     watch_stats.register_metrics(registry);
@@ -222,6 +211,33 @@ pub(super) async fn open_kubernetes(
         standalone_rules: None,
         zookeeper: None,
     })
+}
+
+/// The outbox's queue in front of the mode's truth: what was acknowledged but not written
+/// before the last stop goes first, then what the change feed brings, merged by the debouncer.
+pub(super) fn start_drain<S: store::drain::Sink>(
+    config: &Config,
+    drain: &Arc<store::drain::Drain<S>>,
+    (outbox, pending, changes): (
+        &Outbox,
+        crate::mapping::MappingDelta,
+        mpsc::Receiver<StoredChange>,
+    ),
+    metrics: &Arc<Metrics>,
+    tasks: &mut Supervisor,
+    name: &'static str,
+) {
+    drain.enqueue(pending);
+    let run = drain.clone().run(outbox.clone(), tasks.shutdown_receiver());
+    tasks.spawn(name, async move {
+        run.await;
+        Ok(())
+    });
+    let feed = store::drain::feed(config.debounce, changes, drain.clone(), metrics.clone());
+    tasks.spawn("outbox feed", async move {
+        feed.await;
+        Ok(())
+    });
 }
 
 /// An outbox opened in the data directory, with what it hands on.

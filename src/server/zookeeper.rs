@@ -9,7 +9,7 @@ use super::*;
 
 /// What ZooKeeper mode hands the rest of the wiring.
 pub(super) struct ZkParts {
-    pub writer: Arc<ZkWriter>,
+    pub writer: Arc<crate::zookeeper::writer::ZkDrain>,
     pub outbox: Outbox,
     pub rules: Arc<ZkRules>,
     pub stats: Arc<ZkStats>,
@@ -55,30 +55,20 @@ pub(super) async fn open_zookeeper(
     } = open_outbox(config, known, registry).await?;
     let index = Arc::new(Index::new(outbox.opened_revision()));
 
-    let zk_writer = Arc::new(ZkWriter::new(
+    let zk_writer = ZkWriter::drain(
         session.clone(),
         config.zookeeper.max_parallel_writes,
         config.zookeeper.parked_retry,
-    ));
-    // What was acknowledged but not yet written before the last stop goes out first.
-    zk_writer.enqueue(pending);
-    let run = zk_writer
-        .clone()
-        .run(outbox.clone(), tasks.shutdown_receiver());
-    tasks.spawn("ZooKeeper writer", async move {
-        run.await;
-        Ok(())
-    });
-    let feed = crate::zookeeper::writer::feed(
-        config.debounce,
-        changes,
-        zk_writer.clone(),
-        metrics.clone(),
     );
-    tasks.spawn("outbox feed", async move {
-        feed.await;
-        Ok(())
-    });
+    zk_writer.register_metrics(registry, crate::zookeeper::writer::QUEUE_GAUGE);
+    start_drain(
+        config,
+        &zk_writer,
+        (&outbox, pending, changes),
+        metrics,
+        tasks,
+        "ZooKeeper writer",
+    );
 
     let (services_tx, services) = watch::channel(dubbo_cp_domain::service::ServiceSet::default());
     let sinks = Sinks {

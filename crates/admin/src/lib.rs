@@ -47,7 +47,7 @@ use crate::auth::Policy;
 use crate::index::catalog::{Catalog, RuleKey};
 use crate::index::{Index, Kind, SourceProblem};
 use crate::k8s::cluster::ClusterView;
-use crate::k8s::writer::{KubeWriter, ParkedKey};
+use crate::k8s::writer::{KubeDrain, ParkedKey};
 use crate::mapping::MappingKey;
 use crate::store::rules::{Report, RuleWriteError, StandaloneRules};
 use crate::store::{Outbox, Store};
@@ -118,7 +118,7 @@ pub struct AdminState {
     pub encoder: Arc<crate::dds::encode::Encoder>,
     pub mappings: MappingSource,
     /// Kubernetes mode: the writer's queue and the outbox behind it.
-    pub outbox: Option<(Arc<KubeWriter>, Outbox)>,
+    pub outbox: Option<(Arc<KubeDrain>, Outbox)>,
     /// ZooKeeper mode: the writer, the outbox behind it and what is known of the ensemble.
     pub zookeeper: Option<ZkAdmin>,
     pub registry: Arc<Registry>,
@@ -136,7 +136,7 @@ pub struct AdminState {
 /// ZooKeeper mode's parts the admin port shows.
 #[derive(Clone)]
 pub struct ZkAdmin {
-    pub writer: Arc<crate::zookeeper::ZkWriter>,
+    pub writer: Arc<crate::zookeeper::writer::ZkDrain>,
     pub outbox: Outbox,
     pub stats: Arc<crate::zookeeper::ZkStats>,
 }

@@ -16,6 +16,7 @@ use dubbo_cp_index as index;
 use dubbo_cp_kit::{metrics, shutdown};
 
 mod db;
+pub mod drain;
 mod embedded;
 mod outbox;
 pub mod rules;
