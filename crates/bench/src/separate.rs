@@ -27,9 +27,9 @@ pub struct SeparateArgs {
 }
 
 /// The ceiling server in a child process.
-struct Ceiling {
+pub(crate) struct Ceiling {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
 }
 
 impl Drop for Ceiling {
@@ -39,7 +39,7 @@ impl Drop for Ceiling {
     }
 }
 
-fn spawn_ceiling() -> anyhow::Result<Ceiling> {
+pub(crate) fn spawn_ceiling() -> anyhow::Result<Ceiling> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(["ceiling", "--addr", "127.0.0.1:0"])
         .stdout(Stdio::piped())

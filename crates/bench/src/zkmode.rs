@@ -5,7 +5,9 @@
 //!   as Dubbo Java's `MetadataServiceNameMapping` does;
 //! - dubbo-cp in ZooKeeper mode: the real binary in its own process, acknowledging once a
 //!   registration is in its outbox and merging bursts into one write per node;
-//! - dubbo-cp standalone: the real binary, its embedded store.
+//! - dubbo-cp standalone: the real binary, its embedded store;
+//! - the bare-tonic ceiling in its own process (a server that answers `success` doing nothing):
+//!   what any server measured this way can reach on this machine.
 //!
 //! After each ZooKeeper run every pair acknowledged is looked for in its node: `lost` counts those
 //! missing (for dubbo-cp, once the outbox has drained; `drain` is how long that took after the
