@@ -217,6 +217,14 @@ pub async fn run(args: ZkModeArgs) -> anyhow::Result<()> {
                 drive_grpc(&target, args.requests, in_flight, args.connections, run, 1).await?;
             row("dubbo-cp, standalone", in_flight, &result, None, None);
             drop(replica);
+
+            // The ceiling, its own process.
+            let ceiling = super::separate::spawn_ceiling()?;
+            let target = format!("http://{}", ceiling.addr);
+            let result =
+                drive_grpc(&target, args.requests, in_flight, args.connections, run, 1).await?;
+            row("bare tonic (ceiling)", in_flight, &result, None, None);
+            drop(ceiling);
         }
     }
     let latencies = watch_latency(50).await?;
