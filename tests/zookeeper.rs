@@ -9,53 +9,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::zookeeper::{ZooKeeper, get, put, sdk_register};
+use common::zookeeper::{ZooKeeper, get, put, sdk_register, wait_mappings, wait_node, zk_config};
 use common::*;
-use dubbo_cp::config::Config;
 use tonic::Code;
-
-/// ZooKeeper mode on `zk`, with a short debounce and shutdown.
-fn zk_config(data_dir: &std::path::Path, zk: &ZooKeeper) -> Config {
-    let mut config = test_config(data_dir);
-    config.zookeeper.address = Some(zk.address());
-    config.zookeeper.session_timeout = Duration::from_secs(4);
-    config.debounce.after = Duration::from_millis(20);
-    config.debounce.max = Duration::from_millis(200);
-    config.shutdown_grace = Duration::from_secs(2);
-    config
-}
-
-/// Waits (up to 20 s) until `check` holds of the admin port's mappings.
-async fn wait_mappings(admin: std::net::SocketAddr, what: &str, check: impl Fn(&Mappings) -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let mappings = admin_mappings(admin).await;
-        if check(&mappings) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: never; mappings are {mappings:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Waits (up to 20 s) until the node at `path` holds `expected` (None: gone).
-async fn wait_node(client: &zookeeper_client::Client, path: &str, expected: Option<&str>) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let value = get(client, path).await;
-        if value.as_deref() == expected {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{path} holds {value:?}, not {expected:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// Registers over `grpc` and returns the answer (a refusal fails the test).
 async fn registered(

@@ -202,3 +202,50 @@ pub async fn sdk_register(client: &Client, interface: &str, application: &str) -
     }
     false
 }
+
+/// ZooKeeper mode on `zk`, with a short debounce and shutdown.
+pub fn zk_config(data_dir: &std::path::Path, zk: &ZooKeeper) -> dubbo_cp::config::Config {
+    let mut config = super::test_config(data_dir);
+    config.zookeeper.address = Some(zk.address());
+    config.zookeeper.session_timeout = Duration::from_secs(4);
+    config.debounce.after = Duration::from_millis(20);
+    config.debounce.max = Duration::from_millis(200);
+    config.shutdown_grace = Duration::from_secs(2);
+    config
+}
+
+/// Waits (up to 20 s) until `check` holds of the admin port's mappings.
+pub async fn wait_mappings(
+    admin: std::net::SocketAddr,
+    what: &str,
+    check: impl Fn(&super::Mappings) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mappings = super::admin_mappings(admin).await;
+        if check(&mappings) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: never; mappings are {mappings:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (up to 20 s) until the node at `path` holds `expected` (None: gone).
+pub async fn wait_node(client: &zookeeper_client::Client, path: &str, expected: Option<&str>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let value = get(client, path).await;
+        if value.as_deref() == expected {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{path} holds {value:?}, not {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
