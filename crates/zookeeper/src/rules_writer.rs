@@ -46,9 +46,7 @@ pub struct ZkRules {
     writing: tokio::sync::Mutex<()>,
     /// Objects the rules directory wrote while this process ran (the catalog may not serve a
     /// just-written one yet when the directory drops it again).
-    dir_written: tokio::sync::Mutex<BTreeSet<RuleKey>>,
-    /// Where each of those was written.
-    dir_paths: std::sync::Mutex<BTreeMap<RuleKey, String>>,
+    dir_written: std::sync::Mutex<BTreeMap<RuleKey, String>>,
     /// The runtime a rules directory's blocking reload waits on.
     runtime: tokio::runtime::Handle,
 }
@@ -86,8 +84,7 @@ impl ZkRules {
             session,
             catalog,
             writing: tokio::sync::Mutex::new(()),
-            dir_written: tokio::sync::Mutex::default(),
-            dir_paths: std::sync::Mutex::default(),
+            dir_written: std::sync::Mutex::default(),
             runtime: tokio::runtime::Handle::current(),
         }
     }
@@ -145,14 +142,21 @@ impl ZkRules {
         let _writing = self.writing.lock().await;
         let wanted: BTreeSet<RuleKey> = rules.iter().map(key_of).collect();
         let mut report = self.write(rules.to_vec(), Origin::Dir).await?;
-        let mut written = self.dir_written.lock().await;
-        written.extend(wanted.iter().cloned());
+        let written: BTreeMap<RuleKey, String> = {
+            let mut written = self.dir_written.lock().unwrap_or_else(|e| e.into_inner());
+            for rule in rules {
+                if let Ok(path) = node_path(rule) {
+                    written.insert(key_of(rule), path);
+                }
+            }
+            written.clone()
+        };
         if keep_others {
             return Ok(report);
         }
         // Candidates: what the directory wrote while this process ran, and every served object
         // (after a restart only their nodes' headers say which came from a directory).
-        let mut candidates: BTreeSet<RuleKey> = written.clone();
+        let mut candidates: BTreeSet<RuleKey> = written.keys().cloned().collect();
         for kind in crate::rules::RULE_KINDS {
             candidates.extend(self.catalog.list(kind, None).iter().map(key_of));
         }
@@ -161,7 +165,7 @@ impl ZkRules {
         for key in candidates.difference(&wanted) {
             let Some(path) = self
                 .node_of(key, None)
-                .or_else(|| self.dir_paths.lock().ok()?.get(key).cloned())
+                .or_else(|| written.get(key).cloned())
             else {
                 continue;
             };
@@ -173,15 +177,8 @@ impl ZkRules {
                 Err(err) => return Err(RuleError::Unavailable(err.to_string())),
             }
         }
-        let deleted = self
-            .delete_at(
-                &client,
-                doomed
-                    .iter()
-                    .map(|(key, path)| (key.clone(), path.clone()))
-                    .collect(),
-            )
-            .await?;
+        let deleted = self.delete_at(&client, doomed.clone()).await?;
+        let mut written = self.dir_written.lock().unwrap_or_else(|e| e.into_inner());
         for (key, _) in &doomed {
             written.remove(key);
         }
@@ -201,11 +198,6 @@ impl ZkRules {
                     describe(&key_of(other)),
                     describe(&key_of(&rule))
                 )));
-            }
-            if origin == Origin::Dir
-                && let Ok(mut paths) = self.dir_paths.lock()
-            {
-                paths.insert(key_of(&rule), path.clone());
             }
             nodes.insert(path, (rule, bytes));
         }

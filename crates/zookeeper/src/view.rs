@@ -1,7 +1,6 @@
-//! What the watch sees in ZooKeeper, for its other readers: the outbox (a pair the ensemble holds
-//! needs no write), `/debug/mappings`, and the writer's readers of which names are taken.
+//! What the watch sees of the mapping nodes, for the outbox: a pair a node lists needs no write.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::mapping::registrants::{Pods, SharedRegistrants};
@@ -25,13 +24,6 @@ impl ZkView {
     /// The pinned records per key, shared with the outbox.
     pub fn registrants(&self) -> Arc<SharedRegistrants> {
         self.registrants.clone()
-    }
-
-    pub fn snapshot(&self) -> BTreeMap<MappingKey, BTreeSet<String>> {
-        self.applications
-            .iter()
-            .map(|entry| (entry.key().clone(), entry.value().clone()))
-            .collect()
     }
 
     pub(crate) fn set(&self, key: &MappingKey, applications: &[String]) {
