@@ -49,11 +49,12 @@ async fn provider(zk: &ZooKeeper, name: &str) -> (tokio::process::Child, u16) {
     (child, line.trim().parse().unwrap())
 }
 
-/// Waits (up to 30 s) until the client's acknowledged load assignment has these endpoint weights.
-async fn wait_weights(admin: std::net::SocketAddr, wanted: &[u64]) {
+/// Waits (up to 30 s) until client `node`'s acknowledged load assignment has these endpoint
+/// weights.
+async fn wait_weights(admin: std::net::SocketAddr, node: &str, wanted: &[u64]) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let (_, body) = http_get(admin, "/debug/xds/config_dump?node=zk-client").await;
+        let (_, body) = http_get(admin, &format!("/debug/xds/config_dump?node={node}")).await;
         let dump: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
         let acked_weights = dump["config"][0]["generic_xds_configs"]
             .as_array()
@@ -98,7 +99,7 @@ async fn a_released_sdks_providers_are_called_by_interface_over_xds() {
     let server = start(config).await;
     wait_ready(server.admin_addr).await;
     let (mut a, port_a) = provider(&zk, "a").await;
-    let (_b, port_b) = provider(&zk, "b").await;
+    let (_b, _) = provider(&zk, "b").await;
 
     // dubbo-python writes no mapping node; its providers' URLs name the interface.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -113,7 +114,10 @@ async fn a_released_sdks_providers_are_called_by_interface_over_xds() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    // A released gRPC client calls the interface by name and reaches both providers.
+    // A released gRPC client calls the interface by name and reaches both providers. (grpcio
+    // only: with the SDK's Python server, a grpcio channel stalled once a grpc-js channel had
+    // also called the same providers, while new channels still got answers; grpc-js is proven
+    // against registry endpoints below, in front of grpcio servers.)
     let xds = server.xds_addr.expect("xDS is on by default").to_string();
     let mut client = released::client_with(
         Released::Grpcio,
@@ -130,7 +134,7 @@ async fn a_released_sdks_providers_are_called_by_interface_over_xds() {
     assert_eq!(status, 200, "{body}");
     // Counted once the client acknowledged the weighted endpoints (and settled: it applies a
     // version a moment after its ACK).
-    wait_weights(server.admin_addr, &[100, 400]).await;
+    wait_weights(server.admin_addr, "zk-client", &[100, 400]).await;
     settle(&mut client, "a", 1, "").await;
     assert_split(&count(&mut client, 2000).await, 80);
 
@@ -140,7 +144,6 @@ async fn a_released_sdks_providers_are_called_by_interface_over_xds() {
     settle(&mut client, "b", 50, "").await;
     let counts = count(&mut client, 500).await;
     assert_eq!(answers(&counts, "b"), 500, "{counts}");
-    assert!(port_b != port_a);
     server.stop().await.unwrap();
 }
 
@@ -210,7 +213,7 @@ async fn a_sigkilled_replica_fails_no_call_of_clients_that_reconnect_to_another(
         http_send(second.admin_addr, "POST", "/api/v1/apply", &weights, None).await;
     assert_eq!(status, 200, "{body}");
     // A weight of 0 takes no calls: the endpoint is left out.
-    wait_weights(second.admin_addr, &[100]).await;
+    wait_weights(second.admin_addr, "zk-client", &[100]).await;
     settle(&mut client, "a", 20, "").await;
     let counts = count(&mut client, 200).await;
     assert_eq!(answers(&counts, "a"), 200, "{counts}");
@@ -265,20 +268,30 @@ async fn application_level_instances_are_called_through_the_mapping() {
         )
         .await;
     }
+    // Both released xDS clients, grpcio and @grpc/grpc-js-xds, reach both instances.
     let xds = server.xds_addr.expect("xDS is on by default").to_string();
-    let mut client = released::client_with(
-        Released::Grpcio,
-        "xds:///org.demo.Echo",
-        bootstrap(&xds, "default", "zk-client"),
-    );
-    settle(&mut client, "a", 1, "").await;
-    settle(&mut client, "b", 1, "").await;
+    let mut clients = Vec::new();
+    for (kind, node) in [
+        (Released::Grpcio, "py-client"),
+        (Released::GrpcJs, "js-client"),
+    ] {
+        let mut client = released::client_with(
+            kind,
+            "xds:///org.demo.Echo",
+            bootstrap(&xds, "default", node),
+        );
+        settle(&mut client, "a", 1, "").await;
+        settle(&mut client, "b", 1, "").await;
+        clients.push(client);
+    }
     // An instance that goes (its session ended) leaves.
     sdk.delete(&format!("/services/shop/127.0.0.1:{port_b}"), None)
         .await
         .unwrap();
-    settle(&mut client, "a", 50, "").await;
-    let counts = count(&mut client, 200).await;
-    assert_eq!(answers(&counts, "a"), 200, "{counts}");
+    for client in &mut clients {
+        settle(client, "a", 50, "").await;
+        let counts = count(client, 200).await;
+        assert_eq!(answers(&counts, "a"), 200, "{counts}");
+    }
     server.stop().await.unwrap();
 }
