@@ -32,6 +32,10 @@ pub struct BootstrapArgs {
     /// A file holding a bearer token (a service-account JWT) sent on every xDS call; needs TLS.
     #[arg(long)]
     pub token_file: Option<String>,
+    /// The directory `dubbo-cp agent --out` keeps the workload certificate in: adds gRPC's
+    /// `file_watcher` certificate provider, for mTLS between workloads (docs/security.md).
+    #[arg(long)]
+    pub certificates: Option<String>,
 }
 
 impl BootstrapArgs {
@@ -77,6 +81,7 @@ impl BootstrapArgs {
             namespace: self.namespace.clone(),
             application,
             locality: self.locality.clone(),
+            certificates: self.certificates.clone(),
         })
     }
 }

@@ -45,6 +45,7 @@ pub fn bootstrap(server: &str, namespace: &str, application: Option<&str>) -> Bo
         application: application.map(str::to_owned),
         // Not known at admission (the pod is not scheduled yet).
         locality: String::new(),
+        certificates: None,
     }
 }
 

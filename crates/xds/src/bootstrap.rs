@@ -13,6 +13,22 @@ use serde_json::{Value, json};
 /// The environment variable that makes grpc-core read `call_creds` from the bootstrap.
 pub const CALL_CREDS_ENV: &str = "GRPC_EXPERIMENTAL_XDS_BOOTSTRAP_CALL_CREDS";
 
+/// What an xDS-enabled gRPC server (gRFC A36) asks for: the Listener named by this with `%s`
+/// replaced by its `IP:port` (gRFC A36's example spelling). There is no default in gRPC: without
+/// it grpc-js refuses to build an `XdsServer` and grpc-core serves without xDS.
+pub const SERVER_LISTENER_TEMPLATE: &str = "grpc/server?xds.resource.listening_address=%s";
+/// The template up to `%s`: a listener name starting so is a server's.
+pub const SERVER_LISTENER_PREFIX: &str = "grpc/server?xds.resource.listening_address=";
+/// The certificate provider instance (gRFC A29) every TLS context we send names.
+pub const CERTIFICATE_PROVIDER: &str = "default";
+/// The files `dubbo-cp agent` writes and gRPC's `file_watcher` provider reads (istio-agent's
+/// names, so tooling that knows those finds ours).
+pub const CERT_CHAIN_FILE: &str = "cert-chain.pem";
+pub const KEY_FILE: &str = "key.pem";
+pub const ROOT_CERT_FILE: &str = "root-cert.pem";
+/// How often gRPC re-reads those files (the agent renews long before expiry).
+pub const CERTIFICATE_REFRESH: &str = "60s";
+
 /// How a client reaches the xDS server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Credentials {
@@ -40,6 +56,10 @@ pub struct Bootstrap {
     pub application: Option<String>,
     /// `region/zone/subzone`, any part may be empty.
     pub locality: String,
+    /// The directory `dubbo-cp agent` writes the workload certificate to: gRPC's `file_watcher`
+    /// provider reads it for mTLS between workloads (gRFC A29). `None`: no certificates, so
+    /// clients and servers stay plaintext whatever the policies say.
+    pub certificates: Option<String>,
 }
 
 impl Bootstrap {
@@ -81,7 +101,24 @@ impl Bootstrap {
             node["cluster"] = json!(application);
             node["metadata"]["APPLICATION"] = json!(application);
         }
-        json!({"xds_servers": [server], "node": node})
+        let mut bootstrap = json!({
+            "xds_servers": [server],
+            "node": node,
+            "server_listener_resource_name_template": SERVER_LISTENER_TEMPLATE,
+        });
+        if let Some(dir) = &self.certificates {
+            let dir = dir.trim_end_matches('/');
+            bootstrap["certificate_providers"] = json!({CERTIFICATE_PROVIDER: {
+                "plugin_name": "file_watcher",
+                "config": {
+                    "certificate_file": format!("{dir}/{CERT_CHAIN_FILE}"),
+                    "private_key_file": format!("{dir}/{KEY_FILE}"),
+                    "ca_certificate_file": format!("{dir}/{ROOT_CERT_FILE}"),
+                    "refresh_interval": CERTIFICATE_REFRESH,
+                },
+            }});
+        }
+        bootstrap
     }
 }
 
@@ -102,6 +139,7 @@ mod tests {
             namespace: "shop".into(),
             application: Some("greeter".into()),
             locality: "eu/west-1a".into(),
+            certificates: Some("/var/run/dubbo-cp/certs/".into()),
         };
         assert_eq!(
             bootstrap.to_json(),
@@ -122,6 +160,13 @@ mod tests {
                     "locality": {"region": "eu", "zone": "west-1a", "sub_zone": ""},
                     "metadata": {"NAMESPACE": "shop", "APPLICATION": "greeter"},
                 },
+                "server_listener_resource_name_template": "grpc/server?xds.resource.listening_address=%s",
+                "certificate_providers": {"default": {"plugin_name": "file_watcher", "config": {
+                    "certificate_file": "/var/run/dubbo-cp/certs/cert-chain.pem",
+                    "private_key_file": "/var/run/dubbo-cp/certs/key.pem",
+                    "ca_certificate_file": "/var/run/dubbo-cp/certs/root-cert.pem",
+                    "refresh_interval": "60s",
+                }}},
             })
         );
         let plain = Bootstrap {
@@ -129,6 +174,7 @@ mod tests {
             token_file: None,
             application: None,
             locality: String::new(),
+            certificates: None,
             ..bootstrap
         };
         let json = plain.to_json();
@@ -137,6 +183,7 @@ mod tests {
             json!([{"type": "insecure"}])
         );
         assert!(json["xds_servers"][0].get("call_creds").is_none());
+        assert!(json.get("certificate_providers").is_none());
         assert_eq!(
             json["node"]["locality"],
             json!({"region": "", "zone": "", "sub_zone": ""})
