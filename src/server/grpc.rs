@@ -104,8 +104,17 @@ fn xds_service(
     let index = index.clone();
     let window = config.xds.debounce;
     let encodes = ads.stats().encodes.clone();
+    let settings = crate::xds::security::Settings {
+        // What the CA puts in the certificates it issues (an empty setting accepts any domain
+        // on the TLS port, but issues in the default one).
+        trust_domain: Some(config.tls.trust_domain.as_str())
+            .filter(|domain| !domain.is_empty())
+            .unwrap_or(crate::auth::DEFAULT_TRUST_DOMAIN)
+            .to_owned(),
+        root_namespace: config.rules.root_namespace.clone(),
+    };
     wiring.tasks.spawn("xDS snapshots", async move {
-        source::run(index, services, snapshots, window, encodes).await;
+        source::run(index, services, snapshots, window, encodes, settings).await;
         Ok(())
     });
     ads.stats()

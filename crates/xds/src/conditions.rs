@@ -166,7 +166,7 @@ pub fn glob_regex(pattern: &str) -> String {
     }
 }
 
-fn regex_escape(text: &str) -> String {
+pub(crate) fn regex_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if "\\.+*?()|[]{}^$".contains(c) {

@@ -11,6 +11,9 @@
 //! - [`delta`]: the same for incremental streams (Envoy's): only changes and removals are sent.
 //! - [`snapshot`]: the services at one version, and the resources a subscription selects.
 //! - [`conditions`]: Dubbo's ConditionRoute, what clients can apply of it, as routes to subsets.
+//! - [`inbound`]: listeners of xDS-enabled gRPC servers (gRFC A36), with their TLS and RBAC.
+//! - [`security`]: AuthenticationPolicy as TLS (servers, and auto mTLS for their callers) and
+//!   AuthorizationPolicy as RBAC filters (gRFCs A29, A41).
 //! - [`tags`]: Dubbo's tag routing (TagRoute, static tags) as header-matched routes to subsets.
 //! - [`server`]: the ADS gRPC service, one task per stream over the published snapshots.
 //! - [`bootstrap`]: the bootstrap gRPC clients start from (`dubbo-cp bootstrap`, the webhook).
@@ -27,7 +30,9 @@ mod config;
 pub mod delta;
 pub mod dump;
 pub mod generate;
+pub mod inbound;
 pub mod protocol;
+pub mod security;
 pub mod server;
 pub mod snapshot;
 pub mod source;

@@ -9,9 +9,12 @@ use dubbo_cp_domain::service::{HostName, Service};
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::util::pack_any;
 
+use crate::bootstrap::SERVER_LISTENER_PREFIX;
 use crate::conditions::Conditions;
 use crate::generate::{self, Balancing, Services, Target};
+use crate::inbound;
 use crate::protocol::TypeState;
+use crate::security::{Policies, tls};
 use crate::tags::{Subset, Tagging};
 use crate::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
 use dubbo_cp_domain::rules::{
@@ -46,6 +49,8 @@ pub struct Snapshot {
     affinity: Arc<HashMap<(String, String), String>>,
     /// (namespace, interface) -> the applications serving it (ServiceNameMappings).
     mappings: Arc<HashMap<(String, String), Vec<String>>>,
+    /// The auth policies: servers' TLS and RBAC, clients' TLS to STRICT servers.
+    policies: Arc<Policies>,
     /// (type, name, namespace) -> the encoded resource, shared by every stream at this version.
     cache: Arc<Mutex<Encoded>>,
     /// The previous version's encodings: a resource encoded to the same bytes is that one, so
@@ -87,6 +92,7 @@ impl Snapshot {
             by_application: Arc::new(by_application),
             affinity: Arc::default(),
             mappings: Arc::default(),
+            policies: Arc::default(),
             cache: Arc::default(),
             previous: None,
             encodes: Arc::default(),
@@ -224,6 +230,27 @@ impl Snapshot {
         self
     }
 
+    /// The same services with the auth policies (and the settings to read them) that decide
+    /// servers' TLS and RBAC and their callers' TLS.
+    pub fn with_policies(mut self, policies: Policies) -> Snapshot {
+        // What was encoded before describes other state.
+        self.cache = Arc::default();
+        self.policies = Arc::new(policies);
+        self
+    }
+
+    /// What the server listener `name` (an xDS-enabled server's, gRFC A36) enforces for a
+    /// server in `namespace`; `None` when the name is not a server listener's.
+    pub fn server(&self, name: &str, namespace: &str) -> Option<inbound::Server> {
+        let listening = inbound::parse(name)?;
+        Some(inbound::server(
+            &self.services,
+            &self.policies,
+            listening,
+            namespace,
+        ))
+    }
+
     /// How the clusters of a target's service pick endpoints.
     fn balancing(&self, target: Target<'_>) -> Balancing<'_> {
         let key = (
@@ -356,6 +383,10 @@ fn generate_one(
     client_namespace: &str,
 ) -> Option<Any> {
     match type_url {
+        LISTENER if name.starts_with(SERVER_LISTENER_PREFIX) => {
+            let server = snapshot.server(name, client_namespace)?;
+            Some(pack_any(inbound::listener(name, &server)))
+        }
         LISTENER => {
             let exists = !generate::resolve_all(snapshot, name, client_namespace).is_empty();
             exists.then(|| pack_any(generate::listener(name)))
@@ -386,11 +417,15 @@ fn generate_one(
         CLUSTER => {
             let (target, subset) = cluster_target(snapshot, name)?;
             let balancing = snapshot.balancing(target);
-            Some(pack_any(generate::subset_cluster(
-                target,
-                subset.as_ref(),
-                balancing,
-            )))
+            let mut cluster = generate::subset_cluster(target, subset.as_ref(), balancing);
+            let policies = &snapshot.policies;
+            if policies.upstream_mtls(target.service, &target.port.name, target.port.number) {
+                cluster.transport_socket = Some(tls::upstream_mtls(
+                    &policies.settings.trust_domain,
+                    &target.service.namespace,
+                ));
+            }
+            Some(pack_any(cluster))
         }
         ENDPOINT => {
             let (target, subset) = cluster_target(snapshot, name)?;
@@ -417,6 +452,8 @@ impl Snapshot {
         // Clusters and load assignments are named absolutely; listeners and routes resolve in
         // the client's namespace.
         let namespace = match type_url {
+            // A server's listener depends on the server's namespace.
+            LISTENER if name.starts_with(SERVER_LISTENER_PREFIX) => client_namespace,
             // A name that says its namespace resolves the same for every client.
             LISTENER | ROUTE
                 if HostName::parse(name).is_none_or(|host| host.namespace.is_none()) =>

@@ -14,20 +14,28 @@ use dubbo_cp_domain::service::{Service, ServiceSet};
 use dubbo_cp_index::{Index, Kind, KindSnapshot, Resource};
 use tokio::sync::watch;
 
+use crate::security::{Named, Policies, Settings};
 use crate::snapshot::Snapshot;
 
 /// The kinds a snapshot is built from. Nothing is served until each has loaded.
-pub const KINDS: [Kind; 5] = [
+pub const KINDS: [Kind; 7] = [
     Kind::ServiceEntry,
     Kind::ServiceNameMapping,
     Kind::TagRoute,
     Kind::DynamicConfig,
     Kind::ConditionRoute,
+    Kind::AuthenticationPolicy,
+    Kind::AuthorizationPolicy,
 ];
 
 /// The state of the index's kinds (and of the Kubernetes services, in Kubernetes mode) that
 /// one snapshot reflects.
-pub fn build(index: &Index, external: Option<&ServiceSet>, version: u64) -> Snapshot {
+pub fn build(
+    index: &Index,
+    external: Option<&ServiceSet>,
+    version: u64,
+    settings: &Settings,
+) -> Snapshot {
     let synced = KINDS.iter().all(|kind| index.is_kind_loaded(*kind))
         && external.is_none_or(|set| set.synced);
     let state = |kind| index.current(kind);
@@ -64,11 +72,44 @@ pub fn build(index: &Index, external: Option<&ServiceSet>, version: u64) -> Snap
             RuleSpec::ConditionRoute(spec) => Some(spec.clone()),
             _ => None,
         });
+    let policies = Policies {
+        settings: settings.clone(),
+        authentication: named(&state(Kind::AuthenticationPolicy), |spec| match spec {
+            RuleSpec::AuthenticationPolicy(spec) => Some(spec.clone()),
+            _ => None,
+        }),
+        authorization: named(&state(Kind::AuthorizationPolicy), |spec| match spec {
+            RuleSpec::AuthorizationPolicy(spec) => Some(spec.clone()),
+            _ => None,
+        }),
+    };
     Snapshot::new(version, services, synced)
         .with_dynamic_configs(configs)
         .with_tag_routes(tag_routes)
         .with_condition_routes(conditions)
         .with_mappings(mappings)
+        .with_policies(policies)
+}
+
+/// Every rule of one kind with its name and namespace, in (namespace, name) order.
+fn named<T>(state: &KindSnapshot, pick: impl Fn(&RuleSpec) -> Option<T>) -> Vec<Named<T>> {
+    let mut named: Vec<Named<T>> = state
+        .objects
+        .iter()
+        .filter_map(|(key, object)| {
+            let (name, namespace) = split_client_key(key)?;
+            match &object.value {
+                Resource::Rule(spec) => Some(Named {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    spec: pick(spec)?,
+                }),
+                Resource::Mapping { .. } => None,
+            }
+        })
+        .collect();
+    named.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    named
 }
 
 /// `(name, namespace)` of a client key `<name>/<namespace>` (names and namespaces hold no `/`).
@@ -143,12 +184,14 @@ pub async fn run(
     tx: watch::Sender<Arc<Snapshot>>,
     window: Duration,
     encodes: Arc<AtomicU64>,
+    settings: Settings,
 ) {
-    let mut watches: [watch::Receiver<Arc<KindSnapshot>>; 5] =
+    let mut watches: [watch::Receiver<Arc<KindSnapshot>>; 7] =
         KINDS.map(|kind| index.subscribe(kind));
     let mut version = 0u64;
     let mut shadowed_before = BTreeMap::new();
     let mut untranslated_before = BTreeMap::new();
+    let mut unenforced_before = BTreeMap::new();
     loop {
         for watch in &mut watches {
             watch.borrow_and_update();
@@ -159,7 +202,7 @@ pub async fn run(
         version = (version + 1).max(unix_millis());
         let set = external.as_mut().map(|rx| rx.borrow_and_update().clone());
         let previous = tx.borrow().clone();
-        let snapshot = build(&index, set.as_ref(), version)
+        let snapshot = build(&index, set.as_ref(), version, &settings)
             .counting_encodes_in(encodes.clone())
             .sharing_encodings_of(&previous);
         let (_, shadowed) = services(&index.current(Kind::ServiceEntry), set.as_ref());
@@ -171,17 +214,22 @@ pub async fn run(
         );
         report_untranslated(&untranslated, &untranslated_before);
         untranslated_before = untranslated;
+        let unenforced = unenforced(&index.current(Kind::AuthorizationPolicy));
+        report_unenforced(&unenforced, &unenforced_before);
+        unenforced_before = unenforced;
         if tx.send(Arc::new(snapshot)).is_err() {
             return;
         }
         // Until one of the kinds changes (or the index goes), then the window.
-        let [a, b, c, d, e] = &mut watches;
+        let [a, b, c, d, e, f, g] = &mut watches;
         let changed = tokio::select! {
             changed = a.changed() => changed,
             changed = b.changed() => changed,
             changed = c.changed() => changed,
             changed = d.changed() => changed,
             changed = e.changed() => changed,
+            changed = f.changed() => changed,
+            changed = g.changed() => changed,
             changed = changed_or_never(external.as_mut()) => changed,
             () = tx.closed() => return,
         };
@@ -256,6 +304,39 @@ fn report_untranslated(
     }
 }
 
+/// `AuthorizationPolicy <name>/<namespace>` -> what gRPC servers do not enforce of it as
+/// written, whatever the server (the parts that depend on a server's TLS are in its view).
+pub fn unenforced(state: &KindSnapshot) -> BTreeMap<String, Vec<String>> {
+    let policies = named(state, |spec| match spec {
+        RuleSpec::AuthorizationPolicy(spec) => Some(spec.clone()),
+        _ => None,
+    });
+    let mut problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for policy in &policies {
+        let translated = crate::security::rbac::translate(std::iter::once(policy), true);
+        for (_, problem) in translated.problems {
+            problems
+                .entry(format!("{}/{}", policy.name, policy.namespace))
+                .or_default()
+                .push(problem);
+        }
+    }
+    problems
+}
+
+/// Warns once per policy (and again only when what is not enforced changes).
+fn report_unenforced(now: &BTreeMap<String, Vec<String>>, before: &BTreeMap<String, Vec<String>>) {
+    for (policy, problems) in now {
+        if before.get(policy) != Some(problems) {
+            tracing::warn!(
+                policy = %format!("AuthorizationPolicy {policy}"),
+                not_enforced = ?problems,
+                "xDS servers do not enforce all of an AuthorizationPolicy as written (docs/security.md)"
+            );
+        }
+    }
+}
+
 /// Logs hosts newly declared twice, once each (a rebuild does not log them again).
 fn report_shadowed(now: &BTreeMap<String, Vec<String>>, before: &BTreeMap<String, Vec<String>>) {
     for (host, entries) in now {
@@ -309,14 +390,18 @@ mod tests {
             )],
             3,
         );
-        assert!(!build(&index, None, 1).synced, "no kind has loaded yet");
+        let settings = Settings::default();
+        assert!(
+            !build(&index, None, 1, &settings).synced,
+            "no kind has loaded yet"
+        );
         index.mark_all_loaded();
         let external = ServiceSet::default();
         assert!(
-            !build(&index, Some(&external), 1).synced,
+            !build(&index, Some(&external), 1, &settings).synced,
             "Kubernetes services not listed"
         );
-        let snapshot = build(&index, None, 4);
+        let snapshot = build(&index, None, 4, &settings);
         assert!(snapshot.synced);
         let state = TypeState {
             names: ["greeter:7070".to_owned()].into(),

@@ -42,6 +42,22 @@ impl Cidr {
         self.prefix
     }
 
+    /// The network's address, host bits cleared (`10.1.2.3/8` is `10.0.0.0`).
+    pub fn network(&self) -> IpAddr {
+        let keep = |bits: u32| {
+            u128::MAX
+                .checked_shl(bits.saturating_sub(u32::from(self.prefix)))
+                .unwrap_or(0)
+        };
+        match self.address {
+            IpAddr::V4(v4) => {
+                let mask = u32::try_from(keep(32) & u128::from(u32::MAX)).unwrap_or(0);
+                IpAddr::V4((v4.to_bits() & mask).into())
+            }
+            IpAddr::V6(v6) => IpAddr::V6((v6.to_bits() & keep(128)).into()),
+        }
+    }
+
     /// Whether `ip` lies in this network. An IPv4-mapped IPv6 address (`::ffff:10.0.0.1`) counts
     /// as its IPv4 address, since dual-stack sockets report IPv4 peers that way.
     pub fn contains(&self, ip: IpAddr) -> bool {
@@ -88,6 +104,20 @@ impl fmt::Display for Cidr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_network_address_clears_host_bits() {
+        for (text, network) in [
+            ("10.1.2.3/8", "10.0.0.0"),
+            ("10.1.2.3/32", "10.1.2.3"),
+            ("10.1.2.3/0", "0.0.0.0"),
+            ("fd00::1/8", "fd00::"),
+            ("fd00::1/128", "fd00::1"),
+        ] {
+            let cidr = Cidr::parse(text).unwrap();
+            assert_eq!(cidr.network().to_string(), network, "{text}");
+        }
+    }
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()
