@@ -70,7 +70,58 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     if !clients.is_empty() {
         print!("\n{}", xds_table(&clients, &args));
     }
+    let servers = servers_table(&clients, &args);
+    if servers.lines().count() > 1 {
+        print!("\n{servers}");
+    }
     Ok(())
+}
+
+/// The xDS-enabled servers among the clients: where they listen, the TLS their listener
+/// requires and the policy that decided it, and the AuthorizationPolicies they enforce.
+fn servers_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
+    let mut out = format!(
+        "{:<40} {:<22} {:<22} {:<28} RBAC (DENY / ALLOW)\n",
+        "XDS SERVER", "ADDRESS", "TLS", "DECIDED BY"
+    );
+    let list = |names: &[String]| {
+        if names.is_empty() {
+            "-".to_owned()
+        } else {
+            printable(&names.join(","))
+        }
+    };
+    for client in clients {
+        if args
+            .namespace
+            .as_ref()
+            .is_some_and(|ns| &client.namespace != ns)
+        {
+            continue;
+        }
+        for server in &client.servers {
+            let tls = if server.tls == "STRICT" {
+                "mTLS".to_owned()
+            } else {
+                format!("plaintext ({})", server.tls)
+            };
+            out.push_str(&format!(
+                "{:<40} {:<22} {:<22} {:<28} {} / {}{}\n",
+                printable(&client.node_id),
+                server.address,
+                tls,
+                server.tls_policy.as_deref().unwrap_or("(default)"),
+                list(&server.deny),
+                list(&server.allow),
+                if server.not_enforced.is_empty() {
+                    String::new()
+                } else {
+                    format!("  ({} not enforced as written)", server.not_enforced.len())
+                },
+            ));
+        }
+    }
+    out
 }
 
 /// Client-supplied text as one printable line: control characters (a terminal's escape

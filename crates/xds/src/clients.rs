@@ -77,6 +77,8 @@ pub struct ClientStatus {
     /// The last published version the stream has taken in hand (pushed what it changed).
     pub seen: Option<String>,
     pub types: BTreeMap<&'static str, TypeStatus>,
+    /// What the stream's server listeners enforce (an xDS-enabled server's stream).
+    pub servers: Vec<ServerView>,
 }
 
 impl ClientStatus {
@@ -92,6 +94,7 @@ impl ClientStatus {
             namespace: namespace.to_owned(),
             seen: seen.map(|v| v.to_string()),
             types: types.collect(),
+            servers: Vec::new(),
         }
     }
 }
@@ -170,6 +173,7 @@ impl Clients {
                 node_id: client.node_id,
                 namespace: client.namespace,
                 seen: client.seen,
+                servers: client.servers,
                 types: client
                     .types
                     .into_iter()
@@ -208,6 +212,55 @@ pub struct ClientView {
     /// The last published version the stream has taken in hand.
     pub seen: Option<String>,
     pub types: Vec<TypeView>,
+    /// The server listeners it was sent (gRFC A36), with their TLS and RBAC.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<ServerView>,
+}
+
+/// What an xDS-enabled server was told to enforce, as operators read it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerView {
+    /// `IP:port` it listens on.
+    pub address: String,
+    /// `namespace/name` of the service found behind the address, if any.
+    #[serde(default)]
+    pub service: Option<String>,
+    pub namespace: String,
+    /// `STRICT` (mTLS), `PERMISSIVE` or `DISABLED` (both plaintext).
+    pub tls: String,
+    /// The AuthenticationPolicy that decided it (`namespace/name`), none for the default.
+    #[serde(default)]
+    pub tls_policy: Option<String>,
+    /// AuthorizationPolicies enforced, `namespace/name`.
+    #[serde(default)]
+    pub deny: Vec<String>,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// `namespace/name: what` the server does not enforce as written.
+    #[serde(default)]
+    pub not_enforced: Vec<String>,
+}
+
+impl ServerView {
+    pub fn of(server: &crate::inbound::Server) -> ServerView {
+        ServerView {
+            address: std::net::SocketAddr::new(server.listening.ip, server.listening.port)
+                .to_string(),
+            service: server.service.clone(),
+            namespace: server.namespace.clone(),
+            tls: server.tls.mode.name().to_owned(),
+            tls_policy: server.tls.policy.clone(),
+            deny: server.rbac.deny.clone(),
+            allow: server.rbac.allow.clone(),
+            not_enforced: server
+                .rbac
+                .problems
+                .iter()
+                .map(|(policy, problem)| format!("{policy}: {problem}"))
+                .collect(),
+        }
+    }
 }
 
 /// One type of one client, as operators read it.

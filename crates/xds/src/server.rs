@@ -19,7 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::CLUSTER;
-use crate::clients::{ClientStatus, Clients};
+use crate::clients::{ClientStatus, Clients, ServerView};
 use crate::delta::DeltaStream;
 use crate::protocol::{Refused, Selected, Stream, Verdict};
 use crate::snapshot::{Snapshot, resources};
@@ -126,6 +126,7 @@ impl Ads {
             clients: self.clients.clone(),
             stats: self.stats.clone(),
             identity_namespace,
+            servers: std::sync::Mutex::default(),
         })
     }
 
@@ -318,6 +319,7 @@ async fn answer<S: AdsStream>(
         .into_iter()
         .map(|type_url| (type_url, stream.selected(snapshot, type_url, &namespace)))
         .collect();
+    registered.note_servers(&plan, snapshot, &namespace);
     make_before_break(&mut plan, |type_url, selected| {
         stream.would_remove(type_url, selected)
     });
@@ -354,13 +356,35 @@ struct Registered {
     stats: Arc<XdsStats>,
     /// The authenticated caller's namespace, if authentication is on.
     identity_namespace: Option<String>,
+    /// What the stream's server listeners enforce, as of the last answer.
+    servers: std::sync::Mutex<Vec<ServerView>>,
 }
 
 impl Registered {
     fn update(&self, stream: &impl AdsStream, seen: Option<u64>) {
         let namespace = client_namespace(stream.node(), self.identity_namespace.as_deref());
-        self.clients
-            .update_status(self.id, stream.status(&namespace, seen));
+        let mut status = stream.status(&namespace, seen);
+        status.servers = self
+            .servers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        self.clients.update_status(self.id, status);
+    }
+
+    /// Keeps what the server listeners in `plan` enforce, for operators.
+    fn note_servers(&self, plan: &[(&'static str, Selected)], snapshot: &Snapshot, namespace: &str) {
+        let servers: Vec<ServerView> = plan
+            .iter()
+            .filter(|(type_url, _)| *type_url == crate::LISTENER)
+            .flat_map(|(_, selected)| selected.iter())
+            .filter_map(|(name, _)| snapshot.server(name, namespace))
+            .map(|server| ServerView::of(&server))
+            .collect();
+        *self
+            .servers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = servers;
     }
 
     fn pushed(&self, type_url: &str, snapshot: &Snapshot) {

@@ -1,0 +1,243 @@
+//! Zero trust with released gRPC on both ends: workloads whose certificates `dubbo-cp agent`
+//! keeps, their xDS bootstraps, and the processes of `secure.py` (grpcio) and `secure.js`
+//! (@grpc/grpc-js-xds) serving and calling through the control plane.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use crate::released::Released;
+
+const CERT_CHAIN: &str = "cert-chain.pem";
+const KEY: &str = "key.pem";
+const ROOT_CERT: &str = "root-cert.pem";
+
+fn script(kind: Released) -> PathBuf {
+    let name = match kind {
+        Released::Grpcio => "secure.py",
+        Released::GrpcJs => "secure.js",
+    };
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/security")
+        .join(name)
+}
+
+/// A workload's identity on disk: the directory `dubbo-cp agent` keeps its files in, and the
+/// agent itself (stopped when dropped).
+pub struct Workload {
+    pub dir: PathBuf,
+    pub namespace: String,
+    agent: Child,
+}
+
+impl Workload {
+    /// Starts `dubbo-cp agent` for the holder of `token` (a token-file entry) against the CA on
+    /// the gRPC port `grpc`, and waits for its files.
+    pub async fn start(
+        root: &Path,
+        name: &str,
+        namespace: &str,
+        token: &str,
+        grpc: std::net::SocketAddr,
+        extra: &[&str],
+    ) -> Workload {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, token).unwrap();
+        let out = dir.join("certs");
+        let agent = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+            .arg("agent")
+            .arg("--out")
+            .arg(&out)
+            .arg("--ca-address")
+            .arg(format!("http://{grpc}"))
+            .arg("--token-file")
+            .arg(&token_file)
+            .args(extra)
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let workload = Workload {
+            dir: out,
+            namespace: namespace.to_owned(),
+            agent,
+        };
+        workload.wait_for_files().await;
+        workload
+    }
+
+    async fn wait_for_files(&self) {
+        for _ in 0..600 {
+            if [CERT_CHAIN, KEY, ROOT_CERT]
+                .iter()
+                .all(|f| self.dir.join(f).is_file())
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the agent wrote no certificate in {}", self.dir.display());
+    }
+
+    pub fn certificate(&self) -> String {
+        std::fs::read_to_string(self.dir.join(CERT_CHAIN)).unwrap()
+    }
+
+    /// The xDS bootstrap of this workload: the TLS port at `tls` with its own certificate (the
+    /// control plane knows it by its SPIFFE ID), the certificate provider on the agent's
+    /// directory, re-read every `refresh`.
+    pub fn bootstrap(&self, tls: std::net::SocketAddr, node: &str, refresh: &str) -> String {
+        let dir = self.dir.to_str().unwrap();
+        let file = |name: &str| format!("{dir}/{name}");
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+            .args([
+                "bootstrap",
+                "--server",
+                &format!("localhost:{}", tls.port()),
+            ])
+            .args(["-n", &self.namespace, "--node-id", node])
+            .args(["--ca-file", &file(ROOT_CERT)])
+            .args(["--cert-file", &file(CERT_CHAIN), "--key-file", &file(KEY)])
+            .args(["--certificates", dir])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let mut bootstrap: Value = serde_json::from_slice(&output.stdout).unwrap();
+        bootstrap["certificate_providers"]["default"]["config"]["refresh_interval"] =
+            Value::from(refresh);
+        bootstrap.to_string()
+    }
+
+    /// The same, reaching the plain xDS port at `xds` with no credentials (grpc-js reads no
+    /// other channel credentials).
+    pub fn plain_bootstrap(&self, xds: std::net::SocketAddr, node: &str, refresh: &str) -> String {
+        let dir = self.dir.to_str().unwrap();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+            .args(["bootstrap", "--server", &xds.to_string()])
+            .args(["-n", &self.namespace, "--node-id", node])
+            .args(["--certificates", dir])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let mut bootstrap: Value = serde_json::from_slice(&output.stdout).unwrap();
+        bootstrap["certificate_providers"]["default"]["config"]["refresh_interval"] =
+            Value::from(refresh);
+        bootstrap.to_string()
+    }
+}
+
+/// A process of a script, stopped when dropped.
+pub struct Proc {
+    pub child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Proc {
+    fn spawn(kind: Released, args: &[&str], env: &[(&str, String)]) -> Proc {
+        let mut command = match kind {
+            Released::Grpcio => Command::new(crate::released::python()),
+            Released::GrpcJs => {
+                let mut command = Command::new("node");
+                command.env("NODE_PATH", crate::released::node_modules());
+                command
+            }
+        };
+        command
+            .arg(script(kind))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Proc {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// The next line; a process that says nothing for 3 minutes fails the test.
+    pub async fn line(&mut self) -> String {
+        tokio::time::timeout(Duration::from_secs(180), self.lines.next_line())
+            .await
+            .expect("an answer within 3 minutes")
+            .unwrap()
+            .expect("a line")
+    }
+
+    async fn ask(&mut self, command: &str) -> Value {
+        self.stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .await
+            .unwrap();
+        let line = self.line().await;
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"))
+    }
+
+    /// `n` calls of `method`: how many ended with each code, and the peers the server saw.
+    pub async fn call(&mut self, n: usize, method: &str) -> Value {
+        self.ask(&format!("call {n} {method}")).await
+    }
+
+    /// Calls `method` until `outcome` (`OK` or a code name) comes `run` times in a row: a
+    /// client applies what it acknowledged a moment later, and a server drains its old
+    /// connections, so a test settles before it counts.
+    pub async fn settle(&mut self, outcome: &str, run: usize, method: &str) -> u64 {
+        let settled = self.ask(&format!("settle {outcome} {run} {method}")).await;
+        assert_eq!(
+            settled["settled"], true,
+            "never {outcome} on {method}: {settled}"
+        );
+        settled["calls"].as_u64().unwrap()
+    }
+}
+
+/// An xDS-enabled server answering `name` on `127.0.0.1:port`, configured by `bootstrap`;
+/// returns once it was started (it serves when its listener arrives).
+pub async fn server(
+    kind: Released,
+    name: &str,
+    port: u16,
+    bootstrap: String,
+    env: &[(&str, String)],
+) -> Proc {
+    let mut all = vec![("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap)];
+    all.extend(env.iter().cloned());
+    let port = port.to_string();
+    let mut proc = Proc::spawn(kind, &["server", name, "127.0.0.1", &port], &all);
+    assert_eq!(proc.line().await, "started");
+    proc
+}
+
+/// A client of `target`, with xDS credentials (`mode` "xds") or none ("plain").
+pub fn client(kind: Released, target: &str, mode: &str, bootstrap: String) -> Proc {
+    Proc::spawn(
+        kind,
+        &["client", target, mode],
+        &[("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap)],
+    )
+}
+
+/// A port nothing listens on now, for a server that must know its port before it binds (the
+/// listener it asks for is named by it).
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+pub fn count(result: &Value, code: &str) -> u64 {
+    result[code].as_u64().unwrap_or(0)
+}

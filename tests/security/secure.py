@@ -1,0 +1,96 @@
+"""Released grpcio on both ends of zero trust: an xDS-enabled server (gRFC A36) taking its TLS and
+RBAC from the control plane, and xDS clients with or without xDS credentials. No generated code.
+
+server NAME HOST PORT: serves every unary method on HOST:PORT with xDS server credentials (plaintext
+fallback), answering {"who": NAME, "peer": the caller's SPIFFE ID or ""}; prints "started" once
+start() returned (serving begins only when the listener arrives).
+client TARGET MODE: MODE "xds" (xDS channel credentials, plaintext fallback) or "plain" (no TLS
+whatever the control plane says). Reads lines from stdin:
+  "call N METHOD" makes N calls and prints {"OK": n, CODE: n, ..., "peers": {id: n}, "last_error": s};
+  "settle OUTCOME RUN METHOD" calls until OUTCOME (OK or a status code name) comes RUN times in a
+  row, at most 3,000 calls, and prints {"calls": n, "settled": bool, "last": outcome}.
+The bootstrap comes from GRPC_XDS_BOOTSTRAP_CONFIG.
+"""
+import json
+import sys
+from concurrent import futures
+
+import grpc
+import grpc.experimental
+
+
+def peer_id(context):
+    auth = context.auth_context()
+    for key in ("peer_spiffe_id", "x509_subject_alternative_name"):
+        for value in auth.get(key, []):
+            text = value.decode(errors="replace")
+            if text.startswith("spiffe://"):
+                return text
+    return ""
+
+
+def server(name, host, port):
+    class Handler(grpc.GenericRpcHandler):
+        def service(self, handler_call_details):
+            def answer(request, context):
+                return json.dumps({"who": name, "peer": peer_id(context)}).encode()
+
+            return grpc.unary_unary_rpc_method_handler(answer)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), xds=True)
+    server.add_generic_rpc_handlers((Handler(),))
+    server.add_secure_port(
+        "%s:%s" % (host, port),
+        grpc.xds_server_credentials(grpc.insecure_server_credentials()),
+    )
+    server.start()
+    print("started", flush=True)
+    sys.stdin.read()  # until the test closes stdin
+    server.stop(None)
+
+
+def client(target, mode):
+    if mode == "xds":
+        channel = grpc.secure_channel(
+            target,
+            grpc.xds_channel_credentials(grpc.experimental.insecure_channel_credentials()),
+        )
+    else:
+        channel = grpc.insecure_channel(target)
+    callables = {}
+
+    def outcome(method):
+        call = callables.setdefault(method, channel.unary_unary(method))
+        try:
+            return "OK", json.loads(call(b"", timeout=10).decode()), None
+        except grpc.RpcError as err:
+            return err.code().name, None, err.details()
+
+    for line in sys.stdin:
+        words = line.split()
+        if len(words) == 3 and words[0] == "call":
+            result = {"peers": {}}
+            for _ in range(int(words[1])):
+                code, answer, details = outcome(words[2])
+                result[code] = result.get(code, 0) + 1
+                if answer is not None:
+                    result["peers"][answer["peer"]] = result["peers"].get(answer["peer"], 0) + 1
+                if details is not None:
+                    result["last_error"] = details
+            print(json.dumps(result), flush=True)
+        elif len(words) == 4 and words[0] == "settle":
+            calls, run, wanted, last = 0, 0, int(words[2]), None
+            while calls < 3000 and run < wanted:
+                calls += 1
+                last, _, details = outcome(words[3])
+                run = run + 1 if last == words[1] else 0
+            print(json.dumps({"calls": calls, "settled": run >= wanted, "last": last}), flush=True)
+        else:
+            print(json.dumps({"error": "bad command " + line.strip()}), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "server":
+        server(*sys.argv[2:5])
+    else:
+        client(sys.argv[2], sys.argv[3])
