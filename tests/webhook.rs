@@ -1,7 +1,7 @@
 //! The admission webhook in Kubernetes mode against the API-server fixture: the control plane
 //! creates `MutatingWebhookConfiguration dubbo-cp` with our CA as `caBundle` and repairs it
 //! after an edit; a real TLS client trusting only our CA root calls `/mutating-services` and
-//! the patch injects exactly what the labels ask for.
+//! the patch injects exactly what the labels ask for (the agent's native sidecar included).
 
 // Tests and their helpers: a failure is the test failing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -111,6 +111,7 @@ async fn the_configuration_is_kept_and_pods_that_ask_are_injected() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = common::kubernetes_config(dir.path(), api.url());
     config.auth.token_review = Some(false);
+    config.webhook.agent_image = "registry.example/dubbo-cp:1.2.3".to_owned();
     let server = start(config).await;
     let webhook = server
         .webhook_addr
@@ -129,6 +130,19 @@ async fn the_configuration_is_kept_and_pods_that_ask_are_injected() {
         .unwrap();
     let webhooks = configuration["webhooks"].as_array().unwrap();
     assert_eq!(webhooks[0]["name"], "dubbo-cp.k8s.io");
+    let names: Vec<&str> = webhooks
+        .iter()
+        .map(|hook| hook["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names[8..],
+        [
+            "xds-pod.dubbo-cp.k8s.io",
+            "xds-namespace.dubbo-cp.k8s.io",
+            "agent-pod.dubbo-cp.k8s.io",
+            "agent-namespace.dubbo-cp.k8s.io"
+        ]
+    );
     for hook in webhooks {
         assert_eq!(hook["clientConfig"]["caBundle"], b64(root.as_bytes()));
         assert_eq!(
@@ -249,6 +263,7 @@ async fn the_configuration_is_kept_and_pods_that_ask_are_injected() {
     .await;
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert!(answer["response"].get("patch").is_none(), "{body}");
+    agent_pods_get_the_native_sidecar(webhook, &root, tls_port).await;
     // A rotation reaches the caBundle: both roots, until the old one is dropped.
     let (status, body) =
         common::http_send(server.admin_addr, "POST", "/api/v1/ca/rotate", "", None).await;
@@ -273,7 +288,124 @@ async fn the_configuration_is_kept_and_pods_that_ask_are_injected() {
     assert!(
         metrics.contains("dubbo_cp_webhook_reviews_total{result=\"unsupported_media_type\"} 2")
     );
+    assert!(
+        metrics.contains("dubbo_cp_webhook_injections_total{kind=\"agent\"} 1"),
+        "{metrics}"
+    );
     assert!(server.stop().await.is_ok());
+}
+
+/// A pod labelled `dubbo-agent.inject` in a namespace that asks for nothing gets exactly the CA
+/// injection, a bootstrap naming the agent's certificates and the agent as a native sidecar
+/// running `webhook.agentImage`; its unlabelled twin gets nothing.
+async fn agent_pods_get_the_native_sidecar(webhook: SocketAddr, root: &str, tls_port: u16) {
+    let review = async |uid: &str, pod: &Value| -> Value {
+        let (status, body) = https(
+            webhook,
+            root,
+            "POST",
+            "/mutating-services",
+            "application/json",
+            &pod_review(uid, "plain", pod),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let pod = |labels: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "greeter-0", "labels": labels},
+               "spec": {"containers": [{"name": "app", "image": "greeter"}]}})
+    };
+    let plain = review("uid-3", &pod(json!({"app": "greeter"}))).await;
+    assert!(plain["response"].get("patch").is_none(), "{plain}");
+    let labelled = pod(json!({"app": "greeter", "dubbo-agent.inject": "true"}));
+    let answer = review("uid-4", &labelled).await;
+    let patch: json_patch::Patch =
+        serde_json::from_slice(&unb64(answer["response"]["patch"].as_str().unwrap())).unwrap();
+    let mut patched = labelled.clone();
+    json_patch::patch(&mut patched, &patch).unwrap();
+    let ca_address = format!("dubbo-cp.dubbo-system.svc:{tls_port}");
+    let ca_env = json!([
+        {"name": "DUBBO_CA_ADDRESS", "value": ca_address},
+        {"name": "DUBBO_CA_CERT_PATH", "value": "/var/run/secrets/dubbo-ca-cert/ca.crt"},
+        {"name": "DUBBO_OIDC_TOKEN", "value": "/var/run/secrets/dubbo-ca-token/token"},
+        {"name": "DUBBO_OIDC_TOKEN_TYPE", "value": "dubbo-ca-token"},
+    ]);
+    let ca_mounts = [
+        json!({"name": "dubbo-ca-token", "mountPath": "/var/run/secrets/dubbo-ca-token", "readOnly": true}),
+        json!({"name": "dubbo-ca-cert", "mountPath": "/var/run/secrets/dubbo-ca-cert", "readOnly": true}),
+    ];
+    let health = json!({"path": "/healthz", "port": 15020});
+    assert_eq!(
+        patched["spec"]["initContainers"],
+        json!([{
+            "name": "dubbo-cp-agent",
+            "image": "registry.example/dubbo-cp:1.2.3",
+            "args": ["agent", "--out", "/var/run/dubbo-cp/certs", "--metrics-address", "0.0.0.0:15020"],
+            "restartPolicy": "Always",
+            "ports": [{"name": "agent-metrics", "containerPort": 15020}],
+            "startupProbe": {"httpGet": health, "periodSeconds": 1, "failureThreshold": 300},
+            "readinessProbe": {"httpGet": health, "periodSeconds": 10},
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+            "securityContext": {
+                "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
+                "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "env": ca_env,
+            "volumeMounts": [
+                {"name": "dubbo-cp-certs", "mountPath": "/var/run/dubbo-cp/certs"},
+                ca_mounts[0], ca_mounts[1],
+            ],
+        }])
+    );
+    assert_eq!(
+        patched["spec"]["volumes"],
+        json!([
+            {"name": "dubbo-ca-token", "projected": {"sources": [{"serviceAccountToken":
+                {"audience": "dubbo-ca", "expirationSeconds": 1800, "path": "token"}}]}},
+            {"name": "dubbo-ca-cert", "projected": {"sources": [{"configMap":
+                {"name": "dubbo-ca-cert", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
+            {"name": "dubbo-xds-token", "projected": {"sources": [{"serviceAccountToken":
+                {"expirationSeconds": 3600, "path": "token"}}]}},
+            {"name": "dubbo-cp-certs", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        ])
+    );
+    let app = &patched["spec"]["containers"][0];
+    assert_eq!(
+        app["env"].as_array().unwrap()[..4],
+        ca_env.as_array().unwrap()[..]
+    );
+    let bootstrap = app["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "GRPC_XDS_BOOTSTRAP_CONFIG")
+        .and_then(|e| e["value"].as_str())
+        .expect("a bootstrap");
+    let bootstrap: Value = serde_json::from_str(bootstrap).unwrap();
+    assert_eq!(
+        bootstrap["certificate_providers"],
+        json!({"default": {"plugin_name": "file_watcher", "config": {
+            "certificate_file": "/var/run/dubbo-cp/certs/cert-chain.pem",
+            "private_key_file": "/var/run/dubbo-cp/certs/key.pem",
+            "ca_certificate_file": "/var/run/dubbo-cp/certs/root-cert.pem",
+            "refresh_interval": "60s",
+        }}})
+    );
+    assert_eq!(bootstrap["xds_servers"][0]["server_uri"], ca_address);
+    assert_eq!(
+        app["volumeMounts"],
+        json!([
+            ca_mounts[0], ca_mounts[1],
+            {"name": "dubbo-xds-token", "mountPath": "/var/run/secrets/dubbo-xds-token", "readOnly": true},
+            {"name": "dubbo-cp-certs", "mountPath": "/var/run/dubbo-cp/certs", "readOnly": true},
+        ])
+    );
+    // The injected pod reviewed again (another of our webhooks matching it): left whole.
+    let again = review("uid-5", &patched).await;
+    assert!(again["response"].get("patch").is_none(), "{again}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

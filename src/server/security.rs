@@ -208,6 +208,7 @@ pub(super) fn start_webhook(
             .clone()
             .unwrap_or_else(|| format!("{service}.{namespace}.svc:{tls_port}"))
             .into(),
+        agent_image: config.webhook.agent_image.as_str().into(),
         timeout: config.webhook.timeout,
         stats,
     };

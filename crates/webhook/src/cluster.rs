@@ -14,10 +14,13 @@ use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
 use super::Lookup;
+use super::agent::AGENT_LABEL;
 use super::inject::{CA_LABEL, REGISTRY_LABELS};
+use super::xds::XDS_LABEL;
 
 fn wanted(key: &str) -> bool {
-    key == CA_LABEL || REGISTRY_LABELS.iter().any(|(label, _)| *label == key)
+    [CA_LABEL, XDS_LABEL, AGENT_LABEL].contains(&key)
+        || REGISTRY_LABELS.iter().any(|(label, _)| *label == key)
 }
 
 /// The labels of `labels` the webhook reads, with value `"true"`.
@@ -239,15 +242,18 @@ mod tests {
     fn only_injection_labels_with_true_are_kept() {
         let labels: BTreeMap<String, String> = [
             ("dubbo-ca.inject", "true"),
+            ("dubbo-xds.inject", "true"),
+            ("dubbo-agent.inject", "true"),
             ("registry-nacos-inject", "false"),
             ("app", "true"),
         ]
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+        let kept: Vec<String> = kept(&labels).into_keys().collect();
         assert_eq!(
-            kept(&labels),
-            BTreeMap::from([("dubbo-ca.inject".to_owned(), "true".to_owned())])
+            kept,
+            ["dubbo-agent.inject", "dubbo-ca.inject", "dubbo-xds.inject"]
         );
     }
 }

@@ -44,4 +44,16 @@ pub struct WebhookConfig {
         env = "DUBBO_CP_WEBHOOK_CA_ADDRESS"
     )]
     pub ca_address: Option<String>,
+    /// Image of the `dubbo-cp-agent` sidecar injected into pods labelled `dubbo-agent.inject`
+    /// (it runs `dubbo-cp agent`, so the control plane's own image).
+    #[arg(
+        id = "webhook.agentImage",
+        long = "webhook-agent-image",
+        env = "DUBBO_CP_WEBHOOK_AGENT_IMAGE"
+    )]
+    #[default(DEFAULT_AGENT_IMAGE.to_owned())]
+    pub agent_image: String,
 }
+
+/// The control plane's image as deploy/ names it.
+pub const DEFAULT_AGENT_IMAGE: &str = "dubbo-cp:latest";

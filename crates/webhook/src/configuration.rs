@@ -22,7 +22,9 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
+use super::agent::AGENT_LABEL;
 use super::inject::{CA_LABEL, REGISTRY_LABELS};
+use super::xds::XDS_LABEL;
 use crate::ca::Authority;
 
 pub const NAME: &str = "dubbo-cp";
@@ -91,8 +93,9 @@ pub fn desired(target: &Target, ca_bundle: &str) -> Value {
     };
     let never = json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn",
                        "values": ["kube-system", target.namespace]});
-    let labels =
-        std::iter::once((CA_LABEL, "ca")).chain(REGISTRY_LABELS.iter().map(|(label, registry)| {
+    // The first eight as they always were; the xDS and agent labels after them.
+    let labels = std::iter::once((CA_LABEL, "ca"))
+        .chain(REGISTRY_LABELS.iter().map(|(label, registry)| {
             (
                 *label,
                 match registry.name() {
@@ -100,7 +103,8 @@ pub fn desired(target: &Target, ca_bundle: &str) -> Value {
                     other => other,
                 },
             )
-        }));
+        }))
+        .chain([(XDS_LABEL, "xds"), (AGENT_LABEL, "agent")]);
     let mut webhooks = Vec::new();
     for (label, short) in labels {
         for place in ["pod", "namespace"] {
@@ -272,8 +276,28 @@ mod tests {
     fn opt_in_selectors_for_every_label_never_kube_system_or_our_namespace() {
         let want = desired(&target(None), "PEM");
         let webhooks = want["webhooks"].as_array().unwrap();
-        assert_eq!(webhooks.len(), 8);
+        assert_eq!(webhooks.len(), 12);
         assert_eq!(webhooks[0]["name"], FIRST_WEBHOOK);
+        // Every label the injection reads, on the pod and on its namespace.
+        for (index, label, name) in [
+            (8, XDS_LABEL, "xds-pod.dubbo-cp.k8s.io"),
+            (10, AGENT_LABEL, "agent-pod.dubbo-cp.k8s.io"),
+        ] {
+            let wanted = json!({"key": label, "operator": "In", "values": ["true"]});
+            assert_eq!(webhooks[index]["name"], name);
+            assert_eq!(
+                webhooks[index]["objectSelector"]["matchExpressions"],
+                json!([wanted])
+            );
+            assert_eq!(
+                webhooks[index + 1]["name"],
+                name.replace("-pod", "-namespace")
+            );
+            assert_eq!(
+                webhooks[index + 1]["namespaceSelector"]["matchExpressions"][1],
+                wanted
+            );
+        }
         for webhook in webhooks {
             assert_eq!(webhook["failurePolicy"], "Ignore");
             assert_eq!(webhook["sideEffects"], "None");

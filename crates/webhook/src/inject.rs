@@ -1,11 +1,13 @@
 //! What the webhook injects into a pod, exactly as the reference control plane (wire.md §7),
 //! on the pod as JSON so fields this version of the Kubernetes types does not know survive.
 //! Injection is idempotent: a pod that already has what would be injected is left as it is.
+//! The agent (`dubbo-agent.inject`, [`crate::agent`]) brings the CA and xDS injections with it.
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use crate::agent::AGENT_LABEL;
 use crate::pod::{containers, named, push};
 
 /// Pod or namespace label asking for the CA settings.
@@ -52,14 +54,18 @@ pub struct Context<'a> {
     pub ca_address: &'a str,
     /// The first Service (by name) in the pod's namespace with `label: "true"`.
     pub service_with_label: &'a dyn Fn(&str) -> Option<String>,
+    /// The image of the agent sidecar (`webhook.agentImage`).
+    pub agent_image: &'a str,
 }
 
 /// What was injected, for the log line and the metrics.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Injected {
     pub ca: bool,
-    /// The xDS bootstrap (`dubbo-xds.inject`).
+    /// The xDS bootstrap (`dubbo-xds.inject`, or with the agent).
     pub xds: bool,
+    /// The agent sidecar (`dubbo-agent.inject`).
+    pub agent: bool,
     /// The registry asked for and the address injected (`None`: no Service found for it).
     pub registry: Option<(Registry, Option<String>)>,
 }
@@ -79,14 +85,27 @@ pub fn inject(pod: &mut Value, context: &Context<'_>) -> Injected {
     let wants = |key: &str| {
         label_is_true(pod_labels.as_ref(), key) || label_is_true(namespace_labels.as_ref(), key)
     };
-    if wants(CA_LABEL) && !has_ca(pod) {
+    // The agent brings the CA injection (its token and CA bundle) and the xDS bootstrap (naming
+    // the agent's certificates), each as its own label would.
+    let agent = wants(AGENT_LABEL);
+    if (wants(CA_LABEL) || agent) && !has_ca(pod) {
         add_ca(pod, context.ca_address);
         injected.ca = true;
     }
     // After the CA injection, whose CA bundle it then shares.
-    if wants(crate::xds::XDS_LABEL) && !crate::xds::has_xds(pod) {
-        crate::xds::add_xds(pod, context.ca_address, context.namespace);
+    if (wants(crate::xds::XDS_LABEL) || agent) && !crate::xds::has_xds(pod) {
+        let certificates = agent.then_some(crate::agent::CERT_DIR);
+        crate::xds::add_xds(pod, context.ca_address, context.namespace, certificates);
         injected.xds = true;
+    }
+    if agent && !crate::agent::has_agent(pod) {
+        // The agent asks the CA for certificates as the CA injection lets any container do; the
+        // volumes are there unless the pod's own CA settings kept that injection out.
+        let mut sidecar = crate::agent::sidecar(context.agent_image, pod);
+        add_ca_env(&mut sidecar, context.ca_address);
+        add_ca_volumes(pod);
+        crate::agent::add_agent(pod, sidecar);
+        injected.agent = true;
     }
     // The pod's own registry label wins over its namespace's; within each, the priority order.
     let chosen = REGISTRY_LABELS
@@ -128,46 +147,64 @@ fn has_ca(pod: &Value) -> bool {
 }
 
 fn add_ca(pod: &mut Value, ca_address: &str) {
+    add_ca_volumes(pod);
+    // `get_mut`, not indexing: indexing would add `containers: null` to a pod without them.
+    let Some(containers) = pod
+        .pointer_mut("/spec/containers")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for container in containers.iter_mut().filter(|c| c.is_object()) {
+        add_ca_env(container, ca_address);
+    }
+}
+
+/// The CA injection's volumes (the token for the CA's audience and the CA bundle), each unless
+/// the pod has it.
+fn add_ca_volumes(pod: &mut Value) {
     if !pod["spec"].is_object() {
         pod["spec"] = json!({});
     }
     let spec = &mut pod["spec"];
-    push(
-        spec,
-        "volumes",
-        json!({"name": TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": {
-            "audience": "dubbo-ca", "expirationSeconds": 1800, "path": "token"}}]}}),
-    );
-    push(
-        spec,
-        "volumes",
-        json!({"name": CERT_VOLUME, "projected": {"sources": [{"configMap": {
-            "name": "dubbo-ca-cert", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}}),
-    );
-    // `get_mut`, not indexing: indexing would add `containers: null` to a pod without them.
-    let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) else {
-        return;
-    };
-    for container in containers.iter_mut().filter(|c| c.is_object()) {
-        for (name, value) in [
-            (CA_ENV[0], ca_address),
-            (CA_ENV[1], "/var/run/secrets/dubbo-ca-cert/ca.crt"),
-            (CA_ENV[2], "/var/run/secrets/dubbo-ca-token/token"),
-            (CA_ENV[3], "dubbo-ca-token"),
-        ] {
-            push(container, "env", json!({"name": name, "value": value}));
-        }
+    if !named(spec.get("volumes"), TOKEN_VOLUME) {
         push(
-            container,
-            "volumeMounts",
-            json!({"name": TOKEN_VOLUME, "mountPath": "/var/run/secrets/dubbo-ca-token", "readOnly": true}),
-        );
-        push(
-            container,
-            "volumeMounts",
-            json!({"name": CERT_VOLUME, "mountPath": "/var/run/secrets/dubbo-ca-cert", "readOnly": true}),
+            spec,
+            "volumes",
+            json!({"name": TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": {
+                "audience": "dubbo-ca", "expirationSeconds": 1800, "path": "token"}}]}}),
         );
     }
+    if !named(spec.get("volumes"), CERT_VOLUME) {
+        push(
+            spec,
+            "volumes",
+            json!({"name": CERT_VOLUME, "projected": {"sources": [{"configMap": {
+                "name": "dubbo-ca-cert", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}}),
+        );
+    }
+}
+
+/// The CA injection's variables and read-only mounts of its volumes, in one container.
+fn add_ca_env(container: &mut Value, ca_address: &str) {
+    for (name, value) in [
+        (CA_ENV[0], ca_address),
+        (CA_ENV[1], "/var/run/secrets/dubbo-ca-cert/ca.crt"),
+        (CA_ENV[2], "/var/run/secrets/dubbo-ca-token/token"),
+        (CA_ENV[3], "dubbo-ca-token"),
+    ] {
+        push(container, "env", json!({"name": name, "value": value}));
+    }
+    push(
+        container,
+        "volumeMounts",
+        json!({"name": TOKEN_VOLUME, "mountPath": "/var/run/secrets/dubbo-ca-token", "readOnly": true}),
+    );
+    push(
+        container,
+        "volumeMounts",
+        json!({"name": CERT_VOLUME, "mountPath": "/var/run/secrets/dubbo-ca-cert", "readOnly": true}),
+    );
 }
 
 /// Sets the registry address in every container, except where the user set a non-empty one.
@@ -240,6 +277,7 @@ mod tests {
                 namespace_labels: &labels,
                 ca_address: CA_ADDRESS,
                 service_with_label: &lookup,
+                agent_image: "dubbo-cp:test",
             },
         )
     }
@@ -452,6 +490,144 @@ mod tests {
         assert_eq!(p, once);
     }
 
+    fn names(list: &Value) -> Vec<&str> {
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .map(|item| item["name"].as_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_agent_brings_the_ca_and_a_bootstrap_naming_its_certificates() {
+        for (pod_labels, ns_labels) in [
+            (
+                json!({"app": "greeter", "dubbo-agent.inject": "true"}),
+                vec![],
+            ),
+            (
+                json!({"app": "greeter"}),
+                vec![("dubbo-agent.inject", "true")],
+            ),
+        ] {
+            let mut p = pod(pod_labels, json!([container("a"), container("b")]));
+            let injected = run(&mut p, &ns_labels, &[]);
+            assert_eq!(
+                injected,
+                Injected {
+                    ca: true,
+                    xds: true,
+                    agent: true,
+                    registry: None
+                }
+            );
+            let spec = &p["spec"];
+            assert_eq!(
+                names(&spec["volumes"]),
+                [
+                    "dubbo-ca-token",
+                    "dubbo-ca-cert",
+                    "dubbo-xds-token",
+                    "dubbo-cp-certs"
+                ]
+            );
+            assert_eq!(
+                spec["volumes"][3],
+                json!({"name": "dubbo-cp-certs", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
+            );
+            // The sidecar: the agent with the CA injection's variables and mounts.
+            let mut expected = crate::agent::sidecar("dubbo-cp:test", &json!({}));
+            add_ca_env(&mut expected, CA_ADDRESS);
+            assert_eq!(spec["initContainers"], json!([expected]));
+            assert_eq!(spec["initContainers"][0]["env"], expected_ca_env());
+            assert_eq!(
+                names(&spec["initContainers"][0]["volumeMounts"]),
+                ["dubbo-cp-certs", "dubbo-ca-token", "dubbo-ca-cert"]
+            );
+            for i in 0..2 {
+                let c = &spec["containers"][i];
+                assert_eq!(
+                    names(&c["env"]),
+                    [
+                        "DUBBO_CA_ADDRESS",
+                        "DUBBO_CA_CERT_PATH",
+                        "DUBBO_OIDC_TOKEN",
+                        "DUBBO_OIDC_TOKEN_TYPE",
+                        "DUBBO_POD_NAME",
+                        "GRPC_XDS_BOOTSTRAP_CONFIG",
+                        "GRPC_EXPERIMENTAL_XDS_BOOTSTRAP_CALL_CREDS"
+                    ]
+                );
+                assert_eq!(
+                    c["volumeMounts"][3],
+                    json!({"name": "dubbo-cp-certs", "mountPath": "/var/run/dubbo-cp/certs", "readOnly": true})
+                );
+                let bootstrap: Value =
+                    serde_json::from_str(c["env"][5]["value"].as_str().unwrap()).unwrap();
+                assert_eq!(
+                    bootstrap["certificate_providers"]["default"]["config"]["certificate_file"],
+                    "/var/run/dubbo-cp/certs/cert-chain.pem"
+                );
+                assert_eq!(bootstrap["node"]["cluster"], "greeter");
+            }
+            // Again: nothing more.
+            let once = p.clone();
+            assert_eq!(run(&mut p, &ns_labels, &[]), Injected::default());
+            assert_eq!(p, once);
+        }
+    }
+
+    #[test]
+    fn without_the_agent_label_no_agent_and_the_xds_bootstrap_names_no_certificates() {
+        let mut p = pod(
+            json!({"dubbo-ca.inject": "true", "dubbo-xds.inject": "true"}),
+            json!([container("a")]),
+        );
+        let injected = run(&mut p, &[("dubbo-agent.inject", "false")], &[]);
+        assert!(injected.ca && injected.xds && !injected.agent);
+        assert!(p["spec"].get("initContainers").is_none());
+        assert!(!names(&p["spec"]["volumes"]).contains(&"dubbo-cp-certs"));
+        let bootstrap = p["spec"]["containers"][0]["env"][5]["value"]
+            .as_str()
+            .unwrap();
+        assert!(!bootstrap.contains("certificate_providers"), "{bootstrap}");
+    }
+
+    #[test]
+    fn a_pod_with_its_own_agent_keeps_it_and_its_own_ca_settings_still_get_the_volumes() {
+        // Its own agent: that part is left whole (CA and bootstrap still come).
+        let own = pod(
+            json!({"dubbo-agent.inject": "true"}),
+            json!([container("a"), {"name": "dubbo-cp-agent", "image": "mine"}]),
+        );
+        let mut p = own.clone();
+        let injected = run(&mut p, &[], &[]);
+        assert!(!injected.agent);
+        assert!(p["spec"].get("initContainers").is_none());
+        assert_eq!(p["spec"]["containers"][1]["image"], "mine");
+        // Its own CA variable keeps the CA injection out; the agent still gets both volumes.
+        let mut p = pod(
+            json!({"dubbo-agent.inject": "true"}),
+            json!([{"name": "a", "env": [{"name": "DUBBO_CA_ADDRESS", "value": "mine:1"}]}]),
+        );
+        let injected = run(&mut p, &[], &[]);
+        assert!(!injected.ca && injected.agent);
+        let volumes = names(&p["spec"]["volumes"]);
+        assert!(
+            volumes.contains(&"dubbo-ca-token") && volumes.contains(&"dubbo-ca-cert"),
+            "{volumes:?}"
+        );
+        assert_eq!(
+            names(&p["spec"]["containers"][0]["env"])[0],
+            "DUBBO_CA_ADDRESS"
+        );
+        assert_eq!(p["spec"]["containers"][0]["env"][0]["value"], "mine:1");
+        assert_eq!(
+            p["spec"]["initContainers"][0]["env"][0]["value"],
+            CA_ADDRESS
+        );
+    }
+
     #[test]
     fn odd_pods_never_panic() {
         for mut odd in [
@@ -460,6 +636,8 @@ mod tests {
             json!({"spec": null, "metadata": {"labels": {"dubbo-ca.inject": "true"}}}),
             json!({"spec": {"containers": "x"}, "metadata": {"labels": {"dubbo-ca.inject": "true", "registry-k8s-inject": "true"}}}),
             json!({"spec": {"containers": [1, null, {"env": 3}]}, "metadata": {"labels": {"dubbo-ca.inject": "true", "registry-k8s-inject": "true"}}}),
+            json!({"spec": null, "metadata": {"labels": {"dubbo-agent.inject": "true"}}}),
+            json!({"spec": {"containers": [1, {"volumeMounts": 2}], "initContainers": "x", "volumes": {}}, "metadata": {"labels": {"dubbo-agent.inject": "true"}}}),
         ] {
             run(&mut odd, &[], &[]);
         }

@@ -14,6 +14,7 @@
 use dubbo_cp_ca as ca;
 use dubbo_cp_kit::shutdown;
 
+pub mod agent;
 pub mod cluster;
 pub mod config;
 pub mod configuration;
@@ -21,7 +22,7 @@ pub mod inject;
 mod pod;
 pub mod xds;
 
-pub use config::WebhookConfig;
+pub use config::{DEFAULT_AGENT_IMAGE, WebhookConfig};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -90,7 +91,7 @@ impl WebhookStats {
         );
         registry.register(
             "webhook_injections",
-            "Pods injected, by kind (ca, zookeeper, nacos, kubernetes)",
+            "Pods injected, by kind (ca, xds, agent, zookeeper, nacos, kubernetes)",
             self.injections.clone(),
         );
         registry.register(
@@ -111,6 +112,8 @@ pub struct Webhook {
     pub lookup: Arc<dyn Lookup>,
     /// `DUBBO_CA_ADDRESS`: our Service and TLS port.
     pub ca_address: Arc<str>,
+    /// The agent sidecar's image (`webhook.agentImage`).
+    pub agent_image: Arc<str>,
     pub timeout: Duration,
     pub stats: Arc<WebhookStats>,
     /// Reviews being decided at once; beyond it a pod is admitted unchanged at once, so a flood
@@ -179,8 +182,18 @@ fn answer(uid: &str, patch: Option<Vec<u8>>, message: Option<&str>) -> Value {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
 }
 
-/// Decides one review: the answer to send and what happened. Never panics, whatever the body.
+/// [`review_with`] the default agent image.
 pub fn review(body: &[u8], lookup: &dyn Lookup, ca_address: &str) -> (Value, Outcome) {
+    review_with(body, lookup, ca_address, DEFAULT_AGENT_IMAGE)
+}
+
+/// Decides one review: the answer to send and what happened. Never panics, whatever the body.
+pub fn review_with(
+    body: &[u8],
+    lookup: &dyn Lookup,
+    ca_address: &str,
+    agent_image: &str,
+) -> (Value, Outcome) {
     let review: Value = match serde_json::from_slice(body) {
         Ok(review) => review,
         Err(err) => {
@@ -221,6 +234,7 @@ pub fn review(body: &[u8], lookup: &dyn Lookup, ca_address: &str) -> (Value, Out
             namespace_labels: &namespace_labels,
             ca_address,
             service_with_label: &services,
+            agent_image,
         },
     );
     let patch = json_patch::diff(pod, &mutated);
@@ -317,10 +331,13 @@ async fn mutate(
     }
     let lookup = webhook.lookup.clone();
     let ca_address = webhook.ca_address.clone();
+    let agent_image = webhook.agent_image.clone();
     // Decoding and diffing a large pod is CPU work: off the async threads, and bounded in time.
     let work = {
         let body = body.clone();
-        tokio::task::spawn_blocking(move || review(&body, lookup.as_ref(), &ca_address))
+        tokio::task::spawn_blocking(move || {
+            review_with(&body, lookup.as_ref(), &ca_address, &agent_image)
+        })
     };
     let (answer_body, outcome) = match tokio::time::timeout_at(deadline, work).await {
         Ok(Ok(done)) => done,
@@ -371,6 +388,9 @@ fn injection_kinds(injected: &Injected) -> Vec<&'static str> {
     if injected.xds {
         kinds.push("xds");
     }
+    if injected.agent {
+        kinds.push("agent");
+    }
     if let Some((registry, Some(_))) = &injected.registry {
         kinds.push(registry.name());
     }
@@ -383,6 +403,7 @@ fn log_mutation(pod: &PodRef, injected: &Injected) {
         pod = %pod.name,
         ca = injected.ca,
         xds = injected.xds,
+        agent = injected.agent,
         registry = injected
             .registry
             .as_ref()
@@ -478,6 +499,78 @@ mod tests {
             },
         });
         assert_eq!(patched, expected);
+    }
+
+    #[test]
+    fn an_agent_pods_patch_only_adds_and_gives_a_valid_pod_with_the_native_sidecar() {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": "p", "labels": {"dubbo-agent.inject": "true"}},
+                         "spec": {"initContainers": [{"name": "init", "image": "i"}],
+                                  "containers": [{"name": "a", "image": "x"}]}});
+        let (answer, outcome) = review_with(
+            &review_of(pod.clone(), "plain"),
+            &Fixed,
+            "cp:30062",
+            "registry.example/dubbo-cp:9",
+        );
+        let Outcome::Mutated(injected, _) = outcome else {
+            panic!("not mutated: {outcome:?}");
+        };
+        assert!(injected.ca && injected.xds && injected.agent);
+        assert_eq!(injection_kinds(&injected), ["ca", "xds", "agent"]);
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(answer["response"]["patch"].as_str().unwrap())
+            .unwrap();
+        let operations: Value = serde_json::from_slice(&bytes).unwrap();
+        for operation in operations.as_array().unwrap() {
+            assert_eq!(operation["op"], "add", "{operation}");
+        }
+        let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+        let mut patched = pod;
+        json_patch::patch(&mut patched, &patch).unwrap();
+        // The typed pod takes it: what the API server decodes.
+        let typed: k8s_openapi::api::core::v1::Pod =
+            serde_json::from_value(patched.clone()).unwrap();
+        let spec = typed.spec.unwrap();
+        let init = spec.init_containers.unwrap();
+        assert_eq!(init.len(), 2);
+        assert_eq!(init[0].name, "init");
+        assert_eq!(init[1].name, "dubbo-cp-agent");
+        assert_eq!(
+            init[1].image.as_deref(),
+            Some("registry.example/dubbo-cp:9")
+        );
+        assert_eq!(init[1].restart_policy.as_deref(), Some("Always"));
+        let volumes: Vec<String> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(
+            volumes,
+            [
+                "dubbo-ca-token",
+                "dubbo-ca-cert",
+                "dubbo-xds-token",
+                "dubbo-cp-certs"
+            ]
+        );
+        let mounts = spec.containers[0].volume_mounts.clone().unwrap();
+        let certs = mounts.iter().find(|m| m.name == "dubbo-cp-certs").unwrap();
+        assert_eq!(certs.mount_path, "/var/run/dubbo-cp/certs");
+        assert_eq!(certs.read_only, Some(true));
+        // The default image when none is given.
+        let (answer, _) = review(&review_of(patched.clone(), "plain"), &Fixed, "cp:30062");
+        assert!(answer["response"].get("patch").is_none(), "idempotent");
+        let fresh = json!({"metadata": {"name": "q", "labels": {"dubbo-agent.inject": "true"}},
+                           "spec": {"containers": [{"name": "a"}]}});
+        let (answer, _) = review(&review_of(fresh.clone(), "plain"), &Fixed, "cp:30062");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(answer["response"]["patch"].as_str().unwrap())
+            .unwrap();
+        let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+        let mut patched = fresh;
+        json_patch::patch(&mut patched, &patch).unwrap();
+        assert_eq!(
+            patched["spec"]["initContainers"][0]["image"],
+            DEFAULT_AGENT_IMAGE
+        );
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! namespace) with the pod's service-account token as call credentials: a projected token for
 //! the API server's audience, which the xDS port authenticates with a TokenReview like every
 //! gRPC port. The node is the pod (`$(DUBBO_POD_NAME).<namespace>`, expanded by the kubelet),
-//! in the pod's namespace, of the application its labels name.
+//! in the pod's namespace, of the application its labels name. With the agent
+//! (`dubbo-agent.inject`) the bootstrap also names the directory the agent keeps the workload
+//! certificate in, as gRPC's `file_watcher` certificate provider (mTLS between workloads).
 
 use dubbo_cp_xds::bootstrap::{Bootstrap, CALL_CREDS_ENV, Credentials};
 use serde_json::{Value, json};
@@ -31,8 +33,14 @@ pub fn has_xds(pod: &Value) -> bool {
         })
 }
 
-/// The bootstrap a pod in `namespace` of `application` gets, reaching `server` (the TLS port).
-pub fn bootstrap(server: &str, namespace: &str, application: Option<&str>) -> Bootstrap {
+/// The bootstrap a pod in `namespace` of `application` gets, reaching `server` (the TLS port);
+/// `certificates`: the directory the agent writes the workload certificate to.
+pub fn bootstrap(
+    server: &str,
+    namespace: &str,
+    application: Option<&str>,
+    certificates: Option<&str>,
+) -> Bootstrap {
     Bootstrap {
         server: server.to_owned(),
         credentials: Credentials::Tls {
@@ -45,13 +53,13 @@ pub fn bootstrap(server: &str, namespace: &str, application: Option<&str>) -> Bo
         application: application.map(str::to_owned),
         // Not known at admission (the pod is not scheduled yet).
         locality: String::new(),
-        certificates: None,
+        certificates: certificates.map(str::to_owned),
     }
 }
 
 /// Adds the bootstrap, the pod-name variable it names, the token volume and the CA bundle
-/// (unless the CA injection added it) to every container.
-pub fn add_xds(pod: &mut Value, server: &str, namespace: &str) {
+/// (unless the CA injection added it) to every container; `certificates` as in [`bootstrap`].
+pub fn add_xds(pod: &mut Value, server: &str, namespace: &str, certificates: Option<&str>) {
     let labels = pod.pointer("/metadata/labels");
     let application = labels
         .and_then(|l| {
@@ -60,7 +68,7 @@ pub fn add_xds(pod: &mut Value, server: &str, namespace: &str) {
         })
         .and_then(Value::as_str)
         .map(str::to_owned);
-    let bootstrap = bootstrap(server, namespace, application.as_deref())
+    let bootstrap = bootstrap(server, namespace, application.as_deref(), certificates)
         .to_json()
         .to_string();
     if !pod["spec"].is_object() {
@@ -127,7 +135,7 @@ mod tests {
             "metadata": {"name": "greeter-0", "labels": {"app": "greeter"}},
             "spec": {"containers": [{"name": "c"}]},
         });
-        add_xds(&mut pod, "dubbo-cp.dubbo-system.svc:30062", "shop");
+        add_xds(&mut pod, "dubbo-cp.dubbo-system.svc:30062", "shop", None);
         let container = &pod["spec"]["containers"][0];
         let env = container["env"].as_array().unwrap();
         let names: Vec<&str> = env.iter().map(|e| e["name"].as_str().unwrap()).collect();
@@ -136,6 +144,7 @@ mod tests {
         assert_eq!(bootstrap["node"]["id"], "$(DUBBO_POD_NAME).shop");
         assert_eq!(bootstrap["node"]["metadata"]["NAMESPACE"], "shop");
         assert_eq!(bootstrap["node"]["cluster"], "greeter");
+        assert!(bootstrap.get("certificate_providers").is_none(), "no agent");
         let server = &bootstrap["xds_servers"][0];
         assert_eq!(server["server_uri"], "dubbo-cp.dubbo-system.svc:30062");
         assert_eq!(
@@ -165,7 +174,7 @@ mod tests {
             "volumes": [{"name": CERT_VOLUME}],
             "containers": [{"name": "c", "volumeMounts": [{"name": CERT_VOLUME, "mountPath": CERT_DIR}]}],
         }});
-        add_xds(&mut with_ca, "s:1", "shop");
+        add_xds(&mut with_ca, "s:1", "shop", None);
         assert_eq!(with_ca["spec"]["volumes"].as_array().unwrap().len(), 2);
         assert_eq!(
             with_ca["spec"]["containers"][0]["volumeMounts"]
