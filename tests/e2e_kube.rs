@@ -578,6 +578,106 @@ async fn the_api_server_calls_the_webhook_which_injects_opted_in_pods_and_fails_
     assert_eq!(bootstrap["xds_servers"][0]["server_uri"], ca_address);
     assert_eq!(bootstrap["node"]["metadata"]["NAMESPACE"], "e2e-inject");
     assert_eq!(bootstrap["node"]["cluster"], "greeter");
+    assert!(bootstrap.get("certificate_providers").is_none());
+
+    // The agent, asked for by the pod alone (its namespace asks for nothing): the CA
+    // injection, a bootstrap naming the agent's certificates, and the agent as a native sidecar
+    // (the API server keeps `restartPolicy: Always` and the probes only for those).
+    let mtls = cluster.pod(
+        "e2e-plain",
+        "mtls-0",
+        json!({"app": "greeter", "dubbo-agent.inject": "true"}),
+    );
+    assert_eq!(
+        volumes(&mtls),
+        [
+            "dubbo-ca-token",
+            "dubbo-ca-cert",
+            "dubbo-xds-token",
+            "dubbo-cp-certs"
+        ]
+    );
+    let sidecars = mtls["spec"]["initContainers"].as_array().unwrap();
+    assert_eq!(sidecars.len(), 1, "{sidecars:?}");
+    let agent = &sidecars[0];
+    assert_eq!(agent["name"], "dubbo-cp-agent");
+    assert_eq!(agent["image"], "dubbo-cp:latest");
+    assert_eq!(
+        agent["restartPolicy"], "Always",
+        "a native sidecar: {agent}"
+    );
+    assert_eq!(
+        agent["args"],
+        json!([
+            "agent",
+            "--out",
+            "/var/run/dubbo-cp/certs",
+            "--metrics-address",
+            "0.0.0.0:15020"
+        ])
+    );
+    for probe in ["startupProbe", "readinessProbe"] {
+        assert_eq!(agent[probe]["httpGet"]["path"], "/healthz", "{agent}");
+        assert_eq!(agent[probe]["httpGet"]["port"], 15020, "{agent}");
+    }
+    assert_eq!(agent["securityContext"]["runAsNonRoot"], true);
+    let env_names = |container: &Value| -> Vec<String> {
+        container["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(
+        env_names(agent),
+        [
+            "DUBBO_CA_ADDRESS",
+            "DUBBO_CA_CERT_PATH",
+            "DUBBO_OIDC_TOKEN",
+            "DUBBO_OIDC_TOKEN_TYPE"
+        ]
+    );
+    let mount = |container: &Value, name: &str| -> Value {
+        container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no mount {name} in {container}"))
+    };
+    assert_eq!(
+        mount(agent, "dubbo-cp-certs")["mountPath"],
+        "/var/run/dubbo-cp/certs"
+    );
+    assert!(mount(agent, "dubbo-cp-certs").get("readOnly").is_none());
+    assert!(mount(agent, "dubbo-ca-token").is_object());
+    let app = &mtls["spec"]["containers"][0];
+    assert_eq!(mount(app, "dubbo-cp-certs")["readOnly"], true);
+    assert!(env_names(app).contains(&"DUBBO_CA_ADDRESS".to_owned()));
+    let bootstrap = app["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "GRPC_XDS_BOOTSTRAP_CONFIG")
+        .and_then(|e| e["value"].as_str())
+        .expect("a bootstrap");
+    let bootstrap: Value = serde_json::from_str(bootstrap).unwrap();
+    assert_eq!(
+        bootstrap["certificate_providers"]["default"]["config"]["certificate_file"],
+        "/var/run/dubbo-cp/certs/cert-chain.pem"
+    );
+    let tokens = mtls["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "dubbo-ca-token")
+        .unwrap();
+    assert_eq!(
+        tokens["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+        "dubbo-ca"
+    );
 
     // The control plane down: pods are still admitted (failurePolicy Ignore), unchanged.
     drop(plane);

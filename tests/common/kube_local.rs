@@ -57,6 +57,11 @@ fn start_cluster() -> Cluster {
     );
     let mut up = Command::new("bash");
     up.arg(scripts.join("up.sh"));
+    // Native sidecars (init containers with `restartPolicy: Always`, what the webhook injects
+    // for the agent): on by default from 1.29, behind this gate in the 1.28 of k8s-local.
+    let mut apiserver_args = std::env::var("APISERVER_ARGS").unwrap_or_default();
+    apiserver_args.push_str(" --feature-gates=SidecarContainers=true");
+    up.env("APISERVER_ARGS", apiserver_args.trim_start());
     let assets = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from);
     if let Some(assets) = &assets
         && std::env::var_os("KUBE_APISERVER").is_none()
