@@ -254,10 +254,18 @@ impl ServerView {
             deny: server.rbac.deny.clone(),
             allow: server.rbac.allow.clone(),
             not_enforced: server
-                .rbac
-                .problems
+                .tls
+                .policy
                 .iter()
-                .map(|(policy, problem)| format!("{policy}: {problem}"))
+                .filter(|_| server.tls.mode == crate::security::Mode::Permissive)
+                .map(|policy| format!("{policy}: {}", crate::security::PERMISSIVE_AS_PLAINTEXT))
+                .chain(
+                    server
+                        .rbac
+                        .problems
+                        .iter()
+                        .map(|(policy, problem)| format!("{policy}: {problem}")),
+                )
                 .collect(),
         }
     }

@@ -214,7 +214,8 @@ pub async fn run(
         );
         report_untranslated(&untranslated, &untranslated_before);
         untranslated_before = untranslated;
-        let unenforced = unenforced(&index.current(Kind::AuthorizationPolicy));
+        let mut unenforced = unenforced(&index.current(Kind::AuthorizationPolicy));
+        unenforced.extend(permissive(&index.current(Kind::AuthenticationPolicy)));
         report_unenforced(&unenforced, &unenforced_before);
         unenforced_before = unenforced;
         if tx.send(Arc::new(snapshot)).is_err() {
@@ -316,7 +317,10 @@ pub fn unenforced(state: &KindSnapshot) -> BTreeMap<String, Vec<String>> {
         let translated = crate::security::rbac::translate(std::iter::once(policy), true);
         for (_, problem) in translated.problems {
             problems
-                .entry(format!("{}/{}", policy.name, policy.namespace))
+                .entry(format!(
+                    "AuthorizationPolicy {}/{}",
+                    policy.name, policy.namespace
+                ))
                 .or_default()
                 .push(problem);
         }
@@ -324,14 +328,38 @@ pub fn unenforced(state: &KindSnapshot) -> BTreeMap<String, Vec<String>> {
     problems
 }
 
+/// `AuthenticationPolicy <name>/<namespace>` -> why its PERMISSIVE (action or port) is plaintext.
+pub fn permissive(state: &KindSnapshot) -> BTreeMap<String, Vec<String>> {
+    named(state, |spec| match spec {
+        RuleSpec::AuthenticationPolicy(spec) => Some(spec.clone()),
+        _ => None,
+    })
+    .into_iter()
+    .filter(|policy| {
+        policy.spec.action == "PERMISSIVE"
+            || policy
+                .spec
+                .port_level
+                .iter()
+                .any(|l| l.action == "PERMISSIVE")
+    })
+    .map(|policy| {
+        (
+            format!("AuthenticationPolicy {}/{}", policy.name, policy.namespace),
+            vec![crate::security::PERMISSIVE_AS_PLAINTEXT.to_owned()],
+        )
+    })
+    .collect()
+}
+
 /// Warns once per policy (and again only when what is not enforced changes).
 fn report_unenforced(now: &BTreeMap<String, Vec<String>>, before: &BTreeMap<String, Vec<String>>) {
     for (policy, problems) in now {
         if before.get(policy) != Some(problems) {
             tracing::warn!(
-                policy = %format!("AuthorizationPolicy {policy}"),
+                %policy,
                 not_enforced = ?problems,
-                "xDS servers do not enforce all of an AuthorizationPolicy as written (docs/security.md)"
+                "xDS servers do not enforce all of a policy as written (docs/security.md)"
             );
         }
     }
@@ -432,5 +460,47 @@ mod tests {
             &index.current(Kind::TagRoute),
         );
         assert!(reported.is_empty(), "{reported:?}");
+    }
+
+    #[test]
+    fn what_servers_do_not_enforce_is_reported_per_policy() {
+        let index = Index::new(1);
+        let audit = serde_json::json!({"action": "ADULT"});
+        let allow =
+            serde_json::json!({"action": "ALLOW", "rules": [{"from": {"namespaces": ["a"]}}]});
+        index.apply(
+            Kind::AuthorizationPolicy,
+            [
+                Change::Upsert("audit/shop".into(), rule(Kind::AuthorizationPolicy, audit)),
+                Change::Upsert("fine/shop".into(), rule(Kind::AuthorizationPolicy, allow)),
+            ],
+            2,
+        );
+        let reported = unenforced(&index.current(Kind::AuthorizationPolicy));
+        assert_eq!(
+            reported.keys().collect::<Vec<_>>(),
+            ["AuthorizationPolicy audit/shop"]
+        );
+        let permissive_port = serde_json::json!({"action": "STRICT", "portLevel": [{"port": 8080, "action": "PERMISSIVE"}]});
+        let strict = serde_json::json!({"action": "STRICT"});
+        index.apply(
+            Kind::AuthenticationPolicy,
+            [
+                Change::Upsert(
+                    "mixed/shop".into(),
+                    rule(Kind::AuthenticationPolicy, permissive_port),
+                ),
+                Change::Upsert(
+                    "strict/shop".into(),
+                    rule(Kind::AuthenticationPolicy, strict),
+                ),
+            ],
+            3,
+        );
+        let reported = permissive(&index.current(Kind::AuthenticationPolicy));
+        assert_eq!(
+            reported.keys().collect::<Vec<_>>(),
+            ["AuthenticationPolicy mixed/shop"]
+        );
     }
 }

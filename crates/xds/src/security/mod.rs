@@ -38,6 +38,10 @@ impl Default for Settings {
     }
 }
 
+/// What gRPC servers make of PERMISSIVE, said wherever a policy asks for it.
+pub const PERMISSIVE_AS_PLAINTEXT: &str = "PERMISSIVE is served as plaintext: a gRPC server cannot \
+     accept TLS and plaintext on one port (use STRICT for mTLS)";
+
 /// How a server port takes its callers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
