@@ -194,3 +194,68 @@ async fn grpcio_servers_enforce_mtls_and_rbac_from_policies_on_live_traffic() {
     assert_eq!(greeter["service"], "shop/greeter", "{greeter}");
     cp.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_renew_under_live_mtls_traffic_with_no_call_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(&tokens, TOKENS).unwrap();
+    let mut config = test_config(&dir.path().join("data"));
+    config.auth.token_file = Some(tokens);
+    config.auth.admins = vec!["ops-admin".into()];
+    // Renewed every 5 s (half-life), so the run below spans several renewals on both ends.
+    config.ca.cert_validity = std::time::Duration::from_secs(10);
+    let cp = start(config).await;
+    let (admin, grpc, tls) = (cp.admin_addr, cp.grpc_addr, cp.tls_addr.unwrap());
+    let port = free_port();
+    apply(admin, &greeter_entry(port)).await;
+    apply(admin, STRICT).await;
+    let root = dir.path().join("workloads");
+    let shop = Workload::start(&root, "shop", "shop", "shop-token", grpc, &[]).await;
+    let a = Workload::start(&root, "a", "a", "a-token", grpc, &[]).await;
+    let _server = server(
+        Released::Grpcio,
+        "greeter",
+        port,
+        shop.bootstrap(tls, "greeter-0.shop", "1s"),
+        &[],
+    )
+    .await;
+    let mut from_a = client(
+        Released::Grpcio,
+        TARGET,
+        "xds",
+        a.bootstrap(tls, "client-a", "1s"),
+    );
+    from_a.settle("OK", 5, GET).await;
+    let (server_before, client_before) = (shop.certificate(), a.certificate());
+    // 2,000 calls over at least 12 s.
+    let calls = from_a.call_paced(2000, GET, 6).await;
+    assert_eq!(
+        count(&calls, "OK"),
+        2000,
+        "no call failed while certificates renewed: {calls}"
+    );
+    assert_eq!(calls["peers"][A], 2000, "{calls}");
+    assert_ne!(
+        shop.certificate(),
+        server_before,
+        "the server's certificate was renewed"
+    );
+    assert_ne!(
+        a.certificate(),
+        client_before,
+        "the client's certificate was renewed"
+    );
+    // The first certificates have expired by now: a new connection handshakes with the
+    // renewed ones on both ends.
+    let mut fresh = client(
+        Released::Grpcio,
+        TARGET,
+        "xds",
+        a.bootstrap(tls, "client-a2", "1s"),
+    );
+    let calls = fresh.call(20, GET).await;
+    assert_eq!(count(&calls, "OK"), 20, "{calls}");
+    cp.stop().await.unwrap();
+}

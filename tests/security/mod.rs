@@ -192,6 +192,11 @@ impl Proc {
         self.ask(&format!("call {n} {method}")).await
     }
 
+    /// `n` calls of `method`, `pause_ms` apart.
+    pub async fn call_paced(&mut self, n: usize, method: &str, pause_ms: u64) -> Value {
+        self.ask(&format!("call {n} {method} {pause_ms}")).await
+    }
+
     /// Calls `method` until `outcome` (`OK` or a code name) comes `run` times in a row: a
     /// client applies what it acknowledged a moment later, and a server drains its old
     /// connections, so a test settles before it counts.

@@ -6,13 +6,15 @@ fallback), answering {"who": NAME, "peer": the caller's SPIFFE ID or ""}; prints
 start() returned (serving begins only when the listener arrives).
 client TARGET MODE: MODE "xds" (xDS channel credentials, plaintext fallback) or "plain" (no TLS
 whatever the control plane says). Reads lines from stdin:
-  "call N METHOD" makes N calls and prints {"OK": n, CODE: n, ..., "peers": {id: n}, "last_error": s};
+  "call N METHOD [PAUSE_MS]" makes N calls (PAUSE_MS apart) and prints {"OK": n, CODE: n, ...,
+  "peers": {id: n}, "last_error": s};
   "settle OUTCOME RUN METHOD" calls until OUTCOME (OK or a status code name) comes RUN times in a
   row, at most 3,000 calls, and prints {"calls": n, "settled": bool, "last": outcome}.
 The bootstrap comes from GRPC_XDS_BOOTSTRAP_CONFIG.
 """
 import json
 import sys
+import time
 from concurrent import futures
 
 import grpc
@@ -68,9 +70,12 @@ def client(target, mode):
 
     for line in sys.stdin:
         words = line.split()
-        if len(words) == 3 and words[0] == "call":
+        if len(words) in (3, 4) and words[0] == "call":
             result = {"peers": {}}
+            pause = int(words[3]) / 1000 if len(words) == 4 else 0
             for _ in range(int(words[1])):
+                if pause:
+                    time.sleep(pause)
                 code, answer, details = outcome(words[2])
                 result[code] = result.get(code, 0) + 1
                 if answer is not None:
