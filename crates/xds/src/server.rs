@@ -373,7 +373,12 @@ impl Registered {
     }
 
     /// Keeps what the server listeners in `plan` enforce, for operators.
-    fn note_servers(&self, plan: &[(&'static str, Selected)], snapshot: &Snapshot, namespace: &str) {
+    fn note_servers(
+        &self,
+        plan: &[(&'static str, Selected)],
+        snapshot: &Snapshot,
+        namespace: &str,
+    ) {
         let servers: Vec<ServerView> = plan
             .iter()
             .filter(|(type_url, _)| *type_url == crate::LISTENER)
