@@ -8,6 +8,7 @@ use crate::pb::snp::ServiceMappingRequest;
 use crate::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient;
 use crate::{server, telemetry};
 
+mod agent;
 mod bootstrap;
 mod ca;
 mod canary;
@@ -112,6 +113,10 @@ pub enum Command {
     /// Print a gRPC xDS bootstrap (server, credentials, node with namespace and locality) for
     /// `GRPC_XDS_BOOTSTRAP_CONFIG`.
     Bootstrap(bootstrap::BootstrapArgs),
+    /// Keep a workload certificate from the CA in a directory (`cert-chain.pem`, `key.pem`,
+    /// `root-cert.pem`) for gRPC's file_watcher certificate provider, renewed before expiry and
+    /// when the roots rotate (`--once`: write it and exit).
+    Agent(agent::AgentArgs),
     /// Which clients have which revisions of each kind (`--stale`: only those behind); with
     /// `--compare ADMIN...`, whether several replicas serve byte-identical state.
     Status(status::StatusArgs),
@@ -178,6 +183,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             interfaces,
         } => status::unregister(&admin, namespace, application, interfaces).await,
         Command::Bootstrap(args) => bootstrap::run(&args),
+        Command::Agent(args) => agent::run(args).await,
         Command::Crd => {
             print!("{}", crate::k8s::crd::crd_yaml()?);
             Ok(())
