@@ -259,3 +259,97 @@ async fn certificates_renew_under_live_mtls_traffic_with_no_call_failing() {
     assert_eq!(count(&calls, "OK"), 20, "{calls}");
     cp.stop().await.unwrap();
 }
+
+/// The agent's xDS proxy on a free port, forwarding to the TLS port `tls`.
+fn proxied(tls: SocketAddr) -> (SocketAddr, Vec<String>) {
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let args = vec![
+        "--xds-proxy".to_owned(),
+        listen.to_string(),
+        "--xds-address".to_owned(),
+        format!("localhost:{}", tls.port()),
+    ];
+    (listen, args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_js_servers_and_clients_enforce_the_same_through_the_agents_xds_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(&tokens, TOKENS).unwrap();
+    let mut config = test_config(&dir.path().join("data"));
+    config.auth.token_file = Some(tokens);
+    config.auth.admins = vec!["ops-admin".into()];
+    let cp = start(config).await;
+    let (admin, grpc, tls) = (cp.admin_addr, cp.grpc_addr, cp.tls_addr.unwrap());
+    let port = free_port();
+    apply(admin, &greeter_entry(port)).await;
+    apply(admin, STRICT).await;
+    apply(admin, &allow_from("a")).await;
+    apply(admin, DENY_DELETE).await;
+
+    // grpc-js reads only `insecure` control-plane credentials: each reaches the control plane
+    // through its agent, which forwards the stream with the workload's certificate.
+    let root = dir.path().join("workloads");
+    let (shop_xds, shop_args) = proxied(tls);
+    let (a_xds, a_args) = proxied(tls);
+    let (b_xds, b_args) = proxied(tls);
+    let shop = Workload::start(&root, "shop", "shop", "shop-token", grpc, &shop_args).await;
+    let a = Workload::start(&root, "a", "a", "a-token", grpc, &a_args).await;
+    let b = Workload::start(&root, "b", "b", "b-token", grpc, &b_args).await;
+    let rbac = [("GRPC_XDS_EXPERIMENTAL_RBAC", "true".to_owned())];
+    let _server = server(
+        Released::GrpcJs,
+        "greeter-js",
+        port,
+        shop.plain_bootstrap(shop_xds, "greeter-js.shop", "1s"),
+        &rbac,
+    )
+    .await;
+    let mut js_a = client(
+        Released::GrpcJs,
+        TARGET,
+        "xds",
+        a.plain_bootstrap(a_xds, "js-a", "1s"),
+    );
+    let mut js_b = client(
+        Released::GrpcJs,
+        TARGET,
+        "xds",
+        b.plain_bootstrap(b_xds, "js-b", "1s"),
+    );
+    let mut js_plain = client(
+        Released::GrpcJs,
+        TARGET,
+        "plain",
+        a.plain_bootstrap(a_xds, "js-plain", "1s"),
+    );
+    // And a grpcio client of the grpc-js server, on the TLS port with its own certificate.
+    let mut py_a = client(
+        Released::Grpcio,
+        TARGET,
+        "xds",
+        a.bootstrap(tls, "py-a", "1s"),
+    );
+
+    js_a.settle("OK", 5, GET).await;
+    let calls = js_a.call(20, GET).await;
+    assert_eq!(count(&calls, "OK"), 20, "{calls}");
+    assert_eq!(
+        calls["peers"][A], 20,
+        "the grpc-js server saw the caller's SPIFFE ID: {calls}"
+    );
+    let calls = js_a.call(10, DELETE).await;
+    assert_eq!(count(&calls, "PERMISSION_DENIED"), 10, "{calls}");
+    js_b.settle("PERMISSION_DENIED", 5, GET).await;
+    js_plain.settle("UNAVAILABLE", 5, GET).await;
+    py_a.settle("OK", 5, GET).await;
+    let calls = py_a.call(20, GET).await;
+    assert_eq!(calls["peers"][A], 20, "{calls}");
+
+    // An edit flips live traffic on the grpc-js server too.
+    apply(admin, &allow_from("b")).await;
+    js_a.settle("PERMISSION_DENIED", 5, GET).await;
+    js_b.settle("OK", 5, GET).await;
+    cp.stop().await.unwrap();
+}

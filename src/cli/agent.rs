@@ -9,6 +9,7 @@ mod files;
 mod http;
 mod issue;
 mod pki;
+mod xds_proxy;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -81,6 +82,20 @@ pub struct AgentArgs {
     /// How often the CA bundle file and the files in --out are checked.
     #[arg(long, default_value = "5s", value_parser = DurationArg)]
     pub poll_interval: Duration,
+    /// Also serve a plaintext xDS port here (`127.0.0.1:15010`), forwarding each stream to
+    /// --xds-address over TLS with this workload's certificate: for gRPC libraries that cannot
+    /// authenticate to the control plane themselves (@grpc/grpc-js-xds).
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        conflicts_with = "once",
+        requires = "xds_address"
+    )]
+    pub xds_proxy: Option<std::net::SocketAddr>,
+    /// The control plane's TLS port as its certificate names it (`localhost:30062`,
+    /// `dubbo-cp.dubbo-system.svc:30062`), for --xds-proxy.
+    #[arg(long, env = "DUBBO_CP_XDS_ADDRESS", value_name = "HOST:PORT")]
+    pub xds_address: Option<String>,
     /// `text` or `json`; the level comes from `RUST_LOG` (default `info`).
     #[arg(long, env = "DUBBO_CP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -173,6 +188,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let metrics = AgentMetrics::default();
     let mut registry = Registry::with_prefix("dubbo_cp");
     metrics.register(&mut registry);
+    let proxy_stats = xds_proxy::ProxyStats::default();
+    if args.xds_proxy.is_some() {
+        proxy_stats.register(&mut registry);
+    }
     let shared = Arc::new(Shared {
         dir: args.out.clone(),
         registry,
@@ -208,8 +227,19 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             }
         });
     }
+    let out = args.out.clone();
+    let proxy = async move {
+        match (args.xds_proxy, args.xds_address) {
+            (Some(listen), Some(upstream)) => {
+                let proxy = xds_proxy::Proxy::new(upstream, out, proxy_stats);
+                xds_proxy::serve(listen, proxy).await
+            }
+            _ => std::future::pending().await,
+        }
+    };
     tokio::select! {
         () = agent.run() => Ok(()),
+        result = proxy => result,
         result = super::shutdown_signal() => result,
     }
 }

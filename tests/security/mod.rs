@@ -44,7 +44,7 @@ impl Workload {
         namespace: &str,
         token: &str,
         grpc: std::net::SocketAddr,
-        extra: &[&str],
+        extra: &[String],
     ) -> Workload {
         let dir = root.join(name);
         std::fs::create_dir_all(&dir).unwrap();

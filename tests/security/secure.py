@@ -84,12 +84,13 @@ def client(target, mode):
                     result["last_error"] = details
             print(json.dumps(result), flush=True)
         elif len(words) == 4 and words[0] == "settle":
-            calls, run, wanted, last = 0, 0, int(words[2]), None
+            calls, run, wanted, last, details = 0, 0, int(words[2]), None, None
             while calls < 3000 and run < wanted:
                 calls += 1
                 last, _, details = outcome(words[3])
                 run = run + 1 if last == words[1] else 0
-            print(json.dumps({"calls": calls, "settled": run >= wanted, "last": last}), flush=True)
+            print(json.dumps({"calls": calls, "settled": run >= wanted, "last": last,
+                              "details": details}), flush=True)
         else:
             print(json.dumps({"error": "bad command " + line.strip()}), flush=True)
 
