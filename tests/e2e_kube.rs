@@ -69,6 +69,19 @@ fn shared_addrs() -> (std::net::SocketAddr, std::net::SocketAddr) {
     (plane.grpc(), plane.admin())
 }
 
+/// The shared control plane's TLS port, from its "serving" line.
+fn shared_tls_addr() -> std::net::SocketAddr {
+    let log = std::fs::read_to_string(&shared().lock().unwrap().log).unwrap();
+    log.lines()
+        .filter(|line| line.contains("dubbo-cp serving"))
+        .find_map(|line| {
+            line.split_whitespace()
+                .find_map(|word| word.strip_prefix("tls_addr="))
+        })
+        .and_then(|addr| addr.parse().ok())
+        .unwrap_or_else(|| panic!("no tls_addr in the serving line:\n{log}"))
+}
+
 /// `registerServiceAppMapping` as an SDK calls it with `token`.
 async fn register(
     grpc: std::net::SocketAddr,
@@ -419,21 +432,10 @@ async fn the_ca_issues_a_certificate_to_a_caller_holding_a_real_token() {
         .unwrap()
         .into_inner();
     assert!(identity.success, "{}", identity.message);
-    let der = pem::parse(&identity.cert_pem).unwrap().into_contents();
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
-    let uris: Vec<String> = cert
-        .subject_alternative_name()
-        .unwrap()
-        .unwrap()
-        .value
-        .general_names
-        .iter()
-        .filter_map(|name| match name {
-            x509_parser::extensions::GeneralName::URI(uri) => Some(uri.to_string()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(uris, ["spiffe://cluster.local/ns/e2e-ca/sa/default"]);
+    assert_eq!(
+        spiffe_ids(&identity.cert_pem),
+        ["spiffe://cluster.local/ns/e2e-ca/sa/default"]
+    );
     assert!(!identity.trust_certs.is_empty());
     // The root is in the cluster where deploy/ says: Secret dubbo-ca-secret, ConfigMaps.
     assert!(
@@ -448,6 +450,62 @@ async fn the_ca_issues_a_certificate_to_a_caller_holding_a_real_token() {
                 .is_some()
         })
         .await;
+
+    // The injected agent's way: the real `dubbo-cp agent` with that token (what the projected
+    // volume holds) and the ConfigMap's bundle (what the other volume holds), over the TLS port.
+    let bundle = cluster
+        .get_json(&["configmap", "dubbo-ca-cert", "-n", "e2e-ca"])
+        .unwrap()["data"]["ca.crt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let files = tempfile::tempdir().unwrap();
+    let (token_file, bundle_file) = (files.path().join("token"), files.path().join("ca.crt"));
+    std::fs::write(&token_file, &token).unwrap();
+    std::fs::write(&bundle_file, bundle).unwrap();
+    let out = files.path().join("certs");
+    let tls = shared_tls_addr();
+    let agent = std::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args(["agent", "--once", "--out"])
+        .arg(&out)
+        .env("DUBBO_CA_ADDRESS", format!("localhost:{}", tls.port()))
+        .env("DUBBO_CA_CERT_PATH", &bundle_file)
+        .env("DUBBO_OIDC_TOKEN", &token_file)
+        .env("DUBBO_OIDC_TOKEN_TYPE", "dubbo-ca-token")
+        .output()
+        .unwrap();
+    assert!(
+        agent.status.success(),
+        "dubbo-cp agent --once: {}{}",
+        String::from_utf8_lossy(&agent.stdout),
+        String::from_utf8_lossy(&agent.stderr)
+    );
+    let chain = std::fs::read_to_string(out.join("cert-chain.pem")).unwrap();
+    assert_eq!(
+        spiffe_ids(&chain),
+        ["spiffe://cluster.local/ns/e2e-ca/sa/default"]
+    );
+    let key = std::fs::read_to_string(out.join("key.pem")).unwrap();
+    assert!(key.contains("PRIVATE KEY"), "{key}");
+    let roots = std::fs::read_to_string(out.join("root-cert.pem")).unwrap();
+    assert!(roots.contains("BEGIN CERTIFICATE"), "{roots}");
+}
+
+/// The URI SANs of the first certificate of a PEM chain.
+fn spiffe_ids(chain: &str) -> Vec<String> {
+    let der = pem::parse(chain).unwrap().into_contents();
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+    cert.subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            x509_parser::extensions::GeneralName::URI(uri) => Some(uri.to_string()),
+            _ => None,
+        })
+        .collect()
 }
 
 #[tokio::test]
