@@ -648,12 +648,7 @@ async fn the_api_server_calls_the_webhook_which_injects_opted_in_pods_and_fails_
     );
     assert_eq!(
         volumes(&mtls),
-        [
-            "dubbo-ca-token",
-            "dubbo-ca-cert",
-            "dubbo-xds-token",
-            "dubbo-cp-certs"
-        ]
+        ["dubbo-ca-token", "dubbo-ca-cert", "dubbo-cp-certs"]
     );
     let sidecars = mtls["spec"]["initContainers"].as_array().unwrap();
     assert_eq!(sidecars.len(), 1, "{sidecars:?}");
@@ -664,6 +659,8 @@ async fn the_api_server_calls_the_webhook_which_injects_opted_in_pods_and_fails_
         agent["restartPolicy"], "Always",
         "a native sidecar: {agent}"
     );
+    // The agent proxies the pod's xDS to the TLS port (the CA address it was given).
+    let ca_address = env_value(agent, "DUBBO_CA_ADDRESS");
     assert_eq!(
         agent["args"],
         json!([
@@ -671,7 +668,11 @@ async fn the_api_server_calls_the_webhook_which_injects_opted_in_pods_and_fails_
             "--out",
             "/var/run/dubbo-cp/certs",
             "--metrics-address",
-            "0.0.0.0:15020"
+            "0.0.0.0:15020",
+            "--xds-proxy",
+            "127.0.0.1:15010",
+            "--xds-address",
+            ca_address
         ])
     );
     for probe in ["startupProbe", "readinessProbe"] {
@@ -726,6 +727,7 @@ async fn the_api_server_calls_the_webhook_which_injects_opted_in_pods_and_fails_
         bootstrap["certificate_providers"]["default"]["config"]["certificate_file"],
         "/var/run/dubbo-cp/certs/cert-chain.pem"
     );
+    assert_eq!(bootstrap["xds_servers"][0]["server_uri"], "127.0.0.1:15010");
     let tokens = mtls["spec"]["volumes"]
         .as_array()
         .unwrap()
@@ -741,6 +743,18 @@ async fn the_api_server_calls_the_webhook_which_injects_opted_in_pods_and_fails_
     drop(plane);
     let admitted = cluster.pod("e2e-inject", "in-1", json!({"app": "in"}));
     assert_eq!(volumes(&admitted), Vec::<String>::new());
+}
+
+/// The value of the variable `name` in `container`.
+fn env_value(container: &Value, name: &str) -> String {
+    container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str())
+        .unwrap_or_else(|| panic!("no {name} in {container}"))
+        .to_owned()
 }
 
 /// Also A/B testing and Blue/Green (one test: they share the players of the controllers).

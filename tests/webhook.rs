@@ -342,7 +342,8 @@ async fn agent_pods_get_the_native_sidecar(webhook: SocketAddr, root: &str, tls_
         json!([{
             "name": "dubbo-cp-agent",
             "image": "registry.example/dubbo-cp:1.2.3",
-            "args": ["agent", "--out", "/var/run/dubbo-cp/certs", "--metrics-address", "0.0.0.0:15020"],
+            "args": ["agent", "--out", "/var/run/dubbo-cp/certs", "--metrics-address", "0.0.0.0:15020",
+                     "--xds-proxy", "127.0.0.1:15010", "--xds-address", ca_address],
             "restartPolicy": "Always",
             "ports": [{"name": "agent-metrics", "containerPort": 15020}],
             "startupProbe": {"httpGet": health, "periodSeconds": 1, "failureThreshold": 300},
@@ -367,8 +368,6 @@ async fn agent_pods_get_the_native_sidecar(webhook: SocketAddr, root: &str, tls_
                 {"audience": "dubbo-ca", "expirationSeconds": 1800, "path": "token"}}]}},
             {"name": "dubbo-ca-cert", "projected": {"sources": [{"configMap":
                 {"name": "dubbo-ca-cert", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
-            {"name": "dubbo-xds-token", "projected": {"sources": [{"serviceAccountToken":
-                {"expirationSeconds": 3600, "path": "token"}}]}},
             {"name": "dubbo-cp-certs", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         ])
     );
@@ -394,12 +393,16 @@ async fn agent_pods_get_the_native_sidecar(webhook: SocketAddr, root: &str, tls_
             "refresh_interval": "60s",
         }}})
     );
-    assert_eq!(bootstrap["xds_servers"][0]["server_uri"], ca_address);
+    // The agent's xDS proxy, which forwards to the TLS port with the pod's certificate.
+    assert_eq!(
+        bootstrap["xds_servers"][0],
+        json!({"server_uri": "127.0.0.1:15010", "channel_creds": [{"type": "insecure"}],
+               "server_features": ["xds_v3"]})
+    );
     assert_eq!(
         app["volumeMounts"],
         json!([
             ca_mounts[0], ca_mounts[1],
-            {"name": "dubbo-xds-token", "mountPath": "/var/run/secrets/dubbo-xds-token", "readOnly": true},
             {"name": "dubbo-cp-certs", "mountPath": "/var/run/dubbo-cp/certs", "readOnly": true},
         ])
     );

@@ -24,6 +24,10 @@ pub const CERTS_VOLUME: &str = "dubbo-cp-certs";
 pub const CERT_DIR: &str = "/var/run/dubbo-cp/certs";
 /// The agent's `/metrics` and `/healthz` port (istio-agent's).
 pub const AGENT_PORT: u16 = 15020;
+/// The agent's xDS proxy, the pod's xDS server: plaintext on loopback, forwarded to the control
+/// plane's TLS port with the pod's certificate, so every gRPC library can use it (grpc-js-xds
+/// reads only `insecure` credentials for its xDS server) and none needs call credentials.
+pub const AGENT_XDS: &str = "127.0.0.1:15010";
 /// How long the startup probe gives the agent to get the first certificate: once a second for
 /// five minutes (the agent keeps retrying the CA itself; a restart would not make it faster).
 const STARTUP_CHECKS: u32 = 300;
@@ -60,9 +64,9 @@ fn user_of(pod: &Value) -> (i64, Option<i64>) {
     }
 }
 
-/// The sidecar running `image` for `pod`, before the CA injection's variables and mounts are
-/// added.
-pub fn sidecar(image: &str, pod: &Value) -> Value {
+/// The sidecar running `image` for `pod`, proxying xDS to the control plane's TLS port at
+/// `control_plane`, before the CA injection's variables and mounts are added.
+pub fn sidecar(image: &str, pod: &Value, control_plane: &str) -> Value {
     let (user, group) = user_of(pod);
     let mut security = json!({
         "runAsNonRoot": true,
@@ -79,7 +83,10 @@ pub fn sidecar(image: &str, pod: &Value) -> Value {
     json!({
         "name": AGENT_CONTAINER,
         "image": image,
-        "args": ["agent", "--out", CERT_DIR, "--metrics-address", format!("0.0.0.0:{AGENT_PORT}")],
+        "args": [
+            "agent", "--out", CERT_DIR, "--metrics-address", format!("0.0.0.0:{AGENT_PORT}"),
+            "--xds-proxy", AGENT_XDS, "--xds-address", control_plane,
+        ],
         // A native sidecar: started before the app containers, running beside them, stopped
         // after them (so Jobs still complete).
         "restartPolicy": "Always",
@@ -127,7 +134,11 @@ mod tests {
 
     #[test]
     fn the_sidecar_is_native_probed_small_and_unprivileged() {
-        let agent = sidecar("registry.example/dubbo-cp:1.2", &json!({}));
+        let agent = sidecar(
+            "registry.example/dubbo-cp:1.2",
+            &json!({}),
+            "dubbo-cp.dubbo-system.svc:30062",
+        );
         assert_eq!(agent["name"], AGENT_CONTAINER);
         assert_eq!(agent["image"], "registry.example/dubbo-cp:1.2");
         assert_eq!(agent["restartPolicy"], "Always");
@@ -138,7 +149,11 @@ mod tests {
                 "--out",
                 "/var/run/dubbo-cp/certs",
                 "--metrics-address",
-                "0.0.0.0:15020"
+                "0.0.0.0:15020",
+                "--xds-proxy",
+                "127.0.0.1:15010",
+                "--xds-address",
+                "dubbo-cp.dubbo-system.svc:30062"
             ])
         );
         for probe in ["startupProbe", "readinessProbe"] {
@@ -176,7 +191,7 @@ mod tests {
     #[test]
     fn the_agent_runs_as_the_app_so_the_app_can_read_the_key() {
         let user = |pod: Value| {
-            let security = sidecar("img", &pod)["securityContext"].clone();
+            let security = sidecar("img", &pod, "cp:30062")["securityContext"].clone();
             (
                 security["runAsUser"].clone(),
                 security.get("runAsGroup").cloned(),
@@ -216,7 +231,7 @@ mod tests {
             "containers": [{"name": "a"}, {"name": "b", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
         }});
         assert!(!has_agent(&pod));
-        let agent = sidecar("img", &pod);
+        let agent = sidecar("img", &pod, "cp:30062");
         add_agent(&mut pod, agent);
         assert_eq!(
             pod["spec"]["volumes"],

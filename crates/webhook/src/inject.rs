@@ -101,7 +101,7 @@ pub fn inject(pod: &mut Value, context: &Context<'_>) -> Injected {
     if agent && !crate::agent::has_agent(pod) {
         // The agent asks the CA for certificates as the CA injection lets any container do; the
         // volumes are there unless the pod's own CA settings kept that injection out.
-        let mut sidecar = crate::agent::sidecar(context.agent_image, pod);
+        let mut sidecar = crate::agent::sidecar(context.agent_image, pod, context.ca_address);
         add_ca_env(&mut sidecar, context.ca_address);
         add_ca_volumes(pod);
         crate::agent::add_agent(pod, sidecar);
@@ -524,19 +524,14 @@ mod tests {
             let spec = &p["spec"];
             assert_eq!(
                 names(&spec["volumes"]),
-                [
-                    "dubbo-ca-token",
-                    "dubbo-ca-cert",
-                    "dubbo-xds-token",
-                    "dubbo-cp-certs"
-                ]
+                ["dubbo-ca-token", "dubbo-ca-cert", "dubbo-cp-certs"]
             );
             assert_eq!(
-                spec["volumes"][3],
+                spec["volumes"][2],
                 json!({"name": "dubbo-cp-certs", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
             );
             // The sidecar: the agent with the CA injection's variables and mounts.
-            let mut expected = crate::agent::sidecar("dubbo-cp:test", &json!({}));
+            let mut expected = crate::agent::sidecar("dubbo-cp:test", &json!({}), CA_ADDRESS);
             add_ca_env(&mut expected, CA_ADDRESS);
             assert_eq!(spec["initContainers"], json!([expected]));
             assert_eq!(spec["initContainers"][0]["env"], expected_ca_env());
@@ -555,11 +550,10 @@ mod tests {
                         "DUBBO_OIDC_TOKEN_TYPE",
                         "DUBBO_POD_NAME",
                         "GRPC_XDS_BOOTSTRAP_CONFIG",
-                        "GRPC_EXPERIMENTAL_XDS_BOOTSTRAP_CALL_CREDS"
                     ]
                 );
                 assert_eq!(
-                    c["volumeMounts"][3],
+                    c["volumeMounts"][2],
                     json!({"name": "dubbo-cp-certs", "mountPath": "/var/run/dubbo-cp/certs", "readOnly": true})
                 );
                 let bootstrap: Value =
@@ -569,6 +563,13 @@ mod tests {
                     "/var/run/dubbo-cp/certs/cert-chain.pem"
                 );
                 assert_eq!(bootstrap["node"]["cluster"], "greeter");
+                // The agent's proxy is the xDS server: plaintext on loopback, no token.
+                assert_eq!(
+                    bootstrap["xds_servers"][0],
+                    json!({"server_uri": "127.0.0.1:15010",
+                           "channel_creds": [{"type": "insecure"}],
+                           "server_features": ["xds_v3"]})
+                );
             }
             // Again: nothing more.
             let once = p.clone();

@@ -544,12 +544,7 @@ mod tests {
         let volumes: Vec<String> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
         assert_eq!(
             volumes,
-            [
-                "dubbo-ca-token",
-                "dubbo-ca-cert",
-                "dubbo-xds-token",
-                "dubbo-cp-certs"
-            ]
+            ["dubbo-ca-token", "dubbo-ca-cert", "dubbo-cp-certs"]
         );
         let mounts = spec.containers[0].volume_mounts.clone().unwrap();
         let certs = mounts.iter().find(|m| m.name == "dubbo-cp-certs").unwrap();

@@ -7,8 +7,10 @@
 //! the API server's audience, which the xDS port authenticates with a TokenReview like every
 //! gRPC port. The node is the pod (`$(DUBBO_POD_NAME).<namespace>`, expanded by the kubelet),
 //! in the pod's namespace, of the application its labels name. With the agent
-//! (`dubbo-agent.inject`) the bootstrap also names the directory the agent keeps the workload
-//! certificate in, as gRPC's `file_watcher` certificate provider (mTLS between workloads).
+//! (`dubbo-agent.inject`) the bootstrap reaches the agent's xDS proxy instead (plaintext on
+//! loopback; the agent forwards with the pod's certificate, so no token is needed and grpc-js
+//! can use it too) and names the directory the agent keeps the workload certificate in, as
+//! gRPC's `file_watcher` certificate provider (mTLS between workloads).
 
 use dubbo_cp_xds::bootstrap::{Bootstrap, CALL_CREDS_ENV, Credentials};
 use serde_json::{Value, json};
@@ -34,20 +36,29 @@ pub fn has_xds(pod: &Value) -> bool {
 }
 
 /// The bootstrap a pod in `namespace` of `application` gets, reaching `server` (the TLS port);
-/// `certificates`: the directory the agent writes the workload certificate to.
+/// `certificates`: the directory the agent writes the workload certificate to, and then the
+/// agent's xDS proxy is the server.
 pub fn bootstrap(
     server: &str,
     namespace: &str,
     application: Option<&str>,
     certificates: Option<&str>,
 ) -> Bootstrap {
+    let (server, credentials, token_file) = match certificates {
+        Some(_) => (crate::agent::AGENT_XDS, Credentials::Insecure, None),
+        None => (
+            server,
+            Credentials::Tls {
+                ca_file: format!("{CERT_DIR}/ca.crt"),
+                certificate: None,
+            },
+            Some(format!("{TOKEN_DIR}/token")),
+        ),
+    };
     Bootstrap {
         server: server.to_owned(),
-        credentials: Credentials::Tls {
-            ca_file: format!("{CERT_DIR}/ca.crt"),
-            certificate: None,
-        },
-        token_file: Some(format!("{TOKEN_DIR}/token")),
+        credentials,
+        token_file,
         node_id: format!("$({POD_NAME_ENV}).{namespace}"),
         namespace: namespace.to_owned(),
         application: application.map(str::to_owned),
@@ -58,7 +69,8 @@ pub fn bootstrap(
 }
 
 /// Adds the bootstrap, the pod-name variable it names, the token volume and the CA bundle
-/// (unless the CA injection added it) to every container; `certificates` as in [`bootstrap`].
+/// (unless the CA injection added it) to every container; `certificates` as in [`bootstrap`]
+/// (with the agent's proxy, no token: the agent authenticates).
 pub fn add_xds(pod: &mut Value, server: &str, namespace: &str, certificates: Option<&str>) {
     let labels = pod.pointer("/metadata/labels");
     let application = labels
@@ -75,12 +87,15 @@ pub fn add_xds(pod: &mut Value, server: &str, namespace: &str, certificates: Opt
         pod["spec"] = json!({});
     }
     let spec = &mut pod["spec"];
-    push(
-        spec,
-        "volumes",
-        json!({"name": TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": {
-            "expirationSeconds": 3600, "path": "token"}}]}}),
-    );
+    let token = certificates.is_none();
+    if token {
+        push(
+            spec,
+            "volumes",
+            json!({"name": TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": {
+                "expirationSeconds": 3600, "path": "token"}}]}}),
+        );
+    }
     let has_bundle = named(spec.get("volumes"), CERT_VOLUME);
     if !has_bundle {
         push(
@@ -105,16 +120,18 @@ pub fn add_xds(pod: &mut Value, server: &str, namespace: &str, certificates: Opt
             "env",
             json!({"name": BOOTSTRAP_ENV, "value": bootstrap}),
         );
-        push(
-            container,
-            "env",
-            json!({"name": CALL_CREDS_ENV, "value": "true"}),
-        );
-        push(
-            container,
-            "volumeMounts",
-            json!({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": true}),
-        );
+        if token {
+            push(
+                container,
+                "env",
+                json!({"name": CALL_CREDS_ENV, "value": "true"}),
+            );
+            push(
+                container,
+                "volumeMounts",
+                json!({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": true}),
+            );
+        }
         if !named(container.get("volumeMounts"), CERT_VOLUME) {
             push(
                 container,
