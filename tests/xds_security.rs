@@ -92,7 +92,7 @@ async fn grpcio_servers_enforce_mtls_and_rbac_from_policies_on_live_traffic() {
     let b = Workload::start(&root, "b", "b", "b-token", grpc, &[]).await;
 
     let started = Instant::now();
-    let _server = server(
+    let mut greeter_server = server(
         Released::Grpcio,
         "greeter",
         port,
@@ -192,6 +192,11 @@ async fn grpcio_servers_enforce_mtls_and_rbac_from_policies_on_live_traffic() {
         "{greeter}"
     );
     assert_eq!(greeter["service"], "shop/greeter", "{greeter}");
+    assert_eq!(greeter["notEnforced"], serde_json::json!([]), "{greeter}");
+    assert!(
+        greeter_server.child.try_wait().unwrap().is_none(),
+        "the same server process served every policy"
+    );
     cp.stop().await.unwrap();
 }
 

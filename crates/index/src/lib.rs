@@ -426,6 +426,7 @@ fn upsert(
 #[doc(hidden)]
 pub fn test_audience_in(namespace: &str) -> Arc<Audience> {
     Arc::new(Audience {
+        namespace: None,
         selectors: vec![dubbo_cp_domain::rules::PolicySelector {
             namespaces: vec![namespace.to_owned()],
             ..Default::default()

@@ -261,9 +261,9 @@ impl ServerView {
                 .map(|policy| format!("{policy}: {}", crate::security::PERMISSIVE_AS_PLAINTEXT))
                 .chain(
                     server
-                        .rbac
-                        .problems
+                        .unknown
                         .iter()
+                        .chain(&server.rbac.problems)
                         .map(|(policy, problem)| format!("{policy}: {problem}")),
                 )
                 .collect(),

@@ -12,7 +12,7 @@
 use std::net::IpAddr;
 
 use dubbo_cp_domain::rules::scope::Endpoint;
-use dubbo_cp_domain::service::Service;
+use dubbo_cp_domain::service::{Service, ServiceEndpoint};
 use envoy_types::pb::envoy::config::core::v3::{Address, SocketAddress, address, socket_address};
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
 use envoy_types::pb::envoy::config::route::v3::{
@@ -25,7 +25,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use envoy_types::util::pack_any;
 
 use crate::bootstrap::SERVER_LISTENER_PREFIX;
-use crate::security::{Decision, Policies, rbac, tls, workload_of};
+use crate::security::{Decision, Policies, Unknown, Workload, rbac, tls, workload_of};
 
 /// The address a server listens on, from its listener's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,51 +45,53 @@ pub fn parse(name: &str) -> Option<Listening> {
     })
 }
 
-/// Who serves on an address: the first service (the server's own namespace first, then by
-/// name) with an endpoint at that IP serving a port on that port number. An unspecified address
-/// (`0.0.0.0`, `::`) or an unknown one is the server's namespace, which namespace-wide and
-/// root policies still select.
+/// Who serves on an address: the first service of the server's namespace with an endpoint at
+/// that IP serving one of its ports on that port number (its labels are that endpoint's). An
+/// unspecified address (`0.0.0.0`, `::`) or an unknown one is the server's namespace, which
+/// namespace-wide and root policies still select. Other namespaces are not searched: a client
+/// naming another namespace's address learns nothing of its policies.
 pub fn workload<'a>(
     services: &'a [Service],
     listening: Listening,
     server_namespace: &str,
-) -> (Endpoint, Option<&'a Service>) {
-    let serves = |service: &&Service| {
-        service.endpoints.iter().any(|endpoint| {
-            endpoint.address == listening.ip
-                && service
-                    .ports
-                    .iter()
-                    .any(|port| endpoint.port_for(port) == listening.port)
-        })
+) -> (Workload, Option<&'a Service>) {
+    let at = |service: &Service, endpoint: &ServiceEndpoint| {
+        endpoint.address == listening.ip
+            && service
+                .ports
+                .iter()
+                .any(|port| endpoint.port_for(port) == listening.port)
     };
     let found = (!listening.ip.is_unspecified())
         .then(|| {
             services
                 .iter()
                 .filter(|s| s.namespace == server_namespace)
-                .find(serves)
-                .or_else(|| services.iter().find(serves))
+                .find_map(|service| {
+                    let endpoint = service.endpoints.iter().find(|e| at(service, e))?;
+                    Some((service, endpoint))
+                })
         })
         .flatten();
     match found {
-        Some(service) => {
-            let labels = service
-                .endpoints
-                .iter()
-                .find(|e| e.address == listening.ip)
-                .map(|e| e.labels.clone())
-                .unwrap_or_default();
-            (workload_of(service, listening.ip, &labels), Some(service))
-        }
+        Some((service, endpoint)) => (
+            Workload {
+                endpoint: workload_of(service, listening.ip, &endpoint.labels),
+                found: true,
+            },
+            Some(service),
+        ),
         None => (
-            Endpoint {
-                namespace: server_namespace.to_owned(),
-                ips: (!listening.ip.is_unspecified())
-                    .then_some(listening.ip)
-                    .into_iter()
-                    .collect(),
-                ..Endpoint::default()
+            Workload {
+                endpoint: Endpoint {
+                    namespace: server_namespace.to_owned(),
+                    ips: (!listening.ip.is_unspecified())
+                        .then_some(listening.ip)
+                        .into_iter()
+                        .collect(),
+                    ..Endpoint::default()
+                },
+                found: false,
             },
             None,
         ),
@@ -105,6 +107,8 @@ pub struct Server {
     pub namespace: String,
     pub tls: Decision,
     pub rbac: rbac::Translated,
+    /// Policies applied on selectors that could not be checked of this server.
+    pub unknown: Unknown,
 }
 
 /// The server behind `listening`, as the policies see it.
@@ -115,14 +119,29 @@ pub fn server(
     server_namespace: &str,
 ) -> Server {
     let (workload, service) = workload(services, listening, server_namespace);
-    let tls = policies.mode(&workload, listening.port);
-    let rbac = rbac::translate(policies.authorizing(&workload), tls.mode.is_mtls());
+    let (tls, mut unknown) = policies.mode(&workload, listening.port);
+    let (authorizing, guessed) = policies.authorizing(&workload);
+    unknown.extend(guessed);
+    let mut rbac = rbac::translate(authorizing.into_iter(), tls.mode.is_mtls());
+    // gRPC servers on `::` may see IPv4 callers as `::ffff:a.b.c.d`, which grpc-js does not
+    // match against IPv4 blocks.
+    if listening.ip.is_unspecified() && listening.ip.is_ipv6() {
+        for policy in rbac.peer_rules.clone() {
+            rbac.problems.push((
+                policy,
+                "from.ipBlocks on a server listening on `::`: grpc-js sees IPv4 callers as \
+                 ::ffff:a.b.c.d and does not match them (bind the pod IP)"
+                    .to_owned(),
+            ));
+        }
+    }
     Server {
         listening,
         service: service.map(|s| format!("{}/{}", s.namespace, s.name)),
-        namespace: workload.namespace,
+        namespace: workload.endpoint.namespace,
         tls,
         rbac,
+        unknown,
     }
 }
 

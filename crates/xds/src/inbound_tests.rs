@@ -95,17 +95,24 @@ fn names_parse_to_the_listening_address() {
 fn the_workload_is_the_endpoint_at_the_address_else_the_server_namespace() {
     let services = services();
     let at = |address: &str| parse(&name(address)).unwrap();
-    let (found, service) = workload(&services, at("127.0.0.1:50051"), "other");
+    let (found, service) = workload(&services, at("127.0.0.1:50051"), "shop");
     assert_eq!(service.map(|s| s.name.as_str()), Some("greeter"));
-    assert_eq!(found.namespace, "shop");
-    assert_eq!(found.pod_labels["app"], "greeter");
-    assert_eq!(found.pod_labels["version"], "v2");
+    assert!(found.found);
+    assert_eq!(found.endpoint.namespace, "shop");
+    assert_eq!(found.endpoint.pod_labels["app"], "greeter");
+    assert_eq!(found.endpoint.pod_labels["version"], "v2");
+    // Another namespace's server does not find it (nor learn its policies).
+    let (found, service) = workload(&services, at("127.0.0.1:50051"), "other");
+    assert!(service.is_none() && !found.found);
+    assert_eq!(found.endpoint.namespace, "other");
     // The service port is not where the endpoint listens.
-    let (found, service) = workload(&services, at("127.0.0.1:7070"), "other");
-    assert!(service.is_none());
-    assert_eq!(found.namespace, "other");
+    let (found, service) = workload(&services, at("127.0.0.1:7070"), "shop");
+    assert!(service.is_none() && !found.found);
     let (found, _) = workload(&services, at("0.0.0.0:50051"), "shop");
-    assert!(found.ips.is_empty(), "an unspecified address selects no IP");
+    assert!(
+        found.endpoint.ips.is_empty(),
+        "an unspecified address selects no IP"
+    );
 }
 
 #[test]
@@ -161,6 +168,15 @@ fn a_strict_listener_requires_client_certificates_and_checks_no_sans() {
     assert_eq!(server.tls.policy.as_deref(), Some("shop/strict"));
     assert_eq!(server.rbac.allow, ["shop/all"]);
     let listener = listener(&name("[::1]:50051"), &server);
+    let Some(address::Address::SocketAddress(socket)) =
+        listener.address.as_ref().and_then(|a| a.address.clone())
+    else {
+        panic!("no socket address");
+    };
+    assert_eq!(
+        socket.address, "::1",
+        "echoed without brackets, as grpc-core joins it"
+    );
     let chain = &listener.filter_chains[0];
     assert_eq!(chain.name, "inbound-mtls");
     let socket = chain.transport_socket.as_ref().unwrap();

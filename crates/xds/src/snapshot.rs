@@ -25,6 +25,8 @@ use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
 
 /// (type, name, namespace) -> the encoded resource.
 type Encoded = HashMap<(String, String, String), Arc<Any>>;
+/// (server listener name, namespace) -> what the server enforces.
+type Servers = HashMap<(String, String), Arc<inbound::Server>>;
 
 /// The services at one version. Nothing is answered from a snapshot that is not `synced`: an
 /// empty listener or cluster answer would tell clients that everything was deleted.
@@ -51,6 +53,9 @@ pub struct Snapshot {
     mappings: Arc<HashMap<(String, String), Vec<String>>>,
     /// The auth policies: servers' TLS and RBAC, clients' TLS to STRICT servers.
     policies: Arc<Policies>,
+    /// (server listener name, namespace) -> what it enforces, derived once per version for the
+    /// listener and for operators' views of every stream holding it.
+    servers: Arc<Mutex<Servers>>,
     /// (type, name, namespace) -> the encoded resource, shared by every stream at this version.
     cache: Arc<Mutex<Encoded>>,
     /// The previous version's encodings: a resource encoded to the same bytes is that one, so
@@ -93,6 +98,7 @@ impl Snapshot {
             affinity: Arc::default(),
             mappings: Arc::default(),
             policies: Arc::default(),
+            servers: Arc::default(),
             cache: Arc::default(),
             previous: None,
             encodes: Arc::default(),
@@ -118,7 +124,7 @@ impl Snapshot {
     /// skipped.
     pub fn with_dynamic_configs(mut self, configs: Vec<(String, DynamicConfigSpec)>) -> Snapshot {
         // What was encoded before describes other state.
-        self.cache = Arc::default();
+        self.forget_derived();
         let mut by_application: HashMap<(String, String), Vec<OverrideConfig>> = HashMap::new();
         for (namespace, spec) in configs {
             if !spec.enabled || spec.scope != "application" {
@@ -182,7 +188,7 @@ impl Snapshot {
     /// that resolve interface names.
     pub fn with_mappings(mut self, mappings: Vec<(String, String, Vec<String>)>) -> Snapshot {
         // What was encoded before describes other state.
-        self.cache = Arc::default();
+        self.forget_derived();
         self.mappings = Arc::new(
             mappings
                 .into_iter()
@@ -196,7 +202,7 @@ impl Snapshot {
     /// out, as Dubbo ignores them.
     pub fn with_tag_routes(mut self, rules: Vec<(String, TagRouteSpec)>) -> Snapshot {
         // What was encoded before describes other state.
-        self.cache = Arc::default();
+        self.forget_derived();
         self.tag_routes = Arc::new(
             rules
                 .into_iter()
@@ -211,7 +217,7 @@ impl Snapshot {
     /// apply of each enabled one ([`crate::conditions`]); the highest priority wins per key.
     pub fn with_condition_routes(mut self, rules: Vec<(String, ConditionRouteSpec)>) -> Snapshot {
         // What was encoded before describes other state.
-        self.cache = Arc::default();
+        self.forget_derived();
         let mut by_key: HashMap<(String, String), (i32, Conditions)> = HashMap::new();
         for (namespace, rule) in rules.into_iter().filter(|(_, rule)| rule.enabled) {
             let (conditions, _) = crate::conditions::translate(&rule);
@@ -234,21 +240,34 @@ impl Snapshot {
     /// servers' TLS and RBAC and their callers' TLS.
     pub fn with_policies(mut self, policies: Policies) -> Snapshot {
         // What was encoded before describes other state.
-        self.cache = Arc::default();
+        self.forget_derived();
         self.policies = Arc::new(policies);
         self
     }
 
     /// What the server listener `name` (an xDS-enabled server's, gRFC A36) enforces for a
     /// server in `namespace`; `None` when the name is not a server listener's.
-    pub fn server(&self, name: &str, namespace: &str) -> Option<inbound::Server> {
+    pub fn server(&self, name: &str, namespace: &str) -> Option<Arc<inbound::Server>> {
         let listening = inbound::parse(name)?;
-        Some(inbound::server(
+        let key = (name.to_owned(), namespace.to_owned());
+        let mut servers = self.servers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(server) = servers.get(&key) {
+            return Some(server.clone());
+        }
+        let server = Arc::new(inbound::server(
             &self.services,
             &self.policies,
             listening,
             namespace,
-        ))
+        ));
+        servers.insert(key, server.clone());
+        Some(server)
+    }
+
+    /// Drops what was derived from the state before a change.
+    fn forget_derived(&mut self) {
+        self.cache = Arc::default();
+        self.servers = Arc::default();
     }
 
     /// How the clusters of a target's service pick endpoints.
@@ -419,7 +438,11 @@ fn generate_one(
             let balancing = snapshot.balancing(target);
             let mut cluster = generate::subset_cluster(target, subset.as_ref(), balancing);
             let policies = &snapshot.policies;
-            if policies.upstream_mtls(target.service, &target.port.name, target.port.number) {
+            let endpoints = match &subset {
+                Some(subset) => snapshot.tagging(target).endpoints_of(subset),
+                None => target.service.endpoints.iter().collect(),
+            };
+            if policies.upstream_mtls(target.service, endpoints, target.port) {
                 cluster.transport_socket = Some(tls::upstream_mtls(
                     &policies.settings.trust_domain,
                     &target.service.namespace,
@@ -512,14 +535,28 @@ pub fn resources(
             _ => {}
         }
     }
+    // A server listens on a few ports: names beyond that are made up, and would grow the
+    // version's caches.
+    let mut servers = 0usize;
     names
         .into_iter()
+        .filter(|name| {
+            if type_url != LISTENER || !name.starts_with(SERVER_LISTENER_PREFIX) {
+                return true;
+            }
+            servers += 1;
+            servers <= MAX_SERVER_LISTENERS
+        })
         .filter_map(|name| {
             let any = snapshot.encoded(type_url, &name, client_namespace)?;
             Some((name, any))
         })
         .collect()
 }
+
+/// Server listeners one stream is answered (a server process listening on more xDS ports than
+/// this is not expected; the rest are answered as not existing).
+pub const MAX_SERVER_LISTENERS: usize = 16;
 
 #[cfg(test)]
 mod tests;

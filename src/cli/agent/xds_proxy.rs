@@ -25,6 +25,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::xds::bootstrap::{CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE};
 
+/// How long opening the upstream connection may take before the client is told to retry.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The largest xDS response forwarded (a client with thousands of clusters gets megabytes).
 const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -102,11 +105,17 @@ impl Proxy {
                 ))
             })
         };
-        let (chain, key, roots) = (
-            read(CERT_CHAIN_FILE)?,
-            read(KEY_FILE)?,
-            read(ROOT_CERT_FILE)?,
-        );
+        // The agent renames the key, then the chain: a chain read again unchanged after the key
+        // was read belongs to that key (else a renewal fell in between: read them again).
+        let (mut chain, mut key) = (read(CERT_CHAIN_FILE)?, read(KEY_FILE)?);
+        for _ in 0..3 {
+            let again = read(CERT_CHAIN_FILE)?;
+            if again == chain {
+                break;
+            }
+            (chain, key) = (again, read(KEY_FILE)?);
+        }
+        let roots = read(ROOT_CERT_FILE)?;
         let host = self
             .upstream
             .rsplit_once(':')
@@ -120,7 +129,8 @@ impl Proxy {
         let endpoint = Channel::from_shared(format!("https://{}", self.upstream))
             .map_err(|err| Status::internal(format!("--xds-address {}: {err}", self.upstream)))?
             .tls_config(tls)
-            .map_err(|err| Status::unavailable(format!("TLS to {}: {err}", self.upstream)))?;
+            .map_err(|err| Status::unavailable(format!("TLS to {}: {err}", self.upstream)))?
+            .connect_timeout(CONNECT_TIMEOUT);
         endpoint.connect().await.map_err(|err| {
             Status::unavailable(format!(
                 "cannot reach the control plane at {}: {err}",
@@ -190,6 +200,12 @@ impl AggregatedDiscoveryService for Proxy {
 
 /// Serves the proxy on `listen` until the process ends.
 pub async fn serve(listen: SocketAddr, proxy: Proxy) -> anyhow::Result<()> {
+    // Whoever reaches it speaks as this workload: only the pod's own containers may.
+    anyhow::ensure!(
+        listen.ip().is_loopback(),
+        "--xds-proxy {listen}: must be a loopback address (127.0.0.1, ::1): every stream on it \
+         reaches the control plane as this workload"
+    );
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|err| anyhow::anyhow!("--xds-proxy {listen}: cannot listen: {err}"))?;

@@ -25,9 +25,13 @@ pub struct Endpoint {
     pub ips: Vec<IpAddr>,
 }
 
-/// The selectors a policy's audience must all match (none: everyone).
+/// The selectors a policy's audience must all match (none: everyone), within `namespace` when
+/// the policy is not in the root namespace.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Audience {
+    /// A policy outside the root namespace reaches only its own namespace, whatever its
+    /// selectors say (a selector's `namespaces` is one more condition, not a widening).
+    pub namespace: Option<String>,
     pub selectors: Vec<PolicySelector>,
 }
 
@@ -40,7 +44,8 @@ impl Audience {
         root_namespace: &str,
     ) -> Audience {
         Audience {
-            selectors: scoped(spec.selector.clone(), namespace, root_namespace),
+            namespace: scope(namespace, root_namespace),
+            selectors: spec.selector.clone(),
         }
     }
 
@@ -54,36 +59,25 @@ impl Audience {
         let targets: Vec<PolicySelector> = spec
             .rules
             .iter()
-            .map(|rule| rule.to.clone().unwrap_or_default())
+            .filter_map(|rule| rule.to.clone())
             .collect();
         Audience {
-            selectors: scoped(targets, namespace, root_namespace),
+            namespace: scope(namespace, root_namespace),
+            selectors: targets,
         }
     }
 
     pub fn includes(&self, endpoint: &Endpoint) -> bool {
-        self.selectors.iter().all(|s| selector_matches(s, endpoint))
+        self.namespace
+            .as_ref()
+            .is_none_or(|namespace| endpoint.namespace == *namespace)
+            && self.selectors.iter().all(|s| selector_matches(s, endpoint))
     }
 }
 
-/// `namespaces += ns` on each selector outside the root namespace; no selector becomes one.
-fn scoped(
-    mut selectors: Vec<PolicySelector>,
-    namespace: &str,
-    root_namespace: &str,
-) -> Vec<PolicySelector> {
-    if namespace == root_namespace {
-        return selectors;
-    }
-    if selectors.is_empty() {
-        selectors.push(PolicySelector::default());
-    }
-    for selector in &mut selectors {
-        if !selector.namespaces.iter().any(|n| n == namespace) {
-            selector.namespaces.push(namespace.to_owned());
-        }
-    }
-    selectors
+/// The namespace a policy is confined to: its own, unless it is the root namespace.
+fn scope(namespace: &str, root_namespace: &str) -> Option<String> {
+    (namespace != root_namespace).then(|| namespace.to_owned())
 }
 
 /// Every non-empty field matches (empty lists are ignored).
@@ -363,11 +357,23 @@ mod tests {
             rules: Vec::new(),
             ..authz
         };
+        assert_eq!(
+            Audience::of_authorization(&no_rules, "other", "dubbo-system").namespace,
+            Some("other".to_owned())
+        );
+        // A selector naming another namespace does not widen a policy beyond its own.
+        let reaching_out = AuthenticationPolicySpec {
+            action: "DISABLED".into(),
+            selector: vec![PolicySelector {
+                namespaces: vec!["demo".into()],
+                ..Default::default()
+            }],
+            port_level: Vec::new(),
+        };
+        assert!(!Audience::of_authentication(&reaching_out, "other", "dubbo-system").includes(&e));
+        assert!(Audience::of_authentication(&reaching_out, "demo", "dubbo-system").includes(&e));
         assert!(
-            Audience::of_authorization(&no_rules, "other", "dubbo-system")
-                .selectors
-                .len()
-                == 1
+            Audience::of_authentication(&reaching_out, "dubbo-system", "dubbo-system").includes(&e)
         );
         assert!(!Audience::of_authorization(&no_rules, "other", "dubbo-system").includes(&e));
         assert!(Audience::of_authorization(&no_rules, "dubbo-system", "dubbo-system").includes(&e));

@@ -18,7 +18,7 @@ use std::net::IpAddr;
 
 use dubbo_cp_domain::rules::scope::{Audience, Endpoint};
 use dubbo_cp_domain::rules::{AuthenticationPolicySpec, AuthorizationPolicySpec};
-use dubbo_cp_domain::service::Service;
+use dubbo_cp_domain::service::{Service, ServiceEndpoint, ServicePort};
 
 /// Settings the security translation needs from the rest of the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,71 +99,163 @@ pub struct Decision {
     pub policy: Option<String>,
 }
 
+/// A server as policies see it: the workload behind its address, and whether one was found
+/// there (else only its namespace is known).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    pub endpoint: Endpoint,
+    pub found: bool,
+}
+
+/// `(policy, why it was applied without knowing all its selectors say)`.
+pub type Unknown = Vec<(String, String)>;
+
 impl Policies {
-    /// The mode of `port` on `workload`.
-    pub fn mode(&self, workload: &Endpoint, port: u16) -> Decision {
+    /// The mode of `port` on `workload`, and the policies applied to it on selectors the
+    /// control plane could not check.
+    pub fn mode(&self, workload: &Workload, port: u16) -> (Decision, Unknown) {
         let root = &self.settings.root_namespace;
-        let mut applying: Vec<&Named<AuthenticationPolicySpec>> = self
-            .authentication
-            .iter()
-            .filter(|p| Audience::of_authentication(&p.spec, &p.namespace, root).includes(workload))
-            .collect();
-        // Most specific first; the sort is stable, so names break ties (they are in order).
-        applying.sort_by_key(|p| {
-            if !p.spec.selector.is_empty() {
-                0
-            } else if p.namespace != *root {
-                1
-            } else {
-                2
+        let mut unknown = Vec::new();
+        let mut applying: Vec<&Named<AuthenticationPolicySpec>> = Vec::new();
+        for policy in &self.authentication {
+            let audience = Audience::of_authentication(&policy.spec, &policy.namespace, root);
+            if let Some(guessed) = applies(audience, workload) {
+                unknown.extend(guessed.into_iter().map(|why| (policy.key(), why)));
+                applying.push(policy);
             }
-        });
+        }
+        // Most specific first: with selectors (of the workload's namespace, then the root's),
+        // then namespace-wide, then the root namespace's; the sort is stable, so names break
+        // ties (they are in order).
+        applying.sort_by_key(|p| (p.spec.selector.is_empty(), p.namespace == *root));
         for policy in applying {
-            let action = policy
+            let mode = |action: &str| match action {
+                "STRICT" => Some(Mode::Strict),
+                "PERMISSIVE" => Some(Mode::Permissive),
+                "DISABLED" => Some(Mode::Disabled),
+                _ => None,
+            };
+            let port_level = policy
                 .spec
                 .port_level
                 .iter()
                 .find(|level| u16::try_from(level.port).is_ok_and(|p| p == port))
-                .map_or(policy.spec.action.as_str(), |level| level.action.as_str());
-            let mode = match action {
-                "STRICT" => Mode::Strict,
-                "PERMISSIVE" => Mode::Permissive,
-                "DISABLED" => Mode::Disabled,
-                // NONE: no opinion, the next policy decides.
-                _ => continue,
+                .and_then(|level| mode(&level.action));
+            // A port-level NONE inherits the policy's own action; a policy-level NONE has no
+            // opinion, and the next policy decides (Istio's UNSET).
+            let Some(mode) = port_level.or_else(|| mode(&policy.spec.action)) else {
+                continue;
             };
-            return Decision {
-                mode,
-                policy: Some(policy.key()),
-            };
+            return (
+                Decision {
+                    mode,
+                    policy: Some(policy.key()),
+                },
+                unknown,
+            );
         }
-        Decision {
-            mode: Mode::Permissive,
-            policy: None,
-        }
+        (
+            Decision {
+                mode: Mode::Permissive,
+                policy: None,
+            },
+            unknown,
+        )
     }
 
-    /// The AuthorizationPolicies that apply to `workload`, in (namespace, name) order.
-    pub fn authorizing<'a>(
-        &'a self,
-        workload: &'a Endpoint,
-    ) -> impl Iterator<Item = &'a Named<AuthorizationPolicySpec>> + 'a {
+    /// The AuthorizationPolicies that apply to `workload`, in (namespace, name) order, and
+    /// those applied on selectors the control plane could not check.
+    pub fn authorizing(
+        &self,
+        workload: &Workload,
+    ) -> (Vec<&Named<AuthorizationPolicySpec>>, Unknown) {
         let root = &self.settings.root_namespace;
-        self.authorization.iter().filter(move |p| {
-            Audience::of_authorization(&p.spec, &p.namespace, root).includes(workload)
-        })
+        let mut unknown = Vec::new();
+        let mut applying = Vec::new();
+        for policy in &self.authorization {
+            let audience = Audience::of_authorization(&policy.spec, &policy.namespace, root);
+            if let Some(guessed) = applies(audience, workload) {
+                unknown.extend(guessed.into_iter().map(|why| (policy.key(), why)));
+                applying.push(policy);
+            }
+        }
+        (applying, unknown)
     }
 
-    /// Whether a client reaching `service`'s endpoints on `port` must use mTLS: any endpoint
+    /// Whether a client reaching `endpoints` of `service` on `port` must use mTLS: any of them
     /// being STRICT there. gRPC has no per-endpoint TLS (`transport_socket_matches`), so a
-    /// service with mixed modes gets TLS and its plaintext endpoints fail (docs/security.md).
-    pub fn upstream_mtls(&self, service: &Service, port_name: &str, port: u16) -> bool {
-        service.endpoints.iter().any(|endpoint| {
-            let listening = endpoint.ports.get(port_name).copied().unwrap_or(port);
-            let workload = workload_of(service, endpoint.address, &endpoint.labels);
-            self.mode(&workload, listening).mode.is_mtls()
+    /// cluster with mixed modes gets TLS and its plaintext endpoints fail (docs/security.md).
+    pub fn upstream_mtls<'a>(
+        &self,
+        service: &Service,
+        endpoints: impl IntoIterator<Item = &'a ServiceEndpoint>,
+        port: &ServicePort,
+    ) -> bool {
+        endpoints.into_iter().any(|endpoint| {
+            let workload = Workload {
+                endpoint: workload_of(service, endpoint.address, &endpoint.labels),
+                found: true,
+            };
+            self.mode(&workload, endpoint.port_for(port))
+                .0
+                .mode
+                .is_mtls()
         })
     }
+}
+
+/// Whether a policy of `audience` applies to a server, with what it had to assume: a selector
+/// field the control plane cannot know of a server (its identity: principals, `id`, `spiffeID`;
+/// its pod's name and annotations; its IP and labels when no endpoint was found at its address)
+/// is taken as matching, so the policy applies rather than being silently left out (which would
+/// let every caller past an ALLOW policy). `None`: it does not apply.
+fn applies(mut audience: Audience, workload: &Workload) -> Option<Vec<String>> {
+    let mut guessed = Vec::new();
+    for selector in &mut audience.selectors {
+        let mut unknown = |what: &str, cleared: bool| {
+            if cleared {
+                guessed.push(format!(
+                    "to.{what} cannot be known of a server, so the policy is applied as if it matched"
+                ));
+            }
+        };
+        unknown(
+            "principals",
+            !std::mem::take(&mut selector.principals).is_empty(),
+        );
+        unknown(
+            "notPrincipals",
+            !std::mem::take(&mut selector.not_principals).is_empty(),
+        );
+        for (extends, what) in [
+            (&mut selector.extends, "extends"),
+            (&mut selector.not_extends, "notExtends"),
+        ] {
+            if extends.iter().any(|e| !knowable(&e.key, workload.found)) {
+                extends.clear();
+                unknown(what, true);
+            }
+        }
+        if !workload.found {
+            unknown(
+                "ipBlocks",
+                !std::mem::take(&mut selector.ip_blocks).is_empty(),
+            );
+            unknown(
+                "notIpBlocks",
+                !std::mem::take(&mut selector.not_ip_blocks).is_empty(),
+            );
+        }
+    }
+    audience.includes(&workload.endpoint).then_some(guessed)
+}
+
+/// Whether an extend's key can be known of a server (`found`: an endpoint is at its address).
+fn knowable(key: &str, found: bool) -> bool {
+    if key == "kubernetesEnv.namespace" {
+        return true;
+    }
+    found && (key == "ips" || key.starts_with("kubernetesEnv.podLabels."))
 }
 
 /// The workload a policy sees behind an endpoint of `service`: its namespace, its address and

@@ -69,6 +69,8 @@ pub struct Translated {
     pub allow: Vec<String>,
     /// `(policy, what is not enforced as written)`.
     pub problems: Vec<(String, String)>,
+    /// Policies with rules on the caller's address.
+    pub peer_rules: Vec<String>,
 }
 
 /// The RBAC filters of a server whose applying policies are `policies`; `mtls` says whether its
@@ -105,6 +107,7 @@ pub fn translate<'a>(
             deny: is_deny,
             mtls,
             problems: Vec::new(),
+            peer: false,
         };
         let rules: Vec<Option<(Permission, Principal)>> = if spec.rules.is_empty() {
             vec![Some((any_permission(), any_principal()))]
@@ -113,6 +116,9 @@ pub fn translate<'a>(
         };
         for text in context.problems.drain(..) {
             problem(text);
+        }
+        if context.peer {
+            out.peer_rules.push(key.clone());
         }
         let all = spec.match_type == "ALL_MATCH";
         let mut kept = Vec::new();
@@ -183,6 +189,8 @@ struct Context {
     deny: bool,
     mtls: bool,
     problems: Vec<String>,
+    /// Whether a rule names callers by address.
+    peer: bool,
 }
 
 impl Context {
@@ -215,6 +223,18 @@ impl Context {
         }
     }
 
+    /// "Not one of these identities". In an ALLOW rule a caller must also have one: a
+    /// plaintext caller has none, and is not let in by a `not` form (RBAC alone would: an
+    /// absent principal is not any of them).
+    fn not_identity(&self, identities: Principal) -> Principal {
+        let negated = not_principal(identities);
+        if self.deny {
+            negated
+        } else {
+            and_principals(vec![any_identity(), negated])
+        }
+    }
+
     fn callers(&mut self, from: &PolicySelector) -> Option<Principal> {
         let mut parts = Vec::new();
         let mut identity_used = false;
@@ -226,10 +246,11 @@ impl Context {
         }
         if !from.not_namespaces.is_empty() {
             identity_used = true;
-            parts.push(not_principal(or_principals(
+            parts.push(self.not_identity(or_principals(
                 from.not_namespaces.iter().map(|ns| namespace(ns)),
             )));
         }
+        self.peer |= !from.ip_blocks.is_empty() || !from.not_ip_blocks.is_empty();
         for (blocks, negate, field) in [
             (&from.ip_blocks, false, "ipBlocks"),
             (&from.not_ip_blocks, true, "notIpBlocks"),
@@ -263,7 +284,7 @@ impl Context {
         }
         if !from.not_principals.is_empty() {
             identity_used = true;
-            parts.push(not_principal(or_principals(
+            parts.push(self.not_identity(or_principals(
                 from.not_principals.iter().map(|p| spiffe_exact(p)),
             )));
         }
@@ -276,18 +297,25 @@ impl Context {
             }
             let mut alternatives = Vec::new();
             let mut checkable = true;
+            let mut identity = false;
             for extend in extends {
                 match extend_principal(extend) {
-                    Some((principal, identity)) => {
-                        identity_used |= identity;
+                    Some((principal, by_identity)) => {
+                        identity |= by_identity;
+                        self.peer |= !by_identity;
                         alternatives.push(principal);
                     }
                     None => checkable = false,
                 }
             }
+            identity_used |= identity;
             if checkable {
                 let any = or_principals(alternatives);
-                parts.push(if negate { not_principal(any) } else { any });
+                parts.push(match (negate, identity) {
+                    (false, _) => any,
+                    (true, true) => self.not_identity(any),
+                    (true, false) => not_principal(any),
+                });
             } else {
                 let keys: Vec<&str> = extends.iter().map(|e| e.key.as_str()).collect();
                 self.unsupported::<Principal>(format!(
@@ -297,10 +325,16 @@ impl Context {
         }
         if identity_used && !self.mtls {
             self.problems.push(
-                "from names callers by identity (namespaces, principals), which a server learns \
-                 only from client certificates: on this plaintext port it never matches (set the \
-                 port STRICT with an AuthenticationPolicy)"
-                    .to_owned(),
+                if self.deny {
+                    "from names callers by identity (namespaces, principals), which a server learns \
+                     only from client certificates: on this plaintext port callers have none, so \
+                     the DENY rule denies nobody (its `not` forms, everybody); set the port STRICT"
+                } else {
+                    "from names callers by identity (namespaces, principals), which a server learns \
+                     only from client certificates: on this plaintext port callers have none, so \
+                     the ALLOW rule lets nobody in; set the port STRICT"
+                }
+                .to_owned(),
             );
         }
         Some(and_principals(parts))
@@ -314,11 +348,11 @@ impl Context {
                 .or_else(|| key.strip_prefix("headers."))
             {
                 let name = name.to_ascii_lowercase();
-                // gRPC NACKs a matcher on these (A41): the whole listener would be refused.
-                if name.starts_with("grpc-") || name == ":scheme" || name.is_empty() {
-                    return Err(format!(
-                        "when.key {key:?} names a header gRPC does not match"
-                    ));
+                // gRPC NACKs a matcher on these (A41): the whole listener would be refused. A
+                // name that is not an HTTP/2 header name never matches.
+                let token = |b: u8| b.is_ascii_alphanumeric() || b"-_.".contains(&b);
+                if name.starts_with("grpc-") || name.is_empty() || !name.bytes().all(token) {
+                    return Err(format!("when.key {key:?} names no header gRPC can match"));
                 }
                 return Ok(permission(permission::Rule::Header(HeaderMatcher {
                     name,
@@ -377,8 +411,9 @@ fn string(m: &Match) -> Result<StringMatcher, String> {
         "contains" => string_matcher::MatchPattern::Contains(m.value.clone()),
         "regex" => {
             checked_regex(&m.value)?;
+            // grpc-js anchors a regex as `^<regex>$`: ungrouped, `a|b` would be `^a` or `b$`.
             string_matcher::MatchPattern::SafeRegex(RegexMatcher {
-                regex: m.value.clone(),
+                regex: format!("(?:{})", m.value),
                 ..Default::default()
             })
         }
@@ -404,7 +439,9 @@ fn pattern(m: &Match) -> Result<String, String> {
         "contains" => format!(".*{escaped}.*"),
         "regex" => {
             checked_regex(&m.value)?;
-            format!("(?:{})", m.value)
+            // Matched inside the path, where anchors would never match: a pattern anchored at
+            // both ends of a method or interface name means that name.
+            format!("(?:{})", unanchored(&m.value))
         }
         other => {
             return Err(format!(
@@ -414,11 +451,73 @@ fn pattern(m: &Match) -> Result<String, String> {
     })
 }
 
-/// A regular expression clients would NACK (and the whole listener with it) is refused here.
+/// `text` without a leading `^` and a trailing unescaped `$`.
+fn unanchored(text: &str) -> &str {
+    let text = text.strip_prefix('^').unwrap_or(text);
+    match text.strip_suffix('$') {
+        Some(rest) if !rest.ends_with('\\') || rest.ends_with("\\\\") => rest,
+        _ => text,
+    }
+}
+
+/// A regular expression clients would NACK (and the whole listener with it) is refused here:
+/// one that does not compile, or that uses what Rust's regex takes and RE2 (which gRPC uses)
+/// refuses: flags other than `i`, `m`, `s`, `U`, repetitions over 1,000, `\<`, `\>`, `\b{..}`
+/// and class set operations.
 fn checked_regex(text: &str) -> Result<(), String> {
-    regex::Regex::new(text)
-        .map(|_| ())
-        .map_err(|err| format!("regex {text:?} does not compile ({err})"))
+    regex::Regex::new(text).map_err(|err| format!("regex {text:?} does not compile ({err})"))?;
+    let refused = |why: &str| Err(format!("regex {text:?}: {why}, which gRPC's RE2 refuses"));
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    let mut class_depth = 0usize;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => {
+                match bytes.get(i + 1) {
+                    Some(b'<' | b'>') => return refused("a word-boundary escape"),
+                    Some(b'b' | b'B') if bytes.get(i + 2) == Some(&b'{') => {
+                        return refused("a word-boundary escape");
+                    }
+                    _ => {}
+                }
+                i += 2;
+                continue;
+            }
+            b'[' => class_depth += 1,
+            b']' if class_depth > 0 => class_depth -= 1,
+            b'&' | b'-' | b'~' if class_depth > 0 && bytes.get(i + 1) == Some(&bytes[i]) => {
+                return refused("a class set operation");
+            }
+            b'(' if class_depth == 0 && bytes.get(i + 1) == Some(&b'?') => {
+                let flags: Vec<u8> = bytes[i + 2..]
+                    .iter()
+                    .copied()
+                    .take_while(|b| *b != b':' && *b != b')')
+                    .collect();
+                let named = flags.first().is_some_and(|b| *b == b'P' || *b == b'<');
+                if !named && !flags.iter().all(|b| b"imsU-".contains(b)) {
+                    return refused("a flag other than i, m, s, U");
+                }
+            }
+            b'{' if class_depth == 0 => {
+                let counts: String = bytes[i + 1..]
+                    .iter()
+                    .take_while(|b| **b != b'}')
+                    .map(|b| char::from(*b))
+                    .collect();
+                if counts
+                    .split(',')
+                    .filter_map(|n| n.trim().parse::<u32>().ok())
+                    .any(|n| n > 1000)
+                {
+                    return refused("a repetition over 1,000");
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    Ok(())
 }
 
 fn regex(regex: String) -> StringMatcher {
@@ -459,6 +558,11 @@ fn extend_principal(extend: &PolicyExtend) -> Option<(Principal, bool)> {
         }
         _ => None,
     }
+}
+
+/// Any caller with a SPIFFE ID (a client certificate from our CA).
+fn any_identity() -> Principal {
+    authenticated(regex("spiffe://.+".to_owned()))
 }
 
 fn authenticated(name: StringMatcher) -> Principal {

@@ -69,7 +69,8 @@ fn rules(filter: &HttpFilter) -> Rbac {
         .unwrap()
 }
 
-/// Whether `matcher` accepts `value`, evaluated as gRPC does (regexes whole-string).
+/// Whether `matcher` accepts `value`, evaluated as grpc-js does: a regex anchored as
+/// `^<regex>$`, ungrouped (so a regex that is not grouped where it must be fails here).
 fn string_accepts(matcher: &StringMatcher, value: &str) -> bool {
     match matcher.match_pattern.as_ref().unwrap() {
         string_matcher::MatchPattern::Exact(e) => value == e,
@@ -423,5 +424,106 @@ fn the_same_policies_encode_to_the_same_bytes() {
     let first = translate(policies.iter(), true);
     for _ in 0..5 {
         assert_eq!(translate(policies.iter(), true).filters, first.filters);
+    }
+}
+
+#[test]
+fn not_forms_in_an_allow_rule_let_no_plaintext_caller_in() {
+    let allow = [policy(
+        "p",
+        "ALLOW",
+        vec![from(PolicySelector {
+            not_namespaces: vec!["b".into()],
+            ..Default::default()
+        })],
+    )];
+    let t = translate(allow.iter(), false);
+    assert!(!allowed(&t, &call(None, "/x/y")), "no identity, not let in");
+    assert!(allowed(&t, &call(Some(A), "/x/y")));
+    assert!(!allowed(&t, &call(Some(B), "/x/y")));
+    // In a DENY rule the `not` form denies a caller without identity (it is not in b).
+    let deny = [
+        policy("all", "ALLOW", Vec::new()),
+        policy(
+            "d",
+            "DENY",
+            vec![from(PolicySelector {
+                not_principals: vec![A.into()],
+                ..Default::default()
+            })],
+        ),
+    ];
+    let t = translate(deny.iter(), false);
+    assert!(!allowed(&t, &call(None, "/x/y")));
+    assert!(allowed(&t, &call(Some(A), "/x/y")));
+    assert!(t.problems[0].1.contains("everybody"), "{:?}", t.problems);
+}
+
+#[test]
+fn regexes_are_grouped_unanchored_in_paths_and_what_re2_refuses_is_not_sent() {
+    let policies = [policy(
+        "p",
+        "ALLOW",
+        vec![
+            when("method", &[("regex", "^Get.*$")], &[]),
+            when("path", &[("regex", "/a/One|/a/Two")], &[]),
+        ],
+    )];
+    let t = translate(policies.iter(), true);
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    assert!(allowed(&t, &call(None, "/shop.Items/GetAll")));
+    assert!(!allowed(&t, &call(None, "/shop.Items/Put")));
+    assert!(allowed(&t, &call(None, "/a/Two")));
+    // Ungrouped, grpc-js would read `^/a/One` or `/a/Two$`.
+    assert!(!allowed(&t, &call(None, "/a/OneMore")));
+    for refused in [
+        "a{1001}",
+        "(?x) a b",
+        "(?u)abc",
+        "\\<word",
+        "[a-z&&[^x]]",
+        "\\b{start}x",
+    ] {
+        let bad = [policy(
+            "r",
+            "DENY",
+            vec![when("method", &[("regex", refused)], &[])],
+        )];
+        let t = translate(bad.iter(), true);
+        assert!(
+            t.problems[0].1.contains("RE2"),
+            "{refused}: {:?}",
+            t.problems
+        );
+        // The DENY rule goes on without its condition: it denies more, never less.
+        assert!(!allowed(&t, &call(None, "/x/Anything")), "{refused}");
+    }
+    for accepted in ["(?i)get", "a{2,1000}", "(?P<m>x)", "[a-z]"] {
+        let ok = [policy(
+            "r",
+            "DENY",
+            vec![when("method", &[("regex", accepted)], &[])],
+        )];
+        assert!(translate(ok.iter(), true).problems.is_empty(), "{accepted}");
+    }
+}
+
+#[test]
+fn header_names_grpc_cannot_match_are_reported() {
+    for key in [
+        "attachments.Tenant ID",
+        "attachments.grpc-timeout",
+        "attachments.é",
+        "attachments.",
+    ] {
+        let policies = [policy("p", "ALLOW", vec![when(key, &[("", "x")], &[])])];
+        let t = translate(policies.iter(), true);
+        assert!(
+            t.problems
+                .first()
+                .is_some_and(|p| p.1.contains("names no header")),
+            "{key}: {:?}",
+            t.problems
+        );
     }
 }

@@ -6,6 +6,7 @@ use dubbo_cp_domain::rules::{PolicyExtend, PolicySelector, PortLevel};
 use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
 
 use super::*;
+use dubbo_cp_domain::rules::AuthorizationPolicySpec;
 
 fn authn(
     namespace: &str,
@@ -43,8 +44,13 @@ fn workload(namespace: &str, app: &str) -> Endpoint {
     }
 }
 
-fn decided(policies: &Policies, workload: &Endpoint, port: u16) -> (Mode, Option<String>) {
-    let decision = policies.mode(workload, port);
+fn decided(policies: &Policies, endpoint: &Endpoint, port: u16) -> (Mode, Option<String>) {
+    let workload = Workload {
+        endpoint: endpoint.clone(),
+        found: true,
+    };
+    let (decision, unknown) = policies.mode(&workload, port);
+    assert!(unknown.is_empty(), "{unknown:?}");
     (decision.mode, decision.policy)
 }
 
@@ -78,7 +84,7 @@ fn the_most_specific_policy_decides_and_none_inherits() {
         decided(&policies, &workload("shop", "greeter"), 50051),
         (Mode::Disabled, Some("shop/namespace".into()))
     );
-    // A port-level entry overrides on its port only, NONE included.
+    // A port-level entry overrides on its port only.
     policies.authentication[2].spec.port_level = vec![PortLevel {
         port: 50052,
         action: "STRICT".into(),
@@ -90,6 +96,16 @@ fn the_most_specific_policy_decides_and_none_inherits() {
     assert_eq!(
         decided(&policies, &workload("shop", "greeter"), 50051).0,
         Mode::Disabled
+    );
+    // A port-level NONE inherits its own policy's action, not the next policy's.
+    policies.authentication[3].spec.port_level = vec![PortLevel {
+        port: 8080,
+        action: "NONE".into(),
+    }];
+    policies.authentication[3].spec.action = "STRICT".into();
+    assert_eq!(
+        decided(&policies, &workload("shop", "billing"), 8080),
+        (Mode::Strict, Some("shop/billing".into()))
     );
     // No policy at all: plaintext, as Istio's proxyless default.
     assert_eq!(
@@ -121,7 +137,8 @@ fn callers_of_a_strict_endpoint_use_mtls() {
             .collect(),
     };
     let mut policies = Policies::default();
-    assert!(!policies.upstream_mtls(&service, "grpc", 7070));
+    assert!(!policies.upstream_mtls(&service, &service.endpoints, &service.ports[0]));
+    let port = service.ports[0].clone();
     // One endpoint STRICT on its own port (50051, not the service port): TLS for the cluster.
     policies.authentication = vec![Named {
         spec: AuthenticationPolicySpec {
@@ -134,7 +151,96 @@ fn callers_of_a_strict_endpoint_use_mtls() {
         },
         ..authn("shop", "one", "", Vec::new())
     }];
-    assert!(policies.upstream_mtls(&service, "grpc", 7070));
+    assert!(policies.upstream_mtls(&service, &service.endpoints, &port));
+    // A subset without that endpoint stays plaintext.
+    assert!(!policies.upstream_mtls(&service, &service.endpoints[..1], &port));
     policies.authentication[0].spec.port_level[0].port = 7070;
-    assert!(!policies.upstream_mtls(&service, "grpc", 7070));
+    assert!(!policies.upstream_mtls(&service, &service.endpoints, &port));
+}
+
+#[test]
+fn selectors_on_the_root_and_a_namespace_rank_by_place_not_by_name() {
+    let policies = Policies {
+        authentication: vec![
+            // "apps" sorts before "dubbo-system", "zoo" after: neither must matter.
+            authn("dubbo-system", "mesh-app", "DISABLED", labelled("app", "x")),
+            authn("zoo", "own", "STRICT", labelled("app", "x")),
+        ],
+        ..Policies::default()
+    };
+    assert_eq!(
+        decided(&policies, &workload("zoo", "x"), 1),
+        (Mode::Strict, Some("zoo/own".into()))
+    );
+}
+
+#[test]
+fn a_policy_selecting_by_what_a_server_cannot_show_applies_and_says_so() {
+    use dubbo_cp_domain::rules::{AuthorizationRule, PolicySelector};
+    let by_principal = AuthorizationPolicySpec {
+        action: "ALLOW".into(),
+        rules: vec![AuthorizationRule {
+            to: Some(PolicySelector {
+                principals: vec!["cluster.local/ns/shop/sa/greeter".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        samples: 0.0,
+        order: 0.0,
+        match_type: String::new(),
+    };
+    let by_label = AuthorizationPolicySpec {
+        rules: vec![AuthorizationRule {
+            to: Some(labelled("app", "greeter").remove(0)),
+            ..Default::default()
+        }],
+        ..by_principal.clone()
+    };
+    let policies = Policies {
+        authorization: vec![
+            Named {
+                namespace: "shop".into(),
+                name: "by-principal".into(),
+                spec: by_principal,
+            },
+            Named {
+                namespace: "shop".into(),
+                name: "by-label".into(),
+                spec: by_label,
+            },
+        ],
+        ..Policies::default()
+    };
+    // Found behind its address: labels are known, the identity is not.
+    let found = Workload {
+        endpoint: workload("shop", "billing"),
+        found: true,
+    };
+    let (applying, unknown) = policies.authorizing(&found);
+    let names: Vec<&str> = applying.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["by-principal"],
+        "billing's labels are known not to match"
+    );
+    assert_eq!(unknown.len(), 1);
+    assert!(unknown[0].1.contains("to.principals"), "{unknown:?}");
+    // Not found (e.g. 0.0.0.0): its labels are not known either, and both apply.
+    let unknown_workload = Workload {
+        endpoint: Endpoint {
+            namespace: "shop".into(),
+            ..Endpoint::default()
+        },
+        found: false,
+    };
+    let (applying, unknown) = policies.authorizing(&unknown_workload);
+    assert_eq!(applying.len(), 2);
+    assert_eq!(unknown.len(), 2, "{unknown:?}");
+    // Another namespace's server: neither.
+    let elsewhere = Workload {
+        endpoint: workload("bank", "greeter"),
+        found: true,
+    };
+    assert!(policies.authorizing(&elsewhere).0.is_empty());
 }
