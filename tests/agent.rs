@@ -164,20 +164,7 @@ fn leaf(dir: &Path) -> Option<Leaf> {
     let chain = std::fs::read(dir.join(CERT_CHAIN_FILE)).ok()?;
     let der = certificates(&chain).into_iter().next()?;
     let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
-    let uris = cert
-        .subject_alternative_name()
-        .unwrap()
-        .map(|san| {
-            san.value
-                .general_names
-                .iter()
-                .filter_map(|name| match name {
-                    x509_parser::extensions::GeneralName::URI(uri) => Some(uri.to_string()),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let uris = common::uri_sans(&der);
     Some(Leaf {
         serial: cert.tbs_certificate.raw_serial_as_string(),
         not_after: cert.validity().not_after.timestamp(),

@@ -91,21 +91,7 @@ fn der_of(pem_text: &str) -> Vec<u8> {
 
 /// The URI SANs of a certificate.
 fn uris(cert_pem: &str) -> Vec<String> {
-    let der = der_of(cert_pem);
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
-    cert.subject_alternative_name()
-        .unwrap()
-        .map(|san| {
-            san.value
-                .general_names
-                .iter()
-                .filter_map(|name| match name {
-                    x509_parser::extensions::GeneralName::URI(uri) => Some(uri.to_string()),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    common::uri_sans(&der_of(cert_pem))
 }
 
 /// Whether `cert_pem` is signed by one of `roots`.

@@ -493,19 +493,7 @@ async fn the_ca_issues_a_certificate_to_a_caller_holding_a_real_token() {
 
 /// The URI SANs of the first certificate of a PEM chain.
 fn spiffe_ids(chain: &str) -> Vec<String> {
-    let der = pem::parse(chain).unwrap().into_contents();
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
-    cert.subject_alternative_name()
-        .unwrap()
-        .unwrap()
-        .value
-        .general_names
-        .iter()
-        .filter_map(|name| match name {
-            x509_parser::extensions::GeneralName::URI(uri) => Some(uri.to_string()),
-            _ => None,
-        })
-        .collect()
+    common::uri_sans(&pem::parse(chain).unwrap().into_contents())
 }
 
 #[tokio::test]

@@ -29,6 +29,22 @@ const GET: &str = "/shop.Items/Get";
 const DELETE: &str = "/shop.Items/Delete";
 const A: &str = "spiffe://cluster.local/ns/a/sa/client";
 
+/// The control plane with the test's tokens, its certificates valid for `validity`.
+async fn control_plane(
+    dir: &std::path::Path,
+    validity: Option<std::time::Duration>,
+) -> dubbo_cp::server::RunningServer {
+    let tokens = dir.join("tokens.yaml");
+    std::fs::write(&tokens, TOKENS).unwrap();
+    let mut config = test_config(&dir.join("data"));
+    config.auth.token_file = Some(tokens);
+    config.auth.admins = vec!["ops-admin".into()];
+    if let Some(validity) = validity {
+        config.ca.cert_validity = validity;
+    }
+    start(config).await
+}
+
 async fn apply(admin: SocketAddr, manifest: &str) {
     let (status, body) = http_send(admin, "POST", "/api/v1/apply", manifest, Some(ADMIN)).await;
     assert_eq!(status, 200, "{body}");
@@ -76,12 +92,7 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpcio_servers_enforce_mtls_and_rbac_from_policies_on_live_traffic() {
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.yaml");
-    std::fs::write(&tokens, TOKENS).unwrap();
-    let mut config = test_config(&dir.path().join("data"));
-    config.auth.token_file = Some(tokens);
-    config.auth.admins = vec!["ops-admin".into()];
-    let cp = start(config).await;
+    let cp = control_plane(dir.path(), None).await;
     let (admin, grpc, tls) = (cp.admin_addr, cp.grpc_addr, cp.tls_addr.unwrap());
     let port = free_port();
     apply(admin, &greeter_entry(port)).await;
@@ -194,7 +205,7 @@ async fn grpcio_servers_enforce_mtls_and_rbac_from_policies_on_live_traffic() {
     assert_eq!(greeter["service"], "shop/greeter", "{greeter}");
     assert_eq!(greeter["notEnforced"], serde_json::json!([]), "{greeter}");
     assert!(
-        greeter_server.child.try_wait().unwrap().is_none(),
+        greeter_server.0.child.try_wait().unwrap().is_none(),
         "the same server process served every policy"
     );
     cp.stop().await.unwrap();
@@ -203,14 +214,8 @@ async fn grpcio_servers_enforce_mtls_and_rbac_from_policies_on_live_traffic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_renew_under_live_mtls_traffic_with_no_call_failing() {
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.yaml");
-    std::fs::write(&tokens, TOKENS).unwrap();
-    let mut config = test_config(&dir.path().join("data"));
-    config.auth.token_file = Some(tokens);
-    config.auth.admins = vec!["ops-admin".into()];
     // Renewed every 5 s (half-life), so the run below spans several renewals on both ends.
-    config.ca.cert_validity = std::time::Duration::from_secs(10);
-    let cp = start(config).await;
+    let cp = control_plane(dir.path(), Some(std::time::Duration::from_secs(10))).await;
     let (admin, grpc, tls) = (cp.admin_addr, cp.grpc_addr, cp.tls_addr.unwrap());
     let port = free_port();
     apply(admin, &greeter_entry(port)).await;
@@ -280,12 +285,7 @@ fn proxied(tls: SocketAddr) -> (SocketAddr, Vec<String>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_js_servers_and_clients_enforce_the_same_through_the_agents_xds_proxy() {
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.yaml");
-    std::fs::write(&tokens, TOKENS).unwrap();
-    let mut config = test_config(&dir.path().join("data"));
-    config.auth.token_file = Some(tokens);
-    config.auth.admins = vec!["ops-admin".into()];
-    let cp = start(config).await;
+    let cp = control_plane(dir.path(), None).await;
     let (admin, grpc, tls) = (cp.admin_addr, cp.grpc_addr, cp.tls_addr.unwrap());
     let port = free_port();
     apply(admin, &greeter_entry(port)).await;

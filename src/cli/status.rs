@@ -77,6 +77,13 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether `client` is in the namespace asked for (all without one).
+fn in_namespace(client: &XdsClientView, args: &StatusArgs) -> bool {
+    args.namespace
+        .as_ref()
+        .is_none_or(|ns| &client.namespace == ns)
+}
+
 /// The xDS-enabled servers among the clients: where they listen, the TLS their listener
 /// requires and the policy that decided it, and the AuthorizationPolicies they enforce.
 fn servers_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
@@ -92,11 +99,7 @@ fn servers_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
         }
     };
     for client in clients {
-        if args
-            .namespace
-            .as_ref()
-            .is_some_and(|ns| &client.namespace != ns)
-        {
+        if !in_namespace(client, args) {
             continue;
         }
         for server in &client.servers {
@@ -148,11 +151,7 @@ fn xds_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
     );
     let version = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_owned());
     for client in clients {
-        if args
-            .namespace
-            .as_ref()
-            .is_some_and(|ns| &client.namespace != ns)
-        {
+        if !in_namespace(client, args) {
             continue;
         }
         for status in &client.types {
@@ -462,5 +461,47 @@ mod tests {
         assert_eq!(tags.lines().count(), 3, "{tags}");
         let demo = status_table(&clients, &args(None, Some("demo"), false));
         assert_eq!(demo.lines().count(), 3, "{demo}");
+    }
+
+    #[test]
+    fn the_servers_table_shows_tls_its_policy_and_rbac() {
+        let server = |tls: &str, policy: Option<&str>| crate::xds::clients::ServerView {
+            address: "127.0.0.1:50051".into(),
+            service: Some("shop/greeter".into()),
+            namespace: "shop".into(),
+            tls: tls.into(),
+            tls_policy: policy.map(str::to_owned),
+            deny: vec!["shop/no-delete".into()],
+            allow: Vec::new(),
+            not_enforced: vec!["shop/audit: ADULT".into()],
+        };
+        let client = |node: &str, namespace: &str, servers| XdsClientView {
+            node_id: node.into(),
+            namespace: namespace.into(),
+            seen: None,
+            types: Vec::new(),
+            servers,
+        };
+        let clients = [
+            client(
+                "greeter-0",
+                "shop",
+                vec![server("STRICT", Some("shop/strict"))],
+            ),
+            client("plain-0", "bank", vec![server("PERMISSIVE", None)]),
+            client("caller", "shop", Vec::new()),
+        ];
+        let table = servers_table(&clients, &args(None, None, false));
+        let rows: Vec<&str> = table.lines().collect();
+        assert_eq!(rows.len(), 3, "{table}");
+        assert!(
+            rows[1].starts_with("greeter-0") && rows[1].contains("mTLS"),
+            "{table}"
+        );
+        assert!(rows[1].contains("shop/strict") && rows[1].contains("shop/no-delete / -"));
+        assert!(rows[1].ends_with("(1 not enforced as written)"), "{table}");
+        assert!(rows[2].contains("plaintext (PERMISSIVE)") && rows[2].contains("(default)"));
+        let shop = servers_table(&clients, &args(None, Some("shop"), false));
+        assert_eq!(shop.lines().count(), 2, "{shop}");
     }
 }

@@ -507,3 +507,21 @@ pub fn install_package(package: &str, present: &dyn Fn() -> bool) {
         assert!(apt(&install), "apt-get install {package} failed");
     }
 }
+
+/// The URI SANs (SPIFFE IDs) of a DER certificate.
+pub fn uri_sans(der: &[u8]) -> Vec<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).unwrap();
+    cert.subject_alternative_name()
+        .unwrap()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|name| match name {
+                    x509_parser::extensions::GeneralName::URI(uri) => Some(uri.to_string()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}

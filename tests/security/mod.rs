@@ -8,8 +8,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, Command};
 
 use crate::released::Released;
 
@@ -94,35 +94,35 @@ impl Workload {
     /// control plane knows it by its SPIFFE ID), the certificate provider on the agent's
     /// directory, re-read every `refresh`.
     pub fn bootstrap(&self, tls: std::net::SocketAddr, node: &str, refresh: &str) -> String {
-        let dir = self.dir.to_str().unwrap();
-        let file = |name: &str| format!("{dir}/{name}");
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
-            .args([
-                "bootstrap",
+        let file = |name: &str| self.dir.join(name).to_str().unwrap().to_owned();
+        self.bootstrap_with(
+            &[
                 "--server",
                 &format!("localhost:{}", tls.port()),
-            ])
-            .args(["-n", &self.namespace, "--node-id", node])
-            .args(["--ca-file", &file(ROOT_CERT)])
-            .args(["--cert-file", &file(CERT_CHAIN), "--key-file", &file(KEY)])
-            .args(["--certificates", dir])
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "{output:?}");
-        let mut bootstrap: Value = serde_json::from_slice(&output.stdout).unwrap();
-        bootstrap["certificate_providers"]["default"]["config"]["refresh_interval"] =
-            Value::from(refresh);
-        bootstrap.to_string()
+                "--ca-file",
+                &file(ROOT_CERT),
+                "--cert-file",
+                &file(CERT_CHAIN),
+                "--key-file",
+                &file(KEY),
+            ],
+            node,
+            refresh,
+        )
     }
 
-    /// The same, reaching the plain xDS port at `xds` with no credentials (grpc-js reads no
-    /// other channel credentials).
+    /// The same, reaching the plain xDS port (the agent's proxy) at `xds` with no credentials
+    /// (grpc-js reads no other channel credentials).
     pub fn plain_bootstrap(&self, xds: std::net::SocketAddr, node: &str, refresh: &str) -> String {
-        let dir = self.dir.to_str().unwrap();
+        self.bootstrap_with(&["--server", &xds.to_string()], node, refresh)
+    }
+
+    fn bootstrap_with(&self, server: &[&str], node: &str, refresh: &str) -> String {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
-            .args(["bootstrap", "--server", &xds.to_string()])
+            .arg("bootstrap")
+            .args(server)
             .args(["-n", &self.namespace, "--node-id", node])
-            .args(["--certificates", dir])
+            .args(["--certificates", self.dir.to_str().unwrap()])
             .output()
             .unwrap();
         assert!(output.status.success(), "{output:?}");
@@ -133,53 +133,29 @@ impl Workload {
     }
 }
 
-/// A process of a script, stopped when dropped.
-pub struct Proc {
-    pub child: Child,
-    stdin: ChildStdin,
-    lines: Lines<BufReader<ChildStdout>>,
-}
+/// A process of `secure.py` or `secure.js`, stopped when dropped.
+pub struct Proc(pub crate::released::Proc);
 
 impl Proc {
     fn spawn(kind: Released, args: &[&str], env: &[(&str, String)]) -> Proc {
-        let mut command = match kind {
-            Released::Grpcio => Command::new(crate::released::python()),
-            Released::GrpcJs => {
-                let mut command = Command::new("node");
-                command.env("NODE_PATH", crate::released::node_modules());
-                command
-            }
-        };
-        command
-            .arg(script(kind))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true);
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        Proc {
-            child,
-            stdin,
-            lines,
-        }
+        Proc(crate::released::Proc::spawn_script(
+            kind,
+            &script(kind),
+            args,
+            env,
+        ))
     }
 
     /// The next line; a process that says nothing for 3 minutes fails the test.
     pub async fn line(&mut self) -> String {
-        tokio::time::timeout(Duration::from_secs(180), self.lines.next_line())
+        tokio::time::timeout(Duration::from_secs(180), self.0.line())
             .await
             .expect("an answer within 3 minutes")
-            .unwrap()
-            .expect("a line")
     }
 
     async fn ask(&mut self, command: &str) -> Value {
-        self.stdin
+        self.0
+            .stdin
             .write_all(format!("{command}\n").as_bytes())
             .await
             .unwrap();

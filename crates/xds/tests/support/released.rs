@@ -105,21 +105,30 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(kind: Released, args: &[&str], env: &[(&str, String)]) -> Proc {
+        let name = match kind {
+            Released::Grpcio => "grpc_xds.py",
+            Released::GrpcJs => "grpc_xds.js",
+        };
+        Proc::spawn_script(kind, &script(name), args, env)
+    }
+
+    /// `script` (Python for grpcio, Node.js for grpc-js) with the released library.
+    pub fn spawn_script(
+        kind: Released,
+        script: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> Proc {
         let mut command = match kind {
-            Released::Grpcio => {
-                let mut command = Command::new(python());
-                command.arg(script("grpc_xds.py"));
-                command
-            }
+            Released::Grpcio => Command::new(python()),
             Released::GrpcJs => {
                 let mut command = Command::new("node");
-                command
-                    .arg(script("grpc_xds.js"))
-                    .env("NODE_PATH", node_modules());
+                command.env("NODE_PATH", node_modules());
                 command
             }
         };
         command
+            .arg(script)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
