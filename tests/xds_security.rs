@@ -204,6 +204,14 @@ async fn grpcio_servers_enforce_mtls_and_rbac_from_policies_on_live_traffic() {
     );
     assert_eq!(greeter["service"], "shop/greeter", "{greeter}");
     assert_eq!(greeter["notEnforced"], serde_json::json!([]), "{greeter}");
+    assert_eq!(
+        common::metric(admin, "dubbo_cp_xds_servers_mtls").await,
+        1.0
+    );
+    assert_eq!(
+        common::metric(admin, "dubbo_cp_xds_servers_rbac").await,
+        1.0
+    );
     assert!(
         greeter_server.0.child.try_wait().unwrap().is_none(),
         "the same server process served every policy"

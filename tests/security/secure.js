@@ -5,7 +5,7 @@
 //                           listener arrives). RBAC needs GRPC_XDS_EXPERIMENTAL_RBAC=true.
 //   client TARGET MODE      MODE "xds" (xDS channel credentials) or "plain"; reads lines:
 //     call N METHOD             prints {"OK": n, CODE: n, "peers": {id: n}, "last_error": s}
-//     settle OUTCOME RUN METHOD calls until OUTCOME comes RUN times in a row (at most 3,000)
+//     settle OUTCOME RUN METHOD calls until OUTCOME comes RUN times in a row (at most 30 s)
 'use strict';
 const grpc = require('@grpc/grpc-js');
 const xds = require('@grpc/grpc-js-xds');
@@ -78,10 +78,14 @@ async function client(target, mode) {
     } else if (words[0] === 'settle' && words.length === 4) {
       let calls = 0; let run = 0; let last = null; let details = null;
       const wanted = Number(words[2]);
-      while (calls < 3000 && run < wanted) {
+      // Bounded in time, not calls: failing calls can be quick, and a configuration takes a
+      // moment to reach both ends.
+      const deadline = Date.now() + 30000;
+      while (Date.now() < deadline && run < wanted) {
         calls += 1;
         [last, , details] = await outcome(client, words[3]);
         run = last === words[1] ? run + 1 : 0;
+        if (run === 0) await new Promise((done) => setTimeout(done, 5));
       }
       console.log(JSON.stringify({ calls, settled: run >= wanted, last, details }));
     } else {

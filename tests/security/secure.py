@@ -9,7 +9,7 @@ whatever the control plane says). Reads lines from stdin:
   "call N METHOD [PAUSE_MS]" makes N calls (PAUSE_MS apart) and prints {"OK": n, CODE: n, ...,
   "peers": {id: n}, "last_error": s};
   "settle OUTCOME RUN METHOD" calls until OUTCOME (OK or a status code name) comes RUN times in a
-  row, at most 3,000 calls, and prints {"calls": n, "settled": bool, "last": outcome}.
+  row, for at most 30 s, and prints {"calls": n, "settled": bool, "last": outcome, "details": s}.
 The bootstrap comes from GRPC_XDS_BOOTSTRAP_CONFIG.
 """
 import json
@@ -85,10 +85,15 @@ def client(target, mode):
             print(json.dumps(result), flush=True)
         elif len(words) == 4 and words[0] == "settle":
             calls, run, wanted, last, details = 0, 0, int(words[2]), None, None
-            while calls < 3000 and run < wanted:
+            # Bounded in time, not calls: failing calls can be quick, and a configuration takes
+            # a moment to reach both ends.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and run < wanted:
                 calls += 1
                 last, _, details = outcome(words[3])
                 run = run + 1 if last == words[1] else 0
+                if run == 0:
+                    time.sleep(0.005)
             print(json.dumps({"calls": calls, "settled": run >= wanted, "last": last,
                               "details": details}), flush=True)
         else:

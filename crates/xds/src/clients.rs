@@ -155,6 +155,18 @@ impl Clients {
         self.changes.send_modify(|n| *n += 1);
     }
 
+    /// Server listeners held by open streams for which `holds` is true (for the metrics of what
+    /// servers were told to enforce).
+    pub fn count_servers(&self, holds: fn(&ServerView) -> bool) -> i64 {
+        let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = streams
+            .values()
+            .flat_map(|status| &status.servers)
+            .filter(|server| holds(server))
+            .count();
+        i64::try_from(count).unwrap_or(i64::MAX)
+    }
+
     /// Every open stream, by the order they opened.
     pub fn list(&self) -> Vec<ClientStatus> {
         self.streams

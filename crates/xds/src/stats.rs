@@ -79,6 +79,34 @@ impl XdsStats {
             clients,
             |c| i64::try_from(c.open_streams()).unwrap_or(i64::MAX),
         );
+        scraped_gauge(
+            registry,
+            "xds_servers_mtls",
+            "Listeners of xDS-enabled gRPC servers held now that require mTLS (STRICT)",
+            clients,
+            |c| c.count_servers(|s| s.tls == "STRICT"),
+        );
+        scraped_gauge(
+            registry,
+            "xds_servers_plaintext",
+            "Listeners of xDS-enabled gRPC servers held now that are plaintext (PERMISSIVE, DISABLED or no policy)",
+            clients,
+            |c| c.count_servers(|s| s.tls != "STRICT"),
+        );
+        scraped_gauge(
+            registry,
+            "xds_servers_rbac",
+            "Listeners of xDS-enabled gRPC servers held now that enforce AuthorizationPolicies (RBAC)",
+            clients,
+            |c| c.count_servers(|s| !s.allow.is_empty() || !s.deny.is_empty()),
+        );
+        scraped_gauge(
+            registry,
+            "xds_servers_not_enforced",
+            "Listeners of xDS-enabled gRPC servers held now that do not enforce a policy as written (see /debug/xds)",
+            clients,
+            |c| c.count_servers(|s| !s.not_enforced.is_empty()),
+        );
         scraped_counter(
             registry,
             "xds_resource_encodes",
