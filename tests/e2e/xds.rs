@@ -7,8 +7,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use envoy_types::pb::envoy::config::cluster::v3::Cluster as XdsCluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::protobuf::{Struct, Value as ProtoValue, value};
@@ -54,6 +56,74 @@ fn endpoints_of(response: &DiscoveryResponse) -> Vec<String> {
     found
 }
 
+/// A request of a client in `NS` for `names` of `type_url`.
+fn request(type_url: &str, names: &[String], version: &str, nonce: &str) -> DiscoveryRequest {
+    let metadata = Struct {
+        fields: [(
+            "NAMESPACE".to_owned(),
+            ProtoValue {
+                kind: Some(value::Kind::StringValue(NS.to_owned())),
+            },
+        )]
+        .into(),
+    };
+    DiscoveryRequest {
+        type_url: type_url.into(),
+        resource_names: names.to_vec(),
+        version_info: version.into(),
+        response_nonce: nonce.into(),
+        node: Some(envoy_types::pb::envoy::config::core::v3::Node {
+            id: "e2e-raw-client".into(),
+            metadata: Some(metadata),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The first answer of a raw ADS stream holding `token` to a request for `name` of `type_url`
+/// in which `done` holds (each answer is asked again until then, for at most [`WAIT`]).
+async fn answer_until(
+    xds: SocketAddr,
+    token: &str,
+    type_url: &str,
+    name: &str,
+    done: impl Fn(&DiscoveryResponse) -> bool,
+) -> DiscoveryResponse {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{xds}"))
+            .await
+            .unwrap();
+        let (requests, rx) = mpsc::channel(1);
+        requests
+            .send(request(type_url, &[name.to_owned()], "", ""))
+            .await
+            .unwrap();
+        let mut call = tonic::Request::new(ReceiverStream::new(rx));
+        call.metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let mut responses = client
+            .stream_aggregated_resources(call)
+            .await
+            .unwrap()
+            .into_inner();
+        let response = tokio::time::timeout_at(deadline, responses.message())
+            .await
+            .unwrap_or_else(|_| panic!("no answer for {name}"))
+            .unwrap()
+            .expect("an answer");
+        if done(&response) {
+            return response;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never became as wanted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A raw ADS stream subscribed to the load assignments of `clusters`, as a client in `NS`
 /// holding `token`.
 struct Eds {
@@ -87,27 +157,7 @@ impl Eds {
     }
 
     async fn send(&self, version: &str, nonce: &str) {
-        let metadata = Struct {
-            fields: [(
-                "NAMESPACE".to_owned(),
-                ProtoValue {
-                    kind: Some(value::Kind::StringValue(NS.to_owned())),
-                },
-            )]
-            .into(),
-        };
-        let request = DiscoveryRequest {
-            type_url: dubbo_cp::xds::ENDPOINT.into(),
-            resource_names: self.clusters.clone(),
-            version_info: version.into(),
-            response_nonce: nonce.into(),
-            node: Some(envoy_types::pb::envoy::config::core::v3::Node {
-                id: "e2e-raw-client".into(),
-                metadata: Some(metadata),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let request = request(dubbo_cp::xds::ENDPOINT, &self.clusters, version, nonce);
         self.requests.send(request).await.unwrap();
     }
 
@@ -135,7 +185,7 @@ pub async fn kubernetes_services_and_entries(cluster: &Cluster, xds: SocketAddr)
     let service = json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "greeter", "namespace": NS,
-                     "labels": {"dubbo.apache.org/application": "greeter"}},
+                     "labels": {"dubbo.apache.org/application": "greeter", "app": "greeter"}},
         "spec": {"ports": [{"name": "grpc", "port": 7070, "targetPort": 17070}]},
     });
     let slice = |terminating: bool| {
@@ -178,6 +228,54 @@ pub async fn kubernetes_services_and_entries(cluster: &Cluster, xds: SocketAddr)
     let legacy = format!("outbound|9090||legacy.{NS}.svc.cluster.local");
     let mut entries = Eds::connect(xds, &token, &[legacy]).await;
     entries.until(&["192.0.2.10:9090"]).await;
+
+    // xDS-enabled servers: one behind an EndpointSlice endpoint (found, with its labels), one
+    // at an address nothing lists (only its namespace is known). A policy selecting another
+    // label applies to the unknown one (as if it matched, reported) and not to the found one;
+    // a namespace-wide STRICT applies to both, and to the callers' cluster.
+    let found = "grpc/server?xds.resource.listening_address=10.1.0.1:17070";
+    let unknown = "grpc/server?xds.resource.listening_address=10.9.9.9:17070";
+    let mtls = |response: &DiscoveryResponse| {
+        response.resources.len() == 1
+            && Listener::decode(response.resources[0].value.as_slice())
+                .unwrap()
+                .filter_chains[0]
+                .transport_socket
+                .is_some()
+    };
+    let listener =
+        |type_url, name| answer_until(xds, &token, type_url, name, |r| r.resources.len() == 1);
+    assert!(!mtls(&listener(dubbo_cp::xds::LISTENER, found).await));
+    let selective = json!({
+        "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "AuthenticationPolicy",
+        "metadata": {"name": "others", "namespace": NS},
+        "spec": {"action": "STRICT",
+                 "selector": [{"extends": [{"key": "kubernetesEnv.podLabels.app", "value": "other"}]}]},
+    });
+    cluster.kubectl_in(&["apply", "-f", "-"], Some(&selective.to_string()));
+    answer_until(xds, &token, dubbo_cp::xds::LISTENER, unknown, mtls).await;
+    assert!(
+        !mtls(&listener(dubbo_cp::xds::LISTENER, found).await),
+        "the found server's labels say app=greeter"
+    );
+    let strict = json!({
+        "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "AuthenticationPolicy",
+        "metadata": {"name": "strict", "namespace": NS},
+        "spec": {"action": "STRICT"},
+    });
+    cluster.kubectl_in(&["apply", "-f", "-"], Some(&strict.to_string()));
+    answer_until(xds, &token, dubbo_cp::xds::LISTENER, found, mtls).await;
+    answer_until(xds, &token, dubbo_cp::xds::CLUSTER, &greeter, |r| {
+        r.resources.len() == 1
+            && XdsCluster::decode(r.resources[0].value.as_slice())
+                .unwrap()
+                .transport_socket
+                .is_some()
+    })
+    .await;
+    for name in ["strict", "others"] {
+        cluster.kubectl_in(&["delete", "authenticationpolicy", name, "-n", NS], None);
+    }
 
     // Without a token the stream is refused, as on every gRPC port.
     let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{xds}"))
