@@ -235,3 +235,35 @@ pub fn webhook_review(data: &[u8]) {
         "a second review of the injected pod changes nothing: {second}"
     );
 }
+
+/// An AuthorizationPolicy (JSON) translated to gRPC's RBAC filters, on an mTLS and a plaintext
+/// port: no panic, DENY before ALLOW, never an optional filter, every regex sent compiles, and
+/// the same policy encodes to the same bytes (servers would drain otherwise).
+pub fn authorization_policy(data: &[u8]) {
+    use crate::xds::security::{Named, rbac};
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let Ok(spec) = RuleSpec::parse(Kind::AuthorizationPolicy, &json) else {
+        return;
+    };
+    let RuleSpec::AuthorizationPolicy(spec) = spec else {
+        return;
+    };
+    let policy = Named {
+        namespace: "shop".to_owned(),
+        name: "fuzzed".to_owned(),
+        spec,
+    };
+    for mtls in [true, false] {
+        let first = rbac::translate(std::iter::once(&policy), mtls);
+        let again = rbac::translate(std::iter::once(&policy), mtls);
+        assert_eq!(first.filters, again.filters, "the same bytes each time");
+        let names: Vec<&str> = first.filters.iter().map(|f| f.name.as_str()).collect();
+        assert!(
+            names == [rbac::DENY_FILTER] || names == [rbac::ALLOW_FILTER] || names.is_empty(),
+            "{names:?}"
+        );
+        assert!(first.filters.iter().all(|f| !f.is_optional));
+    }
+}

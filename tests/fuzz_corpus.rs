@@ -42,3 +42,8 @@ fn condition_route_seeds() {
 fn webhook_review_seeds() {
     replay("webhook_review", dubbo_cp::fuzzing::webhook_review);
 }
+
+#[test]
+fn authorization_policy_seeds() {
+    replay("authorization_policy", dubbo_cp::fuzzing::authorization_policy);
+}
