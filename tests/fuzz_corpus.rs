@@ -45,5 +45,8 @@ fn webhook_review_seeds() {
 
 #[test]
 fn authorization_policy_seeds() {
-    replay("authorization_policy", dubbo_cp::fuzzing::authorization_policy);
+    replay(
+        "authorization_policy",
+        dubbo_cp::fuzzing::authorization_policy,
+    );
 }
