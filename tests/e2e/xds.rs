@@ -196,7 +196,8 @@ pub async fn kubernetes_services_and_entries(cluster: &Cluster, xds: SocketAddr)
             "addressType": "IPv4",
             "ports": [{"name": "grpc", "port": 17070}],
             "endpoints": [
-                {"addresses": ["10.1.0.1"], "conditions": {"ready": true}},
+                {"addresses": ["10.1.0.1"], "conditions": {"ready": true},
+                 "targetRef": {"kind": "Pod", "name": "greeter-v2", "namespace": NS}},
                 // Still ready while terminating (as a pod that keeps serving its drain): only
                 // the terminating condition can take it out.
                 {"addresses": ["10.1.0.2"], "conditions": {"ready": true, "terminating": terminating}},
@@ -205,6 +206,12 @@ pub async fn kubernetes_services_and_entries(cluster: &Cluster, xds: SocketAddr)
         })
         .to_string()
     };
+    // The pod behind 10.1.0.1: its labels (a static Dubbo tag, a version) reach its endpoint.
+    cluster.pod(
+        NS,
+        "greeter-v2",
+        json!({"dubbo.tag": "gray", "version": "v2"}),
+    );
     cluster.kubectl_in(&["apply", "-f", "-"], Some(&service.to_string()));
     cluster.kubectl_in(&["apply", "-f", "-"], Some(&slice(false)));
     let entry = json!({
@@ -224,15 +231,20 @@ pub async fn kubernetes_services_and_entries(cluster: &Cluster, xds: SocketAddr)
     cluster.kubectl_in(&["apply", "-f", "-"], Some(&slice(true)));
     eds.until(&["10.1.0.1:17070"]).await;
 
+    // The pod's static tag makes a tag subset of its endpoint alone.
+    let gray = format!("outbound|7070|tag-67726179|greeter.{NS}.svc.cluster.local");
+    let mut tagged = Eds::connect(xds, &token, &[gray]).await;
+    tagged.until(&["10.1.0.1:17070"]).await;
+
     // Workloads outside the cluster, declared by a ServiceEntry.
     let legacy = format!("outbound|9090||legacy.{NS}.svc.cluster.local");
     let mut entries = Eds::connect(xds, &token, &[legacy]).await;
     entries.until(&["192.0.2.10:9090"]).await;
 
-    // xDS-enabled servers: one behind an EndpointSlice endpoint (found, with its labels), one
-    // at an address nothing lists (only its namespace is known). A policy selecting another
+    // xDS-enabled servers: one behind an EndpointSlice endpoint (found, with its pod's labels),
+    // one at an address nothing lists (only its namespace is known). A policy selecting another
     // label applies to the unknown one (as if it matched, reported) and not to the found one;
-    // a namespace-wide STRICT applies to both, and to the callers' cluster.
+    // one selecting the pod's label applies to the found one.
     let found = "grpc/server?xds.resource.listening_address=10.1.0.1:17070";
     let unknown = "grpc/server?xds.resource.listening_address=10.9.9.9:17070";
     let mtls = |response: &DiscoveryResponse| {
@@ -258,12 +270,14 @@ pub async fn kubernetes_services_and_entries(cluster: &Cluster, xds: SocketAddr)
         !mtls(&listener(dubbo_cp::xds::LISTENER, found).await),
         "the found server's labels say app=greeter"
     );
-    let strict = json!({
+    // Selecting the pod's own label: the found server turns mTLS, and its callers' cluster TLS.
+    let by_pod_label = json!({
         "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "AuthenticationPolicy",
-        "metadata": {"name": "strict", "namespace": NS},
-        "spec": {"action": "STRICT"},
+        "metadata": {"name": "v2", "namespace": NS},
+        "spec": {"action": "STRICT",
+                 "selector": [{"extends": [{"key": "kubernetesEnv.podLabels.version", "value": "v2"}]}]},
     });
-    cluster.kubectl_in(&["apply", "-f", "-"], Some(&strict.to_string()));
+    cluster.kubectl_in(&["apply", "-f", "-"], Some(&by_pod_label.to_string()));
     answer_until(xds, &token, dubbo_cp::xds::LISTENER, found, mtls).await;
     answer_until(xds, &token, dubbo_cp::xds::CLUSTER, &greeter, |r| {
         r.resources.len() == 1
@@ -273,7 +287,7 @@ pub async fn kubernetes_services_and_entries(cluster: &Cluster, xds: SocketAddr)
                 .is_some()
     })
     .await;
-    for name in ["strict", "others"] {
+    for name in ["v2", "others"] {
         cluster.kubectl_in(&["delete", "authenticationpolicy", name, "-n", NS], None);
     }
 

@@ -3,7 +3,10 @@
 //! 410 Gone), joined by the slices' `kubernetes.io/service-name` label, as Istio reads them.
 //!
 //! Only ready endpoints are served, and an endpoint that is terminating leaves at once (Istio's
-//! default: a terminating pod takes no new calls). The set is published whole on a `watch`
+//! default: a terminating pod takes no new calls). Each endpoint carries its pod's labels (the
+//! slice's `targetRef`), from a third watch of pods' metadata only, of which only the labels are
+//! kept: TagRoute tags, DynamicConfig `match`, Canary selectors and policy selectors read them
+//! as in the other modes. The set is published whole on a `watch`
 //! channel after each burst of events, marked synced once both kinds have listed, so an edge
 //! never mistakes "not listed yet" for "deleted".
 
@@ -12,10 +15,11 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use dubbo_cp_domain::service::{Service, ServiceEndpoint, ServicePort, ServiceSet};
-use k8s_openapi::api::core::v1::Service as KubeService;
+use k8s_openapi::api::core::v1::{Pod, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use tokio::sync::watch;
@@ -30,6 +34,8 @@ const COALESCE: Duration = Duration::from_millis(20);
 
 /// (namespace, name) -> object.
 type Objects<T> = BTreeMap<(String, String), T>;
+/// A pod's labels.
+type Labels = BTreeMap<String, String>;
 
 /// What both watches have seen.
 #[derive(Default)]
@@ -37,10 +43,14 @@ struct State {
     services: Objects<KubeService>,
     slices: Objects<EndpointSlice>,
     /// What a list in progress has returned so far (it replaces the state when done).
+    /// Pods' labels, by (namespace, name): all a pod is read for.
+    pods: Objects<Labels>,
     listing_services: Option<Objects<KubeService>>,
     listing_slices: Option<Objects<EndpointSlice>>,
+    listing_pods: Option<Objects<Labels>>,
     services_listed: bool,
     slices_listed: bool,
+    pods_listed: bool,
     condition: Option<String>,
 }
 
@@ -55,12 +65,18 @@ pub async fn run(client: Client, tx: watch::Sender<ServiceSet>) {
     .default_backoff()
     .modify(|service| service.metadata.managed_fields = None);
     let slices = watcher(
-        Api::<EndpointSlice>::all(client),
+        Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
     .modify(|slice| slice.metadata.managed_fields = None);
-    tokio::pin!(services, slices);
+    // Metadata only (no spec, no status), and of that only the labels are kept.
+    let pods = watcher(
+        Api::<PartialObjectMeta<Pod>>::all(client),
+        watcher::Config::default(),
+    )
+    .default_backoff();
+    tokio::pin!(services, slices, pods);
     let mut state = State::default();
     let mut publish_at: Option<Instant> = None;
     loop {
@@ -77,11 +93,26 @@ pub async fn run(client: Client, tx: watch::Sender<ServiceSet>) {
                 Some(Err(err)) => failed(&mut state, "EndpointSlices", &err),
                 None => return,
             },
+            event = pods.next() => match event {
+                Some(Ok(event)) => {
+                    if !on_pod(&mut state, event) {
+                        // A pod whose labels did not change changes no endpoint.
+                        continue;
+                    }
+                }
+                Some(Err(err)) => {
+                    // Without pods (no RBAC for them, say) endpoints go without labels, reported,
+                    // rather than the whole xDS edge waiting for them.
+                    failed(&mut state, "Pods", &err);
+                    state.pods_listed = true;
+                }
+                None => return,
+            },
             () = tokio::time::sleep_until(deadline), if publish_at.is_some() => {
                 publish_at = None;
                 tx.send_replace(ServiceSet {
-                    services: services_of(&state.services, &state.slices),
-                    synced: state.services_listed && state.slices_listed,
+                    services: services_of(&state.services, &state.slices, &state.pods),
+                    synced: state.services_listed && state.slices_listed && state.pods_listed,
                     condition: state.condition.clone(),
                 });
                 continue;
@@ -155,11 +186,41 @@ fn on_slice(state: &mut State, event: Event<EndpointSlice>) {
     }
 }
 
+/// Keeps a pod's labels; whether they changed (an endpoint may carry them).
+fn on_pod(state: &mut State, event: Event<PartialObjectMeta<Pod>>) -> bool {
+    state.condition = None;
+    let labels = |pod: &PartialObjectMeta<Pod>| pod.metadata.labels.clone().unwrap_or_default();
+    match event {
+        Event::Init => {
+            state.listing_pods = Some(BTreeMap::new());
+            false
+        }
+        Event::InitApply(pod) => {
+            state
+                .listing_pods
+                .get_or_insert_with(BTreeMap::new)
+                .insert(key_of(&pod.metadata), labels(&pod));
+            false
+        }
+        Event::InitDone => {
+            state.pods = state.listing_pods.take().unwrap_or_default();
+            state.pods_listed = true;
+            true
+        }
+        Event::Apply(pod) => {
+            let labels = labels(&pod);
+            state.pods.insert(key_of(&pod.metadata), labels.clone()) != Some(labels)
+        }
+        Event::Delete(pod) => state.pods.remove(&key_of(&pod.metadata)).is_some(),
+    }
+}
+
 /// The domain's services: every Service but `ExternalName` ones, with the ready endpoints of
-/// its slices.
+/// its slices, each with its pod's labels (`pods`).
 pub fn services_of(
     services: &Objects<KubeService>,
     slices: &Objects<EndpointSlice>,
+    pods: &Objects<Labels>,
 ) -> Vec<Service> {
     let mut by_service: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
     for ((namespace, _), slice) in slices {
@@ -199,7 +260,7 @@ pub fn services_of(
                 .get(&(namespace.as_str(), name.as_str()))
                 .into_iter()
                 .flatten()
-                .flat_map(|slice| endpoints_of(slice))
+                .flat_map(|slice| endpoints_of(slice, pods))
                 .collect();
             Some(Service {
                 namespace: namespace.clone(),
@@ -213,8 +274,9 @@ pub fn services_of(
 }
 
 /// The ready, not terminating endpoints of a slice (IP slices only; FQDN slices name hosts
-/// clients would have to resolve).
-fn endpoints_of(slice: &EndpointSlice) -> Vec<ServiceEndpoint> {
+/// clients would have to resolve), with the labels of the pod each names.
+fn endpoints_of(slice: &EndpointSlice, pods: &Objects<Labels>) -> Vec<ServiceEndpoint> {
+    let namespace = slice.metadata.namespace.clone().unwrap_or_default();
     if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
         return Vec::new();
     }
@@ -245,6 +307,16 @@ fn endpoints_of(slice: &EndpointSlice) -> Vec<ServiceEndpoint> {
                 .map(|zone| format!("/{zone}"))
                 .unwrap_or_default();
             let ports = ports.clone();
+            let labels = endpoint
+                .target_ref
+                .as_ref()
+                .filter(|target| target.kind.as_deref() == Some("Pod"))
+                .and_then(|target| {
+                    let pod_namespace = target.namespace.clone().unwrap_or(namespace.clone());
+                    pods.get(&(pod_namespace, target.name.clone()?))
+                })
+                .cloned()
+                .unwrap_or_default();
             endpoint
                 .addresses
                 .iter()
@@ -252,7 +324,7 @@ fn endpoints_of(slice: &EndpointSlice) -> Vec<ServiceEndpoint> {
                 .map(move |address| ServiceEndpoint {
                     address,
                     ports: ports.clone(),
-                    labels: BTreeMap::new(),
+                    labels: labels.clone(),
                     weight: dubbo_cp_domain::service::DEFAULT_WEIGHT,
                     locality: locality.clone(),
                 })
@@ -328,7 +400,8 @@ mod tests {
                 "addressType": "IPv4",
                 "ports": [{"name": "grpc", "port": 17070}],
                 "endpoints": [
-                    {"addresses": ["10.0.0.1"], "zone": "z1"},
+                    {"addresses": ["10.0.0.1"], "zone": "z1",
+                     "targetRef": {"kind": "Pod", "name": "greeter-1"}},
                     {"addresses": ["10.0.0.2"], "conditions": {"ready": false}},
                     {"addresses": ["10.0.0.3"], "conditions": {"ready": true, "terminating": true}},
                     {"addresses": ["10.0.0.4"], "conditions": {"ready": true}},
@@ -341,7 +414,11 @@ mod tests {
                 "endpoints": [{"addresses": ["10.9.9.9"]}],
             }),
         ]);
-        let served = services_of(&services, &slices);
+        let pods = BTreeMap::from([(
+            ("shop".to_owned(), "greeter-1".to_owned()),
+            BTreeMap::from([("dubbo.tag".to_owned(), "gray".to_owned())]),
+        )]);
+        let served = services_of(&services, &slices, &pods);
         assert_eq!(served.len(), 1, "ExternalName is not served: {served:?}");
         let greeter = &served[0];
         assert_eq!(greeter.application(), "greeter-app");
@@ -359,6 +436,9 @@ mod tests {
         );
         assert_eq!(greeter.endpoints[0].port_for(&greeter.ports[0]), 17070);
         assert_eq!(greeter.endpoints[0].locality, "/z1");
+        // Each endpoint carries its pod's labels (none for one naming no known pod).
+        assert_eq!(greeter.endpoints[0].labels["dubbo.tag"], "gray");
+        assert!(greeter.endpoints[1].labels.is_empty());
     }
 
     /// The Services a Canary keeps (`spec.service`), through this source: only the apex is of
@@ -405,7 +485,7 @@ mod tests {
             role_slice("podinfo-primary", "10.1.0.1"),
             role_slice("podinfo-canary", "10.0.0.1"),
         ]);
-        let domain = services_of(&services, &slices);
+        let domain = services_of(&services, &slices, &BTreeMap::new());
         let of_application: Vec<&Service> = domain
             .iter()
             .filter(|s| s.application() == "podinfo")
