@@ -184,7 +184,14 @@ pub fn router(state: AdminState) -> Router {
 }
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
-    match crate::metrics::render(&state.registry) {
+    metrics_response(&state.registry)
+}
+
+/// `registry` as a `/metrics` answer (OpenMetrics text), for every HTTP port that serves one.
+pub fn metrics_response(
+    registry: &prometheus_client::registry::Registry,
+) -> axum::response::Response {
+    match crate::metrics::render(registry) {
         Ok(text) => (
             StatusCode::OK,
             [(

@@ -20,18 +20,7 @@ pub fn router(shared: Arc<Shared>) -> axum::Router {
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
-    match crate::metrics::render(&shared.registry) {
-        Ok(text) => (
-            StatusCode::OK,
-            [(
-                axum::http::header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n").into_response(),
-    }
+    crate::admin::metrics_response(&shared.registry)
 }
 
 async fn healthz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
