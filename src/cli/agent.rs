@@ -227,14 +227,25 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             }
         });
     }
-    let out = args.out.clone();
+    // Checked before anything runs: a bad address is a clear error at start.
+    let proxy = match (args.xds_proxy, args.xds_address.as_deref()) {
+        (Some(listen), Some(upstream)) => {
+            anyhow::ensure!(
+                listen.ip().is_loopback(),
+                "--xds-proxy {listen}: must be a loopback address (127.0.0.1, ::1): every stream \
+                 on it reaches the control plane as this workload"
+            );
+            Some((
+                listen,
+                xds_proxy::Proxy::new(upstream, args.out.clone(), proxy_stats)?,
+            ))
+        }
+        _ => None,
+    };
     let proxy = async move {
-        match (args.xds_proxy, args.xds_address) {
-            (Some(listen), Some(upstream)) => {
-                let proxy = xds_proxy::Proxy::new(upstream, out, proxy_stats);
-                xds_proxy::serve(listen, proxy).await
-            }
-            _ => std::future::pending().await,
+        match proxy {
+            Some((listen, proxy)) => xds_proxy::serve(listen, proxy).await,
+            None => std::future::pending().await,
         }
     };
     tokio::select! {

@@ -5,10 +5,10 @@
 //! Only ready endpoints are served, and an endpoint that is terminating leaves at once (Istio's
 //! default: a terminating pod takes no new calls). Each endpoint carries its pod's labels (the
 //! slice's `targetRef`), from a third watch of pods' metadata only, of which only the labels are
-//! kept: TagRoute tags, DynamicConfig `match`, Canary selectors and policy selectors read them
-//! as in the other modes. The set is published whole on a `watch`
-//! channel after each burst of events, marked synced once both kinds have listed, so an edge
-//! never mistakes "not listed yet" for "deleted".
+//! kept: static tags, TagRoute `match` tags and policy selectors read them as in the other modes.
+//! The set is published whole on a `watch` channel after each burst of events, marked synced
+//! once all three have listed, so an edge never mistakes "not listed yet" for "deleted" (nor
+//! "labels not read yet" for "no labels": a policy selecting by label would not apply).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -100,12 +100,7 @@ pub async fn run(client: Client, tx: watch::Sender<ServiceSet>) {
                         continue;
                     }
                 }
-                Some(Err(err)) => {
-                    // Without pods (no RBAC for them, say) endpoints go without labels, reported,
-                    // rather than the whole xDS edge waiting for them.
-                    failed(&mut state, "Pods", &err);
-                    state.pods_listed = true;
-                }
+                Some(Err(err)) => failed(&mut state, "Pods", &err),
                 None => return,
             },
             () = tokio::time::sleep_until(deadline), if publish_at.is_some() => {
@@ -119,6 +114,18 @@ pub async fn run(client: Client, tx: watch::Sender<ServiceSet>) {
             }
         }
         publish_at.get_or_insert_with(|| Instant::now() + COALESCE);
+    }
+}
+
+/// A watch's own events clear the condition it set, and only that one (a busy pod watch must not
+/// hide a failing Service watch).
+fn recovered(state: &mut State, what: &str) {
+    if state
+        .condition
+        .as_deref()
+        .is_some_and(|condition| condition.starts_with(&format!("{what}: ")))
+    {
+        state.condition = None;
     }
 }
 
@@ -141,7 +148,7 @@ fn key_of(
 }
 
 fn on_service(state: &mut State, event: Event<KubeService>) {
-    state.condition = None;
+    recovered(state, "Services");
     match event {
         Event::Init => state.listing_services = Some(BTreeMap::new()),
         Event::InitApply(service) => {
@@ -164,7 +171,7 @@ fn on_service(state: &mut State, event: Event<KubeService>) {
 }
 
 fn on_slice(state: &mut State, event: Event<EndpointSlice>) {
-    state.condition = None;
+    recovered(state, "EndpointSlices");
     match event {
         Event::Init => state.listing_slices = Some(BTreeMap::new()),
         Event::InitApply(slice) => {
@@ -188,7 +195,7 @@ fn on_slice(state: &mut State, event: Event<EndpointSlice>) {
 
 /// Keeps a pod's labels; whether they changed (an endpoint may carry them).
 fn on_pod(state: &mut State, event: Event<PartialObjectMeta<Pod>>) -> bool {
-    state.condition = None;
+    recovered(state, "Pods");
     let labels = |pod: &PartialObjectMeta<Pod>| pod.metadata.labels.clone().unwrap_or_default();
     match event {
         Event::Init => {

@@ -87,7 +87,10 @@ pub fn inject(pod: &mut Value, context: &Context<'_>) -> Injected {
     };
     // The agent brings the CA injection (its token and CA bundle) and the xDS bootstrap (naming
     // the agent's certificates), each as its own label would.
-    let agent = wants(AGENT_LABEL);
+    // Not on the node's network: its ports (the xDS proxy on loopback) would be the node's, shared
+    // with every such pod there and reachable by any process on it.
+    let host_network = pod.pointer("/spec/hostNetwork").and_then(Value::as_bool) == Some(true);
+    let agent = wants(AGENT_LABEL) && !host_network;
     if (wants(CA_LABEL) || agent) && !has_ca(pod) {
         add_ca(pod, context.ca_address);
         injected.ca = true;
@@ -576,6 +579,18 @@ mod tests {
             assert_eq!(run(&mut p, &ns_labels, &[]), Injected::default());
             assert_eq!(p, once);
         }
+    }
+
+    #[test]
+    fn a_pod_on_the_nodes_network_gets_no_agent() {
+        let mut p = pod(
+            json!({"dubbo-agent.inject": "true", "dubbo-xds.inject": "true"}),
+            json!([container("a")]),
+        );
+        p["spec"]["hostNetwork"] = json!(true);
+        let injected = run(&mut p, &[], &[]);
+        assert!(!injected.agent && injected.xds, "{injected:?}");
+        assert!(p["spec"].get("initContainers").is_none());
     }
 
     #[test]

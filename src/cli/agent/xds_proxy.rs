@@ -28,6 +28,9 @@ use crate::xds::bootstrap::{CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE};
 /// How long opening the upstream connection may take before the client is told to retry.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Keepalive pings on the upstream connection, and how long one may go unanswered.
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// The largest xDS response forwarded (a client with thousands of clusters gets megabytes).
 const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -86,12 +89,27 @@ impl<S: Stream + Unpin> Stream for Open<S> {
 }
 
 impl Proxy {
-    pub fn new(upstream: String, certificates: PathBuf, stats: ProxyStats) -> Proxy {
-        Proxy {
-            upstream,
+    /// `upstream` as `host:port`, or `https://host:port` (the CA address the webhook injects may
+    /// carry the scheme); plaintext is refused: the stream carries the workload's identity.
+    pub fn new(upstream: &str, certificates: PathBuf, stats: ProxyStats) -> anyhow::Result<Proxy> {
+        anyhow::ensure!(
+            !upstream.starts_with("http://"),
+            "--xds-address {upstream}: the control plane's TLS port, not a plaintext one"
+        );
+        let upstream = upstream
+            .trim_start_matches("https://")
+            .trim_end_matches('/');
+        anyhow::ensure!(
+            upstream
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok()),
+            "--xds-address {upstream}: must be host:port"
+        );
+        Ok(Proxy {
+            upstream: upstream.to_owned(),
             certificates,
             stats,
-        }
+        })
     }
 
     /// A TLS channel to the control plane with the certificate on disk now.
@@ -130,7 +148,13 @@ impl Proxy {
             .map_err(|err| Status::internal(format!("--xds-address {}: {err}", self.upstream)))?
             .tls_config(tls)
             .map_err(|err| Status::unavailable(format!("TLS to {}: {err}", self.upstream)))?
-            .connect_timeout(CONNECT_TIMEOUT);
+            .connect_timeout(CONNECT_TIMEOUT)
+            // A control plane gone without a word (a node lost) is noticed in seconds, not when
+            // TCP gives up: the client behind the proxy would keep stale configuration.
+            .http2_keep_alive_interval(KEEPALIVE)
+            .keep_alive_timeout(KEEPALIVE)
+            .keep_alive_while_idle(true)
+            .tcp_keepalive(Some(KEEPALIVE));
         endpoint.connect().await.map_err(|err| {
             Status::unavailable(format!(
                 "cannot reach the control plane at {}: {err}",
@@ -150,6 +174,14 @@ impl Proxy {
                 Err(status)
             }
         }
+    }
+
+    /// The control plane turned the stream away (the certificate refused, too many streams):
+    /// counted and said, then passed on to the client.
+    fn refused(&self, status: Status) -> Status {
+        self.stats.refused.inc();
+        tracing::warn!(upstream = %self.upstream, code = ?status.code(), error = %status.message(), "the control plane refused a forwarded xDS stream");
+        status
     }
 
     fn opened<S>(&self, inner: S) -> Open<S> {
@@ -180,7 +212,8 @@ impl AggregatedDiscoveryService for Proxy {
         let mut client = self.client().await?;
         let answers = client
             .stream_aggregated_resources(requests(request.into_inner()))
-            .await?
+            .await
+            .map_err(|status| self.refused(status))?
             .into_inner();
         Ok(Response::new(Box::pin(self.opened(answers))))
     }
@@ -192,7 +225,8 @@ impl AggregatedDiscoveryService for Proxy {
         let mut client = self.client().await?;
         let answers = client
             .delta_aggregated_resources(requests(request.into_inner()))
-            .await?
+            .await
+            .map_err(|status| self.refused(status))?
             .into_inner();
         Ok(Response::new(Box::pin(self.opened(answers))))
     }
