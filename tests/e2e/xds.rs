@@ -258,26 +258,24 @@ pub async fn kubernetes_services_and_entries(cluster: &Cluster, xds: SocketAddr)
     let listener =
         |type_url, name| answer_until(xds, &token, type_url, name, |r| r.resources.len() == 1);
     assert!(!mtls(&listener(dubbo_cp::xds::LISTENER, found).await));
-    let selective = json!({
-        "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "AuthenticationPolicy",
-        "metadata": {"name": "others", "namespace": NS},
-        "spec": {"action": "STRICT",
-                 "selector": [{"extends": [{"key": "kubernetesEnv.podLabels.app", "value": "other"}]}]},
-    });
-    cluster.kubectl_in(&["apply", "-f", "-"], Some(&selective.to_string()));
+    // STRICT for the pods whose `label` is `value`.
+    let strict_for = |name: &str, label: &str, value: &str| {
+        let policy = json!({
+            "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "AuthenticationPolicy",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"action": "STRICT", "selector": [{"extends": [
+                {"key": format!("kubernetesEnv.podLabels.{label}"), "value": value}]}]},
+        });
+        cluster.kubectl_in(&["apply", "-f", "-"], Some(&policy.to_string()));
+    };
+    strict_for("others", "app", "other");
     answer_until(xds, &token, dubbo_cp::xds::LISTENER, unknown, mtls).await;
     assert!(
         !mtls(&listener(dubbo_cp::xds::LISTENER, found).await),
         "the found server's labels say app=greeter"
     );
     // Selecting the pod's own label: the found server turns mTLS, and its callers' cluster TLS.
-    let by_pod_label = json!({
-        "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "AuthenticationPolicy",
-        "metadata": {"name": "v2", "namespace": NS},
-        "spec": {"action": "STRICT",
-                 "selector": [{"extends": [{"key": "kubernetesEnv.podLabels.version", "value": "v2"}]}]},
-    });
-    cluster.kubectl_in(&["apply", "-f", "-"], Some(&by_pod_label.to_string()));
+    strict_for("v2", "version", "v2");
     answer_until(xds, &token, dubbo_cp::xds::LISTENER, found, mtls).await;
     answer_until(xds, &token, dubbo_cp::xds::CLUSTER, &greeter, |r| {
         r.resources.len() == 1

@@ -97,8 +97,7 @@ pub fn inject(pod: &mut Value, context: &Context<'_>) -> Injected {
     }
     // After the CA injection, whose CA bundle it then shares.
     if (wants(crate::xds::XDS_LABEL) || agent) && !crate::xds::has_xds(pod) {
-        let certificates = agent.then_some(crate::agent::CERT_DIR);
-        crate::xds::add_xds(pod, context.ca_address, context.namespace, certificates);
+        crate::xds::add_xds(pod, context.ca_address, context.namespace, agent);
         injected.xds = true;
     }
     if agent && !crate::agent::has_agent(pod) {

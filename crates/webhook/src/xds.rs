@@ -36,17 +36,16 @@ pub fn has_xds(pod: &Value) -> bool {
 }
 
 /// The bootstrap a pod in `namespace` of `application` gets, reaching `server` (the TLS port);
-/// `certificates`: the directory the agent writes the workload certificate to, and then the
-/// agent's xDS proxy is the server.
+/// with the `agent`, its xDS proxy is the server and its certificate directory the provider.
 pub fn bootstrap(
     server: &str,
     namespace: &str,
     application: Option<&str>,
-    certificates: Option<&str>,
+    agent: bool,
 ) -> Bootstrap {
-    let (server, credentials, token_file) = match certificates {
-        Some(_) => (crate::agent::AGENT_XDS, Credentials::Insecure, None),
-        None => (
+    let (server, credentials, token_file) = match agent {
+        true => (crate::agent::AGENT_XDS, Credentials::Insecure, None),
+        false => (
             server,
             Credentials::Tls {
                 ca_file: format!("{CERT_DIR}/ca.crt"),
@@ -64,14 +63,14 @@ pub fn bootstrap(
         application: application.map(str::to_owned),
         // Not known at admission (the pod is not scheduled yet).
         locality: String::new(),
-        certificates: certificates.map(str::to_owned),
+        certificates: agent.then(|| crate::agent::CERT_DIR.to_owned()),
     }
 }
 
 /// Adds the bootstrap, the pod-name variable it names, the token volume and the CA bundle
-/// (unless the CA injection added it) to every container; `certificates` as in [`bootstrap`]
-/// (with the agent's proxy, no token: the agent authenticates).
-pub fn add_xds(pod: &mut Value, server: &str, namespace: &str, certificates: Option<&str>) {
+/// (unless the CA injection added it) to every container; `agent` as in [`bootstrap`] (then no
+/// token: the agent authenticates).
+pub fn add_xds(pod: &mut Value, server: &str, namespace: &str, agent: bool) {
     let labels = pod.pointer("/metadata/labels");
     let application = labels
         .and_then(|l| {
@@ -80,14 +79,14 @@ pub fn add_xds(pod: &mut Value, server: &str, namespace: &str, certificates: Opt
         })
         .and_then(Value::as_str)
         .map(str::to_owned);
-    let bootstrap = bootstrap(server, namespace, application.as_deref(), certificates)
+    let bootstrap = bootstrap(server, namespace, application.as_deref(), agent)
         .to_json()
         .to_string();
     if !pod["spec"].is_object() {
         pod["spec"] = json!({});
     }
     let spec = &mut pod["spec"];
-    let token = certificates.is_none();
+    let token = !agent;
     if token {
         push(
             spec,
@@ -152,7 +151,7 @@ mod tests {
             "metadata": {"name": "greeter-0", "labels": {"app": "greeter"}},
             "spec": {"containers": [{"name": "c"}]},
         });
-        add_xds(&mut pod, "dubbo-cp.dubbo-system.svc:30062", "shop", None);
+        add_xds(&mut pod, "dubbo-cp.dubbo-system.svc:30062", "shop", false);
         let container = &pod["spec"]["containers"][0];
         let env = container["env"].as_array().unwrap();
         let names: Vec<&str> = env.iter().map(|e| e["name"].as_str().unwrap()).collect();
@@ -191,7 +190,7 @@ mod tests {
             "volumes": [{"name": CERT_VOLUME}],
             "containers": [{"name": "c", "volumeMounts": [{"name": CERT_VOLUME, "mountPath": CERT_DIR}]}],
         }});
-        add_xds(&mut with_ca, "s:1", "shop", None);
+        add_xds(&mut with_ca, "s:1", "shop", false);
         assert_eq!(with_ca["spec"]["volumes"].as_array().unwrap().len(), 2);
         assert_eq!(
             with_ca["spec"]["containers"][0]["volumeMounts"]

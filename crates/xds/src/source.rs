@@ -192,6 +192,7 @@ pub async fn run(
     let mut shadowed_before = BTreeMap::new();
     let mut untranslated_before = BTreeMap::new();
     let mut unenforced_before = BTreeMap::new();
+    let mut policies_before = None;
     loop {
         for watch in &mut watches {
             watch.borrow_and_update();
@@ -214,10 +215,18 @@ pub async fn run(
         );
         report_untranslated(&untranslated, &untranslated_before);
         untranslated_before = untranslated;
-        let mut unenforced = unenforced(&index.current(Kind::AuthorizationPolicy));
-        unenforced.extend(permissive(&index.current(Kind::AuthenticationPolicy)));
-        report_unenforced(&unenforced, &unenforced_before);
-        unenforced_before = unenforced;
+        // Translated again only when a policy changed, not at every burst of registrations.
+        let policies = (
+            index.current(Kind::AuthorizationPolicy).revision,
+            index.current(Kind::AuthenticationPolicy).revision,
+        );
+        if policies_before != Some(policies) {
+            let mut unenforced = unenforced(&index.current(Kind::AuthorizationPolicy));
+            unenforced.extend(permissive(&index.current(Kind::AuthenticationPolicy)));
+            report_unenforced(&unenforced, &unenforced_before);
+            unenforced_before = unenforced;
+            policies_before = Some(policies);
+        }
         if tx.send(Arc::new(snapshot)).is_err() {
             return;
         }
