@@ -194,14 +194,17 @@ async fn an_application_expires_only_after_its_last_pod_is_gone_for_the_period()
         api.get("demo", OBJECT).is_none()
     })
     .await;
-    assert_eq!(
+    // Counted once the API server has answered the delete, which is a moment after the
+    // object is gone from the fixture's store.
+    eventually("the expiry counted", async || {
         metric(
             server.admin_addr,
-            "dubbo_cp_mapping_expired_applications_total"
+            "dubbo_cp_mapping_expired_applications_total",
         )
-        .await,
-        1.0
-    );
+        .await
+            == 1.0
+    })
+    .await;
     let after = observer.next().await;
     assert!(
         common::mappings_of(&after).is_empty(),
