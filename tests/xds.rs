@@ -389,3 +389,101 @@ async fn tls_bootstrap_credentials_reach_the_tls_port_with_a_certificate_or_a_to
     }
     server.stop().await.unwrap();
 }
+
+/// A ServiceEntry in `namespace` named `name` whose hosts are a DNS name and a short name, on
+/// port 50051, with one endpoint on `port`.
+fn payments_entry(namespace: &str, name: &str, hosts: &[&str], port: u16) -> String {
+    serde_json::json!({
+        "apiVersion": "dubbo.apache.org/v1alpha1",
+        "kind": "ServiceEntry",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "hosts": hosts,
+            "ports": [{"number": 50051, "name": "grpc", "protocol": "GRPC"}],
+            "endpoints": [{"address": "127.0.0.1", "ports": {"grpc": port}}],
+        },
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_service_entrys_dns_name_is_served_verbatim_to_released_clients_in_any_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(test_config(dir.path())).await;
+    let xds = server.xds_addr.expect("xDS is on by default");
+    // A wildcard host is refused with the field, the value and why.
+    let wildcard = payments_entry("billing", "all", &["*.payments.internal"], 1);
+    let (status, body) =
+        http_send(server.admin_addr, "POST", "/api/v1/apply", &wildcard, None).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("spec.hosts[0]")
+            && body.contains("*.payments.internal")
+            && body.contains("wildcard"),
+        "{body}"
+    );
+    for kind in [Released::Grpcio, Released::GrpcJs] {
+        let (_a, port_a) = backend(kind, "a").await;
+        let (_b, port_b) = backend(kind, "b").await;
+        let hosts = ["api.payments.internal", "payments"];
+        // The same DNS name in two namespaces: the first entry (by name, then namespace) is
+        // served, the other waits its turn.
+        apply(
+            server.admin_addr,
+            &payments_entry("billing", "payments", &hosts, port_a),
+        )
+        .await;
+        apply(
+            server.admin_addr,
+            &payments_entry("shop", "zz-payments", &hosts, port_b),
+        )
+        .await;
+        // A client in namespace shop asks for the DNS name as written, not in a Kubernetes form.
+        let mut client = released::client_with(
+            kind,
+            "xds:///api.payments.internal:50051",
+            bootstrap(xds).await,
+        );
+        let counts = count(&mut client, 200).await;
+        assert_eq!(answers(&counts, "a"), 200, "{kind:?}: {counts}");
+        // The short name stays one service per namespace: shop's own.
+        let mut short = released::client_with(kind, "xds:///payments:50051", bootstrap(xds).await);
+        let counts = count(&mut short, 200).await;
+        assert_eq!(answers(&counts, "b"), 200, "{kind:?}: {counts}");
+        // The first entry gone, the other one serves the name, and no call fails on the way.
+        client
+            .stdin
+            .write_all(b"count 2000 running\n")
+            .await
+            .unwrap();
+        assert_eq!(client.line().await, "running");
+        let (status, body) = http_send(
+            server.admin_addr,
+            "DELETE",
+            "/api/v1/rules/ServiceEntry/billing/payments",
+            "",
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let during: serde_json::Value = serde_json::from_str(&client.line().await).unwrap();
+        assert_eq!(
+            answers(&during, "a") + answers(&during, "b"),
+            2000,
+            "{kind:?}: no call failed as the name moved: {during}"
+        );
+        settle(&mut client, "b", 100, "").await;
+        let (status, body) = http_send(
+            server.admin_addr,
+            "DELETE",
+            "/api/v1/rules/ServiceEntry/shop/zz-payments",
+            "",
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        drop(client.child.start_kill());
+        drop(short.child.start_kill());
+    }
+    server.stop().await.unwrap();
+}

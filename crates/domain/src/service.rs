@@ -31,6 +31,9 @@ pub struct ServiceSet {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Service {
     pub namespace: String,
+    /// A Kubernetes service name (a DNS label), which clients ask for in the namespace's forms;
+    /// or a DNS name of its own (a ServiceEntry host such as `api.payments.internal`), which has
+    /// dots where a service name never does, and which clients ask for verbatim.
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub ports: Vec<ServicePort>,
@@ -70,8 +73,16 @@ impl Service {
             .map_or(self.name.as_str(), String::as_str)
     }
 
-    /// `name.namespace.svc.cluster.local`.
+    /// Whether the service is named by a DNS name of its own rather than in its namespace.
+    pub fn is_dns_host(&self) -> bool {
+        self.name.contains('.')
+    }
+
+    /// `name.namespace.svc.cluster.local`, or the DNS name of a service named by one.
     pub fn fqdn(&self) -> String {
+        if self.is_dns_host() {
+            return self.name.clone();
+        }
         format!("{}.{}.svc.{CLUSTER_DOMAIN}", self.name, self.namespace)
     }
 
@@ -103,19 +114,25 @@ pub struct HostName {
     pub port: Option<u16>,
 }
 
+/// `(host, port)` of a requested `host[:port]`; `None` for a port that is not the canonical
+/// digits of a u16 (`+7070` or `07070` would be further names of one port, each a resource of
+/// its own) or an empty host.
+pub fn split_port(requested: &str) -> Option<(&str, Option<u16>)> {
+    let (host, port) = match requested.rsplit_once(':') {
+        Some((host, port)) => {
+            let number = port.parse::<u16>().ok()?;
+            (number.to_string() == port).then_some((host, Some(number)))?
+        }
+        None => (requested, None),
+    };
+    (!host.is_empty()).then_some((host, port))
+}
+
 impl HostName {
     /// Parses `requested`; `None` for what is no such name (empty parts, a bad port, a domain
     /// other than the cluster's).
     pub fn parse(requested: &str) -> Option<HostName> {
-        let (host, port) = match requested.rsplit_once(':') {
-            // Digits as written by `u16::to_string` only: `+7070` or `07070` would be further
-            // names of one port, each a resource of its own.
-            Some((host, port)) => {
-                let number = port.parse::<u16>().ok()?;
-                (number.to_string() == port).then_some((host, Some(number)))?
-            }
-            None => (requested, None),
-        };
+        let (host, port) = split_port(requested)?;
         let parts: Vec<&str> = host.split('.').collect();
         if parts.iter().any(|part| part.is_empty()) {
             return None;
@@ -165,6 +182,11 @@ mod tests {
         let labelled = service(&[(APPLICATION_LABEL, "greeter-app")], &[]);
         assert_eq!(labelled.application(), "greeter-app");
         assert_eq!(labelled.fqdn(), "greeter.shop.svc.cluster.local");
+        assert!(!labelled.is_dns_host());
+        let mut external = service(&[], &[]);
+        external.name = "api.payments.internal".into();
+        assert!(external.is_dns_host());
+        assert_eq!(external.fqdn(), "api.payments.internal");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use dubbo_cp_domain::service::{HostName, Service, ServiceEndpoint, ServicePort};
+use dubbo_cp_domain::service::{HostName, Service, ServiceEndpoint, ServicePort, split_port};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::{
     AggregatedConfigSource, ApiVersion, ConfigSource, HealthStatus, Locality, SocketAddress,
@@ -44,6 +44,10 @@ pub struct Target<'a> {
 pub trait Services {
     fn find(&self, namespace: &str, name: &str) -> Option<&Service>;
 
+    /// The service named by the DNS name `host` of its own (a ServiceEntry host), whichever
+    /// namespace declared it.
+    fn find_host(&self, host: &str) -> Option<&Service>;
+
     /// The services of `application` in `namespace`.
     fn of_application(&self, namespace: &str, application: &str) -> Vec<&Service>;
 
@@ -58,6 +62,10 @@ impl Services for [Service] {
     fn find(&self, namespace: &str, name: &str) -> Option<&Service> {
         self.iter()
             .find(|s| s.namespace == namespace && s.name == name)
+    }
+
+    fn find_host(&self, host: &str) -> Option<&Service> {
+        self.iter().find(|s| s.is_dns_host() && s.name == host)
     }
 
     fn of_application(&self, namespace: &str, application: &str) -> Vec<&Service> {
@@ -109,18 +117,34 @@ pub fn resolve_all<'a, S: Services + ?Sized>(
     targets
 }
 
-/// Resolves a listener name a client asked for, Kubernetes style (`svc`, `svc.ns`,
-/// `svc.ns.svc.cluster.local`, each with or without `:port`); a name without a namespace is
-/// looked up in the client's. `None` when no service (or no single port) answers to it.
+/// Resolves a listener name a client asked for: a service's DNS name of its own, verbatim
+/// (`api.payments.internal:50051`), else Kubernetes style (`svc`, `svc.ns`,
+/// `svc.ns.svc.cluster.local`, each with or without `:port`), where a name without a namespace
+/// is looked up in the client's. `None` when no service (or no single port) answers to it.
 pub fn resolve<'a, S: Services + ?Sized>(
     services: &'a S,
     requested: &str,
     client_namespace: &str,
 ) -> Option<Target<'a>> {
+    if let Some(target) = resolve_host(services, requested) {
+        return Some(target);
+    }
     let host = HostName::parse(requested)?;
     let namespace = host.namespace.as_deref().unwrap_or(client_namespace);
     let service = services.find(namespace, &host.name)?;
     let port = service.port(host.port)?;
+    Some(Target { service, port })
+}
+
+/// The service whose own DNS name `requested` is (with its port, or its only one): the same
+/// for every client.
+pub fn resolve_host<'a, S: Services + ?Sized>(
+    services: &'a S,
+    requested: &str,
+) -> Option<Target<'a>> {
+    let (host, port) = split_port(requested)?;
+    let service = services.find_host(host)?;
+    let port = service.port(port)?;
     Some(Target { service, port })
 }
 

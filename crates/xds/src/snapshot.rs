@@ -40,6 +40,8 @@ pub struct Snapshot {
     /// (namespace, name) -> position in `services`: every stream resolves every name it holds
     /// on every push, so lookups must not scan.
     by_name: Arc<HashMap<(String, String), usize>>,
+    /// DNS name -> position in `services`, for services named by one of their own.
+    by_host: Arc<HashMap<String, usize>>,
     /// Enabled TagRoutes by (namespace, application).
     tag_routes: Arc<HashMap<(String, String), TagRouteSpec>>,
     /// Enabled application-scoped ConditionRoutes, translated, by (namespace, application).
@@ -79,6 +81,13 @@ impl Snapshot {
             .enumerate()
             .map(|(i, s)| ((s.namespace.clone(), s.name.clone()), i))
             .collect();
+        let mut by_host = HashMap::new();
+        for (i, service) in services.iter().enumerate() {
+            if service.is_dns_host() {
+                // The first declaration of a name is served (the sources order them).
+                by_host.entry(service.name.clone()).or_insert(i);
+            }
+        }
         let mut by_application: HashMap<(String, String), Vec<usize>> = HashMap::new();
         for (i, service) in services.iter().enumerate() {
             by_application
@@ -92,6 +101,7 @@ impl Snapshot {
             published: tokio::time::Instant::now(),
             services: Arc::new(services),
             by_name: Arc::new(by_name),
+            by_host: Arc::new(by_host),
             tag_routes: Arc::default(),
             condition_routes: Arc::default(),
             by_application: Arc::new(by_application),
@@ -307,6 +317,10 @@ impl Services for Snapshot {
         self.services.get(*position)
     }
 
+    fn find_host(&self, host: &str) -> Option<&Service> {
+        self.services.get(*self.by_host.get(host)?)
+    }
+
     fn of_application(&self, namespace: &str, application: &str) -> Vec<&Service> {
         self.by_application
             .get(&(namespace.to_owned(), application.to_owned()))
@@ -357,9 +371,13 @@ fn cluster_target<'a>(services: &'a Snapshot, name: &str) -> Option<(Target<'a>,
         return None;
     };
     let port: u16 = port.parse().ok()?;
-    let host = HostName::parse(fqdn)?;
-    let namespace = host.namespace?;
-    let service = services.find(&namespace, &host.name)?;
+    let service = match services.find_host(fqdn) {
+        Some(service) => service,
+        None => {
+            let host = HostName::parse(fqdn)?;
+            services.find(&host.namespace?, &host.name)?
+        }
+    };
     let port = service.port(Some(port))?;
     let subset = match subset {
         "" => None,
@@ -477,9 +495,11 @@ impl Snapshot {
         let namespace = match type_url {
             // A server's listener depends on the server's namespace.
             LISTENER if name.starts_with(SERVER_LISTENER_PREFIX) => client_namespace,
-            // A name that says its namespace resolves the same for every client.
+            // A service's own DNS name, or a name that says its namespace, resolves the same
+            // for every client.
             LISTENER | ROUTE
-                if HostName::parse(name).is_none_or(|host| host.namespace.is_none()) =>
+                if generate::resolve_host(self, name).is_none()
+                    && HostName::parse(name).is_none_or(|host| host.namespace.is_none()) =>
             {
                 client_namespace
             }

@@ -133,8 +133,9 @@ fn rules<T>(state: &KindSnapshot, pick: impl Fn(&RuleSpec) -> Option<T>) -> Vec<
 }
 
 /// The Kubernetes services, then the services the ServiceEntries declare, and the hosts
-/// declared twice in one namespace (`namespace/host` -> the entries not served: a Kubernetes
-/// Service comes first, then entries in key order).
+/// declared twice (`namespace/name`, or a DNS name declared in any two namespaces -> the
+/// entries not served: a Kubernetes Service comes first, then entries in key order, which every
+/// replica agrees on).
 pub fn services(
     state: &KindSnapshot,
     external: Option<&ServiceSet>,
@@ -142,12 +143,19 @@ pub fn services(
     let mut seen: BTreeMap<(String, String), String> = BTreeMap::new();
     let mut shadowed: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut services = Vec::new();
+    // A DNS name is one service whichever namespace declares it.
+    let host_of = |service: &Service| match service.is_dns_host() {
+        true => (String::new(), service.name.clone()),
+        false => (service.namespace.clone(), service.name.clone()),
+    };
     for service in external
         .map(|set| set.services.as_slice())
         .unwrap_or_default()
     {
-        let host = (service.namespace.clone(), service.name.clone());
-        if seen.insert(host, "Service".to_owned()).is_none() {
+        if seen
+            .insert(host_of(service), "Service".to_owned())
+            .is_none()
+        {
             services.push(service.clone());
         }
     }
@@ -158,12 +166,13 @@ pub fn services(
             continue;
         };
         for service in entry.services(namespace) {
-            let host = (service.namespace.clone(), service.name.clone());
+            let host = host_of(&service);
             if seen.contains_key(&host) {
-                shadowed
-                    .entry(format!("{}/{}", host.0, host.1))
-                    .or_default()
-                    .push(key.clone());
+                let reported = match host.0.is_empty() {
+                    true => host.1.clone(),
+                    false => format!("{}/{}", host.0, host.1),
+                };
+                shadowed.entry(reported).or_default().push(key.clone());
                 continue;
             }
             seen.insert(host, key.clone());
@@ -398,6 +407,50 @@ mod tests {
 
     fn rule(kind: Kind, spec: serde_json::Value) -> Resource {
         Resource::Rule(RuleSpec::parse(kind, &spec).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    #[test]
+    fn a_dns_name_declared_in_two_namespaces_is_served_from_the_first_entry_and_reported() {
+        let index = Index::new(1);
+        let entry = |address: &str| {
+            rule(
+                Kind::ServiceEntry,
+                serde_json::json!({
+                    "hosts": ["api.payments.internal", "payments"],
+                    "ports": [{"number": 50051, "name": "grpc"}],
+                    "endpoints": [{"address": address}],
+                }),
+            )
+        };
+        index.apply(
+            Kind::ServiceEntry,
+            [
+                Change::Upsert("payments/billing".into(), entry("10.0.0.1")),
+                Change::Upsert("payments/shop".into(), entry("10.0.0.2")),
+            ],
+            2,
+        );
+        let (served, shadowed) = services(&index.current(Kind::ServiceEntry), None);
+        let names: Vec<String> = served
+            .iter()
+            .map(|s| format!("{}/{} {}", s.namespace, s.name, s.endpoints[0].address))
+            .collect();
+        // The short name is one service per namespace; the DNS name one for the whole mesh.
+        assert_eq!(
+            names,
+            [
+                "billing/api.payments.internal 10.0.0.1",
+                "billing/payments 10.0.0.1",
+                "shop/payments 10.0.0.2",
+            ]
+        );
+        assert_eq!(
+            shadowed,
+            BTreeMap::from([(
+                "api.payments.internal".to_owned(),
+                vec!["payments/shop".to_owned()]
+            )])
+        );
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! protocol}`, `endpoints[]{address, ports, labels, weight, locality}`, `resolution`, `location`.
 //! What differs, and why, is in docs/xds.md:
 //! - a host is a service name in the entry's namespace (`greeter`, or its
-//!   `greeter.<namespace>.svc.cluster.local` form), which is how xDS clients ask for it; other
-//!   DNS names are refused rather than served under a name nobody can ask for;
+//!   `greeter.<namespace>.svc.cluster.local` form, which clients ask for in every Kubernetes
+//!   form), or any other DNS name (`api.payments.internal`), served verbatim as Istio does;
+//!   wildcard hosts are refused, as no gRPC client can ask for one;
 //! - only `resolution: STATIC` (the default here) is served: the control plane hands out
 //!   addresses, it does not resolve DNS for clients.
 
@@ -35,7 +36,8 @@ pub const LOCATIONS: [&str; 2] = ["MESH_INTERNAL", "MESH_EXTERNAL"];
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ServiceEntrySpec {
-    /// Service names in the entry's namespace (`greeter` or `greeter.<ns>.svc.cluster.local`).
+    /// Service names in the entry's namespace (`greeter` or `greeter.<ns>.svc.cluster.local`),
+    /// or DNS names served verbatim (`api.payments.internal`).
     #[schemars(length(min = 1, max = limits::MATCHERS), inner(length(max = limits::NAME)))]
     pub hosts: Vec<String>,
     #[schemars(length(min = 1, max = limits::MATCHERS))]
@@ -104,20 +106,11 @@ impl ServiceEntrySpec {
         let mut services = BTreeSet::new();
         for (i, host) in self.hosts.iter().enumerate() {
             let host_path = item(path, "hosts", i);
-            if let Some((name, _)) = host_name(host)
-                && !services.insert(name)
-            {
+            let named = entry_host(host).map_err(|why| FieldError::value(&host_path, why, host))?;
+            if !services.insert(named.name()) {
                 return Err(FieldError::value(
                     host_path,
                     "names a service an earlier host names already",
-                    host,
-                ));
-            }
-            if host_name(host).is_none() {
-                return Err(FieldError::value(
-                    host_path,
-                    "must be a service name (a DNS label such as \"greeter\") or its \
-                     \"greeter.<namespace>.svc.cluster.local\" form; other DNS names are not served",
                     host,
                 ));
             }
@@ -206,11 +199,11 @@ impl ServiceEntrySpec {
             .collect();
         self.hosts
             .iter()
-            .filter_map(|host| host_name(host))
-            .filter(|(_, in_namespace)| in_namespace.is_none_or(|ns| ns == namespace))
-            .map(|(name, _)| Service {
+            .filter_map(|host| entry_host(host).ok())
+            .filter(|named| named.namespace().is_none_or(|ns| ns == namespace))
+            .map(|named| Service {
                 namespace: namespace.to_owned(),
-                name: name.to_owned(),
+                name: named.name().to_owned(),
                 labels: BTreeMap::new(),
                 ports: ports.clone(),
                 endpoints: endpoints.clone(),
@@ -222,7 +215,8 @@ impl ServiceEntrySpec {
     /// own namespace, as a Service does).
     pub(crate) fn check_namespace(&self, path: &str, namespace: &str) -> Checked {
         for (i, host) in self.hosts.iter().enumerate() {
-            if let Some((_, Some(other))) = host_name(host)
+            if let Ok(named) = entry_host(host)
+                && let Some(other) = named.namespace()
                 && other != namespace
             {
                 return Err(FieldError::value(
@@ -294,17 +288,74 @@ fn port_number(path: &str, number: u32) -> Checked {
     Ok(())
 }
 
-/// `(service name, namespace the host names if any)` of a host, or `None` when it is not a
-/// service name.
-fn host_name(host: &str) -> Option<(&str, Option<&str>)> {
-    let parts: Vec<&str> = host.split('.').collect();
-    let cluster_domain: Vec<&str> = CLUSTER_DOMAIN.split('.').collect();
-    let (name, namespace) = match parts.as_slice() {
-        [name] => (*name, None),
-        [name, ns, "svc", domain @ ..] if domain == cluster_domain.as_slice() => (*name, Some(*ns)),
-        _ => return None,
-    };
-    (is_dns_label(name) && namespace.is_none_or(is_dns_label)).then_some((name, namespace))
+/// What a ServiceEntry host names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EntryHost<'a> {
+    /// A service name in a namespace: the entry's (`greeter`), or the one its cluster form says
+    /// (`greeter.<namespace>.svc.cluster.local`).
+    Service {
+        name: &'a str,
+        namespace: Option<&'a str>,
+    },
+    /// Any other DNS name, served verbatim.
+    Dns(&'a str),
+}
+
+impl<'a> EntryHost<'a> {
+    /// The service's name: its Kubernetes name, or the DNS name itself.
+    fn name(self) -> &'a str {
+        match self {
+            EntryHost::Service { name, .. } | EntryHost::Dns(name) => name,
+        }
+    }
+
+    fn namespace(self) -> Option<&'a str> {
+        match self {
+            EntryHost::Service { namespace, .. } => namespace,
+            EntryHost::Dns(_) => None,
+        }
+    }
+}
+
+/// What `host` names, or why it names nothing a client can ask for.
+fn entry_host(host: &str) -> Result<EntryHost<'_>, &'static str> {
+    if host.contains('*') {
+        return Err(
+            "is a wildcard host: a gRPC client asks for one name and resolves no \
+                    wildcard, so no client could ask for it; list each host",
+        );
+    }
+    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err("must be lower-case (clients ask for names exactly as written)");
+    }
+    let labels: Vec<&str> = host.split('.').collect();
+    if !labels.iter().all(|label| is_dns_label(label)) || host.len() > limits::NAME {
+        return Err(
+            "must be a DNS name: labels of lower-case letters, digits and '-' (at most \
+                    63 each, starting and ending with a letter or digit) separated by dots, at \
+                    most 253 characters",
+        );
+    }
+    let cluster_domain = format!(".svc.{CLUSTER_DOMAIN}");
+    match labels.as_slice() {
+        [name] => Ok(EntryHost::Service {
+            name,
+            namespace: None,
+        }),
+        [name, namespace, "svc", ..] if host.ends_with(&cluster_domain) => {
+            if labels.len() != 3 + CLUSTER_DOMAIN.split('.').count() {
+                return Err("names no service: a cluster name is \
+                            <service>.<namespace>.svc.cluster.local");
+            }
+            Ok(EntryHost::Service {
+                name,
+                namespace: Some(namespace),
+            })
+        }
+        _ if host.ends_with(&cluster_domain) => Err("names no service: a cluster name is \
+                                                     <service>.<namespace>.svc.cluster.local"),
+        _ => Ok(EntryHost::Dns(host)),
+    }
 }
 
 #[cfg(test)]
@@ -356,6 +407,41 @@ mod tests {
     }
 
     #[test]
+    fn any_other_dns_name_is_a_service_of_its_own_served_verbatim() {
+        let mut json = entry();
+        json["hosts"] = serde_json::json!(["api.payments.internal", "greeter", "example.com"]);
+        let services = spec(json)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .services("shop");
+        let names: Vec<(&str, String, bool)> = services
+            .iter()
+            .map(|s| (s.name.as_str(), s.fqdn(), s.is_dns_host()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                (
+                    "api.payments.internal",
+                    "api.payments.internal".to_owned(),
+                    true
+                ),
+                (
+                    "greeter",
+                    "greeter.shop.svc.cluster.local".to_owned(),
+                    false
+                ),
+                ("example.com", "example.com".to_owned(), true),
+            ]
+        );
+        // Every host has the entry's ports and endpoints, in the entry's namespace.
+        assert!(
+            services
+                .iter()
+                .all(|s| s.namespace == "shop" && s.endpoints.len() == 2 && s.ports.len() == 1)
+        );
+    }
+
+    #[test]
     fn refusals_name_the_field_and_the_value() {
         let refused = |change: &dyn Fn(&mut serde_json::Value)| {
             let mut json = entry();
@@ -366,8 +452,33 @@ mod tests {
             }
         };
         assert!(
-            refused(&|j| j["hosts"][0] = "greeter.example.com".into())
-                .starts_with("spec.hosts[0]: must be a service name")
+            refused(&|j| j["hosts"][0] = "*.example.com".into())
+                .starts_with("spec.hosts[0]: is a wildcard host")
+        );
+        assert!(
+            refused(&|j| j["hosts"][0] = "API.example.com".into())
+                .starts_with("spec.hosts[0]: must be lower-case")
+        );
+        for bad in ["api..example.com", "api.example.com.", "-api.example.com"] {
+            assert!(
+                refused(&|j| j["hosts"][0] = bad.into())
+                    .starts_with("spec.hosts[0]: must be a DNS name"),
+                "{bad}"
+            );
+        }
+        for not_a_service in [
+            "greeter.svc.cluster.local",
+            "a.greeter.shop.svc.cluster.local",
+        ] {
+            assert!(
+                refused(&|j| j["hosts"][0] = not_a_service.into())
+                    .starts_with("spec.hosts[0]: names no service"),
+                "{not_a_service}"
+            );
+        }
+        assert!(
+            refused(&|j| j["hosts"] = serde_json::json!(["api.example.com", "api.example.com"]))
+                .starts_with("spec.hosts[1]: names a service an earlier host names already")
         );
         assert!(
             refused(&|j| j["hosts"][0] = "greeter.other.svc.cluster.local".into())

@@ -411,3 +411,68 @@ fn a_hash_header_gives_the_application_ring_hash_with_weights_per_endpoint() {
         "one locality of two endpoints of weight 1"
     );
 }
+
+#[test]
+fn a_dns_name_of_its_own_is_one_service_for_every_client_and_names_its_cluster() {
+    let mut payments = service("api.payments.internal", "payments", 2);
+    payments.namespace = "billing".into();
+    let snapshot = Snapshot::new(1, vec![payments, service("greeter", "greeter", 1)], true);
+    // Verbatim, from any namespace, with its port or its only one.
+    for (asked, namespace) in [
+        ("api.payments.internal:50051", "shop"),
+        ("api.payments.internal", "other"),
+    ] {
+        assert_eq!(
+            names(&generate::resolve_all(&snapshot, asked, namespace)),
+            ["api.payments.internal"],
+            "{asked} from {namespace}"
+        );
+    }
+    for other in [
+        "api.payments.internal:7070",
+        "payments.internal:50051",
+        "api.payments.internal.:50051",
+        "api.payments:50051",
+    ] {
+        assert!(
+            generate::resolve_all(&snapshot, other, "billing").is_empty(),
+            "{other}"
+        );
+    }
+    let target = generate::resolve(&snapshot, "api.payments.internal:50051", "shop")
+        .unwrap_or_else(|| panic!("resolved"));
+    let cluster = generate::cluster_name(target);
+    assert_eq!(cluster, "outbound|50051||api.payments.internal");
+    let assignment: envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment =
+        decoded(&snapshot, crate::ENDPOINT, &cluster);
+    assert_eq!(assignment.endpoints[0].lb_endpoints.len(), 2);
+    // One encoding of its listener and route whatever namespace clients claim.
+    let listeners = TypeState {
+        names: ["api.payments.internal:50051".to_string()].into(),
+        ..Default::default()
+    };
+    for namespace in ["a", "b", "c"] {
+        assert_eq!(
+            resources(&snapshot, crate::LISTENER, &listeners, namespace).len(),
+            1
+        );
+        assert_eq!(resources(&snapshot, ROUTE, &listeners, namespace).len(), 1);
+    }
+    assert_eq!(snapshot.encodes(), 2, "a listener and a route");
+    // Envoy's wildcard subscription lists it under its own name.
+    let wildcard = TypeState {
+        wildcard: true,
+        ..Default::default()
+    };
+    let listed: Vec<String> = resources(&snapshot, crate::LISTENER, &wildcard, "shop")
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            "api.payments.internal:50051",
+            "greeter.shop.svc.cluster.local:50051"
+        ]
+    );
+}
