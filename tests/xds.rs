@@ -487,3 +487,95 @@ async fn a_service_entrys_dns_name_is_served_verbatim_to_released_clients_in_any
     }
     server.stop().await.unwrap();
 }
+
+/// A DynamicConfig `name` in `shop` of `scope` keyed `key` with `configs`.
+fn dynamic_config(name: &str, scope: &str, key: &str, configs: serde_json::Value) -> String {
+    serde_json::json!({
+        "apiVersion": "dubbo.apache.org/v1alpha1",
+        "kind": "DynamicConfig",
+        "metadata": {"name": name, "namespace": "shop"},
+        "spec": {"key": key, "scope": scope, "configVersion": "v3.0", "configs": configs},
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn overrides_select_endpoints_by_match_and_reach_an_interfaces_applications() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(test_config(dir.path())).await;
+    let xds = server.xds_addr.expect("xDS is on by default");
+    common::client(server.grpc_addr)
+        .await
+        .register_service_app_mapping(common::request("shop", "greeter", &["org.example.Greeter"]))
+        .await
+        .unwrap();
+    common::wait_published(&server, 1).await;
+    for kind in [Released::Grpcio, Released::GrpcJs] {
+        let (_a, port_a) = backend(kind, "a").await;
+        let (_b, port_b) = backend(kind, "b").await;
+        let endpoint = |port: u16, version: &str| serde_json::json!({"address": "127.0.0.1", "ports": {"grpc": port}, "labels": {"version": version}});
+        let entry = serde_json::json!({
+            "apiVersion": "dubbo.apache.org/v1alpha1",
+            "kind": "ServiceEntry",
+            "metadata": {"name": "greeter", "namespace": "shop"},
+            "spec": {
+                "hosts": ["greeter"],
+                "ports": [{"number": 7070, "name": "grpc", "protocol": "GRPC"}],
+                "endpoints": [endpoint(port_a, "v1"), endpoint(port_b, "v2")],
+            },
+        });
+        apply(server.admin_addr, &entry.to_string()).await;
+        // The application's override selects its v1 endpoint by label: no call reaches a.
+        let version =
+            |v: &str| serde_json::json!({"param": [{"key": "version", "value": {"exact": v}}]});
+        apply(
+            server.admin_addr,
+            &dynamic_config(
+                "v1-off",
+                "application",
+                "greeter",
+                serde_json::json!([{"match": version("v1"), "parameters": {"disabled": "true"}}]),
+            ),
+        )
+        .await;
+        let mut client =
+            released::client_with(kind, "xds:///org.example.Greeter", bootstrap(xds).await);
+        settle(&mut client, "b", 100, "").await;
+        let counts = count(&mut client, 500).await;
+        assert_eq!(answers(&counts, "b"), 500, "{kind:?}: {counts}");
+        // The interface's own override reaches the application its mapping lists, after the
+        // application's: v2 at 25 against v1's 100 once v1 is back, 80/20.
+        apply(
+            server.admin_addr,
+            &dynamic_config(
+                "v2-light",
+                "service",
+                "org.example.Greeter",
+                serde_json::json!([{"match": version("v2"), "parameters": {"weight": "25"}}]),
+            ),
+        )
+        .await;
+        let (status, body) = http_send(
+            server.admin_addr,
+            "DELETE",
+            "/api/v1/rules/DynamicConfig/shop/v1-off",
+            "",
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        settle(&mut client, "a", 1, "").await;
+        assert_split(&count(&mut client, 2000).await, 80);
+        let (status, body) = http_send(
+            server.admin_addr,
+            "DELETE",
+            "/api/v1/rules/DynamicConfig/shop/v2-light",
+            "",
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        drop(client.child.start_kill());
+    }
+    server.stop().await.unwrap();
+}

@@ -31,6 +31,7 @@ pub mod delta;
 pub mod dump;
 pub mod generate;
 pub mod inbound;
+pub mod overrides;
 pub mod protocol;
 pub mod security;
 pub mod server;

@@ -13,15 +13,14 @@ use crate::bootstrap::SERVER_LISTENER_PREFIX;
 use crate::conditions::Conditions;
 use crate::generate::{self, Balancing, Services, Target};
 use crate::inbound;
+use crate::overrides;
 use crate::protocol::TypeState;
 use crate::security::{Policies, tls};
 use crate::tags::{Subset, Tagging};
 use crate::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
 use dubbo_cp_domain::rules::{
-    ConditionRouteSpec, DynamicConfigSpec, HASH_HEADER, OverrideConfig, TagRouteSpec,
-    hashable_header,
+    ConditionRouteSpec, DynamicConfigSpec, HASH_HEADER, TagRouteSpec, hashable_header,
 };
-use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
 
 /// (type, name, namespace) -> the encoded resource.
 type Encoded = HashMap<(String, String, String), Arc<Any>>;
@@ -122,11 +121,9 @@ impl Snapshot {
     }
 
     /// The same services with the DynamicConfigs `(namespace, spec)` applied to their endpoints'
-    /// weights, as Dubbo providers apply them: an enabled application-scoped config whose
-    /// provider-side override lists an endpoint's address (`ip`, `ip:port`, `0.0.0.0` or `*`; no
-    /// address at all lists every one) sets its `weight` (later overrides win), or takes it out
-    /// with `disabled: "true"` (which a later weight does not undo). Service-scoped configs and
-    /// overrides that select by `match` are not translated yet.
+    /// weights, as Dubbo providers apply them ([`crate::overrides`]). Service-scoped configs
+    /// reach the applications of the interface's mapping, so the mappings come first
+    /// ([`Snapshot::with_mappings`]).
     ///
     /// A provider-side override's `hash.header` (dubbo-cp's, which Dubbo SDKs ignore) asks for
     /// session affinity on the application's clusters: calls are placed on a ring hash by that
@@ -135,16 +132,7 @@ impl Snapshot {
     pub fn with_dynamic_configs(mut self, configs: Vec<(String, DynamicConfigSpec)>) -> Snapshot {
         // What was encoded before describes other state.
         self.forget_derived();
-        let mut by_application: HashMap<(String, String), Vec<OverrideConfig>> = HashMap::new();
-        for (namespace, spec) in configs {
-            if !spec.enabled || spec.scope != "application" {
-                continue;
-            }
-            let overrides = by_application.entry((namespace, spec.key)).or_default();
-            overrides.extend(spec.configs.into_iter().filter(|o| {
-                o.enabled && o.r#match.is_none() && (o.side.is_empty() || o.side == "provider")
-            }));
-        }
+        let by_application = overrides::by_application(configs, &self.mappings);
         let affinity: HashMap<(String, String), String> = by_application
             .iter()
             .filter_map(|(key, overrides)| {
@@ -160,36 +148,7 @@ impl Snapshot {
             return self;
         }
         let mut services = self.services.as_ref().clone();
-        for service in &mut services {
-            let key = (service.namespace.clone(), service.application().to_owned());
-            let Some(overrides) = by_application.get(&key) else {
-                continue;
-            };
-            let ports: Vec<_> = service.ports.clone();
-            for endpoint in &mut service.endpoints {
-                // Disabled stays disabled, whatever weight a later override sets.
-                let mut disabled = false;
-                for config in overrides {
-                    if !ports
-                        .iter()
-                        .any(|port| overrides_endpoint(config, endpoint, port))
-                    {
-                        continue;
-                    }
-                    if let Some(flag) = config.parameters.get("disabled") {
-                        disabled = flag == "true";
-                    }
-                    if let Some(weight) =
-                        config.parameters.get("weight").and_then(|w| w.parse().ok())
-                    {
-                        endpoint.weight = weight;
-                    }
-                }
-                if disabled {
-                    endpoint.weight = 0;
-                }
-            }
-        }
+        overrides::apply(&mut services, &by_application);
         self.services = Arc::new(services);
         self
     }
@@ -339,23 +298,6 @@ impl Services for Snapshot {
             .cloned()
             .unwrap_or_default()
     }
-}
-
-/// Whether `config` lists `endpoint` (as serving `port`) among its addresses.
-fn overrides_endpoint(
-    config: &OverrideConfig,
-    endpoint: &ServiceEndpoint,
-    port: &ServicePort,
-) -> bool {
-    let ip = endpoint.address.to_string();
-    let with_port = format!("{ip}:{}", endpoint.port_for(port));
-    // No address at all means every instance, as an override URL without a host does.
-    (config.addresses.is_empty() && config.provider_addresses.is_empty())
-        || config
-            .addresses
-            .iter()
-            .chain(&config.provider_addresses)
-            .any(|a| a == "*" || a == "0.0.0.0" || *a == ip || *a == with_port)
 }
 
 /// The target (and subset) of a cluster name `outbound|<port>|<subset>|<fqdn>`.

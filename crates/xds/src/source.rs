@@ -84,10 +84,10 @@ pub fn build(
         }),
     };
     Snapshot::new(version, services, synced)
+        .with_mappings(mappings)
         .with_dynamic_configs(configs)
         .with_tag_routes(tag_routes)
         .with_condition_routes(conditions)
-        .with_mappings(mappings)
         .with_policies(policies)
 }
 
@@ -218,10 +218,11 @@ pub async fn run(
         let (_, shadowed) = services(&index.current(Kind::ServiceEntry), set.as_ref());
         report_shadowed(&shadowed, &shadowed_before);
         shadowed_before = shadowed;
-        let untranslated = untranslated(
+        let mut untranslated = untranslated(
             &index.current(Kind::ConditionRoute),
             &index.current(Kind::TagRoute),
         );
+        untranslated.extend(untranslated_configs(&index.current(Kind::DynamicConfig)));
         report_untranslated(&untranslated, &untranslated_before);
         untranslated_before = untranslated;
         // Translated again only when a policy changed, not at every burst of registrations.
@@ -300,7 +301,22 @@ fn untranslated(state: &KindSnapshot, tags: &KindSnapshot) -> BTreeMap<String, V
                             .to_owned(),
                     );
                 }
-                (!problems.is_empty()).then(|| (key.clone(), problems))
+                (!problems.is_empty()).then(|| (format!("ConditionRoute {key}"), problems))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// `DynamicConfig <name>/<namespace>` -> what xDS clients do not apply of it.
+fn untranslated_configs(state: &KindSnapshot) -> BTreeMap<String, Vec<String>> {
+    state
+        .objects
+        .iter()
+        .filter_map(|(key, object)| match &object.value {
+            Resource::Rule(RuleSpec::DynamicConfig(spec)) if spec.enabled => {
+                let problems = crate::overrides::untranslated(spec);
+                (!problems.is_empty()).then(|| (format!("DynamicConfig {key}"), problems))
             }
             _ => None,
         })
@@ -315,9 +331,9 @@ fn report_untranslated(
     for (rule, problems) in now {
         if before.get(rule) != Some(problems) {
             tracing::warn!(
-                rule = %format!("ConditionRoute {rule}"),
+                %rule,
                 not_applied = ?problems,
-                "xDS clients do not apply all of a ConditionRoute (docs/xds.md)"
+                "xDS clients do not apply all of a rule (docs/xds.md)"
             );
         }
     }

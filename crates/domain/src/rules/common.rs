@@ -336,6 +336,48 @@ impl AddressMatch {
     }
 }
 
+impl AddressMatch {
+    /// Whether the address `input` (a provider's IP) matches, as Dubbo's `AddressMatch.isMatch`:
+    /// `cird` is the address itself or a block holding it; `wildcard` is `*` or `0.0.0.0` for
+    /// any, else a pattern with at most one `*` (Dubbo's `isMatchGlobPattern`); `exact` is equal.
+    pub fn matches(&self, input: &str) -> bool {
+        if !self.cird.is_empty() {
+            return input == self.cird
+                || super::cidr::Cidr::parse(&self.cird).is_ok_and(|block| {
+                    input
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| block.contains(ip))
+                });
+        }
+        if !self.wildcard.is_empty() {
+            return self.wildcard == "*"
+                || self.wildcard == "0.0.0.0"
+                || glob(&self.wildcard, input);
+        }
+        !self.exact.is_empty() && input == self.exact
+    }
+}
+
+/// Dubbo's `UrlUtils.isMatchGlobPattern` without parameter references: the last `*` stands for
+/// any text between what precedes and what follows it.
+fn glob(pattern: &str, value: &str) -> bool {
+    match pattern.rsplit_once('*') {
+        None => pattern == value,
+        Some((prefix, suffix)) => {
+            value.len() >= prefix.len() + suffix.len()
+                && value.starts_with(prefix)
+                && value.ends_with(suffix)
+        }
+    }
+}
+
+impl ListStringMatch {
+    /// Whether any of `oneof` matches `input`.
+    pub fn matches(&self, input: Option<&str>) -> bool {
+        self.oneof.iter().any(|m| m.matches(input))
+    }
+}
+
 /// Matches if any of `oneof` does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -370,6 +412,24 @@ pub struct ConditionMatch {
 }
 
 impl ConditionMatch {
+    /// Whether a provider instance at `host` of `application`, whose URL parameters are
+    /// `params`, matches every field given but `service`, as Dubbo's `ConditionMatch.isMatch`.
+    /// `service` is the caller's to decide: it names the interface a URL is of, which an
+    /// instance serving several does not say.
+    pub fn matches_instance(
+        &self,
+        host: &str,
+        application: &str,
+        params: &std::collections::BTreeMap<String, String>,
+    ) -> bool {
+        self.address.as_ref().is_none_or(|a| a.matches(host))
+            && self
+                .application
+                .as_ref()
+                .is_none_or(|a| a.matches(Some(application)))
+            && self.param.iter().all(|p| p.matches(params))
+    }
+
     pub(crate) fn check(&self, path: &str) -> Checked {
         if let Some(address) = &self.address {
             address.check(&field(path, "address"))?;
@@ -527,5 +587,81 @@ mod string_match_tests {
         assert!(!m("noempty", "x").matches(Some("")));
         assert!(!m("noempty", "x").matches(None));
         assert!(!StringMatch::default().matches(Some("a")));
+    }
+}
+
+#[cfg(test)]
+mod condition_match_tests {
+    use super::ConditionMatch;
+    use std::collections::BTreeMap;
+
+    fn m(json: serde_json::Value) -> ConditionMatch {
+        serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn an_instance_matches_as_dubbos_condition_match() {
+        let labels = BTreeMap::from([("version".to_owned(), "v2".to_owned())]);
+        let on = |json: serde_json::Value, host: &str| {
+            m(json).matches_instance(host, "greeter", &labels)
+        };
+        // Address: exact, a block or the address itself as cird, wildcards with one `*`.
+        assert!(on(
+            serde_json::json!({"address": {"exact": "10.0.0.1"}}),
+            "10.0.0.1"
+        ));
+        assert!(!on(
+            serde_json::json!({"address": {"exact": "10.0.0.1"}}),
+            "10.0.0.10"
+        ));
+        assert!(on(
+            serde_json::json!({"address": {"cird": "10.0.0.0/24"}}),
+            "10.0.0.9"
+        ));
+        assert!(!on(
+            serde_json::json!({"address": {"cird": "10.0.0.0/24"}}),
+            "10.0.1.9"
+        ));
+        assert!(on(
+            serde_json::json!({"address": {"cird": "fd00::/8"}}),
+            "fd00::1"
+        ));
+        for any in ["*", "0.0.0.0"] {
+            assert!(on(
+                serde_json::json!({"address": {"wildcard": any}}),
+                "10.9.9.9"
+            ));
+        }
+        assert!(on(
+            serde_json::json!({"address": {"wildcard": "10.0.*"}}),
+            "10.0.3.4"
+        ));
+        assert!(!on(
+            serde_json::json!({"address": {"wildcard": "10.0.*"}}),
+            "10.1.3.4"
+        ));
+        assert!(on(
+            serde_json::json!({"address": {"wildcard": "*.4"}}),
+            "10.0.3.4"
+        ));
+        assert!(!on(
+            serde_json::json!({"address": {"wildcard": "10.*.10"}}),
+            "10.0"
+        ));
+        // Application and URL parameters (an endpoint's labels); every field given must match.
+        let app = |name: &str| serde_json::json!({"application": {"oneof": [{"exact": "x"}, {"exact": name}]}});
+        assert!(on(app("greeter"), "10.0.0.1"));
+        assert!(!on(app("billing"), "10.0.0.1"));
+        let param = |v: &str| serde_json::json!([{"key": "version", "value": {"exact": v}}]);
+        assert!(on(serde_json::json!({"param": param("v2")}), "10.0.0.1"));
+        assert!(!on(serde_json::json!({"param": param("v1")}), "10.0.0.1"));
+        assert!(!on(
+            serde_json::json!({"param": param("v2"), "address": {"exact": "10.0.0.2"}}),
+            "10.0.0.1"
+        ));
+        assert!(
+            on(serde_json::json!({}), "10.0.0.1"),
+            "nothing given: every instance"
+        );
     }
 }
