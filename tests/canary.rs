@@ -372,7 +372,20 @@ fn seen_weights(response: &dubbo_cp::dds::ObserveResponse) -> Option<Vec<String>
             .iter()
             .map(|c| {
                 assert_eq!(c.side, "provider");
-                format!("{}={}", c.addresses.join(","), c.parameters["weight"])
+                // The hold on the target's pods by label: `app:podinfo=0`.
+                let selected = match &c.r#match {
+                    Some(m) => m
+                        .param
+                        .iter()
+                        .map(|p| {
+                            let exact = p.value.as_ref().map(|v| v.exact.as_str());
+                            format!("{}:{}", p.key, exact.unwrap_or_default())
+                        })
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    None => c.addresses.join(","),
+                };
+                format!("{selected}={}", c.parameters["weight"])
             })
             .collect(),
     )
@@ -463,10 +476,18 @@ async fn a_good_release_steps_up_to_max_weight_and_is_promoted() {
     })
     .await
     .unwrap_or_else(|_| panic!("the run did not finish; seen {seen:?}"));
-    // Two canary pods against two primaries: w = round(100 p / (100 - p)).
+    // Two canary pods against two primaries: w = round(100 p / (100 - p)), after the hold on
+    // every pod of the target by its label, there from before its first pod.
+    let hold = "app:podinfo=0".to_owned();
     let expected: Vec<Option<Vec<String>>> = [0, 11, 25, 43, 67, 100, 0]
         .iter()
-        .map(|w| Some(vec![format!("10.0.0.1={w}"), format!("10.0.0.2={w}")]))
+        .map(|w| {
+            Some(vec![
+                hold.clone(),
+                format!("10.0.0.1={w}"),
+                format!("10.0.0.2={w}"),
+            ])
+        })
         .chain([None])
         .collect();
     assert_eq!(seen, expected);

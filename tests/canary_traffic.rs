@@ -45,16 +45,18 @@ fn ip_prefix(deployment: &str) -> &'static str {
     }
 }
 
-/// How long a pod runs with its IP before its readiness probe passes. A kubelet reports the IP
-/// first; the canary controller gives such a pod of the target weight 0 before endpoints list
-/// it as ready, so production calls never reach a canary pod the controller has not weighed.
-/// Pods ready the moment they exist would leave nothing to keep them off for as long as the
-/// weights take to follow (rollout.md), which no kubelet does.
-const READY_AFTER: Duration = Duration::from_secs(1);
+/// How long a pod runs with its IP before its readiness probe passes: none, as a pod without a
+/// readiness probe. The kubelet still reports the IP first (the pod is created with it, unready)
+/// and readiness in its next update, in the same pass here, so endpoints list the pod ready the
+/// moment it is seen. The canary controller holds the target's pods at weight 0 by their labels
+/// from before they exist, so production calls still never reach a canary pod it has not
+/// weighed.
+const READY_AFTER: Duration = Duration::ZERO;
 
 /// Plays, every 20 ms, the Deployment controller and kubelet (pods with IPs for every
 /// Deployment whose spec moved, ready [`READY_AFTER`] later), the EndpointSlice controller (a
-/// slice per pod whose IP has a provider, ready as the pod is) and Prometheus's pod discovery
+/// slice per pod whose IP has a provider, ready as the pod is, naming its pod as `targetRef`)
+/// and Prometheus's pod discovery
 /// (a target per such pod, named after it).
 fn cluster_controllers(
     api: &ApiServer,
@@ -102,7 +104,8 @@ fn cluster_controllers(
                                  "labels": {"kubernetes.io/service-name": "podinfo"}},
                     "addressType": "IPv4",
                     "ports": [{"name": "grpc", "port": grpc, "protocol": "TCP"}],
-                    "endpoints": [{"addresses": [ip], "conditions": {"ready": ready}}],
+                    "endpoints": [{"addresses": [ip], "conditions": {"ready": ready},
+                                   "targetRef": {"kind": "Pod", "name": pod_name, "namespace": NS}}],
                 });
                 wanted.insert(name, slice);
                 let addr = SocketAddr::new(ip.parse().unwrap(), *metrics);
@@ -428,6 +431,14 @@ async fn a_healthy_canary_is_promoted_with_the_traffic_following_each_step() {
         .await;
 
     setup.release("podinfo:2").await;
+    // The client called without pause while the canary's pods came up, ready at once: none of
+    // its calls reached them before the first step.
+    let before_first_step = setup.client.totals().await;
+    assert_eq!(
+        answers(&before_first_step, "canary"),
+        0,
+        "production calls on the canary before the release: {before_first_step}"
+    );
     // Two canary pods against two primaries weigh round(100 p / (100 - p)) each.
     for (percent, weight) in [(20, 25), (40, 67), (60, 150)] {
         setup.permit_step(percent).await;

@@ -38,9 +38,24 @@ pub(super) fn start_expiry(
     });
 }
 
+/// What the index serves of a DynamicConfig, for runs that wait for their own weights.
+fn served_config(index: Arc<Index>) -> crate::canary::reconcile::ServedConfig {
+    crate::canary::reconcile::ServedConfig(Arc::new(move |namespace: &str, name: &str| {
+        let state = index.current(Kind::DynamicConfig);
+        let object = state.objects.get(&format!("{name}/{namespace}"))?;
+        match &object.value {
+            crate::index::Resource::Rule(crate::rules::RuleSpec::DynamicConfig(spec)) => {
+                Some(spec.clone())
+            }
+            _ => None,
+        }
+    }))
+}
+
 /// Kubernetes mode: the canary controller, behind its Lease.
 pub(super) fn start_canaries(
     config: &Config,
+    index: &Arc<Index>,
     client: &kube::Client,
     registry: &mut Registry,
     tasks: &mut Supervisor,
@@ -79,6 +94,8 @@ pub(super) fn start_canaries(
             prometheus: settings.prometheus.clone(),
             query_timeout: settings.query_timeout,
             roots,
+            served_config: Some(served_config(index.clone())),
+            hold_settle: config.debounce.max + config.xds.debounce,
         },
         stats,
         tasks.shutdown_receiver(),

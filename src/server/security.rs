@@ -21,7 +21,7 @@ pub(super) async fn open_security(
     let (policy, pods) = auth_policy(config, kube_client, registry, tasks, shutdown_rx.clone())?;
     start_expiry(config, source, kube_client.zip(pods), registry, tasks);
     if let Some(client) = kube_client {
-        start_canaries(config, client, registry, tasks)?;
+        start_canaries(config, &source.index, client, registry, tasks)?;
     }
     let policy = policy.with_dubbo_jwt(
         authority

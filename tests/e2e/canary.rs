@@ -330,9 +330,16 @@ pub async fn strategies(cluster: &Cluster) {
     let config = cluster
         .get_json(&["dynamicconfig", "bluegreen-canary", "-n", NS])
         .expect("the Blue/Green weights");
-    let weights: Vec<(String, String)> = config["spec"]["configs"]
-        .as_array()
-        .unwrap()
+    let configs = config["spec"]["configs"].as_array().unwrap();
+    // First the hold on every pod of the target by its labels (weight 0, there from before its
+    // first pod), then each pod by IP.
+    assert_eq!(
+        configs[0]["match"],
+        json!({"param": [{"key": "app", "value": {"exact": "bluegreen"}}]}),
+        "{config}"
+    );
+    assert_eq!(configs[0]["parameters"]["weight"], "0", "{config}");
+    let weights: Vec<(String, String)> = configs[1..]
         .iter()
         .map(|c| {
             (

@@ -186,6 +186,35 @@ pub fn ready_pod_ips<'a>(
     pod_ips(deployment, pods, true)
 }
 
+/// The ready, running pods `deployment` selects, each with its IP, by IP.
+pub fn ready_pods<'a>(
+    deployment: &Deployment,
+    pods: impl Iterator<Item = &'a Pod>,
+) -> Vec<(String, &'a Pod)> {
+    let mut ready = pods_of(deployment, pods, true);
+    ready.sort_by(|a, b| a.0.cmp(&b.0));
+    ready
+}
+
+/// How an EndpointSlice names `pod` (`targetRef`).
+pub fn pod_reference(pod: &Pod) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        kind: Some("Pod".to_owned()),
+        name: pod.metadata.name.clone(),
+        namespace: pod.metadata.namespace.clone(),
+        uid: pod.metadata.uid.clone(),
+        ..Default::default()
+    }
+}
+
+/// Whether `deployment` selects any pod at all, with an IP or not.
+pub fn has_pods<'a>(deployment: &Deployment, mut pods: impl Iterator<Item = &'a Pod>) -> bool {
+    let selector = selector_of(deployment);
+    let namespace = deployment.metadata.namespace.as_deref();
+    !selector.is_empty()
+        && pods.any(|pod| pod.metadata.namespace.as_deref() == namespace && selects(&selector, pod))
+}
+
 /// The IPs of every pod of `deployment` that has one: ready or not, terminating too. Endpoints
 /// follow pods late, so until these are gone a pod may still be listed and take calls.
 pub fn any_pod_ips<'a>(
@@ -200,26 +229,46 @@ fn pod_ips<'a>(
     pods: impl Iterator<Item = &'a Pod>,
     ready_only: bool,
 ) -> Vec<String> {
-    let namespace = deployment.metadata.namespace.as_deref();
-    let selector = deployment
+    let mut ips: Vec<String> = pods_of(deployment, pods, ready_only)
+        .into_iter()
+        .map(|(ip, _)| ip)
+        .collect();
+    ips.sort();
+    ips.dedup();
+    ips
+}
+
+fn selector_of(deployment: &Deployment) -> BTreeMap<String, String> {
+    deployment
         .spec
         .selector
         .match_labels
         .clone()
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+fn selects(selector: &BTreeMap<String, String>, pod: &Pod) -> bool {
+    let labels = pod.metadata.labels.as_ref();
+    selector
+        .iter()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+}
+
+/// The pods of `deployment` with an IP (ready ones only, not terminating, with `ready_only`).
+fn pods_of<'a>(
+    deployment: &Deployment,
+    pods: impl Iterator<Item = &'a Pod>,
+    ready_only: bool,
+) -> Vec<(String, &'a Pod)> {
+    let namespace = deployment.metadata.namespace.as_deref();
+    let selector = selector_of(deployment);
     if selector.is_empty() {
         // An empty selector would take every pod of the namespace.
         return Vec::new();
     }
-    let mut ips: Vec<String> = pods
-        .filter(|pod| pod.metadata.namespace.as_deref() == namespace)
+    pods.filter(|pod| pod.metadata.namespace.as_deref() == namespace)
         .filter(|pod| !ready_only || pod.metadata.deletion_timestamp.is_none())
-        .filter(|pod| {
-            let labels = pod.metadata.labels.as_ref();
-            selector
-                .iter()
-                .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-        })
+        .filter(|pod| selects(&selector, pod))
         .filter_map(|pod| {
             let status = pod.status.as_ref()?;
             // A pod that ran to its end keeps its IP in status, but the IP may already be
@@ -232,14 +281,12 @@ fn pod_ips<'a>(
                 .iter()
                 .flatten()
                 .any(|c| c.type_ == "Ready" && c.status == "True");
-            (ready || !ready_only)
+            let ip = (ready || !ready_only)
                 .then(|| status.pod_ip.clone())
-                .flatten()
+                .flatten()?;
+            Some((ip, pod))
         })
-        .collect();
-    ips.sort();
-    ips.dedup();
-    ips
+        .collect()
 }
 
 #[cfg(test)]

@@ -10,7 +10,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{PodTemplateSpec, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{
+    ObjectReference, PodTemplateSpec, Service, ServicePort, ServiceSpec,
+};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -198,20 +200,24 @@ pub fn apex_slice(
     spec: &CanaryService,
     apex: &str,
     port: i32,
-    ips: &[String],
+    pods: &[(String, Option<ObjectReference>)],
 ) -> EndpointSlice {
-    let usable: Vec<&String> = ips.iter().filter(|ip| endpoint_address(ip)).collect();
-    let v6 = usable.first().is_some_and(|ip| ip.contains(':'));
+    let usable: Vec<&(String, Option<ObjectReference>)> =
+        pods.iter().filter(|(ip, _)| endpoint_address(ip)).collect();
+    let v6 = usable.first().is_some_and(|(ip, _)| ip.contains(':'));
     let endpoints: Vec<Endpoint> = usable
         .into_iter()
-        .filter(|ip| ip.contains(':') == v6)
+        .filter(|(ip, _)| ip.contains(':') == v6)
         .take(SLICE_ENDPOINTS)
-        .map(|ip| Endpoint {
+        .map(|(ip, pod)| Endpoint {
             addresses: vec![ip.clone()],
             conditions: Some(EndpointConditions {
                 ready: Some(true),
                 ..EndpointConditions::default()
             }),
+            // As Kubernetes' own slices name their pods: the xDS edge reads each pod's labels
+            // through it (a canary's pods are selected by label from before they exist).
+            target_ref: pod.clone(),
             ..Endpoint::default()
         })
         .collect();
@@ -317,13 +323,19 @@ mod tests {
         };
         assert!(!stranger.owns(&apex.metadata));
         assert_eq!(apex.spec.as_ref().unwrap().selector, None);
+        let pod = ObjectReference {
+            kind: Some("Pod".to_owned()),
+            name: Some("podinfo-1".to_owned()),
+            ..ObjectReference::default()
+        };
         let ips = [
-            "10.0.0.1".to_owned(),
-            "10.1.0.1".to_owned(),
-            "127.0.0.1".to_owned(),
-            "fd00::1".to_owned(),
+            ("10.0.0.1".to_owned(), Some(pod.clone())),
+            ("10.1.0.1".to_owned(), None),
+            ("127.0.0.1".to_owned(), None),
+            ("fd00::1".to_owned(), None),
         ];
         let slice = apex_slice(&owner, &spec, "podinfo", 50051, &ips);
+        assert_eq!(slice.endpoints.as_ref().unwrap()[0].target_ref, Some(pod));
         assert_eq!(slice.address_type, "IPv4");
         assert_eq!(slice.endpoints.as_ref().unwrap().len(), 2);
         assert_eq!(slice.ports.as_ref().unwrap()[0].port, Some(50051));

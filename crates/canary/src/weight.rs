@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::rules::{self, DynamicConfigSpec, OverrideConfig};
+use crate::rules::{
+    self, ConditionMatch, DynamicConfigSpec, OverrideConfig, ParamMatch, StringMatch,
+};
 
 /// Dubbo's default provider weight, which primary pods keep.
 pub const DEFAULT_WEIGHT: u64 = 100;
@@ -92,16 +94,51 @@ pub fn dynamic_config(
     })
 }
 
-/// `spec` with weight 0 for `held`, the target's pods that are not (or no longer) ready but
-/// have an IP: a pod has its IP before it is ready, so the override is in place before
-/// endpoints list it, and stays while a terminating pod is still listed. Without it such a pod
-/// would take Dubbo's default weight for as long as the weights lag the endpoints.
+/// Keys of a Dubbo provider's URL: Dubbo SDKs read a `match.param` against those, so a hold
+/// by a pod label of one of these names could hold the primary's providers too.
+const DUBBO_URL_KEYS: [&str; 8] = [
+    "application",
+    "interface",
+    "side",
+    "group",
+    "version",
+    "protocol",
+    "dubbo",
+    "release",
+];
+
+/// The labels that select the target's pods and no primary's, for a hold by labels: the
+/// target's selector without Dubbo URL keys, as long as one of them still has the target's
+/// name as its value (the primary's has `<name>-primary` there); else none.
+pub fn hold_labels(selector: &BTreeMap<String, String>, target: &str) -> BTreeMap<String, String> {
+    let labels: BTreeMap<String, String> = selector
+        .iter()
+        .filter(|(key, _)| !DUBBO_URL_KEYS.contains(&key.as_str()))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect();
+    if labels.values().any(|value| value == target) {
+        labels
+    } else {
+        BTreeMap::new()
+    }
+}
+
+/// `spec` with weight 0 for the target's pods that must take no call yet:
+/// - every pod the target's `selector` labels select, first, so the weights of ready canary
+///   pods that follow win. The labels are known before any pod exists, so a pod ready the
+///   moment it is listed gets weight 0 in the push that first lists it, wherever endpoints
+///   carry their pods' labels (xDS in Kubernetes mode). Empty: no such override;
+/// - `held`, the pods that are not (or no longer) ready but have an IP, by IP: a pod has its IP
+///   before it is ready, so the override is in place before endpoints list it, and stays while
+///   a terminating pod is still listed. This one reaches Dubbo SDKs too, whose providers'
+///   URLs do not carry pod labels.
 pub fn holding_back(
     spec: Option<DynamicConfigSpec>,
     application: &str,
+    selector: &BTreeMap<String, String>,
     held: &[String],
 ) -> Option<DynamicConfigSpec> {
-    if held.is_empty() {
+    if held.is_empty() && selector.is_empty() {
         return spec;
     }
     let mut spec = spec.unwrap_or_else(|| DynamicConfigSpec {
@@ -111,17 +148,36 @@ pub fn holding_back(
         enabled: true,
         configs: Vec::new(),
     });
-    spec.configs.extend(held.iter().map(|ip| OverrideConfig {
+    let zero = |addresses: Vec<String>, r#match: Option<ConditionMatch>| OverrideConfig {
         side: "provider".to_owned(),
-        addresses: vec![ip.clone()],
+        addresses,
         provider_addresses: Vec::new(),
         parameters: BTreeMap::from([("weight".to_owned(), "0".to_owned())]),
         applications: Vec::new(),
         services: Vec::new(),
         r#type: String::new(),
         enabled: true,
-        r#match: None,
-    }));
+        r#match,
+    };
+    if !selector.is_empty() {
+        let param = selector
+            .iter()
+            .map(|(key, value)| ParamMatch {
+                key: key.clone(),
+                value: StringMatch {
+                    exact: value.clone(),
+                    ..StringMatch::default()
+                },
+            })
+            .collect();
+        let by_labels = ConditionMatch {
+            param,
+            ..ConditionMatch::default()
+        };
+        spec.configs.insert(0, zero(Vec::new(), Some(by_labels)));
+    }
+    spec.configs
+        .extend(held.iter().map(|ip| zero(vec![ip.clone()], None)));
     Some(spec)
 }
 
@@ -215,7 +271,8 @@ mod tests {
     fn pods_not_ready_are_held_at_weight_zero() {
         let ready = vec!["10.0.0.7".to_owned()];
         let spec = dynamic_config("podinfo", 20, &["10.1.0.1".to_owned()], &ready, None);
-        let held = holding_back(spec, "podinfo", &["10.0.0.9".to_owned()]).unwrap();
+        let none = BTreeMap::new();
+        let held = holding_back(spec.clone(), "podinfo", &none, &["10.0.0.9".to_owned()]).unwrap();
         let weights: Vec<(&str, &str)> = held
             .configs
             .iter()
@@ -223,9 +280,45 @@ mod tests {
             .collect();
         assert_eq!(weights, [("10.0.0.7", "25"), ("10.0.0.9", "0")]);
         // Only pods coming up: a config of zeros alone.
-        let alone = holding_back(None, "podinfo", &["10.0.0.9".to_owned()]).unwrap();
+        let alone = holding_back(None, "podinfo", &none, &["10.0.0.9".to_owned()]).unwrap();
         assert_eq!(alone.configs.len(), 1);
-        assert!(holding_back(None, "podinfo", &[]).is_none());
+        assert!(holding_back(None, "podinfo", &none, &[]).is_none());
+        // By the target's labels, before any other override: ready pods' weights come after
+        // and win; every other pod of the target is held from before it exists.
+        let selector = BTreeMap::from([("app".to_owned(), "podinfo".to_owned())]);
+        let held = holding_back(spec, "podinfo", &selector, &[]).unwrap();
+        let first = &held.configs[0];
+        assert!(first.addresses.is_empty());
+        assert_eq!(first.parameters["weight"], "0");
+        let matched = first.r#match.as_ref().unwrap();
+        assert_eq!(matched.param[0].key, "app");
+        assert_eq!(matched.param[0].value.exact, "podinfo");
+        assert_eq!(held.configs[1].addresses, ["10.0.0.7"]);
+        let alone = holding_back(None, "podinfo", &selector, &[]).unwrap();
+        assert_eq!(alone.configs.len(), 1);
+    }
+
+    #[test]
+    fn the_hold_selects_by_labels_only_the_primary_lacks_and_no_dubbo_url_carries() {
+        let selector = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let both = selector(&[("app", "podinfo"), ("tier", "web")]);
+        assert_eq!(hold_labels(&both, "podinfo"), both);
+        // Dubbo providers' URLs carry `application`: left out, and then nothing tells the
+        // canary's pods from the primary's.
+        assert_eq!(
+            hold_labels(
+                &selector(&[("app", "podinfo"), ("version", "v1")]),
+                "podinfo"
+            ),
+            selector(&[("app", "podinfo")])
+        );
+        assert!(hold_labels(&selector(&[("application", "podinfo")]), "podinfo").is_empty());
+        assert!(hold_labels(&selector(&[("tier", "web")]), "podinfo").is_empty());
     }
 
     #[test]

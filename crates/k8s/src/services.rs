@@ -314,18 +314,30 @@ fn endpoints_of(slice: &EndpointSlice, pods: &Objects<Labels>) -> Vec<ServiceEnd
                 .map(|zone| format!("/{zone}"))
                 .unwrap_or_default();
             let ports = ports.clone();
-            let labels = endpoint
+            // A pod the pod watch has not delivered yet is left out until it has: served
+            // without its labels, it would escape what selects it by label (a canary's weight
+            // 0, a TagRoute, a policy) for as long as the watches differ.
+            let labels = match endpoint
                 .target_ref
                 .as_ref()
                 .filter(|target| target.kind.as_deref() == Some("Pod"))
-                .and_then(|target| {
+            {
+                Some(target) => {
                     let pod_namespace = target.namespace.clone().unwrap_or(namespace.clone());
-                    pods.get(&(pod_namespace, target.name.clone()?))
-                })
-                .cloned()
-                .unwrap_or_default();
-            endpoint
-                .addresses
+                    target
+                        .name
+                        .clone()
+                        .and_then(|name| pods.get(&(pod_namespace, name)))
+                        .cloned()
+                }
+                None => Some(BTreeMap::new()),
+            };
+            let addresses = match labels {
+                Some(_) => endpoint.addresses.as_slice(),
+                None => &[],
+            };
+            let labels = labels.unwrap_or_default();
+            addresses
                 .iter()
                 .filter_map(|address| address.parse::<IpAddr>().ok())
                 .map(move |address| ServiceEndpoint {
@@ -412,6 +424,7 @@ mod tests {
                     {"addresses": ["10.0.0.2"], "conditions": {"ready": false}},
                     {"addresses": ["10.0.0.3"], "conditions": {"ready": true, "terminating": true}},
                     {"addresses": ["10.0.0.4"], "conditions": {"ready": true}},
+                    {"addresses": ["10.0.0.5"], "targetRef": {"kind": "Pod", "name": "greeter-new"}},
                 ],
             }),
             serde_json::json!({
@@ -439,13 +452,26 @@ mod tests {
         assert_eq!(
             addresses,
             ["10.0.0.1", "10.0.0.4"],
-            "ready and not terminating"
+            "ready and not terminating, of a pod whose labels are known (or of no pod)"
         );
         assert_eq!(greeter.endpoints[0].port_for(&greeter.ports[0]), 17070);
         assert_eq!(greeter.endpoints[0].locality, "/z1");
-        // Each endpoint carries its pod's labels (none for one naming no known pod).
+        // Each endpoint carries its pod's labels (none for one naming no pod).
         assert_eq!(greeter.endpoints[0].labels["dubbo.tag"], "gray");
         assert!(greeter.endpoints[1].labels.is_empty());
+        // The pod watch delivers greeter-new: its endpoint is served, with its labels.
+        let mut pods = pods;
+        pods.insert(
+            ("shop".to_owned(), "greeter-new".to_owned()),
+            BTreeMap::from([("version".to_owned(), "v2".to_owned())]),
+        );
+        let served = services_of(&services, &slices, &pods);
+        let late = served[0]
+            .endpoints
+            .last()
+            .unwrap_or_else(|| panic!("served"));
+        assert_eq!(late.address.to_string(), "10.0.0.5");
+        assert_eq!(late.labels["version"], "v2");
     }
 
     /// The Services a Canary keeps (`spec.service`), through this source: only the apex is of
@@ -475,7 +501,7 @@ mod tests {
             canary::service(&owner, &spec, "podinfo-canary", selector("podinfo"), None),
         ];
         let services = objects::<KubeService>(&made.map(|s| serde_json::to_value(s).unwrap()));
-        let ips = ["10.0.0.1".to_owned(), "10.1.0.1".to_owned()];
+        let ips = [("10.0.0.1".to_owned(), None), ("10.1.0.1".to_owned(), None)];
         let apex = canary::apex_slice(&owner, &spec, "podinfo", 50051, &ips);
         // Kubernetes' EndpointSlice controller's slices of the two selecting Services.
         let role_slice = |service: &str, ip: &str| {

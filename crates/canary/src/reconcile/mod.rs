@@ -19,7 +19,7 @@ use super::alerts::Severity;
 use super::configs::{ConfigKind, references};
 use super::crd::{Canary, CanaryCondition, CanaryStatus, HookResult, MetricResult, Step, Strategy};
 use super::deployments::{
-    any_pod_ips, not_ready, not_ready_at, primary_from, primary_name, primary_template,
+    any_pod_ips, has_pods, not_ready, not_ready_at, primary_from, primary_name, primary_template,
     ready_pod_ips, spec_hash, target_template,
 };
 use super::events::{Events, Kind as EventType, clip_to};
@@ -142,6 +142,26 @@ pub struct Settings {
     pub query_timeout: Duration,
     /// PEM certificates trusted besides the system's for https (`canary.caFile`).
     pub roots: Option<Vec<u8>>,
+    /// What this process serves of DynamicConfig `(namespace, name)`: a run scales its canary
+    /// up once its weights (the hold on the canary's pods) are served, so none of its pods is
+    /// listed before. `None` where nothing is served: no wait.
+    pub served_config: Option<ServedConfig>,
+    /// The longest a written rule takes to be served (the debouncer's `max` and the xDS
+    /// window): past it a run goes on even if its weights are not seen served.
+    pub hold_settle: Duration,
+}
+
+/// `(namespace, name)` -> the DynamicConfig spec this process serves under that name.
+#[derive(Clone)]
+pub struct ServedConfig(pub Arc<ServedConfigFn>);
+
+/// The lookup behind [`ServedConfig`].
+pub type ServedConfigFn = dyn Fn(&str, &str) -> Option<DynamicConfigSpec> + Send + Sync;
+
+impl std::fmt::Debug for ServedConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServedConfig")
+    }
 }
 
 /// What every reconcile shares: the client, the stores the watches keep, the outside clients.

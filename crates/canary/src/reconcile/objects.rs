@@ -4,11 +4,12 @@
 //! owner reference to it) is never written, and a condition names it.
 
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::*;
 use crate::autoscaler;
+use crate::deployments::{pod_reference, ready_pods};
 use crate::services::{self, Owner};
 
 /// Condition types besides Flagger's `Promoted`, one per kind of object kept.
@@ -79,15 +80,19 @@ impl Run<'_> {
         }
         if apex_ours {
             let pods = self.ctx.pods.state();
-            let mut ips = if with_target {
-                ready_pod_ips(target, pods.iter().map(|p| p.as_ref()))
+            let mut ready = if with_target {
+                ready_pods(target, pods.iter().map(|p| p.as_ref()))
             } else {
                 Vec::new()
             };
-            ips.extend(ready_pod_ips(primary, pods.iter().map(|p| p.as_ref())));
-            ips.sort();
-            ips.dedup();
-            let slice = services::apex_slice(&owner, &spec, &apex, port, &ips);
+            ready.extend(ready_pods(primary, pods.iter().map(|p| p.as_ref())));
+            let mut endpoints: Vec<(String, Option<ObjectReference>)> = ready
+                .into_iter()
+                .map(|(ip, pod)| (ip, Some(pod_reference(pod))))
+                .collect();
+            endpoints.sort_by(|a, b| a.0.cmp(&b.0));
+            endpoints.dedup_by(|a, b| a.0 == b.0);
+            let slice = services::apex_slice(&owner, &spec, &apex, port, &endpoints);
             let name = services::slice_name(&apex);
             match refusal(self.write_slice(slice).await)? {
                 Ok(true) => {}

@@ -191,6 +191,12 @@ impl Run<'_> {
                     || primary.spec.replicas.unwrap_or(1).max(1),
                     crate::autoscaler::canary_replicas,
                 );
+                // The run's weights, written as it started to wait, hold the canary's pods at
+                // 0 by their labels: they must reach every client before a pod can be listed
+                // (one without a readiness probe is listed the moment it has an IP).
+                if let Some(left) = self.hold_settling() {
+                    return Ok(Action::requeue(left));
+                }
                 self.scale(&self.plan.target.clone(), replicas).await?;
                 self.set_phase(Phase::Progressing);
                 self.status.last_analysis_time = now();

@@ -23,6 +23,14 @@ impl Run<'_> {
             .filter(|ip| !canary_ips.contains(ip))
             .collect();
         let in_run = phase.in_run();
+        // The target's pods by its labels, from the run's first write (before it is scaled up)
+        // until its last pod is gone.
+        let selector = if in_run || has_pods(target, pods.iter().map(|p| p.as_ref())) {
+            let labels = target.spec.selector.match_labels.clone();
+            weight::hold_labels(&labels.unwrap_or_default(), &self.plan.target)
+        } else {
+            BTreeMap::new()
+        };
         // A/B: matching calls reach the canary while it is analysed and promoted, once its
         // pre-rollout hooks passed, and only if no other ConditionRoute routes the application.
         let ab = self.plan.strategy == Strategy::ABTesting
@@ -58,7 +66,7 @@ impl Run<'_> {
                 } else {
                     let zero =
                         weight::dynamic_config(&self.plan.application, 0, &[], &canary_ips, None);
-                    let zero = weight::holding_back(zero, &self.plan.application, &held);
+                    let zero = weight::holding_back(zero, &self.plan.application, &selector, &held);
                     self.write_config(zero).await?;
                     self.write_route(Some(route)).await?;
                 }
@@ -76,7 +84,7 @@ impl Run<'_> {
                         &canary_ips,
                         self.plan.affinity.as_deref(),
                     );
-                    weight::holding_back(weights, &self.plan.application, &held)
+                    weight::holding_back(weights, &self.plan.application, &selector, &held)
                 } else {
                     None
                 };
@@ -85,6 +93,25 @@ impl Run<'_> {
             }
         }
         Ok(self.requeue())
+    }
+
+    /// When to look again if the weights written as the run started to wait (the hold on the
+    /// canary's pods) are not served yet: until this process serves what is stored, or until
+    /// the longest a rule takes to be served has passed since.
+    pub(super) fn hold_settling(&self) -> Option<Duration> {
+        let settle = self.ctx.settings.hold_settle;
+        let elapsed = since(&self.status.last_transition_time).unwrap_or(settle);
+        if elapsed >= settle {
+            return None;
+        }
+        let served = self.ctx.settings.served_config.as_ref()?;
+        let stored = self
+            .ctx
+            .configs
+            .get(&ObjectRef::new(&self.config_name()).within(&self.namespace))
+            .map(|stored| stored.spec.0.clone());
+        let serving = (served.0)(&self.namespace, &self.config_name());
+        (stored != serving).then(|| (settle - elapsed).min(Duration::from_millis(50)))
     }
 
     /// This run's route as stored, if it is this Canary's.
