@@ -52,21 +52,51 @@ pub fn spawn_server_in(
     data_dir: tempfile::TempDir,
     extra: &[&str],
 ) -> anyhow::Result<ServerProcess> {
+    let (child, grpc_addr, admin_addr, xds_addr) = spawn_process(data_dir.path(), extra)?;
+    Ok(ServerProcess {
+        child,
+        grpc_addr,
+        admin_addr,
+        xds_addr,
+        _data_dir: data_dir,
+    })
+}
+
+impl ServerProcess {
+    /// Stops the server (SIGTERM, as an orchestrator does) and starts it again on the same
+    /// data with `extra` flags (its ports, to come back where clients reconnect).
+    pub fn restart(mut self, extra: &[&str]) -> anyhow::Result<ServerProcess> {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status()?;
+        self.child.wait()?;
+        let (child, grpc_addr, admin_addr, xds_addr) = spawn_process(self._data_dir.path(), extra)?;
+        self.child = child;
+        self.grpc_addr = grpc_addr;
+        self.admin_addr = admin_addr;
+        self.xds_addr = xds_addr;
+        Ok(self)
+    }
+}
+
+/// Listening addresses every server gets unless `extra` names them: any free port.
+const DEFAULT_ADDRS: [&str; 5] = [
+    "--grpc-addr",
+    "--admin-addr",
+    "--tls-addr",
+    "--webhook-addr",
+    "--xds-addr",
+];
+
+type Spawned = (Child, SocketAddr, SocketAddr, Option<SocketAddr>);
+
+fn spawn_process(data_dir: &std::path::Path, extra: &[&str]) -> anyhow::Result<Spawned> {
     let binary = std::env::current_exe()?.with_file_name("dubbo-cp");
-    let mut child = Command::new(&binary)
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--tls-addr",
-            "127.0.0.1:0",
-            "--webhook-addr",
-            "127.0.0.1:0",
-            "--xds-addr",
-            "127.0.0.1:0",
-        ])
+    let mut command = Command::new(&binary);
+    command.arg("serve");
+    for flag in DEFAULT_ADDRS.iter().filter(|flag| !extra.contains(flag)) {
+        command.args([flag, "127.0.0.1:0"]);
+    }
+    let mut child = command
         .args([
             "--new-streams-per-second",
             "1000000",
@@ -75,7 +105,7 @@ pub fn spawn_server_in(
         ])
         .args(extra)
         .arg("--data-dir")
-        .arg(data_dir.path())
+        .arg(data_dir)
         .env("RUST_LOG", "warn,dubbo_cp::server=info")
         .stdout(Stdio::piped())
         .spawn()
@@ -103,13 +133,7 @@ pub fn spawn_server_in(
     };
     // Keep draining its output so it never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    Ok(ServerProcess {
-        child,
-        grpc_addr,
-        admin_addr,
-        xds_addr,
-        _data_dir: data_dir,
-    })
+    Ok((child, grpc_addr, admin_addr, xds_addr))
 }
 
 /// Whether `/readyz` on `admin` answers 200.
@@ -138,7 +162,7 @@ pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
 }
 
 /// CPU time (user + system) a process has used, in seconds.
-fn cpu_seconds(pid: &str) -> anyhow::Result<f64> {
+pub fn cpu_seconds(pid: &str) -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (which may hold spaces) start after the last ')'.
     let fields: Vec<&str> = stat

@@ -1,25 +1,24 @@
 //! xDS fan-out: the real binary in its own process serving `services` ServiceEntries of
-//! `endpoints` endpoints each, `streams` ADS streams (raw clients on Envoy's protos, ACKing every
-//! response) each holding the clusters and load assignments of a few services and of one every
-//! stream shares. One endpoint of the shared service changes per round; the time from the
-//! change's durable apply to the last stream's ACK of the new load assignment is the number,
-//! with the server's memory per stream and the resources it encoded per round.
+//! `endpoints` endpoints each, `streams` ADS streams (raw clients on Envoy's protos, state of
+//! the world or `--delta`, ACKing every response) each holding the clusters and load
+//! assignments of a few services and of one every stream shares. One endpoint of the shared
+//! service changes per round; the time from the change's durable apply to the last stream's
+//! ACK of the new load assignment is the number, with the server's memory per stream, the
+//! resources it encoded per round and both processes' CPU. `--storm` then restarts the server
+//! on the same port and data and times every stream's reconnection (gRPC's backoff), counting
+//! stream failures by code.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use dubbo_cp::xds::{CLUSTER, ENDPOINT};
-use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use tokio::sync::{Notify, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
-use super::fanout::{rss_kib, spawn_server_in};
+use super::fanout::{cpu_seconds, rss_kib, spawn_server_in};
 use super::load::{ms, percentiles};
+use super::xds_streams::{Acks, client};
 
 const NAMESPACE: &str = "bench";
 
@@ -43,6 +42,12 @@ pub struct XdsArgs {
     /// Endpoint changes measured.
     #[arg(long, default_value_t = 30)]
     rounds: usize,
+    /// Incremental (delta) streams instead of state of the world.
+    #[arg(long)]
+    delta: bool,
+    /// After the rounds, restart the server and time the reconnection of every stream.
+    #[arg(long)]
+    storm: bool,
 }
 
 fn cluster(service: usize) -> String {
@@ -108,86 +113,50 @@ async fn metric(admin: SocketAddr, name: &str) -> anyhow::Result<f64> {
         .unwrap_or(0.0))
 }
 
-/// Counts load-assignment ACKs; a round waits until every stream has ACKed once more.
-struct Acks {
-    endpoint: AtomicUsize,
-    changed: Notify,
-    /// The run is over: streams ending now end because the server goes.
-    finished: std::sync::atomic::AtomicBool,
-}
-
-/// One stream: subscribes to the clusters and load assignments of `services`, ACKs every
-/// response, counts the load-assignment ones.
-async fn stream(channel: Channel, services: Vec<usize>, acks: Arc<Acks>) -> anyhow::Result<()> {
-    let mut client = AggregatedDiscoveryServiceClient::new(channel);
-    let (tx, rx) = mpsc::channel(8);
-    let names: Vec<String> = services.iter().map(|s| cluster(*s)).collect();
-    let node = envoy_types::pb::envoy::config::core::v3::Node {
-        id: "bench".into(),
-        ..Default::default()
-    };
-    let request = |type_url: &str, version: &str, nonce: &str| DiscoveryRequest {
-        type_url: type_url.into(),
-        resource_names: names.clone(),
-        version_info: version.into(),
-        response_nonce: nonce.into(),
-        node: Some(node.clone()),
-        ..Default::default()
-    };
-    tx.send(request(CLUSTER, "", "")).await?;
-    tx.send(request(ENDPOINT, "", "")).await?;
-    let mut responses = client
-        .stream_aggregated_resources(ReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    while let Some(response) = responses.message().await? {
-        tx.send(request(
-            &response.type_url,
-            &response.version_info,
-            &response.nonce,
-        ))
-        .await?;
-        if response.type_url == ENDPOINT {
-            acks.endpoint.fetch_add(1, Ordering::SeqCst);
-            acks.changed.notify_waiters();
-        }
-    }
-    Ok(())
-}
-
-async fn wait_for(acks: &Acks, wanted: usize, timeout: Duration) -> anyhow::Result<()> {
+/// Waits until `count` reaches `wanted`.
+async fn wait_for(
+    acks: &Acks,
+    count: impl Fn(&Acks) -> usize,
+    wanted: usize,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let notified = acks.changed.notified();
-        if acks.endpoint.load(Ordering::SeqCst) >= wanted {
+        if count(acks) >= wanted {
             return Ok(());
         }
         if tokio::time::timeout_at(deadline, notified).await.is_err() {
             bail!(
-                "{} of {wanted} load-assignment ACKs within {timeout:?}",
-                acks.endpoint.load(Ordering::SeqCst)
+                "{} of {wanted} within {timeout:?}; stream failures: {}",
+                count(acks),
+                acks.errors()
             );
         }
     }
 }
 
+fn endpoint_acks(acks: &Acks) -> usize {
+    acks.endpoint.load(Ordering::SeqCst)
+}
+
 pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
-    let server = spawn_server_in(tempfile::tempdir()?, &[])?;
+    let mut server = spawn_server_in(tempfile::tempdir()?, &[])?;
     let xds = server.xds_addr.context("the server serves no xDS")?;
     let admin = server.admin_addr;
     let pid = server.child.id();
-    let manifest: String = (0..args.services)
-        .map(|i| entry(i, args.endpoints, None))
-        .collect::<Vec<_>>()
-        .join("---\n");
-    apply(admin, &manifest).await?;
+    // Applied in batches: one manifest of 10,000 entries would be one huge request.
+    for chunk in (0..args.services).collect::<Vec<_>>().chunks(500) {
+        let manifest: String = chunk
+            .iter()
+            .map(|i| entry(*i, args.endpoints, None))
+            .collect::<Vec<_>>()
+            .join("---\n");
+        apply(admin, &manifest).await?;
+    }
     let before = rss_kib(pid)?;
 
-    let acks = Arc::new(Acks {
-        endpoint: AtomicUsize::new(0),
-        changed: Notify::new(),
-        finished: std::sync::atomic::AtomicBool::new(false),
-    });
+    let acks = Arc::new(Acks::default());
     let connections = args.streams.div_ceil(args.streams_per_connection.max(1));
     let mut channels = Vec::new();
     for _ in 0..connections {
@@ -204,48 +173,63 @@ pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
         services.extend(
             (0..args.per_stream).map(|k| 1 + (i * args.per_stream + k) % (args.services - 1)),
         );
+        let names = services.iter().map(|s| cluster(*s)).collect();
         let channel = channels[i % connections].clone();
-        let acks = acks.clone();
-        tokio::spawn(async move {
-            if let Err(err) = stream(channel, services, acks.clone()).await
-                && !acks.finished.load(Ordering::SeqCst)
-            {
-                eprintln!("stream {i}: {err:#}");
-            }
-        });
+        tokio::spawn(client(i, channel, names, args.delta, acks.clone()));
     }
-    wait_for(&acks, args.streams, Duration::from_secs(120)).await?;
-    let subscribed = opened.elapsed();
+    let subscribed = |a: &Acks| a.subscribed.load(Ordering::SeqCst);
+    wait_for(&acks, subscribed, args.streams, Duration::from_secs(600)).await?;
+    let subscribe_time = opened.elapsed();
     // Let the last ACKs land before memory is read.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = rss_kib(pid)?;
+    let client_rss = rss_kib(std::process::id())?;
 
+    let server_cpu = cpu_seconds(&pid.to_string())?;
+    let client_cpu = cpu_seconds("self")?;
     let mut latencies = Vec::new();
     let mut encodes = Vec::new();
     for round in 0..args.rounds {
-        let acked = acks.endpoint.load(Ordering::SeqCst);
+        let acked = endpoint_acks(&acks);
         let encoded = metric(admin, "dubbo_cp_xds_resource_encodes_total").await?;
         apply(admin, &entry(0, args.endpoints, Some(round))).await?;
         let changed = Instant::now();
-        wait_for(&acks, acked + args.streams, Duration::from_secs(60)).await?;
+        wait_for(
+            &acks,
+            endpoint_acks,
+            acked + args.streams,
+            Duration::from_secs(120),
+        )
+        .await?;
         latencies.push(changed.elapsed());
         // Pushes are done; the counter has every encoding of the round.
         encodes.push(metric(admin, "dubbo_cp_xds_resource_encodes_total").await? - encoded);
     }
-    acks.finished.store(true, Ordering::SeqCst);
+    let server_cpu = cpu_seconds(&pid.to_string())? - server_cpu;
+    let client_cpu = cpu_seconds("self")? - client_cpu;
     let (p50, p99, max) = percentiles(&mut latencies);
     let per_stream = (after.saturating_sub(before)) as f64 / args.streams as f64;
     encodes.sort_by(f64::total_cmp);
     println!(
-        "xds: {} streams ({} per connection), {} services x {} endpoints, {} rounds",
-        args.streams, args.streams_per_connection, args.services, args.endpoints, args.rounds
+        "xds: {} {} streams ({} per connection), {} services x {} endpoints, {} rounds",
+        args.streams,
+        if args.delta {
+            "delta"
+        } else {
+            "state-of-the-world"
+        },
+        args.streams_per_connection,
+        args.services,
+        args.endpoints,
+        args.rounds
     );
     println!(
-        "  subscribed and ACKed in {:.0} ms; server RSS {} KiB before streams, {} KiB after: {:.1} KiB per stream (cache included)",
-        ms(subscribed),
+        "  subscribed and ACKed in {:.0} ms; server RSS {} KiB before streams, {} KiB after: {:.1} KiB per stream (cache included); load generator RSS {} KiB",
+        ms(subscribe_time),
         before,
         after,
-        per_stream
+        per_stream,
+        client_rss
     );
     println!(
         "  endpoint change (durable apply) -> last stream's ACK: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (xds.debounce 100 ms included)",
@@ -254,9 +238,33 @@ pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
         ms(max)
     );
     println!(
+        "  CPU over the rounds: server {:.2} s, load generator {:.2} s ({:.0} ms and {:.0} ms per round)",
+        server_cpu,
+        client_cpu,
+        server_cpu * 1000.0 / args.rounds.max(1) as f64,
+        client_cpu * 1000.0 / args.rounds.max(1) as f64
+    );
+    println!(
         "  resources encoded per round: median {} (distinct resources the streams hold: {}), not per stream",
         encodes.get(encodes.len() / 2).copied().unwrap_or_default(),
         2 * (1 + (args.streams * args.per_stream).min(args.services - 1))
     );
+    if args.storm {
+        let xds_port = xds.to_string();
+        let admin_port = admin.to_string();
+        server = server.restart(&["--xds-addr", &xds_port, "--admin-addr", &admin_port])?;
+        let restarted = Instant::now();
+        let reconnected = |a: &Acks| a.reconnected.load(Ordering::SeqCst);
+        wait_for(&acks, reconnected, args.streams, Duration::from_secs(300)).await?;
+        println!(
+            "  restart: every stream back and ACKed in {:.0} ms (gRPC's backoff from 1 s); stream failures by code: {}",
+            ms(restarted.elapsed()),
+            acks.errors()
+        );
+    } else {
+        println!("  stream failures by code: {}", acks.errors());
+    }
+    acks.finished.store(true, Ordering::SeqCst);
+    drop(server);
     Ok(())
 }
