@@ -82,6 +82,41 @@ pub struct ClientStatus {
 }
 
 impl ClientStatus {
+    /// This status brought up to date with `fresh` (as [`ClientStatus::of`] would build it),
+    /// allocating only for what changed.
+    pub(crate) fn refresh(
+        &mut self,
+        node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,
+        namespace: &str,
+        seen: Option<u64>,
+        types: impl Iterator<Item = (&'static str, TypeStatus)>,
+    ) {
+        let node_id = node.map_or("", |n| n.id.as_str());
+        if self.node_id != node_id {
+            node_id.clone_into(&mut self.node_id);
+        }
+        if self.namespace != namespace {
+            namespace.clone_into(&mut self.namespace);
+        }
+        let seen_now = self.seen.as_deref().and_then(|s| s.parse::<u64>().ok());
+        if seen_now != seen {
+            self.seen = seen.map(|v| v.to_string());
+        }
+        let mut fresh: Vec<&'static str> = Vec::new();
+        for (type_url, status) in types {
+            fresh.push(type_url);
+            match self.types.get_mut(type_url) {
+                Some(kept) => *kept = status,
+                None => {
+                    self.types.insert(type_url, status);
+                }
+            }
+        }
+        if self.types.len() > fresh.len() {
+            self.types.retain(|type_url, _| fresh.contains(type_url));
+        }
+    }
+
     /// The status of a stream of `node` whose client is in `namespace`, with its types'.
     pub(crate) fn of(
         node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,
@@ -138,11 +173,17 @@ impl Clients {
         self.open.load(Ordering::SeqCst)
     }
 
-    pub(crate) fn update_status(&self, id: u64, status: ClientStatus) {
-        self.streams
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, status);
+    /// Brings stream `id`'s entry up to date in place with `refresh`: every push and every
+    /// request of every stream lands here, so an entry is not rebuilt (and its old copy
+    /// dropped) each time.
+    pub(crate) fn update_status(&self, id: u64, refresh: impl FnOnce(&mut ClientStatus)) {
+        refresh(
+            self.streams
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(id)
+                .or_default(),
+        );
         self.changes.send_modify(|n| *n += 1);
     }
 
@@ -295,4 +336,41 @@ pub struct TypeView {
     pub acked: Option<String>,
     /// The last rejection, until a later version is acknowledged.
     pub nack: Option<Nack>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn typed(sent: &str) -> TypeStatus {
+        TypeStatus {
+            names: 2,
+            sent: Some(sent.to_owned()),
+            ..TypeStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_status_refreshed_in_place_is_the_one_built_afresh() {
+        let node = envoy_types::pb::envoy::config::core::v3::Node {
+            id: "node-1".into(),
+            ..Default::default()
+        };
+        let mut kept = ClientStatus::default();
+        let steps: [(Option<u64>, &str, Vec<(&'static str, TypeStatus)>); 3] = [
+            (None, "shop", vec![(crate::LISTENER, typed("1"))]),
+            (
+                Some(2),
+                "shop",
+                vec![(crate::LISTENER, typed("2")), (crate::CLUSTER, typed("2"))],
+            ),
+            // A type the stream no longer has goes from the status too.
+            (Some(3), "other", vec![(crate::CLUSTER, typed("3"))]),
+        ];
+        for (seen, namespace, types) in steps {
+            kept.refresh(Some(&node), namespace, seen, types.clone().into_iter());
+            let fresh = ClientStatus::of(Some(&node), namespace, seen, types.into_iter());
+            assert_eq!(kept, fresh);
+        }
+    }
 }

@@ -238,7 +238,12 @@ impl DeltaStream {
 
     /// The stream as operators see it.
     pub fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus {
-        let types = self.types.iter().map(|(type_url, state)| {
+        ClientStatus::of(self.node.as_ref(), namespace, seen, self.type_statuses())
+    }
+
+    /// Each subscribed type's status, for [`DeltaStream::status`] and its in-place refresh.
+    pub(crate) fn type_statuses(&self) -> impl Iterator<Item = (&'static str, TypeStatus)> + '_ {
+        self.types.iter().map(|(type_url, state)| {
             let status = TypeStatus {
                 names: state.subscribed.len(),
                 wildcard: state.wildcard,
@@ -252,8 +257,7 @@ impl DeltaStream {
                 absent: state.absent.clone(),
             };
             (*type_url, status)
-        });
-        ClientStatus::of(self.node.as_ref(), namespace, seen, types)
+        })
     }
 }
 

@@ -229,7 +229,12 @@ impl Stream {
 
     /// The stream as operators see it.
     pub fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus {
-        let types = self.types.iter().map(|(type_url, state)| {
+        ClientStatus::of(self.node.as_ref(), namespace, seen, self.type_statuses())
+    }
+
+    /// Each subscribed type's status, for [`Stream::status`] and its in-place refresh.
+    pub(crate) fn type_statuses(&self) -> impl Iterator<Item = (&'static str, TypeStatus)> + '_ {
+        self.types.iter().map(|(type_url, state)| {
             let sent = state.sent.as_deref();
             let status = TypeStatus {
                 names: state.names.len(),
@@ -243,8 +248,7 @@ impl Stream {
                 absent: sent.map(|s| s.absent.clone()).unwrap_or_default(),
             };
             (*type_url, status)
-        });
-        ClientStatus::of(self.node.as_ref(), namespace, seen, types)
+        })
     }
 
     /// The state of `type_url` (what the client subscribed to, sent, acknowledged).

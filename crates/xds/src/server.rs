@@ -224,7 +224,8 @@ trait AdsStream: Default + Send + 'static {
         resources: Selected,
         force: bool,
     ) -> Option<Self::Response>;
-    fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus;
+    /// `status` brought up to date in place (see [`ClientStatus::refresh`]).
+    fn refresh_status(&self, status: &mut ClientStatus, namespace: &str, seen: Option<u64>);
 }
 
 impl AdsStream for Stream {
@@ -260,8 +261,8 @@ impl AdsStream for Stream {
     ) -> Option<DiscoveryResponse> {
         Stream::respond(self, type_url, version, resources, force)
     }
-    fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus {
-        Stream::status(self, namespace, seen)
+    fn refresh_status(&self, status: &mut ClientStatus, namespace: &str, seen: Option<u64>) {
+        status.refresh(self.node(), namespace, seen, self.type_statuses());
     }
 }
 
@@ -298,8 +299,8 @@ impl AdsStream for DeltaStream {
     ) -> Option<DeltaDiscoveryResponse> {
         DeltaStream::respond(self, type_url, version, resources, force)
     }
-    fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus {
-        DeltaStream::status(self, namespace, seen)
+    fn refresh_status(&self, status: &mut ClientStatus, namespace: &str, seen: Option<u64>) {
+        status.refresh(self.node(), namespace, seen, self.type_statuses());
     }
 }
 
@@ -363,13 +364,15 @@ struct Registered {
 impl Registered {
     fn update(&self, stream: &impl AdsStream, seen: Option<u64>) {
         let namespace = client_namespace(stream.node(), self.identity_namespace.as_deref());
-        let mut status = stream.status(&namespace, seen);
-        status.servers = self
+        let servers = self
             .servers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        self.clients.update_status(self.id, status);
+        self.clients.update_status(self.id, |status| {
+            stream.refresh_status(status, &namespace, seen);
+            status.servers = servers;
+        });
     }
 
     /// Keeps what the server listeners in `plan` enforce, for operators.

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use dubbo_cp_domain::service::{HostName, Service};
 use envoy_types::pb::google::protobuf::Any;
@@ -22,8 +22,33 @@ use dubbo_cp_domain::rules::{
     ConditionRouteSpec, DynamicConfigSpec, HASH_HEADER, TagRouteSpec, hashable_header,
 };
 
-/// (type, name, namespace) -> the encoded resource.
-type Encoded = HashMap<(String, String, String), Arc<Any>>;
+/// The encoded resources of one version: per type (in [`Encoded::TYPES`] order), name ->
+/// namespace (empty when the name resolves alike for every client) -> the resource. Looked up
+/// by `&str` on every push of every stream, so a hit allocates nothing.
+#[derive(Debug, Default)]
+struct Encoded([Fast<String, Fast<String, Arc<Any>>>; 4]);
+
+/// A map hashed with foldhash, seeded at random per process. Only resources that exist are
+/// kept, so clients cannot fill it with names of their choosing.
+type Fast<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+impl Encoded {
+    const TYPES: [&'static str; 4] = [LISTENER, ROUTE, CLUSTER, ENDPOINT];
+
+    fn get(&self, type_url: &str, name: &str, namespace: &str) -> Option<&Arc<Any>> {
+        let slot = Self::TYPES.iter().position(|t| *t == type_url)?;
+        self.0[slot].get(name)?.get(namespace)
+    }
+
+    fn insert(&mut self, type_url: &str, name: &str, namespace: &str, any: Arc<Any>) {
+        if let Some(slot) = Self::TYPES.iter().position(|t| *t == type_url) {
+            self.0[slot]
+                .entry(name.to_owned())
+                .or_default()
+                .insert(namespace.to_owned(), any);
+        }
+    }
+}
 /// (server listener name, namespace) -> what the server enforces.
 type Servers = HashMap<(String, String), Arc<inbound::Server>>;
 
@@ -58,11 +83,11 @@ pub struct Snapshot {
     /// listener and for operators' views of every stream holding it.
     servers: Arc<Mutex<Servers>>,
     /// (type, name, namespace) -> the encoded resource, shared by every stream at this version.
-    cache: Arc<Mutex<Encoded>>,
+    cache: Arc<RwLock<Encoded>>,
     /// The previous version's encodings: a resource encoded to the same bytes is that one, so
     /// streams that hold it from either version hold one copy. (Only the map, not the previous
     /// snapshot: versions do not chain.)
-    previous: Option<Arc<Mutex<Encoded>>>,
+    previous: Option<Arc<RwLock<Encoded>>>,
     encodes: Arc<AtomicU64>,
 }
 
@@ -447,23 +472,29 @@ impl Snapshot {
             }
             _ => "",
         };
-        let key = (type_url.to_owned(), name.to_owned(), namespace.to_owned());
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(any) = cache.get(&key) {
+        {
+            let cache = self.cache.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(any) = cache.get(type_url, name, namespace) {
+                return Some(any.clone());
+            }
+        }
+        // Generated under the write lock, so each resource is generated once per version.
+        let mut cache = self.cache.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(any) = cache.get(type_url, name, namespace) {
             return Some(any.clone());
         }
         let generated = generate_one(self, type_url, name, client_namespace)?;
         self.encodes.fetch_add(1, Ordering::Relaxed);
         // Another snapshot's lock, never this one's: no two tasks take them in turn.
         let earlier = self.previous.as_ref().and_then(|previous| {
-            let previous = previous.lock().unwrap_or_else(PoisonError::into_inner);
+            let previous = previous.read().unwrap_or_else(PoisonError::into_inner);
             previous
-                .get(&key)
+                .get(type_url, name, namespace)
                 .filter(|old| old.value == generated.value && old.type_url == generated.type_url)
                 .cloned()
         });
         let any = earlier.unwrap_or_else(|| Arc::new(generated));
-        cache.insert(key, any.clone());
+        cache.insert(type_url, name, namespace, any.clone());
         Some(any)
     }
 
