@@ -357,7 +357,8 @@ mod tests {
             ..Default::default()
         };
         let mut kept = ClientStatus::default();
-        let steps: [(Option<u64>, &str, Vec<(&'static str, TypeStatus)>); 3] = [
+        type Step = (Option<u64>, &'static str, Vec<(&'static str, TypeStatus)>);
+        let steps: [Step; 3] = [
             (None, "shop", vec![(crate::LISTENER, typed("1"))]),
             (
                 Some(2),
