@@ -60,6 +60,23 @@ async fn apply(admin: SocketAddr, manifest: &str) {
     assert_eq!(status, 200, "{body}");
 }
 
+/// Deletes the rule at `/api/v1/rules/<path>` (`<Kind>/<namespace>/<name>`).
+async fn delete_rule(admin: SocketAddr, path: &str) {
+    let (status, body) =
+        http_send(admin, "DELETE", &format!("/api/v1/rules/{path}"), "", None).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// Starts `n` calls the client counts while the test goes on; their counts are its next line.
+async fn count_in_background(client: &mut released::Proc, n: usize) {
+    client
+        .stdin
+        .write_all(format!("count {n} running\n").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(client.line().await, "running");
+}
+
 async fn xds_clients(admin: SocketAddr) -> serde_json::Value {
     let (status, body) = http_get(admin, "/debug/xds").await;
     assert_eq!(status, 200, "{body}");
@@ -167,12 +184,7 @@ async fn a_registered_interface_reaches_a_released_client_through_the_xds_port()
 
     // a leaves while 3,000 calls run (pushed once 300 are done): none fails, and the calls
     // after it reach b alone.
-    client
-        .stdin
-        .write_all(b"count 3000 running\n")
-        .await
-        .unwrap();
-    assert_eq!(client.line().await, "running");
+    count_in_background(&mut client, 3000).await;
     apply(server.admin_addr, &greeter_entry(&[(port_b, 20)])).await;
     let during: serde_json::Value = serde_json::from_str(&client.line().await).unwrap();
     assert_eq!(
@@ -186,12 +198,7 @@ async fn a_registered_interface_reaches_a_released_client_through_the_xds_port()
 
     // A restart of the control plane on the same port: calls keep flowing on the last
     // configuration, and the client is back on the new process afterwards.
-    client
-        .stdin
-        .write_all(b"count 2000 running\n")
-        .await
-        .unwrap();
-    assert_eq!(client.line().await, "running");
+    count_in_background(&mut client, 2000).await;
     server.stop().await.unwrap();
     let mut config = test_config(dir.path());
     config.xds.addr = xds;
@@ -451,21 +458,8 @@ async fn a_service_entrys_dns_name_is_served_verbatim_to_released_clients_in_any
         let counts = count(&mut short, 200).await;
         assert_eq!(answers(&counts, "b"), 200, "{kind:?}: {counts}");
         // The first entry gone, the other one serves the name, and no call fails on the way.
-        client
-            .stdin
-            .write_all(b"count 2000 running\n")
-            .await
-            .unwrap();
-        assert_eq!(client.line().await, "running");
-        let (status, body) = http_send(
-            server.admin_addr,
-            "DELETE",
-            "/api/v1/rules/ServiceEntry/billing/payments",
-            "",
-            None,
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
+        count_in_background(&mut client, 2000).await;
+        delete_rule(server.admin_addr, "ServiceEntry/billing/payments").await;
         let during: serde_json::Value = serde_json::from_str(&client.line().await).unwrap();
         assert_eq!(
             answers(&during, "a") + answers(&during, "b"),
@@ -473,15 +467,7 @@ async fn a_service_entrys_dns_name_is_served_verbatim_to_released_clients_in_any
             "{kind:?}: no call failed as the name moved: {during}"
         );
         settle(&mut client, "b", 100, "").await;
-        let (status, body) = http_send(
-            server.admin_addr,
-            "DELETE",
-            "/api/v1/rules/ServiceEntry/shop/zz-payments",
-            "",
-            None,
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
+        delete_rule(server.admin_addr, "ServiceEntry/shop/zz-payments").await;
         drop(client.child.start_kill());
         drop(short.child.start_kill());
     }
@@ -555,26 +541,10 @@ async fn overrides_select_endpoints_by_match_and_reach_an_interfaces_application
             ),
         )
         .await;
-        let (status, body) = http_send(
-            server.admin_addr,
-            "DELETE",
-            "/api/v1/rules/DynamicConfig/shop/v1-off",
-            "",
-            None,
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
+        delete_rule(server.admin_addr, "DynamicConfig/shop/v1-off").await;
         settle(&mut client, "a", 1, "").await;
         assert_split(&count(&mut client, 2000).await, 80);
-        let (status, body) = http_send(
-            server.admin_addr,
-            "DELETE",
-            "/api/v1/rules/DynamicConfig/shop/v2-light",
-            "",
-            None,
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
+        delete_rule(server.admin_addr, "DynamicConfig/shop/v2-light").await;
         drop(client.child.start_kill());
     }
     server.stop().await.unwrap();
