@@ -101,7 +101,8 @@ fn cluster_controllers(
                 let slice = json!({
                     "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                     "metadata": {"name": name, "namespace": NS,
-                                 "labels": {"kubernetes.io/service-name": "podinfo"}},
+                                 "labels": {"kubernetes.io/service-name": "podinfo",
+                                            "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
                     "addressType": "IPv4",
                     "ports": [{"name": "grpc", "port": grpc, "protocol": "TCP"}],
                     "endpoints": [{"addresses": [ip], "conditions": {"ready": ready},

@@ -207,14 +207,6 @@ pub fn pod_reference(pod: &Pod) -> k8s_openapi::api::core::v1::ObjectReference {
     }
 }
 
-/// Whether `deployment` selects any pod at all, with an IP or not.
-pub fn has_pods<'a>(deployment: &Deployment, mut pods: impl Iterator<Item = &'a Pod>) -> bool {
-    let selector = selector_of(deployment);
-    let namespace = deployment.metadata.namespace.as_deref();
-    !selector.is_empty()
-        && pods.any(|pod| pod.metadata.namespace.as_deref() == namespace && selects(&selector, pod))
-}
-
 /// The IPs of every pod of `deployment` that has one: ready or not, terminating too. Endpoints
 /// follow pods late, so until these are gone a pod may still be listed and take calls.
 pub fn any_pod_ips<'a>(

@@ -114,6 +114,8 @@ pub fn hold_labels(selector: &BTreeMap<String, String>, target: &str) -> BTreeMa
     let labels: BTreeMap<String, String> = selector
         .iter()
         .filter(|(key, _)| !DUBBO_URL_KEYS.contains(&key.as_str()))
+        // A DynamicConfig's parameter key is at most 253 characters; a label key may be 317.
+        .filter(|(key, _)| key.len() <= crate::rules::limits::NAME)
         .map(|(key, value)| (key.clone(), value.clone()))
         .collect();
     if labels.values().any(|value| value == target) {
@@ -121,6 +123,20 @@ pub fn hold_labels(selector: &BTreeMap<String, String>, target: &str) -> BTreeMa
     } else {
         BTreeMap::new()
     }
+}
+
+/// Whether `spec` holds the pods `labels` select at weight 0 (the override
+/// [`holding_back`] writes).
+pub fn holds_by_labels(spec: &DynamicConfigSpec, labels: &BTreeMap<String, String>) -> bool {
+    spec.configs.iter().any(|config| {
+        config.parameters.get("weight").map(String::as_str) == Some("0")
+            && config.r#match.as_ref().is_some_and(|m| {
+                m.param.len() == labels.len()
+                    && m.param.iter().all(|p| {
+                        labels.get(&p.key) == Some(&p.value.exact) && !p.value.exact.is_empty()
+                    })
+            })
+    })
 }
 
 /// `spec` with weight 0 for the target's pods that must take no call yet:
@@ -296,6 +312,11 @@ mod tests {
         assert_eq!(held.configs[1].addresses, ["10.0.0.7"]);
         let alone = holding_back(None, "podinfo", &selector, &[]).unwrap();
         assert_eq!(alone.configs.len(), 1);
+        assert!(holds_by_labels(&alone, &selector));
+        let other = BTreeMap::from([("app".to_owned(), "other".to_owned())]);
+        assert!(!holds_by_labels(&alone, &other));
+        let by_ip = holding_back(None, "podinfo", &none, &["10.0.0.9".to_owned()]).unwrap();
+        assert!(!holds_by_labels(&by_ip, &selector));
     }
 
     #[test]

@@ -82,8 +82,9 @@ pub struct ClientStatus {
 }
 
 impl ClientStatus {
-    /// This status brought up to date with `fresh` (as [`ClientStatus::of`] would build it),
-    /// allocating only for what changed.
+    /// This status brought up to date in place, equal to what [`ClientStatus::of`] builds from
+    /// the same parts: the node, namespace and version are copied only when they changed, and
+    /// each type's entry is overwritten rather than the map rebuilt.
     pub(crate) fn refresh(
         &mut self,
         node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,

@@ -78,8 +78,10 @@ impl Services for [Service] {
 /// Resolves a listener name to every service port it means: a Kubernetes name (see
 /// [`resolve`]) is one; else, in the client's namespace, an application name means that
 /// application's services, and an interface name the services of every application its
-/// ServiceNameMapping lists. Each with the port given, or its only one. Empty when nothing
-/// answers.
+/// ServiceNameMapping lists; else a ServiceEntry's DNS name ([`resolve_host`]). Each with the
+/// port given, or its only one. Empty when nothing answers. Names a namespace declares come
+/// before DNS names, which any namespace's entry may declare: an entry cannot take over a
+/// service, application or interface name of another namespace.
 pub fn resolve_all<'a, S: Services + ?Sized>(
     services: &'a S,
     requested: &str,
@@ -88,6 +90,19 @@ pub fn resolve_all<'a, S: Services + ?Sized>(
     if let Some(target) = resolve(services, requested, client_namespace) {
         return vec![target];
     }
+    let targets = resolve_names(services, requested, client_namespace);
+    if !targets.is_empty() {
+        return targets;
+    }
+    resolve_host(services, requested).into_iter().collect()
+}
+
+/// Application and interface names in the client's namespace.
+fn resolve_names<'a, S: Services + ?Sized>(
+    services: &'a S,
+    requested: &str,
+    client_namespace: &str,
+) -> Vec<Target<'a>> {
     let (host, port) = match requested.rsplit_once(':') {
         Some((host, port)) => match port.parse::<u16>() {
             Ok(port) => (host, Some(port)),
@@ -117,8 +132,7 @@ pub fn resolve_all<'a, S: Services + ?Sized>(
     targets
 }
 
-/// Resolves a listener name a client asked for: a service's DNS name of its own, verbatim
-/// (`api.payments.internal:50051`), else Kubernetes style (`svc`, `svc.ns`,
+/// Resolves a listener name a client asked for Kubernetes style (`svc`, `svc.ns`,
 /// `svc.ns.svc.cluster.local`, each with or without `:port`), where a name without a namespace
 /// is looked up in the client's. `None` when no service (or no single port) answers to it.
 pub fn resolve<'a, S: Services + ?Sized>(
@@ -126,9 +140,6 @@ pub fn resolve<'a, S: Services + ?Sized>(
     requested: &str,
     client_namespace: &str,
 ) -> Option<Target<'a>> {
-    if let Some(target) = resolve_host(services, requested) {
-        return Some(target);
-    }
     let host = HostName::parse(requested)?;
     let namespace = host.namespace.as_deref().unwrap_or(client_namespace);
     let service = services.find(namespace, &host.name)?;
@@ -136,8 +147,8 @@ pub fn resolve<'a, S: Services + ?Sized>(
     Some(Target { service, port })
 }
 
-/// The service whose own DNS name `requested` is (with its port, or its only one): the same
-/// for every client.
+/// The service whose own DNS name `requested` is (with its port, or its only one), a
+/// ServiceEntry host served verbatim (`api.payments.internal:50051`).
 pub fn resolve_host<'a, S: Services + ?Sized>(
     services: &'a S,
     requested: &str,
@@ -146,6 +157,14 @@ pub fn resolve_host<'a, S: Services + ?Sized>(
     let service = services.find_host(host)?;
     let port = service.port(port)?;
     Some(Target { service, port })
+}
+
+/// Whether `requested` resolves the same for every client: a Kubernetes name that says its
+/// namespace and names a service there. Anything else may resolve in the client's namespace
+/// (an application or interface name there comes before a DNS name).
+pub fn resolves_alike<S: Services + ?Sized>(services: &S, requested: &str) -> bool {
+    HostName::parse(requested).is_some_and(|host| host.namespace.is_some())
+        && resolve(services, requested, "").is_some()
 }
 
 /// `outbound|<port>||<fqdn>`, the cluster (and EDS service) name of a service port.

@@ -2,7 +2,8 @@
 //! (or takes it out), as Dubbo providers apply it to their own URL and consumers then read it.
 //!
 //! Which overrides apply to which endpoints, in Dubbo's order (application-scoped configs, then
-//! service-scoped ones, each in order; later ones win):
+//! service-scoped ones; within each, those for any host before those naming an address, and
+//! otherwise in order; later ones win):
 //! - application scope: the application's endpoints;
 //! - service scope: the endpoints of the applications the interface's ServiceNameMapping lists
 //!   (those `applications` names, when given). A cluster carries every interface of its
@@ -44,24 +45,45 @@ pub fn by_application(
             _ => {}
         }
     }
+    for overrides in by_application.values_mut() {
+        any_host_first(overrides);
+    }
     for (namespace, spec) in service_scoped {
         if plain_interface(&spec.key).is_none() {
             continue;
         }
         let key = (namespace, spec.key);
         for application in mappings.get(&key).into_iter().flatten() {
-            let overrides = spec.configs.iter().filter(|o| {
-                applicable(o)
-                    && (o.applications.is_empty()
-                        || o.applications.iter().any(|a| a == "*" || a == application))
-            });
+            let mut overrides: Vec<OverrideConfig> = spec
+                .configs
+                .iter()
+                .filter(|o| {
+                    applicable(o)
+                        && (o.applications.is_empty()
+                            || o.applications.iter().any(|a| a == "*" || a == application))
+                })
+                .cloned()
+                .collect();
+            any_host_first(&mut overrides);
             by_application
                 .entry((key.0.clone(), application.clone()))
                 .or_default()
-                .extend(overrides.cloned());
+                .extend(overrides);
         }
     }
     by_application
+}
+
+/// Dubbo applies the configurators of a scope sorted by host: those for any host (`0.0.0.0`,
+/// or no address) before those naming one, so an address's own override wins over a general
+/// one whatever their order in the rule. Stable: otherwise in order.
+fn any_host_first(overrides: &mut [OverrideConfig]) {
+    overrides.sort_by_key(|o| {
+        o.addresses
+            .iter()
+            .chain(&o.provider_addresses)
+            .any(|a| a != "*" && a != "0.0.0.0")
+    });
 }
 
 /// An override xDS clients can feel: enabled, provider-side, not selecting an interface.
@@ -268,12 +290,27 @@ mod tests {
         // Given in either order, the service scope comes last, as Dubbo applies it.
         let weights = weights(vec![service, app]);
         assert_eq!(weights["greeter"], [7, 50, 50]);
-        assert_eq!(weights["billing"], [3, 3, 3]);
+        // billing's own override sets 3, and the one naming 10.0.0.1 comes after it (Dubbo
+        // sorts those for any host first).
+        assert_eq!(weights["billing"], [7, 3, 3]);
         assert_eq!(
             weights["other"],
             [100, 100, 100],
             "not mapped to the interface"
         );
+    }
+
+    #[test]
+    fn an_addresss_own_override_wins_over_a_general_one_written_after_it() {
+        let configs = config(
+            "application",
+            "greeter",
+            serde_json::json!([
+                {"addresses": ["10.0.0.1"], "parameters": {"weight": "0"}},
+                {"parameters": {"weight": "50"}},
+            ]),
+        );
+        assert_eq!(weights(vec![configs])["greeter"], [0, 50, 50]);
     }
 
     #[test]

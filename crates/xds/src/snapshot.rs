@@ -462,14 +462,9 @@ impl Snapshot {
         let namespace = match type_url {
             // A server's listener depends on the server's namespace.
             LISTENER if name.starts_with(SERVER_LISTENER_PREFIX) => client_namespace,
-            // A service's own DNS name, or a name that says its namespace, resolves the same
-            // for every client.
-            LISTENER | ROUTE
-                if generate::resolve_host(self, name).is_none()
-                    && HostName::parse(name).is_none_or(|host| host.namespace.is_none()) =>
-            {
-                client_namespace
-            }
+            // Only a name that says its namespace, of a service there, resolves the same for
+            // every client.
+            LISTENER | ROUTE if !generate::resolves_alike(self, name) => client_namespace,
             _ => "",
         };
         {

@@ -19,7 +19,7 @@ use super::alerts::Severity;
 use super::configs::{ConfigKind, references};
 use super::crd::{Canary, CanaryCondition, CanaryStatus, HookResult, MetricResult, Step, Strategy};
 use super::deployments::{
-    any_pod_ips, has_pods, not_ready, not_ready_at, primary_from, primary_name, primary_template,
+    any_pod_ips, not_ready, not_ready_at, primary_from, primary_name, primary_template,
     ready_pod_ips, spec_hash, target_template,
 };
 use super::events::{Events, Kind as EventType, clip_to};

@@ -194,7 +194,7 @@ impl Run<'_> {
                 // The run's weights, written as it started to wait, hold the canary's pods at
                 // 0 by their labels: they must reach every client before a pod can be listed
                 // (one without a readiness probe is listed the moment it has an IP).
-                if let Some(left) = self.hold_settling() {
+                if let Some(left) = self.hold_settling(&target) {
                     return Ok(Action::requeue(left));
                 }
                 self.scale(&self.plan.target.clone(), replicas).await?;

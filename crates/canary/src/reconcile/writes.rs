@@ -24,8 +24,8 @@ impl Run<'_> {
             .collect();
         let in_run = phase.in_run();
         // The target's pods by its labels, from the run's first write (before it is scaled up)
-        // until its last pod is gone.
-        let selector = if in_run || has_pods(target, pods.iter().map(|p| p.as_ref())) {
+        // to its end; after it, the hold by IP keeps whatever of the target still runs.
+        let selector = if in_run {
             let labels = target.spec.selector.match_labels.clone();
             weight::hold_labels(&labels.unwrap_or_default(), &self.plan.target)
         } else {
@@ -95,23 +95,30 @@ impl Run<'_> {
         Ok(self.requeue())
     }
 
-    /// When to look again if the weights written as the run started to wait (the hold on the
-    /// canary's pods) are not served yet: until this process serves what is stored, or until
-    /// the longest a rule takes to be served has passed since.
-    pub(super) fn hold_settling(&self) -> Option<Duration> {
+    /// When to look again if the hold on the canary's pods by their labels, written as the run
+    /// started to wait, is not in this process's index yet (from there the xDS window applies
+    /// to it and to endpoints alike): until it is, or until the longest a rule takes to be
+    /// served has passed since.
+    pub(super) fn hold_settling(&self, target: &Deployment) -> Option<Duration> {
         let settle = self.ctx.settings.hold_settle;
         let elapsed = since(&self.status.last_transition_time).unwrap_or(settle);
         if elapsed >= settle {
             return None;
         }
         let served = self.ctx.settings.served_config.as_ref()?;
-        let stored = self
-            .ctx
-            .configs
-            .get(&ObjectRef::new(&self.config_name()).within(&self.namespace))
-            .map(|stored| stored.spec.0.clone());
+        let labels = target
+            .spec
+            .selector
+            .match_labels
+            .clone()
+            .unwrap_or_default();
+        let wanted = weight::hold_labels(&labels, &self.plan.target);
+        if wanted.is_empty() {
+            return None;
+        }
         let serving = (served.0)(&self.namespace, &self.config_name());
-        (stored != serving).then(|| (settle - elapsed).min(Duration::from_millis(50)))
+        let held = serving.is_some_and(|spec| weight::holds_by_labels(&spec, &wanted));
+        (!held).then(|| (settle - elapsed).min(Duration::from_millis(50)))
     }
 
     /// This run's route as stored, if it is this Canary's.

@@ -439,14 +439,15 @@ fn a_dns_name_of_its_own_is_one_service_for_every_client_and_names_its_cluster()
             "{other}"
         );
     }
-    let target = generate::resolve(&snapshot, "api.payments.internal:50051", "shop")
+    let target = generate::resolve_host(&snapshot, "api.payments.internal:50051")
         .unwrap_or_else(|| panic!("resolved"));
     let cluster = generate::cluster_name(target);
     assert_eq!(cluster, "outbound|50051||api.payments.internal");
     let assignment: envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment =
         decoded(&snapshot, crate::ENDPOINT, &cluster);
     assert_eq!(assignment.endpoints[0].lb_endpoints.len(), 2);
-    // One encoding of its listener and route whatever namespace clients claim.
+    // An application or interface name of the client's own namespace would come first, so its
+    // listener and route are kept per namespace.
     let listeners = TypeState {
         names: ["api.payments.internal:50051".to_string()].into(),
         ..Default::default()
@@ -458,7 +459,11 @@ fn a_dns_name_of_its_own_is_one_service_for_every_client_and_names_its_cluster()
         );
         assert_eq!(resources(&snapshot, ROUTE, &listeners, namespace).len(), 1);
     }
-    assert_eq!(snapshot.encodes(), 2, "a listener and a route");
+    assert_eq!(
+        snapshot.encodes(),
+        6,
+        "a listener and a route per namespace"
+    );
     // Envoy's wildcard subscription lists it under its own name.
     let wildcard = TypeState {
         wildcard: true,
@@ -475,4 +480,48 @@ fn a_dns_name_of_its_own_is_one_service_for_every_client_and_names_its_cluster()
             "greeter.shop.svc.cluster.local:50051"
         ]
     );
+}
+
+#[test]
+fn an_entrys_dns_name_takes_no_name_a_namespace_declares() {
+    // An entry of namespace evil declares `greeter.shop` and an interface's name as DNS hosts.
+    let mut greeter_shop = service("greeter.shop", "evil-1", 1);
+    greeter_shop.namespace = "evil".into();
+    let mut interface = service("org.example.shared", "evil-2", 1);
+    interface.namespace = "evil".into();
+    let mut greeter = service("greeter", "greeter", 1);
+    greeter.endpoints[0].address = std::net::IpAddr::from([10, 9, 9, 9]);
+    let snapshot =
+        Snapshot::new(1, vec![greeter_shop, interface, greeter], true).with_mappings(vec![(
+            "shop".into(),
+            "org.example.shared".into(),
+            vec!["greeter".into()],
+        )]);
+    let resolve = |name: &str, ns: &str| names(&generate::resolve_all(&snapshot, name, ns));
+    // Service greeter of namespace shop, and shop's interface, for every client that asks.
+    assert_eq!(resolve("greeter.shop:50051", "other"), ["greeter"]);
+    assert_eq!(resolve("org.example.shared", "shop"), ["greeter"]);
+    // Where the namespace declares no such name, the DNS name answers.
+    assert_eq!(
+        resolve("org.example.shared", "other"),
+        ["org.example.shared"]
+    );
+    let routes = TypeState {
+        names: ["org.example.shared".to_string()].into(),
+        ..Default::default()
+    };
+    let cluster_of = |namespace: &str| {
+        let (_, any) = resources(&snapshot, ROUTE, &routes, namespace)
+            .pop()
+            .unwrap_or_else(|| panic!("a route"));
+        let config =
+            RouteConfiguration::decode(any.value.as_slice()).unwrap_or_else(|e| panic!("{e}"));
+        format!(
+            "{:?}",
+            config.virtual_hosts[0].routes.last().map(|r| &r.action)
+        )
+    };
+    // Cached per namespace: shop's route is not other's.
+    assert!(cluster_of("shop").contains("greeter.shop.svc.cluster.local"));
+    assert!(cluster_of("other").contains("outbound|50051||org.example.shared"));
 }
