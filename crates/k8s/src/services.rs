@@ -280,6 +280,12 @@ pub fn services_of(
         .collect()
 }
 
+/// Who wrote an EndpointSlice.
+const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// Managers whose slices name this cluster's pods as they run: Kubernetes' EndpointSlice
+/// controller and the canary controller (the apex's slice).
+const POD_MANAGERS: [&str; 2] = ["endpointslice-controller.k8s.io", "canary.dubbo.apache.org"];
+
 /// The ready, not terminating endpoints of a slice (IP slices only; FQDN slices name hosts
 /// clients would have to resolve), with the labels of the pod each names.
 fn endpoints_of(slice: &EndpointSlice, pods: &Objects<Labels>) -> Vec<ServiceEndpoint> {
@@ -287,6 +293,12 @@ fn endpoints_of(slice: &EndpointSlice, pods: &Objects<Labels>) -> Vec<ServiceEnd
     if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
         return Vec::new();
     }
+    let waits_for_pods = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(MANAGED_BY_LABEL))
+        .is_some_and(|manager| POD_MANAGERS.contains(&manager.as_str()));
     let ports: BTreeMap<String, u16> = slice
         .ports
         .iter()
@@ -314,9 +326,11 @@ fn endpoints_of(slice: &EndpointSlice, pods: &Objects<Labels>) -> Vec<ServiceEnd
                 .map(|zone| format!("/{zone}"))
                 .unwrap_or_default();
             let ports = ports.clone();
-            // A pod the pod watch has not delivered yet is left out until it has: served
-            // without its labels, it would escape what selects it by label (a canary's weight
-            // 0, a TagRoute, a policy) for as long as the watches differ.
+            // In a slice of a controller that names pods as they are, a pod the pod watch has
+            // not delivered yet is left out until it has: served without its labels, it would
+            // escape what selects it by label (a canary's weight 0, a TagRoute, a policy) for
+            // as long as the watches differ. Other slices (mirrored Endpoints, other clusters'
+            // pods) may name pods that never come: served without labels.
             let labels = match endpoint
                 .target_ref
                 .as_ref()
@@ -324,11 +338,12 @@ fn endpoints_of(slice: &EndpointSlice, pods: &Objects<Labels>) -> Vec<ServiceEnd
             {
                 Some(target) => {
                     let pod_namespace = target.namespace.clone().unwrap_or(namespace.clone());
-                    target
+                    let known = target
                         .name
                         .clone()
                         .and_then(|name| pods.get(&(pod_namespace, name)))
-                        .cloned()
+                        .cloned();
+                    known.or_else(|| (!waits_for_pods).then(BTreeMap::new))
                 }
                 None => Some(BTreeMap::new()),
             };
@@ -415,7 +430,8 @@ mod tests {
         let slices = objects::<EndpointSlice>(&[
             serde_json::json!({
                 "metadata": {"namespace": "shop", "name": "greeter-abc",
-                             "labels": {"kubernetes.io/service-name": "greeter"}},
+                             "labels": {"kubernetes.io/service-name": "greeter",
+                                        "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
                 "addressType": "IPv4",
                 "ports": [{"name": "grpc", "port": 17070}],
                 "endpoints": [
@@ -472,6 +488,17 @@ mod tests {
             .unwrap_or_else(|| panic!("served"));
         assert_eq!(late.address.to_string(), "10.0.0.5");
         assert_eq!(late.labels["version"], "v2");
+        // A slice of another manager may name pods that never come: served without labels.
+        let mirrored = objects::<EndpointSlice>(&[serde_json::json!({
+            "metadata": {"namespace": "shop", "name": "greeter-m",
+                         "labels": {"kubernetes.io/service-name": "greeter",
+                                    "endpointslice.kubernetes.io/managed-by": "endpointslicemirroring-controller.k8s.io"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.6"], "targetRef": {"kind": "Pod", "name": "gone"}}],
+        })]);
+        let served = services_of(&services, &mirrored, &pods);
+        assert_eq!(served[0].endpoints.len(), 1, "{served:?}");
+        assert!(served[0].endpoints[0].labels.is_empty());
     }
 
     /// The Services a Canary keeps (`spec.service`), through this source: only the apex is of
