@@ -54,16 +54,8 @@ pub fn dynamic_config(
     canary_ips: &[String],
     affinity: Option<&str>,
 ) -> Option<DynamicConfigSpec> {
-    let override_for = |addresses: Vec<String>, key: &str, value: String| OverrideConfig {
-        side: "provider".to_owned(),
-        addresses,
-        provider_addresses: Vec::new(),
-        parameters: BTreeMap::from([(key.to_owned(), value)]),
-        applications: Vec::new(),
-        services: Vec::new(),
-        r#type: String::new(),
-        enabled: true,
-        r#match: None,
+    let override_for = |addresses: Vec<String>, key: &str, value: String| {
+        provider_override(addresses, None, key, value)
     };
     let mut configs = Vec::new();
     if let Some(mut weight) = canary_pod_weight(percent, primary_ips.len(), canary_ips.len()) {
@@ -85,13 +77,39 @@ pub fn dynamic_config(
             header.to_owned(),
         ));
     }
-    (!configs.is_empty()).then(|| DynamicConfigSpec {
+    (!configs.is_empty()).then(|| application_config(application, configs))
+}
+
+/// The application-scoped DynamicConfig of `application` with `configs`.
+fn application_config(application: &str, configs: Vec<OverrideConfig>) -> DynamicConfigSpec {
+    DynamicConfigSpec {
         key: application.to_owned(),
         scope: "application".to_owned(),
         config_version: "v3.0".to_owned(),
         enabled: true,
         configs,
-    })
+    }
+}
+
+/// A provider-side override setting `key` to `value` on the pods at `addresses` (none: every
+/// pod) that `r#match` selects.
+fn provider_override(
+    addresses: Vec<String>,
+    r#match: Option<ConditionMatch>,
+    key: &str,
+    value: String,
+) -> OverrideConfig {
+    OverrideConfig {
+        side: "provider".to_owned(),
+        addresses,
+        provider_addresses: Vec::new(),
+        parameters: BTreeMap::from([(key.to_owned(), value)]),
+        applications: Vec::new(),
+        services: Vec::new(),
+        r#type: String::new(),
+        enabled: true,
+        r#match,
+    }
 }
 
 /// Keys of a Dubbo provider's URL: Dubbo SDKs read a `match.param` against those, so a hold
@@ -157,23 +175,9 @@ pub fn holding_back(
     if held.is_empty() && selector.is_empty() {
         return spec;
     }
-    let mut spec = spec.unwrap_or_else(|| DynamicConfigSpec {
-        key: application.to_owned(),
-        scope: "application".to_owned(),
-        config_version: "v3.0".to_owned(),
-        enabled: true,
-        configs: Vec::new(),
-    });
-    let zero = |addresses: Vec<String>, r#match: Option<ConditionMatch>| OverrideConfig {
-        side: "provider".to_owned(),
-        addresses,
-        provider_addresses: Vec::new(),
-        parameters: BTreeMap::from([("weight".to_owned(), "0".to_owned())]),
-        applications: Vec::new(),
-        services: Vec::new(),
-        r#type: String::new(),
-        enabled: true,
-        r#match,
+    let mut spec = spec.unwrap_or_else(|| application_config(application, Vec::new()));
+    let zero = |addresses: Vec<String>, r#match: Option<ConditionMatch>| {
+        provider_override(addresses, r#match, "weight", "0".to_owned())
     };
     if !selector.is_empty() {
         let param = selector

@@ -125,13 +125,9 @@ impl ClientStatus {
         seen: Option<u64>,
         types: impl Iterator<Item = (&'static str, TypeStatus)>,
     ) -> ClientStatus {
-        ClientStatus {
-            node_id: node.map(|n| n.id.clone()).unwrap_or_default(),
-            namespace: namespace.to_owned(),
-            seen: seen.map(|v| v.to_string()),
-            types: types.collect(),
-            servers: Vec::new(),
-        }
+        let mut status = ClientStatus::default();
+        status.refresh(node, namespace, seen, types);
+        status
     }
 }
 

@@ -163,8 +163,11 @@ pub fn resolve_host<'a, S: Services + ?Sized>(
 /// namespace and names a service there. Anything else may resolve in the client's namespace
 /// (an application or interface name there comes before a DNS name).
 pub fn resolves_alike<S: Services + ?Sized>(services: &S, requested: &str) -> bool {
-    HostName::parse(requested).is_some_and(|host| host.namespace.is_some())
-        && resolve(services, requested, "").is_some()
+    HostName::parse(requested).is_some_and(|host| {
+        host.namespace
+            .and_then(|namespace| services.find(&namespace, &host.name))
+            .is_some_and(|service| service.port(host.port).is_some())
+    })
 }
 
 /// `outbound|<port>||<fqdn>`, the cluster (and EDS service) name of a service port.
