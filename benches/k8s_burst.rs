@@ -201,7 +201,7 @@ async fn watch_burst(
                         dubbo_cp::index::Resource::Mapping { applications, .. } => {
                             *applications == vec![last.clone()]
                         }
-                        dubbo_cp::index::Resource::Rule(_) => false,
+                        _ => false,
                     })
             })
         }),

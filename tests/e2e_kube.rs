@@ -781,8 +781,11 @@ on_real_traffic!(
 #[tokio::test]
 async fn services_endpoint_slices_and_service_entries_reach_an_xds_client() {
     let cluster = cluster();
-    let xds = shared().lock().unwrap().xds().expect("xDS is on");
-    e2e::xds::kubernetes_services_and_entries(cluster, xds).await;
+    let (xds, admin) = {
+        let plane = shared().lock().unwrap();
+        (plane.xds().expect("xDS is on"), plane.admin())
+    };
+    e2e::xds::kubernetes_services_and_entries(cluster, xds, admin).await;
 }
 
 #[tokio::test]

@@ -606,7 +606,7 @@ async fn a_burst_of_watch_events_costs_one_encode_per_changed_object_per_window(
                 dubbo_cp::index::Resource::Mapping { applications, .. } => {
                     applications.len() == 100
                 }
-                dubbo_cp::index::Resource::Rule(_) => false,
+                _ => false,
             })
     })
     .await;

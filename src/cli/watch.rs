@@ -99,7 +99,7 @@ fn rule_spec(kind: Kind, any: &prost_types::Any) -> Option<serde_json::Value> {
     let bytes = any.value.as_slice();
     let json = match kind {
         // Not on the discovery stream (`parse_kind` refuses it).
-        Kind::ServiceNameMapping | Kind::ServiceEntry => return None,
+        Kind::ServiceNameMapping | Kind::ServiceEntry | Kind::Service => return None,
         Kind::TagRoute => serde_json::to_value(pb::TagRouteToClient::decode(bytes).ok()?.spec),
         Kind::ConditionRoute => {
             serde_json::to_value(pb::ConditionRouteToClient::decode(bytes).ok()?.spec)

@@ -9,7 +9,6 @@ pub(super) async fn grpc_services(
     config: &Config,
     source: &Source,
     security: &Security,
-    kube_client: Option<&kube::Client>,
     wiring: &mut Wiring,
 ) -> (Services, Edges) {
     let Security { authority, policy } = security;
@@ -57,10 +56,10 @@ pub(super) async fn grpc_services(
             },
         )
     });
-    let ads = config.xds.enabled.then(|| {
-        let zk_services = source.zookeeper.as_ref().map(|zk| zk.services.clone());
-        xds_service(config, index, policy, kube_client, zk_services, wiring)
-    });
+    let ads = config
+        .xds
+        .enabled
+        .then(|| xds_service(config, index, policy, wiring));
     let edges = Edges {
         encoder,
         dds_stats,
@@ -77,26 +76,9 @@ fn xds_service(
     config: &Config,
     index: &Arc<Index>,
     policy: &Policy,
-    kube_client: Option<&kube::Client>,
-    zk_services: Option<watch::Receiver<dubbo_cp_domain::service::ServiceSet>>,
     wiring: &mut Wiring,
 ) -> crate::xds::server::Ads {
     use crate::xds::{server::Ads, snapshot::Snapshot, source};
-    // Kubernetes mode: the cluster's Services and EndpointSlices, beside the ServiceEntries;
-    // ZooKeeper mode: the providers registered there.
-    let services = zk_services.or_else(|| {
-        kube_client.map(|client| {
-            let (tx, rx) = watch::channel(dubbo_cp_domain::service::ServiceSet::default());
-            let client = client.clone();
-            wiring
-                .tasks
-                .spawn("Service and EndpointSlice watch", async move {
-                    crate::k8s::services::run(client, tx).await;
-                    Ok(())
-                });
-            rx
-        })
-    });
     let (snapshots, rx) = watch::channel(Arc::new(Snapshot::default()));
     let ads = Ads::new(rx, config.xds.max_streams)
         .with_authentication(Arc::new(PolicyAuthentication(policy.clone())))
@@ -114,7 +96,7 @@ fn xds_service(
         root_namespace: config.rules.root_namespace.clone(),
     };
     wiring.tasks.spawn("xDS snapshots", async move {
-        source::run(index, services, snapshots, window, encodes, settings).await;
+        source::run(index, snapshots, window, encodes, settings).await;
         Ok(())
     });
     ads.stats()

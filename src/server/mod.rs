@@ -212,14 +212,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
     };
     let source = open_source(&config, kube_client.as_ref(), &mut wiring).await?;
     let security = open_security(&config, kube_client.as_ref(), &source, &mut wiring).await?;
-    let (services, edges) = grpc_services(
-        &config,
-        &source,
-        &security,
-        kube_client.as_ref(),
-        &mut wiring,
-    )
-    .await;
+    let (services, edges) = grpc_services(&config, &source, &security, &mut wiring).await;
     let addrs = listeners.addrs()?;
     let admin_listener = serve_grpc(
         &config,

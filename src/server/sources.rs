@@ -201,6 +201,16 @@ pub(super) async fn open_kubernetes(
             Ok(())
         });
     }
+    // The cluster's Services and EndpointSlices, for xDS only: without it, none are read.
+    if config.xds.enabled {
+        let (client, index, shutdown) = (client.clone(), index.clone(), tasks.shutdown_receiver());
+        tasks.spawn("Service and EndpointSlice watch", async move {
+            k8s::services::run(client, index, shutdown).await;
+            Ok(())
+        });
+    } else {
+        index.mark_loaded(Kind::Service);
+    }
     Ok(Source {
         index,
         durable: Durable::Outbox(outbox.clone()),

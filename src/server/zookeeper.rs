@@ -1,6 +1,6 @@
 //! ZooKeeper mode: registrations wait in the outbox until the writer has put them in their
 //! mapping nodes; one persistent recursive watch is the only way into the index, for mappings,
-//! rules and providers alike, whoever wrote them.
+//! rules and providers (as services) alike, whoever wrote them.
 
 use crate::zookeeper::watch::Sinks;
 use crate::zookeeper::{Session, ZkRules, ZkStats, ZkView, ZkWriter};
@@ -13,7 +13,6 @@ pub(super) struct ZkParts {
     pub outbox: Outbox,
     pub rules: Arc<ZkRules>,
     pub stats: Arc<ZkStats>,
-    pub services: watch::Receiver<dubbo_cp_domain::service::ServiceSet>,
 }
 
 /// Refuses, before it is acknowledged, a registration that names no node.
@@ -70,12 +69,10 @@ pub(super) async fn open_zookeeper(
         "ZooKeeper writer",
     );
 
-    let (services_tx, services) = watch::channel(dubbo_cp_domain::service::ServiceSet::default());
     let sinks = Sinks {
         index: index.clone(),
         catalog: catalog.clone(),
         view: view.clone(),
-        services: services_tx,
         root_namespace: config.rules.root_namespace.clone(),
     };
     let watch = crate::zookeeper::watch::run(
@@ -104,7 +101,6 @@ pub(super) async fn open_zookeeper(
             outbox,
             rules,
             stats,
-            services,
         }),
     })
 }

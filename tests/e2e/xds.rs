@@ -3,6 +3,8 @@
 //! once), and a ServiceEntry applied with kubectl serves workloads outside the cluster. The
 //! endpoints are not loopback addresses (the API server refuses those), so a raw ADS client
 //! built on Envoy's protos checks them, authenticated with a real service-account token.
+//! They reach xDS through the index's `Service` kind, which readiness and the index's metrics
+//! show like any kind.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -180,7 +182,20 @@ impl Eds {
     }
 }
 
-pub async fn kubernetes_services_and_entries(cluster: &Cluster, xds: SocketAddr) {
+/// `/readyz`: ready, and nothing said of the `Service` kind (not loaded, or failing).
+async fn services_ready(admin: SocketAddr) {
+    let (code, body) = crate::common::http_get(admin, "/readyz").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(!body.contains("Service:"), "{body}");
+}
+
+const SERVICE_PUBLISHES: &str = "dubbo_cp_index_state_publishes_total{kind=\"Service\"}";
+
+pub async fn kubernetes_services_and_entries(
+    cluster: &Cluster,
+    xds: SocketAddr,
+    admin: SocketAddr,
+) {
     cluster.namespace(NS, &[]);
     let service = json!({
         "apiVersion": "v1", "kind": "Service",
@@ -227,9 +242,15 @@ pub async fn kubernetes_services_and_entries(cluster: &Cluster, xds: SocketAddr)
     let mut eds = Eds::connect(xds, &token, std::slice::from_ref(&greeter)).await;
     // Ready endpoints on the slice's port; the one not ready is not served.
     eds.until(&["10.1.0.1:17070", "10.1.0.2:17070"]).await;
+    // Listed, so loaded, with nothing wrong; each change is a new revision of the kind.
+    services_ready(admin).await;
+    assert!(crate::common::metric(admin, "dubbo_cp_index_objects{kind=\"Service\"}").await >= 1.0);
+    let publishes = crate::common::metric(admin, SERVICE_PUBLISHES).await;
+    assert!(publishes >= 1.0);
     // A terminating endpoint leaves at once.
     cluster.kubectl_in(&["apply", "-f", "-"], Some(&slice(true)));
     eds.until(&["10.1.0.1:17070"]).await;
+    assert!(crate::common::metric(admin, SERVICE_PUBLISHES).await > publishes);
 
     // The pod's static tag makes a tag subset of its endpoint alone.
     let gray = format!("outbound|7070|tag-67726179|greeter.{NS}.svc.cluster.local");

@@ -103,7 +103,7 @@ fn served_mappings(index: &Index) -> BTreeMap<MappingKey, BTreeSet<String>> {
                     MappingKey::new(namespace, interface.clone()),
                     applications.iter().cloned().collect(),
                 )),
-                crate::index::Resource::Rule(_) => None,
+                crate::index::Resource::Rule(_) | crate::index::Resource::Service(_) => None,
             }
         })
         .collect()

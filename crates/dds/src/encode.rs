@@ -79,6 +79,12 @@ pub fn to_any(client_key: &str, value: &Resource) -> Any {
             applications,
         } => mapping_any(client_key, interface, applications.iter().cloned()),
         Resource::Rule(spec) => super::rules::to_any(spec, client_key),
+        // The discovery stream has no message for it and never subscribes to it
+        // (`Kind::DISCOVERY`); xDS serves it.
+        Resource::Service(_) => Any {
+            type_url: crate::pb::type_url(Kind::Service).to_owned(),
+            value: Vec::new(),
+        },
     }
 }
 

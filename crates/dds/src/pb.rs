@@ -53,7 +53,8 @@ pub fn type_url(kind: crate::index::Kind) -> &'static str {
         Kind::AuthorizationPolicy => {
             "type.googleapis.com/dubbo.apache.org.v1alpha1.AuthorizationPolicyToClient"
         }
-        // Not a discovery-stream kind (`Kind::DISCOVERY`): no client subscribes to it.
+        // Not discovery-stream kinds (`Kind::DISCOVERY`): no client subscribes to them.
         Kind::ServiceEntry => "type.googleapis.com/dubbo.apache.org.v1alpha1.ServiceEntry",
+        Kind::Service => "type.googleapis.com/dubbo.apache.org.v1alpha1.Service",
     }
 }

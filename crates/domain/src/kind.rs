@@ -11,10 +11,13 @@ pub enum Kind {
     AuthorizationPolicy,
     /// Services and endpoints declared as a rule (Istio's ServiceEntry); served over xDS only.
     ServiceEntry,
+    /// Services and endpoints a registry reports (Kubernetes Services with their EndpointSlices,
+    /// providers registered in ZooKeeper): no rule, nothing to write, served over xDS only.
+    Service,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::ServiceNameMapping,
         Kind::TagRoute,
         Kind::ConditionRoute,
@@ -22,10 +25,11 @@ impl Kind {
         Kind::AuthenticationPolicy,
         Kind::AuthorizationPolicy,
         Kind::ServiceEntry,
+        Kind::Service,
     ];
 
-    /// The kinds the discovery stream serves (wire.md §2): every kind but ServiceEntry, which
-    /// no DDS client reads (xDS serves it as clusters and endpoints).
+    /// The kinds the discovery stream serves (wire.md §2): every kind but ServiceEntry and
+    /// Service, which no DDS client reads (xDS serves them as clusters and endpoints).
     pub const DISCOVERY: [Kind; 6] = [
         Kind::ServiceNameMapping,
         Kind::TagRoute,
@@ -44,6 +48,7 @@ impl Kind {
             Kind::AuthenticationPolicy => "AuthenticationPolicy",
             Kind::AuthorizationPolicy => "AuthorizationPolicy",
             Kind::ServiceEntry => "ServiceEntry",
+            Kind::Service => "Service",
         }
     }
 
@@ -57,6 +62,7 @@ impl Kind {
             Kind::AuthenticationPolicy => "dubbo.apache.org/v1alpha1/AuthenticationPolicy",
             Kind::AuthorizationPolicy => "dubbo.apache.org/v1alpha1/AuthorizationPolicy",
             Kind::ServiceEntry => "dubbo.apache.org/v1alpha1/ServiceEntry",
+            Kind::Service => "dubbo.apache.org/v1alpha1/Service",
         }
     }
 
@@ -82,6 +88,7 @@ impl Kind {
             Kind::AuthenticationPolicy => "authenticationpolicies",
             Kind::AuthorizationPolicy => "authorizationpolicies",
             Kind::ServiceEntry => "serviceentries",
+            Kind::Service => "services",
         }
     }
 

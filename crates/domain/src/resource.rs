@@ -1,11 +1,12 @@
-//! What the index holds for every kind: a mapping's applications or a rule's spec, as the domain
-//! understands them. Each protocol edge turns one into its own message (DDS: `<Kind>ToClient`).
+//! What the index holds for every kind: a mapping's applications, a rule's spec or a service,
+//! as the domain understands them. Each protocol edge turns one into its own message (DDS: `<Kind>ToClient`).
 
 use std::collections::BTreeSet;
 
 use crate::kind::Kind;
 use crate::mapping::{MappingKey, client_key};
 use crate::rules::RuleSpec;
+use crate::service::Service;
 
 /// One object of any kind, protocol-neutral.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +18,8 @@ pub enum Resource {
         applications: Vec<String>,
     },
     Rule(RuleSpec),
+    /// A service a registry reports, with its endpoints (Kubernetes, ZooKeeper).
+    Service(Service),
 }
 
 impl Resource {
@@ -24,6 +27,7 @@ impl Resource {
         match self {
             Resource::Mapping { .. } => Kind::ServiceNameMapping,
             Resource::Rule(spec) => spec.kind(),
+            Resource::Service(_) => Kind::Service,
         }
     }
 

@@ -1,5 +1,6 @@
 //! Services and their endpoints, as every protocol edge that routes traffic sees them (xDS first).
-//! Sources fill it (Kubernetes Services and EndpointSlices, ServiceEntry rules); edges only read.
+//! Registries fill the index's `Service` kind with them (Kubernetes Services and EndpointSlices,
+//! ZooKeeper's providers) and ServiceEntry rules declare more; edges only read.
 //!
 //! A service belongs to a Dubbo application: the one its label `dubbo.apache.org/application`
 //! names, else the application of its own name. That is how rules keyed by application (TagRoute,
@@ -16,16 +17,6 @@ pub const DEFAULT_WEIGHT: u32 = 100;
 
 /// Kubernetes' cluster domain, the suffix of a service's fully qualified name.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
-
-/// Every service a source knows (Kubernetes Services with their EndpointSlices), and whether it
-/// has listed them all yet: until then an edge must not tell clients that a service is gone.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ServiceSet {
-    pub services: Vec<Service>,
-    pub synced: bool,
-    /// Why the source is not (or no longer) in sync with its truth, for operators.
-    pub condition: Option<String>,
-}
 
 /// One service: a name in a namespace, its ports and its ready endpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -450,8 +450,13 @@ mod tests {
     #[test]
     fn type_names_round_trip_and_unknowns_are_rejected() {
         for kind in Kind::ALL {
-            // ServiceEntry is served over xDS only: no discovery client can subscribe to it.
-            let on_the_stream = (kind != Kind::ServiceEntry).then_some(kind);
+            // ServiceEntry and Service are served over xDS only: no discovery client can
+            // subscribe to them.
+            let on_the_stream = Kind::DISCOVERY.contains(&kind).then_some(kind);
+            assert_eq!(
+                on_the_stream.is_none(),
+                matches!(kind, Kind::ServiceEntry | Kind::Service)
+            );
             assert_eq!(Kind::from_type_name(kind.type_name()), on_the_stream);
             assert_eq!(
                 kind.type_name(),

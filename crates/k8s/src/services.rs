@@ -6,15 +6,18 @@
 //! default: a terminating pod takes no new calls). Each endpoint carries its pod's labels (the
 //! slice's `targetRef`), from a third watch of pods' metadata only, of which only the labels are
 //! kept: static tags, TagRoute `match` tags and policy selectors read them as in the other modes.
-//! The set is published whole on a `watch` channel after each burst of events, marked synced
-//! once all three have listed, so an edge never mistakes "not listed yet" for "deleted" (nor
-//! "labels not read yet" for "no labels": a policy selecting by label would not apply).
+//! The services go into the index's `Service` kind after each burst of events, once all three
+//! have listed (the kind is loaded then), so an edge never mistakes "not listed yet" for
+//! "deleted" (nor "labels not read yet" for "no labels": a policy selecting by label would not
+//! apply). The index shares the services a burst did not change, so an edge derives only what
+//! changed; a failing watch is the kind's condition, as for every kind.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use dubbo_cp_domain::service::{Service, ServiceEndpoint, ServicePort, ServiceSet};
+use dubbo_cp_domain::mapping::client_key;
+use dubbo_cp_domain::service::{Service, ServiceEndpoint, ServicePort};
 use k8s_openapi::api::core::v1::{Pod, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
@@ -25,6 +28,9 @@ use kube::runtime::watcher::{self, Event, watcher};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_stream::StreamExt;
+
+use crate::index::{Index, Kind, Resource, SourceCondition, SourceProblem};
+use crate::shutdown::signalled;
 
 /// The label that names an EndpointSlice's Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -54,9 +60,13 @@ struct State {
     condition: Option<String>,
 }
 
-/// Watches Services and EndpointSlices until every receiver of `tx` is gone, publishing the
-/// services they describe.
-pub async fn run(client: Client, tx: watch::Sender<ServiceSet>) {
+/// Watches Services, EndpointSlices and pods until `shutdown`, putting the services they
+/// describe in `index`.
+pub async fn run(
+    client: Client,
+    index: std::sync::Arc<Index>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     // managedFields are most of an object and never read: not kept.
     let services = watcher(
         Api::<KubeService>::all(client.clone()),
@@ -82,15 +92,15 @@ pub async fn run(client: Client, tx: watch::Sender<ServiceSet>) {
     loop {
         let deadline = publish_at.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
-            () = tx.closed() => return,
+            () = signalled(&mut shutdown) => return,
             event = services.next() => match event {
                 Some(Ok(event)) => on_service(&mut state, event),
-                Some(Err(err)) => failed(&mut state, "Services", &err),
+                Some(Err(err)) => failed(&mut state, &index, "Services", &err),
                 None => return,
             },
             event = slices.next() => match event {
                 Some(Ok(event)) => on_slice(&mut state, event),
-                Some(Err(err)) => failed(&mut state, "EndpointSlices", &err),
+                Some(Err(err)) => failed(&mut state, &index, "EndpointSlices", &err),
                 None => return,
             },
             event = pods.next() => match event {
@@ -100,18 +110,17 @@ pub async fn run(client: Client, tx: watch::Sender<ServiceSet>) {
                         continue;
                     }
                 }
-                Some(Err(err)) => failed(&mut state, "Pods", &err),
+                Some(Err(err)) => failed(&mut state, &index, "Pods", &err),
                 None => return,
             },
             () = tokio::time::sleep_until(deadline), if publish_at.is_some() => {
                 publish_at = None;
-                tx.send_replace(ServiceSet {
-                    services: services_of(&state.services, &state.slices, &state.pods),
-                    synced: state.services_listed && state.slices_listed && state.pods_listed,
-                    condition: state.condition.clone(),
-                });
+                publish(&index, &state);
                 continue;
             }
+        }
+        if state.condition.is_none() && index.set_condition(Kind::Service, None) {
+            tracing::info!("the watches of Services, EndpointSlices and pods run again");
         }
         publish_at.get_or_insert_with(|| Instant::now() + COALESCE);
     }
@@ -129,12 +138,50 @@ fn recovered(state: &mut State, what: &str) {
     }
 }
 
-fn failed(state: &mut State, what: &str, err: &watcher::Error) {
+/// Puts the services in the index once every watch has listed (until then the kind is not
+/// loaded, and nothing of it is served as gone).
+fn publish(index: &Index, state: &State) {
+    if !(state.services_listed && state.slices_listed && state.pods_listed) {
+        return;
+    }
+    let services = services_of(&state.services, &state.slices, &state.pods)
+        .into_iter()
+        .map(|service| {
+            let key = client_key(&service.name, &service.namespace);
+            (key, Resource::Service(service))
+        })
+        .collect();
+    index.reset(Kind::Service, services, 0);
+    index.mark_loaded(Kind::Service);
+}
+
+fn failed(state: &mut State, index: &Index, what: &str, err: &watcher::Error) {
     // kube's backoff retries; the last good state keeps being served meanwhile.
     let condition = format!("{what}: {err}");
     if state.condition.as_deref() != Some(condition.as_str()) {
         tracing::warn!(%condition, "watch for xDS failed; retrying");
     }
+    let served = match index.is_kind_loaded(Kind::Service) {
+        true => "serving the services listed before",
+        false => "no service is served until they list",
+    };
+    let hint = match crate::watch::error_code(err) == Some(403) {
+        true => {
+            " (the control plane's service account needs get, list and watch on services, \
+                 endpointslices and pods: deploy/rbac.yaml)"
+        }
+        false => "",
+    };
+    index.set_condition(
+        Kind::Service,
+        Some(SourceCondition {
+            problem: SourceProblem::Failing,
+            message: format!(
+                "the watch of {what} is failing ({served}; retrying): {}{hint}",
+                crate::watch::describe(err)
+            ),
+        }),
+    );
     state.condition = Some(condition);
 }
 
@@ -391,6 +438,7 @@ fn protocol_of(name: &str, app_protocol: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn objects<T: serde::de::DeserializeOwned>(items: &[serde_json::Value]) -> Objects<T> {
         items
@@ -412,6 +460,73 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    fn forbidden() -> watcher::Error {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 403, "reason": "Forbidden",
+            "message": "pods is forbidden: User \"system:serviceaccount:x:y\" cannot list resource \"pods\"",
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        watcher::Error::InitialListFailed(kube::Error::Api(Box::new(status)))
+    }
+
+    #[test]
+    fn the_kind_loads_once_all_three_list_and_a_failing_watch_is_its_condition() {
+        let index = Index::new(1);
+        let mut state = State {
+            services: objects::<KubeService>(&[
+                serde_json::json!({"metadata": {"namespace": "shop", "name": "greeter"},
+                                   "spec": {"ports": [{"name": "grpc", "port": 7070}]}}),
+                serde_json::json!({"metadata": {"namespace": "shop", "name": "other"},
+                                   "spec": {"ports": [{"name": "grpc", "port": 7070}]}}),
+            ]),
+            services_listed: true,
+            slices_listed: true,
+            ..State::default()
+        };
+        failed(&mut state, &index, "Pods", &forbidden());
+        publish(&index, &state);
+        assert!(!index.is_kind_loaded(Kind::Service), "pods never listed");
+        assert!(index.current(Kind::Service).objects.is_empty());
+        let (_, _, condition) = index
+            .sources()
+            .into_iter()
+            .find(|(kind, _, _)| *kind == Kind::Service)
+            .unwrap_or_else(|| panic!("no Service kind"));
+        let message = condition.map(|c| c.message).unwrap_or_default();
+        for part in [
+            "Pods",
+            "list answered 403",
+            "no service is served until they list",
+            "deploy/rbac.yaml",
+        ] {
+            assert!(message.contains(part), "{part:?} not in {message:?}");
+        }
+
+        state.pods_listed = true;
+        publish(&index, &state);
+        assert!(index.is_kind_loaded(Kind::Service));
+        let first = index.current(Kind::Service);
+        assert_eq!(
+            first.objects.keys().collect::<Vec<_>>(),
+            ["greeter/shop", "other/shop"]
+        );
+        // A burst that changed one service is a new revision sharing the other.
+        state
+            .services
+            .remove(&("shop".to_owned(), "other".to_owned()));
+        publish(&index, &state);
+        let second = index.current(Kind::Service);
+        assert!(second.revision > first.revision);
+        assert!(Arc::ptr_eq(
+            &first.objects["greeter/shop"],
+            &second.objects["greeter/shop"]
+        ));
+        assert_eq!(second.objects.len(), 1);
+        // Nothing changed: no new revision.
+        publish(&index, &state);
+        assert_eq!(index.current(Kind::Service).revision, second.revision);
     }
 
     #[test]

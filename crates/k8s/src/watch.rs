@@ -54,7 +54,7 @@ fn crd_missing(err: &watcher::Error) -> bool {
 }
 
 /// What failed, briefly: kube's text of an API error repeats the whole Status.
-fn describe(err: &watcher::Error) -> String {
+pub(crate) fn describe(err: &watcher::Error) -> String {
     let what = match err {
         watcher::Error::InitialListFailed(_) => "list",
         _ => "watch",
@@ -73,7 +73,7 @@ fn describe(err: &watcher::Error) -> String {
 }
 
 /// The HTTP status the API server answered, when the error is one.
-fn error_code(err: &watcher::Error) -> Option<u16> {
+pub(crate) fn error_code(err: &watcher::Error) -> Option<u16> {
     match err {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status))

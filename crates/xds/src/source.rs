@@ -1,6 +1,6 @@
-//! The snapshots the ADS server serves, built from the index: services from ServiceEntry rules
-//! (and, through the same kind, every source that fills it), ServiceNameMappings for interface
-//! names, TagRoutes and DynamicConfigs. One task watches the kinds it reads and publishes a new
+//! The snapshots the ADS server serves, built from the index: the services registries report
+//! (Kubernetes, ZooKeeper) and those ServiceEntry rules declare, ServiceNameMappings for interface
+//! names, TagRoutes, DynamicConfigs, ConditionRoutes and the security policies. One task watches the kinds it reads and publishes a new
 //! [`Snapshot`] after each burst of changes (one debounce window), so a burst of a thousand
 //! registrations costs one rebuild, not a thousand.
 
@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use dubbo_cp_domain::rules::{ConditionRouteSpec, DynamicConfigSpec, RuleSpec, TagRouteSpec};
-use dubbo_cp_domain::service::{Service, ServiceSet};
+use dubbo_cp_domain::service::Service;
 use dubbo_cp_index::{Index, Kind, KindSnapshot, Resource};
 use tokio::sync::watch;
 
@@ -18,7 +18,8 @@ use crate::security::{Named, Policies, Settings};
 use crate::snapshot::Snapshot;
 
 /// The kinds a snapshot is built from. Nothing is served until each has loaded.
-pub const KINDS: [Kind; 7] = [
+pub const KINDS: [Kind; 8] = [
+    Kind::Service,
     Kind::ServiceEntry,
     Kind::ServiceNameMapping,
     Kind::TagRoute,
@@ -28,18 +29,11 @@ pub const KINDS: [Kind; 7] = [
     Kind::AuthorizationPolicy,
 ];
 
-/// The state of the index's kinds (and of the Kubernetes services, in Kubernetes mode) that
-/// one snapshot reflects.
-pub fn build(
-    index: &Index,
-    external: Option<&ServiceSet>,
-    version: u64,
-    settings: &Settings,
-) -> Snapshot {
-    let synced = KINDS.iter().all(|kind| index.is_kind_loaded(*kind))
-        && external.is_none_or(|set| set.synced);
+/// The state of the index's kinds that one snapshot reflects.
+pub fn build(index: &Index, version: u64, settings: &Settings) -> Snapshot {
+    let synced = KINDS.iter().all(|kind| index.is_kind_loaded(*kind));
     let state = |kind| index.current(kind);
-    let (services, _) = services(&state(Kind::ServiceEntry), external);
+    let (services, _) = services(&state(Kind::Service), &state(Kind::ServiceEntry));
     let mut mappings = Vec::new();
     for (key, object) in &state(Kind::ServiceNameMapping).objects {
         if let (
@@ -104,7 +98,7 @@ fn named<T>(state: &KindSnapshot, pick: impl Fn(&RuleSpec) -> Option<T>) -> Vec<
                     name: name.to_owned(),
                     spec: pick(spec)?,
                 }),
-                Resource::Mapping { .. } => None,
+                Resource::Mapping { .. } | Resource::Service(_) => None,
             }
         })
         .collect();
@@ -126,19 +120,19 @@ fn rules<T>(state: &KindSnapshot, pick: impl Fn(&RuleSpec) -> Option<T>) -> Vec<
             let (_, namespace) = split_client_key(key)?;
             match &object.value {
                 Resource::Rule(spec) => Some((namespace.to_owned(), pick(spec)?)),
-                Resource::Mapping { .. } => None,
+                Resource::Mapping { .. } | Resource::Service(_) => None,
             }
         })
         .collect()
 }
 
-/// The Kubernetes services, then the services the ServiceEntries declare, and the hosts
-/// declared twice (`namespace/name`, or a DNS name declared in any two namespaces -> the
-/// entries not served: a Kubernetes Service comes first, then entries in key order, which every
-/// replica agrees on).
+/// The services registries report (Kubernetes, ZooKeeper), then the services the ServiceEntries
+/// declare, and the hosts declared twice (`namespace/name`, or a DNS name declared in any two
+/// namespaces -> the entries not served: a registry's service comes first, then entries in key
+/// order, which every replica agrees on).
 pub fn services(
-    state: &KindSnapshot,
-    external: Option<&ServiceSet>,
+    registered: &KindSnapshot,
+    entries: &KindSnapshot,
 ) -> (Vec<Service>, BTreeMap<String, Vec<String>>) {
     let mut seen: BTreeMap<(String, String), String> = BTreeMap::new();
     let mut shadowed: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -148,10 +142,14 @@ pub fn services(
         true => (String::new(), service.name.clone()),
         false => (service.namespace.clone(), service.name.clone()),
     };
-    for service in external
-        .map(|set| set.services.as_slice())
-        .unwrap_or_default()
-    {
+    let registered = registered
+        .objects
+        .values()
+        .filter_map(|object| match &object.value {
+            Resource::Service(service) => Some(service),
+            _ => None,
+        });
+    for service in registered {
         if seen
             .insert(host_of(service), "Service".to_owned())
             .is_none()
@@ -159,7 +157,7 @@ pub fn services(
             services.push(service.clone());
         }
     }
-    for (key, object) in &state.objects {
+    for (key, object) in &entries.objects {
         let (Resource::Rule(RuleSpec::ServiceEntry(entry)), Some((_, namespace))) =
             (&object.value, split_client_key(key))
         else {
@@ -185,17 +183,15 @@ pub fn services(
 /// Publishes a snapshot of `index` on `tx` now and after each burst of changes to [`KINDS`]:
 /// the first change of a burst starts a `window`, and the state at its end is published. Runs
 /// until every receiver is gone.
-/// In Kubernetes mode `external` carries the cluster's Services and EndpointSlices.
 /// Encodings are counted in `encodes`.
 pub async fn run(
     index: Arc<Index>,
-    mut external: Option<watch::Receiver<ServiceSet>>,
     tx: watch::Sender<Arc<Snapshot>>,
     window: Duration,
     encodes: Arc<AtomicU64>,
     settings: Settings,
 ) {
-    let mut watches: [watch::Receiver<Arc<KindSnapshot>>; 7] =
+    let mut watches: [watch::Receiver<Arc<KindSnapshot>>; 8] =
         KINDS.map(|kind| index.subscribe(kind));
     let mut version = 0u64;
     let mut shadowed_before = BTreeMap::new();
@@ -210,12 +206,14 @@ pub async fn run(
         // when two builds fall in one): a client that reconnects to a new process is never
         // told an older version is newer.
         version = (version + 1).max(unix_millis());
-        let set = external.as_mut().map(|rx| rx.borrow_and_update().clone());
         let previous = tx.borrow().clone();
-        let snapshot = build(&index, set.as_ref(), version, &settings)
+        let snapshot = build(&index, version, &settings)
             .counting_encodes_in(encodes.clone())
             .sharing_encodings_of(&previous);
-        let (_, shadowed) = services(&index.current(Kind::ServiceEntry), set.as_ref());
+        let (_, shadowed) = services(
+            &index.current(Kind::Service),
+            &index.current(Kind::ServiceEntry),
+        );
         report_shadowed(&shadowed, &shadowed_before);
         shadowed_before = shadowed;
         let mut untranslated = untranslated(
@@ -241,7 +239,7 @@ pub async fn run(
             return;
         }
         // Until one of the kinds changes (or the index goes), then the window.
-        let [a, b, c, d, e, f, g] = &mut watches;
+        let [a, b, c, d, e, f, g, h] = &mut watches;
         let changed = tokio::select! {
             changed = a.changed() => changed,
             changed = b.changed() => changed,
@@ -250,7 +248,7 @@ pub async fn run(
             changed = e.changed() => changed,
             changed = f.changed() => changed,
             changed = g.changed() => changed,
-            changed = changed_or_never(external.as_mut()) => changed,
+            changed = h.changed() => changed,
             () = tx.closed() => return,
         };
         if changed.is_err() {
@@ -265,16 +263,6 @@ fn unix_millis() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
-}
-
-/// The next change of `rx`, or never without one.
-async fn changed_or_never(
-    rx: Option<&mut watch::Receiver<ServiceSet>>,
-) -> Result<(), watch::error::RecvError> {
-    match rx {
-        Some(rx) => rx.changed().await,
-        None => std::future::pending().await,
-    }
 }
 
 /// `ConditionRoute <name>/<namespace>` -> what clients do not apply of it, given the TagRoutes.
@@ -446,7 +434,10 @@ mod tests {
             ],
             2,
         );
-        let (served, shadowed) = services(&index.current(Kind::ServiceEntry), None);
+        let (served, shadowed) = services(
+            &index.current(Kind::Service),
+            &index.current(Kind::ServiceEntry),
+        );
         let names: Vec<String> = served
             .iter()
             .map(|s| format!("{}/{} {}", s.namespace, s.name, s.endpoints[0].address))
@@ -498,16 +489,18 @@ mod tests {
         );
         let settings = Settings::default();
         assert!(
-            !build(&index, None, 1, &settings).synced,
+            !build(&index, 1, &settings).synced,
             "no kind has loaded yet"
         );
-        index.mark_all_loaded();
-        let external = ServiceSet::default();
+        for kind in KINDS.into_iter().filter(|kind| *kind != Kind::Service) {
+            index.mark_loaded(kind);
+        }
         assert!(
-            !build(&index, Some(&external), 1, &settings).synced,
-            "Kubernetes services not listed"
+            !build(&index, 1, &settings).synced,
+            "the registry's services not listed"
         );
-        let snapshot = build(&index, None, 4, &settings);
+        index.mark_loaded(Kind::Service);
+        let snapshot = build(&index, 4, &settings);
         assert!(snapshot.synced);
         let state = TypeState {
             names: ["greeter:7070".to_owned()].into(),

@@ -15,9 +15,9 @@ use zookeeper_client::{AddWatchMode, Client, Error, EventType, SessionState};
 
 use crate::debounce::{Batch, DebounceConfig, Merge};
 use crate::index::catalog::Catalog;
-use crate::index::{Index, Kind, SourceCondition, SourceProblem};
+use crate::index::{Index, Kind, Resource, SourceCondition, SourceProblem};
 use crate::layout::{self, OURS, SERVICES};
-use crate::service::ServiceSet;
+use crate::mapping::client_key;
 use crate::session::Session;
 use crate::state::{Changes, Read, State};
 use crate::stats::ZkStats;
@@ -71,8 +71,6 @@ pub struct Sinks {
     pub index: Arc<Index>,
     pub catalog: Arc<Catalog>,
     pub view: Arc<ZkView>,
-    /// Providers as services, for the xDS edge.
-    pub services: watch::Sender<ServiceSet>,
     /// Auth policies in this namespace reach every client.
     pub root_namespace: String,
 }
@@ -232,18 +230,17 @@ async fn flush(
     Ok(())
 }
 
+/// Providers as the index's services (the index keeps those that did not change as they were).
 fn publish_services(sinks: &Sinks, state: &State) {
-    let services = state.services();
-    sinks.services.send_if_modified(|set| {
-        let next = ServiceSet {
-            services,
-            synced: true,
-            condition: None,
-        };
-        let changed = *set != next;
-        *set = next;
-        changed
-    });
+    let services = state
+        .services()
+        .into_iter()
+        .map(|service| {
+            let key = client_key(&service.name, &service.namespace);
+            (key, Resource::Service(service))
+        })
+        .collect();
+    sinks.index.reset(Kind::Service, services, 0);
 }
 
 /// Lists and reads the whole tree, and makes the index exactly that.

@@ -148,6 +148,12 @@ impl RuleSpec {
                     "ServiceNameMapping is not a rule kind: applications register mappings",
                 ));
             }
+            Kind::Service => {
+                return Err(FieldError::new(
+                    "kind",
+                    "Service is not a rule kind: services come from Kubernetes or ZooKeeper;                      declare one with a ServiceEntry",
+                ));
+            }
         };
         match &parsed {
             RuleSpec::TagRoute(spec) => spec.check(PATH)?,
