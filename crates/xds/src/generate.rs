@@ -376,63 +376,6 @@ fn tag_routes(target: Target<'_>, tagging: &Tagging<'_>) -> Vec<Route> {
     routes
 }
 
-/// The route configuration of a name that means several services (an interface served by
-/// several applications): one route over their clusters, each weighted by the sum of its
-/// endpoints' weights, as Dubbo balances over all the providers of an interface. Tag routing is
-/// not applied across several services (docs/xds.md).
-pub fn weighted_route_configuration(requested: &str, targets: &[Target<'_>]) -> RouteConfiguration {
-    // Dubbo balances over every provider of the interface by weight, so a service's share is
-    // the sum of its endpoints' weights; scaled together if the sum would not fit a u32.
-    let totals: Vec<u64> = targets
-        .iter()
-        .map(|t| {
-            t.service
-                .endpoints
-                .iter()
-                .map(|e| u64::from(e.weight))
-                .sum()
-        })
-        .collect();
-    let divisor = totals
-        .iter()
-        .sum::<u64>()
-        .div_ceil(u64::from(u32::MAX))
-        .max(1);
-    let clusters: Vec<ClusterWeight> = targets
-        .iter()
-        .zip(totals)
-        .filter(|(_, total)| *total > 0)
-        .map(|(target, total)| ClusterWeight {
-            name: cluster_name(*target),
-            weight: Some(UInt32Value {
-                value: u32::try_from((total / divisor).max(1)).unwrap_or(u32::MAX),
-            }),
-            ..Default::default()
-        })
-        .collect();
-    let route = match (clusters.len(), targets.first()) {
-        (0, Some(first)) => route_to(cluster_name(*first), Vec::new()),
-        (1, _) => route_to(clusters[0].name.clone(), Vec::new()),
-        _ => Route {
-            r#match: Some(RouteMatch {
-                path_specifier: Some(route_match::PathSpecifier::Prefix(String::new())),
-                ..Default::default()
-            }),
-            action: Some(route::Action::Route(RouteAction {
-                cluster_specifier: Some(route_action::ClusterSpecifier::WeightedClusters(
-                    WeightedCluster {
-                        clusters,
-                        ..Default::default()
-                    },
-                )),
-                ..Default::default()
-            })),
-            ..Default::default()
-        },
-    };
-    virtual_host_config(requested, vec![route])
-}
-
 fn virtual_host_config(requested: &str, routes: Vec<Route>) -> RouteConfiguration {
     RouteConfiguration {
         name: requested.to_owned(),
@@ -653,6 +596,9 @@ fn lb_endpoint_of(endpoint: &ServiceEndpoint, port: &ServicePort) -> LbEndpoint 
         ..Default::default()
     }
 }
+
+mod several;
+pub use several::weighted_route_configuration;
 
 #[cfg(test)]
 mod tests;

@@ -404,7 +404,13 @@ fn generate_one(
                     let tagging = snapshot.tagging(*target);
                     generate::route_configuration(name, *target, Some(&tagging))
                 }
-                several => generate::weighted_route_configuration(name, several),
+                several => {
+                    let parts: Vec<_> = several
+                        .iter()
+                        .map(|target| (*target, snapshot.tagging(*target)))
+                        .collect();
+                    generate::weighted_route_configuration(name, &parts)
+                }
             };
             let mut headers: Vec<&str> = targets
                 .iter()

@@ -206,6 +206,12 @@ impl<'a> Tagging<'a> {
         }
     }
 
+    /// Whether a request tagged `tag` must not fall back when the tag's endpoints are gone: the
+    /// rule gives the tag addresses and is `force`.
+    pub fn forbids_fallback(&self, tag: &str) -> bool {
+        self.only(tag).1
+    }
+
     /// The endpoints a request tagged `tag` may reach before any fallback, and whether the rule
     /// forbids the fallback (`force` with the tag's addresses given).
     fn only(&self, tag: &str) -> (Vec<&'a ServiceEndpoint>, bool) {

@@ -170,6 +170,88 @@ async fn a_dubbo_interface_name_reaches_the_applications_its_mapping_lists(kind:
     drop(by_interface.child.start_kill());
 }
 
+/// An interface served by two applications: `greeter` (a, and g, which its TagRoute tags gray)
+/// and `billing` (b, and l, statically tagged blue). Dubbo's tag routing holds over all four at
+/// once: a tag reaches its endpoints in either application, and only a tag nobody has falls
+/// back, to the endpoints in no tag of both.
+async fn tag_routes_hold_across_the_applications_of_an_interface(kind: Released) {
+    let (_a, port_a) = backend(kind, "a").await;
+    let (_g, port_g) = backend(kind, "g").await;
+    let (_b, port_b) = backend(kind, "b").await;
+    let (_l, port_l) = backend(kind, "l").await;
+    let mut greeter = support::app_service("greeter-svc", "greeter", port_a);
+    greeter.endpoints = support::greeter("default", &[(port_a, 1), (port_g, 1)]).endpoints;
+    let mut billing = support::app_service("billing-svc", "billing", port_b);
+    billing.endpoints = support::greeter("default", &[(port_b, 1), (port_l, 1)]).endpoints;
+    billing.endpoints[1]
+        .labels
+        .insert("dubbo.tag".into(), "blue".into());
+    let server = support::Server::start().await;
+    let publish = |gray: &[String], force: bool| {
+        server.publish_with_mappings_and_tags(
+            vec![greeter.clone(), billing.clone()],
+            vec![("org.example.Shared", vec!["greeter", "billing"])],
+            vec![tag_route(force, gray)],
+        )
+    };
+    publish(&[format!("127.0.0.1:{port_g}")], false);
+    let mut client = client(kind, &server, "xds:///org.example.Shared:7070");
+    let only = |counts: &serde_json::Value, who: &[&str], n: u64| {
+        let reached: u64 = who.iter().map(|w| answers(counts, w)).sum();
+        assert_eq!(reached, n, "only {who:?}: {counts}");
+        for w in who {
+            assert!(answers(counts, w) > 0, "{w} reached: {counts}");
+        }
+    };
+    // A tag reaches its endpoints, whichever application holds them.
+    only(
+        &count_with(&mut client, 200, "dubbo-tag=gray").await,
+        &["g"],
+        200,
+    );
+    only(
+        &count_with(&mut client, 200, "dubbo-tag=blue").await,
+        &["l"],
+        200,
+    );
+    // No tag: the endpoints in no tag, of both applications.
+    only(&count(&mut client, 400).await, &["a", "b"], 400);
+    // A tag nobody has falls back to those, unless the call forces it.
+    only(
+        &count_with(&mut client, 400, "dubbo-tag=red").await,
+        &["a", "b"],
+        400,
+    );
+    let forced = count_with(&mut client, 50, "dubbo-tag=red dubbo-force-tag=true").await;
+    only(&forced, &["error"], 50);
+    only(
+        &count_with(&mut client, 100, "dubbo-tag=blue dubbo-force-tag=true").await,
+        &["l"],
+        100,
+    );
+
+    // The gray address gone: gray calls fall back to both applications' untagged endpoints
+    // (g is in no tag now); with the rule forcing gray, they fail.
+    let gone = vec!["127.0.0.1:1".to_string()];
+    let version = publish(&gone, false);
+    server.acked(dubbo_cp_xds::ROUTE, &version).await;
+    settle(&mut client, "b", 1, "dubbo-tag=gray").await;
+    only(
+        &count_with(&mut client, 600, "dubbo-tag=gray").await,
+        &["a", "g", "b"],
+        600,
+    );
+    let version = publish(&gone, true);
+    server.acked(dubbo_cp_xds::ROUTE, &version).await;
+    settle(&mut client, "error", 1, "dubbo-tag=gray").await;
+    only(
+        &count_with(&mut client, 50, "dubbo-tag=gray").await,
+        &["error"],
+        50,
+    );
+    drop(client.child.start_kill());
+}
+
 fn dynamic_config(overrides: serde_json::Value) -> dubbo_cp_domain::rules::DynamicConfigSpec {
     serde_json::from_value(serde_json::json!({
         "key": "greeter", "scope": "application", "configVersion": "v3.0",
@@ -384,6 +466,7 @@ per_client!(
     endpoint_weights_split_traffic_and_shifts_move_it_without_a_failed_call,
     a_tag_route_sends_tagged_calls_to_its_endpoints_with_dubbos_fallback,
     a_dubbo_interface_name_reaches_the_applications_its_mapping_lists,
+    tag_routes_hold_across_the_applications_of_an_interface,
     dynamic_config_weights_and_disabled_instances_move_traffic,
     a_condition_route_sends_matching_calls_to_the_endpoints_it_selects,
     a_hash_header_keeps_each_caller_on_one_endpoint_as_weights_move,

@@ -110,7 +110,21 @@ impl Server {
         services: Vec<Service>,
         mappings: Vec<(&str, Vec<&str>)>,
     ) -> String {
+        self.publish_with_mappings_and_tags(services, mappings, Vec::new())
+    }
+
+    /// The same, with TagRoutes (all in `default`).
+    pub fn publish_with_mappings_and_tags(
+        &self,
+        services: Vec<Service>,
+        mappings: Vec<(&str, Vec<&str>)>,
+        tag_routes: Vec<dubbo_cp_domain::rules::TagRouteSpec>,
+    ) -> String {
         let version = self.snapshots.borrow().version + 1;
+        let tag_routes = tag_routes
+            .into_iter()
+            .map(|rule| ("default".to_string(), rule))
+            .collect();
         let mappings = mappings
             .into_iter()
             .map(|(interface, apps)| {
@@ -122,7 +136,9 @@ impl Server {
             })
             .collect();
         self.snapshots.send_replace(Arc::new(
-            Snapshot::new(version, services, true).with_mappings(mappings),
+            Snapshot::new(version, services, true)
+                .with_mappings(mappings)
+                .with_tag_routes(tag_routes),
         ));
         version.to_string()
     }
