@@ -433,16 +433,16 @@ async fn a_service_entrys_dns_name_is_served_verbatim_to_released_clients_in_any
         let (_a, port_a) = backend(kind, "a").await;
         let (_b, port_b) = backend(kind, "b").await;
         let hosts = ["api.payments.internal", "payments"];
-        // The same DNS name in two namespaces: the first entry (by name, then namespace) is
-        // served, the other waits its turn.
+        // The same DNS name in two namespaces: the oldest entry is served (billing's, although
+        // shop's comes first by name), the other waits its turn.
         apply(
             server.admin_addr,
-            &payments_entry("billing", "payments", &hosts, port_a),
+            &payments_entry("billing", "zz-payments", &hosts, port_a),
         )
         .await;
         apply(
             server.admin_addr,
-            &payments_entry("shop", "zz-payments", &hosts, port_b),
+            &payments_entry("shop", "payments", &hosts, port_b),
         )
         .await;
         // A client in namespace shop asks for the DNS name as written, not in a Kubernetes form.
@@ -457,9 +457,9 @@ async fn a_service_entrys_dns_name_is_served_verbatim_to_released_clients_in_any
         let mut short = released::client_with(kind, "xds:///payments:50051", bootstrap(xds).await);
         let counts = count(&mut short, 200).await;
         assert_eq!(answers(&counts, "b"), 200, "{kind:?}: {counts}");
-        // The first entry gone, the other one serves the name, and no call fails on the way.
+        // The oldest entry gone, the other one serves the name, and no call fails on the way.
         count_in_background(&mut client, 2000).await;
-        delete_rule(server.admin_addr, "ServiceEntry/billing/payments").await;
+        delete_rule(server.admin_addr, "ServiceEntry/billing/zz-payments").await;
         let during: serde_json::Value = serde_json::from_str(&client.line().await).unwrap();
         assert_eq!(
             answers(&during, "a") + answers(&during, "b"),
@@ -467,7 +467,7 @@ async fn a_service_entrys_dns_name_is_served_verbatim_to_released_clients_in_any
             "{kind:?}: no call failed as the name moved: {during}"
         );
         settle(&mut client, "b", 100, "").await;
-        delete_rule(server.admin_addr, "ServiceEntry/shop/zz-payments").await;
+        delete_rule(server.admin_addr, "ServiceEntry/shop/payments").await;
         drop(client.child.start_kill());
         drop(short.child.start_kill());
     }

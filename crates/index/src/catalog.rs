@@ -46,6 +46,11 @@ pub fn change_for(rule: &Rule, root_namespace: &str) -> Change {
             };
             Change::Scoped(key, Resource::Rule(value), Arc::new(audience))
         }
+        // Two entries declaring one host are served oldest first.
+        RuleSpec::ServiceEntry(_) => match rule.created {
+            Some(created) => Change::Dated(key, Resource::Rule(rule.spec.clone()), created),
+            None => Change::Upsert(key, Resource::Rule(rule.spec.clone())),
+        },
         _ => Change::Upsert(key, Resource::Rule(rule.spec.clone())),
     }
 }

@@ -54,13 +54,18 @@ pub struct Object {
     pub value: Resource,
     /// The clients it reaches (auth policies); `None`: every client.
     pub audience: Option<Arc<Audience>>,
+    /// When its source created it (milliseconds since the epoch), where an edge orders by age
+    /// (ServiceEntries declaring one host: the oldest is served).
+    pub created: Option<i64>,
     /// What protocol edges derived from this object (its encoding), kept as long as it lives.
     memo: Memo,
 }
 
 impl PartialEq for Object {
     fn eq(&self, other: &Self) -> bool {
-        self.value == other.value && self.audience == other.audience
+        self.value == other.value
+            && self.audience == other.audience
+            && self.created == other.created
     }
 }
 
@@ -69,6 +74,7 @@ impl Object {
         Self {
             value,
             audience,
+            created: None,
             memo: Memo::default(),
         }
     }
@@ -133,6 +139,8 @@ pub enum Change {
     Upsert(String, Resource),
     /// An object that reaches only the clients of its audience.
     Scoped(String, Resource, Arc<Audience>),
+    /// An object whose age its readers order by, created at the given milliseconds.
+    Dated(String, Resource, i64),
     Delete(String),
 }
 
@@ -230,10 +238,17 @@ impl Index {
         for change in changes {
             match change {
                 Change::Upsert(key, value) => {
-                    changed |= upsert(&mut objects, key, value, None);
+                    changed |= upsert(&mut objects, key, Object::new(value, None));
                 }
                 Change::Scoped(key, value, audience) => {
-                    changed |= upsert(&mut objects, key, value, Some(audience));
+                    changed |= upsert(&mut objects, key, Object::new(value, Some(audience)));
+                }
+                Change::Dated(key, value, created) => {
+                    let object = Object {
+                        created: Some(created),
+                        ..Object::new(value, None)
+                    };
+                    changed |= upsert(&mut objects, key, object);
                 }
                 Change::Delete(key) => changed |= objects.remove(&key).is_some(),
             }
@@ -249,7 +264,9 @@ impl Index {
         let keep: std::collections::HashSet<&str> = upserts
             .iter()
             .filter_map(|change| match change {
-                Change::Upsert(key, _) | Change::Scoped(key, _, _) => Some(key.as_str()),
+                Change::Upsert(key, _) | Change::Scoped(key, _, _) | Change::Dated(key, _, _) => {
+                    Some(key.as_str())
+                }
                 Change::Delete(_) => None,
             })
             .collect();
@@ -406,19 +423,11 @@ impl Index {
 }
 
 /// Puts one object in; false when it is already there as it is.
-fn upsert(
-    objects: &mut BTreeMap<String, Arc<Object>>,
-    key: String,
-    value: Resource,
-    audience: Option<Arc<Audience>>,
-) -> bool {
-    if objects
-        .get(&key)
-        .is_some_and(|current| current.value == value && current.audience == audience)
-    {
+fn upsert(objects: &mut BTreeMap<String, Arc<Object>>, key: String, object: Object) -> bool {
+    if objects.get(&key).is_some_and(|current| **current == object) {
         return false;
     }
-    objects.insert(key, Arc::new(Object::new(value, audience)));
+    objects.insert(key, Arc::new(object));
     true
 }
 

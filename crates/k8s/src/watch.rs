@@ -548,6 +548,11 @@ impl WatchedKind for RuleKind {
             namespace,
             name: object.metadata.name.clone().unwrap_or_default(),
             spec,
+            created: object
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|time| time.0.as_millisecond()),
         })
     }
 
@@ -596,6 +601,29 @@ mod tests {
                 .map(|(key, value)| (key.to_string(), *value))
                 .collect(),
         }
+    }
+
+    #[test]
+    fn a_service_entrys_creation_time_reaches_the_index() {
+        let kind = RuleKind {
+            kind: Kind::ServiceEntry,
+            catalog: Arc::new(Catalog::default()),
+            root_namespace: "dubbo-system".into(),
+        };
+        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "dubbo.apache.org/v1alpha1", "kind": "ServiceEntry",
+            "metadata": {"name": "payments", "namespace": "shop",
+                         "creationTimestamp": "2026-11-28T01:02:03Z"},
+            "spec": {"hosts": ["api.payments.internal"],
+                     "ports": [{"number": 50051, "name": "grpc"}]},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let rule = kind.parse(&object).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(rule.created, Some(1_795_827_723_000));
+        assert!(matches!(
+            kind.change("payments/shop".into(), &rule),
+            Change::Dated(_, _, 1_795_827_723_000)
+        ));
     }
 
     #[test]

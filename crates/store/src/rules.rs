@@ -76,21 +76,25 @@ impl RuleStore {
                  name      TEXT NOT NULL,
                  spec      TEXT NOT NULL,
                  source    TEXT NOT NULL,
+                 created   INTEGER NOT NULL DEFAULT 0,
                  PRIMARY KEY (kind, namespace, name)
              ) WITHOUT ROWID;",
         )?;
+        add_created_column(&conn)?;
         let mut rules = Vec::new();
         {
-            let mut stmt = conn.prepare("SELECT kind, namespace, name, spec FROM rule")?;
+            let mut stmt = conn.prepare("SELECT kind, namespace, name, spec, created FROM rule")?;
             let mut rows = stmt.query([])?;
             while let Some(row) = rows.next()? {
                 let (kind, namespace, name, spec): (String, String, String, String) =
                     (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
+                let created: i64 = row.get(4)?;
                 match parse_row(&kind, &spec) {
                     Ok(spec) => rules.push(Rule {
                         namespace,
                         name,
                         spec,
+                        created: Some(created),
                     }),
                     Err(reason) => {
                         tracing::error!(%kind, %namespace, %name, %reason, "stored rule skipped")
@@ -153,32 +157,51 @@ impl RuleStore {
         for rule in rules {
             let key = key_of(rule);
             let spec = rule.spec.to_json().to_string();
-            let stored: Option<(String, String)> = tx
+            let stored: Option<(String, String, i64)> = tx
                 .query_row(
-                    "SELECT spec, source FROM rule WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+                    "SELECT spec, source, created FROM rule \
+                     WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
                     params![key.0.name(), key.1, key.2],
-                    |row| Ok((row.get(0)?, row.get(1)?)),
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
                 )
                 .optional()?;
+            // An object keeps the time it was first created through every update, as a
+            // Kubernetes object keeps its creationTimestamp. A new one is created after every
+            // other (a millisecond later at least): objects are ordered as they were created.
+            let created = match &stored {
+                Some((_, _, created)) => *created,
+                None => {
+                    let newest: i64 =
+                        tx.query_row("SELECT COALESCE(MAX(created), 0) FROM rule", [], |row| {
+                            row.get(0)
+                        })?;
+                    now_millis().max(newest.saturating_add(1))
+                }
+            };
+            let stored_rule = Rule {
+                created: Some(created),
+                ..rule.clone()
+            };
             match stored {
-                Some((old, old_source)) if old == spec && old_source == source.name() => {
+                Some((old, old_source, _)) if old == spec && old_source == source.name() => {
                     report.unchanged.push(describe(&key));
                     continue;
                 }
-                Some((old, _)) if old == spec => report.unchanged.push(describe(&key)),
+                Some((old, _, _)) if old == spec => report.unchanged.push(describe(&key)),
                 Some(_) => {
                     report.configured.push(describe(&key));
-                    changes.push(RuleChange::Upsert(rule.clone()));
+                    changes.push(RuleChange::Upsert(stored_rule));
                 }
                 None => {
                     report.created.push(describe(&key));
-                    changes.push(RuleChange::Upsert(rule.clone()));
+                    changes.push(RuleChange::Upsert(stored_rule));
                 }
             }
             tx.execute(
-                "INSERT INTO rule (kind, namespace, name, spec, source) VALUES (?1, ?2, ?3, ?4, ?5)
+                "INSERT INTO rule (kind, namespace, name, spec, source, created) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
                  ON CONFLICT (kind, namespace, name) DO UPDATE SET spec = ?4, source = ?5",
-                params![key.0.name(), key.1, key.2, spec, source.name()],
+                params![key.0.name(), key.1, key.2, spec, source.name(), created],
             )?;
         }
         let doomed: Vec<RuleKey> = match deletions {
@@ -231,6 +254,26 @@ enum Deletions<'a> {
     Keys(&'a [RuleKey]),
     /// Every directory object not among the upserts.
     DirExcept,
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Adds `created` to a rule table written before it existed: its rows count as created at 0,
+/// before anything created since.
+fn add_created_column(conn: &Connection) -> Result<(), StoreError> {
+    let mut stmt = conn.prepare("SELECT name FROM pragma_table_info('rule')")?;
+    let columns = stmt
+        .query_map([], |row| row.get::<_, String>(0))?
+        .collect::<Result<Vec<String>, _>>()?;
+    if !columns.iter().any(|c| c == "created") {
+        conn.execute_batch("ALTER TABLE rule ADD COLUMN created INTEGER NOT NULL DEFAULT 0;")?;
+    }
+    Ok(())
 }
 
 fn parse_row(kind: &str, spec: &str) -> Result<RuleSpec, String> {
@@ -346,5 +389,77 @@ impl StandaloneRules {
         for (kind, changes) in by_kind {
             self.index.apply(kind, changes, revision);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(namespace: &str, name: &str) -> Rule {
+        let manifest = format!(
+            "apiVersion: dubbo.apache.org/v1alpha1\nkind: ServiceEntry\n\
+             metadata: {{name: {name}, namespace: {namespace}}}\n\
+             spec: {{hosts: [api.payments.internal], ports: [{{number: 50051, name: grpc}}]}}\n"
+        );
+        let mut rules =
+            dubbo_cp_domain::rules::parse_manifests(&manifest).unwrap_or_else(|e| panic!("{e}"));
+        rules.remove(0)
+    }
+
+    #[test]
+    fn rules_keep_when_they_were_created_and_a_table_from_before_gets_the_column() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        {
+            // A table as it was before `created`, with one row.
+            let conn = Connection::open(dir.path().join(DB_FILE)).unwrap_or_else(|e| panic!("{e}"));
+            conn.execute_batch(
+                "CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+                 INSERT INTO meta VALUES ('revision', 1);
+                 CREATE TABLE rule (kind TEXT NOT NULL, namespace TEXT NOT NULL,
+                     name TEXT NOT NULL, spec TEXT NOT NULL, source TEXT NOT NULL,
+                     PRIMARY KEY (kind, namespace, name)) WITHOUT ROWID;",
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let old = entry("shop", "old");
+            conn.execute(
+                "INSERT INTO rule VALUES ('ServiceEntry', 'shop', 'old', ?1, 'api')",
+                params![old.spec.to_json().to_string()],
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let (store, rules) = RuleStore::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            rules[0].created,
+            Some(0),
+            "older than anything created since"
+        );
+        let created = |changes: &[RuleChange]| match changes {
+            [RuleChange::Upsert(rule)] => rule.created.unwrap_or_default(),
+            other => panic!("{other:?}"),
+        };
+        let (_, first, _) = store
+            .apply(&[entry("shop", "a")], Source::Api)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (_, second, _) = store
+            .apply(&[entry("shop", "b")], Source::Api)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Ordered as created, even within one millisecond.
+        assert!(created(&first) > 0 && created(&second) > created(&first));
+        // An update keeps the time of creation.
+        let mut changed = entry("shop", "a");
+        if let RuleSpec::ServiceEntry(spec) = &mut changed.spec {
+            spec.hosts.push("payments".into());
+        }
+        let (_, updated, _) = store
+            .apply(&[changed], Source::Api)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(created(&updated), created(&first));
+        drop(store);
+        let (_, rules) = RuleStore::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let by_name: BTreeMap<String, Option<i64>> =
+            rules.into_iter().map(|r| (r.name, r.created)).collect();
+        assert_eq!(by_name["a"], Some(created(&first)));
+        assert_eq!(by_name["b"], Some(created(&second)));
     }
 }

@@ -128,8 +128,8 @@ fn rules<T>(state: &KindSnapshot, pick: impl Fn(&RuleSpec) -> Option<T>) -> Vec<
 
 /// The services registries report (Kubernetes, ZooKeeper), then the services the ServiceEntries
 /// declare, and the hosts declared twice (`namespace/name`, or a DNS name declared in any two
-/// namespaces -> the entries not served: a registry's service comes first, then entries in key
-/// order, which every replica agrees on).
+/// namespaces -> the entries not served: a registry's service comes first, then the oldest
+/// entry, by the creation time its store keeps, which every replica agrees on).
 pub fn services(
     registered: &KindSnapshot,
     entries: &KindSnapshot,
@@ -157,7 +157,12 @@ pub fn services(
             services.push(service.clone());
         }
     }
-    for (key, object) in &entries.objects {
+    // Oldest first, then by name and namespace (the key's order), as Istio orders services
+    // (`SortServicesByCreationTime`); an entry of unknown age after those of known age.
+    let mut oldest_first: Vec<(&String, &Arc<dubbo_cp_index::Object>)> =
+        entries.objects.iter().collect();
+    oldest_first.sort_by_key(|(_, object)| object.created.unwrap_or(i64::MAX));
+    for (key, object) in oldest_first {
         let (Resource::Rule(RuleSpec::ServiceEntry(entry)), Some((_, namespace))) =
             (&object.value, split_client_key(key))
         else {
@@ -394,7 +399,7 @@ fn report_shadowed(now: &BTreeMap<String, Vec<String>>, before: &BTreeMap<String
             tracing::warn!(
                 %host,
                 ignored = ?entries,
-                "a ServiceEntry host is declared by several entries; the first (by name) is served"
+                "a ServiceEntry host is declared by several entries; the oldest is served"
             );
         }
     }
@@ -414,7 +419,7 @@ mod tests {
     }
 
     #[test]
-    fn a_dns_name_declared_in_two_namespaces_is_served_from_the_first_entry_and_reported() {
+    fn a_dns_name_declared_in_two_namespaces_is_served_from_the_oldest_entry_and_reported() {
         let index = Index::new(1);
         let entry = |address: &str| {
             rule(
@@ -429,34 +434,55 @@ mod tests {
         index.apply(
             Kind::ServiceEntry,
             [
-                Change::Upsert("payments/billing".into(), entry("10.0.0.1")),
-                Change::Upsert("payments/shop".into(), entry("10.0.0.2")),
+                // shop's is older, although billing's comes first by name and namespace.
+                Change::Dated("payments/billing".into(), entry("10.0.0.1"), 2_000),
+                Change::Dated("payments/shop".into(), entry("10.0.0.2"), 1_000),
             ],
             2,
         );
-        let (served, shadowed) = services(
-            &index.current(Kind::Service),
-            &index.current(Kind::ServiceEntry),
-        );
-        let names: Vec<String> = served
-            .iter()
-            .map(|s| format!("{}/{} {}", s.namespace, s.name, s.endpoints[0].address))
-            .collect();
+        let served = |index: &Index| {
+            let (served, shadowed) = services(
+                &index.current(Kind::Service),
+                &index.current(Kind::ServiceEntry),
+            );
+            let names: Vec<String> = served
+                .iter()
+                .map(|s| format!("{}/{} {}", s.namespace, s.name, s.endpoints[0].address))
+                .collect();
+            (names, shadowed)
+        };
+        let (names, shadowed) = served(&index);
         // The short name is one service per namespace; the DNS name one for the whole mesh.
         assert_eq!(
             names,
             [
-                "billing/api.payments.internal 10.0.0.1",
-                "billing/payments 10.0.0.1",
+                "shop/api.payments.internal 10.0.0.2",
                 "shop/payments 10.0.0.2",
+                "billing/payments 10.0.0.1",
             ]
         );
         assert_eq!(
             shadowed,
             BTreeMap::from([(
                 "api.payments.internal".to_owned(),
-                vec!["payments/shop".to_owned()]
+                vec!["payments/billing".to_owned()]
             )])
+        );
+        // Same age: by name, then namespace (billing before shop); an entry of unknown age
+        // comes after both.
+        index.apply(
+            Kind::ServiceEntry,
+            [
+                Change::Dated("payments/shop".into(), entry("10.0.0.2"), 2_000),
+                Change::Upsert("payments/cart".into(), entry("10.0.0.3")),
+            ],
+            3,
+        );
+        let (names, shadowed) = served(&index);
+        assert_eq!(names[0], "billing/api.payments.internal 10.0.0.1");
+        assert_eq!(
+            shadowed["api.payments.internal"],
+            ["payments/shop", "payments/cart"]
         );
     }
 

@@ -14,7 +14,8 @@ use crate::rules::Rule;
 pub enum Read {
     /// The node is gone (or empty, for a rule).
     Absent,
-    Data(Vec<u8>),
+    /// What the node holds, and when it was created (its `ctime`, milliseconds since the epoch).
+    Data(Vec<u8>, i64),
     /// The node could not be read (its ACL, say): reported, and what it held is no longer served.
     Failed(String),
 }
@@ -66,13 +67,16 @@ impl State {
     /// Applies what `path` now holds; records its changes in `changes`.
     pub fn set(&mut self, path: &str, read: Read, changes: &mut Changes) {
         self.unreadable.remove(path);
-        let read = match read {
+        let (read, created) = match read {
             Read::Failed(why) => {
                 self.report(path, why);
-                None
+                (None, None)
             }
-            Read::Absent => None,
-            Read::Data(data) => Some(data),
+            Read::Absent => (None, None),
+            Read::Data(data, created) => (Some(data), Some(created)),
+        };
+        let dated = |rule: Result<Option<Rule>, String>| {
+            rule.map(|rule| rule.map(|rule| Rule { created, ..rule }))
         };
         match layout::classify(path) {
             Node::Mapping(key) => self.set_mapping(path, key, read, changes),
@@ -81,7 +85,7 @@ impl State {
                     None => Ok(None),
                     Some(data) => crate::body::decode_rule(&namespace, &name, &data),
                 };
-                self.set_rule(path, rule, changes);
+                self.set_rule(path, dated(rule), changes);
             }
             Node::Ours {
                 namespace,
@@ -95,7 +99,7 @@ impl State {
                         crate::body::decode_ours(&namespace, kind, &name, &data).map(Some)
                     }
                 };
-                self.set_rule(path, rule, changes);
+                self.set_rule(path, dated(rule), changes);
             }
             Node::Provider {
                 namespace,
@@ -421,9 +425,9 @@ mod tests {
         );
         let mut state = State::default();
         let mut changes = Changes::default();
-        state.set(shop, Read::Data(tag_route("shop")), &mut changes);
+        state.set(shop, Read::Data(tag_route("shop"), 1), &mut changes);
         // The same object (default/grey) at a second node: reported, not served.
-        state.set(cart, Read::Data(tag_route("cart")), &mut changes);
+        state.set(cart, Read::Data(tag_route("cart"), 2), &mut changes);
         assert_eq!(served_key(&state), ["shop"]);
         assert!(
             state.unreadable[cart].contains("already holds"),
@@ -434,6 +438,9 @@ mod tests {
         let mut changes = Changes::default();
         state.set(shop, Read::Absent, &mut changes);
         assert_eq!(served_key(&state), ["cart"]);
+        // Dated by its node's ctime, which orders ServiceEntries declaring one host.
+        let created: Vec<Option<i64>> = state.rules().map(|rule| rule.created).collect();
+        assert_eq!(created, [Some(2)]);
         assert!(state.unreadable.is_empty());
         assert!(
             changes.rules.iter().any(|(rule, _)| rule.is_some()),
@@ -454,7 +461,7 @@ mod tests {
         let path = "/dubbo/mapping/org.demo.Greeter";
         let mut state = State::default();
         let mut changes = Changes::default();
-        state.set(path, Read::Data(b"a,b".to_vec()), &mut changes);
+        state.set(path, Read::Data(b"a,b".to_vec(), 3), &mut changes);
         assert_eq!(
             state.mapping_node(&MappingKey::new("default", "org.demo.Greeter")),
             Some(&["a".to_owned(), "b".to_owned()][..])

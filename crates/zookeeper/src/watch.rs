@@ -393,7 +393,7 @@ async fn read_all(client: &Client, paths: Vec<String>) -> Result<Vec<(String, Re
     let reads: Vec<Result<(String, Read), Error>> = futures::stream::iter(paths)
         .map(|path| async move {
             let read = match client.get_data(&path).await {
-                Ok((data, _)) => Read::Data(data),
+                Ok((data, stat)) => Read::Data(data, stat.ctime),
                 Err(Error::NoNode) => Read::Absent,
                 Err(err) if !session_failed(&err) => Read::Failed(err.to_string()),
                 Err(err) => return Err(err),

@@ -179,6 +179,7 @@ fn parse_object(value: &Value, default_namespace: &str) -> Result<Rule, ObjectEr
         namespace: namespace.to_owned(),
         name: name.to_owned(),
         spec,
+        created: None,
     })
 }
 

@@ -78,6 +78,11 @@ pub struct Rule {
     pub namespace: String,
     pub name: String,
     pub spec: RuleSpec,
+    /// When its store created the object, in milliseconds since the Unix epoch (Kubernetes'
+    /// `creationTimestamp`, a ZooKeeper node's `ctime`, the rule table's `created`); `None` where
+    /// none is known (a manifest not yet stored). Two ServiceEntries declaring one host are
+    /// ordered by it, oldest first, as Istio orders them.
+    pub created: Option<i64>,
 }
 
 impl Rule {
