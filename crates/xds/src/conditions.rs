@@ -8,11 +8,15 @@
 //! `then` that leaves no endpoint is ignored unless the rule is `force`, and an empty (or
 //! `false`) `then` refuses matching calls.
 //!
+//! A service-scoped rule (its key an interface) applies to the calls of that interface (the
+//! path's service part), on the endpoints of the applications its ServiceNameMapping lists,
+//! before their application-scoped conditions.
+//!
 //! Not expressible, and reported: `when` keys an xDS route cannot see (`arguments[N]`, the
 //! consumer's host or URL parameters), `method!=...`, value ranges (`1~100`) and `$param`
-//! references, and service-scoped rules (clients ask for applications and interfaces, not
-//! service keys). Routes are first match, where Dubbo chains every condition a call matches: a
-//! call matching several gets the first one's subset (reported for rules of several conditions).
+//! references, and service keys with a group or version (endpoints carry neither). Routes are
+//! first match, where Dubbo chains every condition a call matches: a call matching several gets
+//! the first one's subset (reported for rules of several conditions).
 
 use dubbo_cp_domain::rules::{ConditionRouteSpec, MatchClause, parse_condition};
 use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
@@ -20,10 +24,9 @@ use dubbo_cp_domain::service::{ServiceEndpoint, ServicePort};
 /// Metadata keys with only `!=` values one condition may have (2^n routes).
 const MAX_EXCLUDING_KEYS: usize = 3;
 
-/// A ConditionRoute's translated conditions, in order.
+/// The translated conditions of the ConditionRoutes of one application, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Conditions {
-    pub force: bool,
     pub conditions: Vec<Condition>,
 }
 
@@ -36,6 +39,11 @@ pub struct Condition {
     pub headers: Vec<(String, Vec<String>, Vec<String>)>,
     /// What an endpoint must match; `None`: no endpoint (the call is refused).
     pub then: Option<Vec<MatchClause>>,
+    /// The rule's `force`: a `then` that leaves nobody refuses the call instead of being
+    /// ignored.
+    pub force: bool,
+    /// The interface a service-scoped rule is for: only its calls match.
+    pub service: Option<String>,
 }
 
 /// `consumer.` and `provider.` are dropped before matching, as Dubbo does.
@@ -59,13 +67,18 @@ fn unsupported_value(value: &str) -> Option<&'static str> {
 /// The rule's conditions clients can apply, and what is not translated (one message each).
 pub fn translate(spec: &ConditionRouteSpec) -> (Conditions, Vec<String>) {
     let mut problems = Vec::new();
-    if spec.scope != "application" {
-        problems.push(format!(
-            "scope {:?}: only application-scoped ConditionRoutes reach xDS clients",
-            spec.scope
-        ));
-        return (Conditions::default(), problems);
-    }
+    let service = match spec.scope.as_str() {
+        "application" => None,
+        _ if spec.key.contains(['/', ':']) => {
+            problems.push(format!(
+                "service key {:?}: a group or a version selects providers, and endpoints carry \
+                 neither",
+                spec.key
+            ));
+            return (Conditions::default(), problems);
+        }
+        _ => Some(spec.key.clone()),
+    };
     let mut conditions = Vec::new();
     for (i, text) in spec.conditions.iter().enumerate() {
         let Ok(parsed) = parse_condition(text) else {
@@ -73,7 +86,11 @@ pub fn translate(spec: &ConditionRouteSpec) -> (Conditions, Vec<String>) {
             continue;
         };
         match condition(&parsed.when, parsed.then) {
-            Ok(condition) => conditions.push(condition),
+            Ok(condition) => conditions.push(Condition {
+                force: spec.force,
+                service: service.clone(),
+                ..condition
+            }),
             Err(why) => problems.push(format!(
                 "conditions[{i}] is not applied by xDS clients: {why}"
             )),
@@ -86,13 +103,7 @@ pub fn translate(spec: &ConditionRouteSpec) -> (Conditions, Vec<String>) {
                 .to_owned(),
         );
     }
-    (
-        Conditions {
-            force: spec.force,
-            conditions,
-        },
-        problems,
-    )
+    (Conditions { conditions }, problems)
 }
 
 fn condition(when: &[MatchClause], then: Option<Vec<MatchClause>>) -> Result<Condition, String> {
@@ -145,6 +156,8 @@ fn condition(when: &[MatchClause], then: Option<Vec<MatchClause>>) -> Result<Con
         methods,
         headers,
         then,
+        force: false,
+        service: None,
     })
 }
 
@@ -208,9 +221,13 @@ mod tests {
     use super::*;
 
     fn spec(scope: &str, conditions: &[&str]) -> ConditionRouteSpec {
+        keyed(scope, "greeter", conditions)
+    }
+
+    fn keyed(scope: &str, key: &str, conditions: &[&str]) -> ConditionRouteSpec {
         serde_json::from_value(serde_json::json!({
-            "key": "greeter", "scope": scope, "configVersion": "v3.0",
-            "conditions": conditions,
+            "key": key, "scope": scope, "configVersion": "v3.0",
+            "conditions": conditions, "force": true,
         }))
         .unwrap_or_else(|e| panic!("{e}"))
     }
@@ -237,9 +254,29 @@ mod tests {
         assert!(problems[1].contains("method!="));
         assert!(problems[2].contains("ranges"));
         assert!(problems[3].contains("first match"));
-        let (none, problems) = translate(&spec("service", &["=> host=1.1.1.1"]));
-        assert!(none.conditions.is_empty());
-        assert!(problems[0].contains("application-scoped"), "{problems:?}");
+        assert!(
+            conditions
+                .conditions
+                .iter()
+                .all(|c| c.force && c.service.is_none())
+        );
+        // A service-scoped rule is for its interface's calls.
+        let (scoped, problems) = translate(&keyed(
+            "service",
+            "org.example.Greeter",
+            &["method=a => host=1.1.1.1"],
+        ));
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(
+            scoped.conditions[0].service.as_deref(),
+            Some("org.example.Greeter")
+        );
+        // A group or a version: refused, as endpoints carry neither.
+        for key in ["shop/org.example.Greeter", "org.example.Greeter:1.0.0"] {
+            let (none, problems) = translate(&keyed("service", key, &["=> host=1.1.1.1"]));
+            assert!(none.conditions.is_empty());
+            assert!(problems[0].contains("group or a version"), "{problems:?}");
+        }
     }
 
     #[test]

@@ -299,14 +299,20 @@ fn condition_routes(target: Target<'_>, tagging: &Tagging<'_>) -> Vec<Route> {
         .iter()
         .enumerate()
         .flat_map(|(i, condition)| {
-            let path = if condition.methods.is_empty() {
-                route_match::PathSpecifier::Prefix(String::new())
-            } else {
-                // gRPC paths are `/<package.Service>/<method>`.
-                route_match::PathSpecifier::SafeRegex(regex(format!(
-                    "/[^/]*/{}",
+            // gRPC paths are `/<package.Service>/<method>`.
+            let service = condition
+                .service
+                .as_deref()
+                .map_or_else(|| "[^/]*".to_owned(), crate::conditions::regex_escape);
+            let path = match (condition.methods.is_empty(), &condition.service) {
+                (true, None) => route_match::PathSpecifier::Prefix(String::new()),
+                (true, Some(_)) => {
+                    route_match::PathSpecifier::SafeRegex(regex(format!("/{service}/[^/]*")))
+                }
+                (false, _) => route_match::PathSpecifier::SafeRegex(regex(format!(
+                    "/{service}/{}",
                     alternatives(&condition.methods)
-                )))
+                ))),
             };
             // Each set of header matchers is one route. A metadata key with only `!=` values also
             // passes when the call does not send it (Dubbo compares nothing then), which a

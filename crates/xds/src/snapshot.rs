@@ -1,7 +1,7 @@
 //! What one version of the served state holds, and the resources of a type a stream's
 //! subscription selects from it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -68,7 +68,8 @@ pub struct Snapshot {
     by_host: Arc<HashMap<String, usize>>,
     /// Enabled TagRoutes by (namespace, application).
     tag_routes: Arc<HashMap<(String, String), TagRouteSpec>>,
-    /// Enabled application-scoped ConditionRoutes, translated, by (namespace, application).
+    /// Enabled ConditionRoutes, translated, by (namespace, application): the service-scoped ones
+    /// of the interfaces it serves, then its own.
     condition_routes: Arc<HashMap<(String, String), Conditions>>,
     /// (namespace, application) -> positions in `services`.
     by_application: Arc<HashMap<(String, String), Vec<usize>>>,
@@ -212,13 +213,16 @@ impl Snapshot {
     pub fn with_condition_routes(mut self, rules: Vec<(String, ConditionRouteSpec)>) -> Snapshot {
         // What was encoded before describes other state.
         self.forget_derived();
-        let mut by_key: HashMap<(String, String), (i32, Conditions)> = HashMap::new();
+        // Of several rules for one key, the highest `priority`; per scope, as their keys differ.
+        // Service-scoped keys (`false`) sort first, so they come first in each application's.
+        let mut by_key: BTreeMap<(bool, String, String), (i32, Conditions)> = BTreeMap::new();
         for (namespace, rule) in rules.into_iter().filter(|(_, rule)| rule.enabled) {
             let (conditions, _) = crate::conditions::translate(&rule);
             if conditions.conditions.is_empty() {
                 continue;
             }
-            let key = (namespace, rule.key.clone());
+            let application_scoped = rule.scope == "application";
+            let key = (application_scoped, namespace, rule.key.clone());
             if by_key
                 .get(&key)
                 .is_none_or(|(priority, _)| rule.priority > *priority)
@@ -226,7 +230,27 @@ impl Snapshot {
                 by_key.insert(key, (rule.priority, conditions));
             }
         }
-        self.condition_routes = Arc::new(by_key.into_iter().map(|(k, (_, c))| (k, c)).collect());
+        // Per application: the service-scoped rules of the interfaces it serves (by interface),
+        // then its own, as Dubbo routes a call by its service's rule before its application's.
+        let mut by_application: HashMap<(String, String), Conditions> = HashMap::new();
+        for ((application_scoped, namespace, key), (_, conditions)) in by_key {
+            let applications = match application_scoped {
+                true => vec![key],
+                false => self
+                    .mappings
+                    .get(&(namespace.clone(), key))
+                    .cloned()
+                    .unwrap_or_default(),
+            };
+            for application in applications {
+                by_application
+                    .entry((namespace.clone(), application))
+                    .or_default()
+                    .conditions
+                    .extend(conditions.conditions.iter().cloned());
+            }
+        }
+        self.condition_routes = Arc::new(by_application);
         self
     }
 

@@ -175,7 +175,7 @@ impl<'a> Tagging<'a> {
                 };
                 // Endpoints that take no traffic (weight 0, disabled) are no providers to Dubbo.
                 let selected = self.select(|e| e.weight > 0 && condition.selects(e, self.port));
-                let force = self.conditions.is_some_and(|c| c.force);
+                let force = condition.force;
                 // As Dubbo: a `then` that leaves nobody is ignored unless the rule is `force`;
                 // an empty `then` (`false`) refuses the call either way.
                 if selected.is_empty() && !force && condition.then.is_some() {

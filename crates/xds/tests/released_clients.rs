@@ -360,6 +360,59 @@ async fn a_condition_route_sends_matching_calls_to_the_endpoints_it_selects(kind
     drop(client.child.start_kill());
 }
 
+/// A service-scoped ConditionRoute applies to its interface's calls (the clients call
+/// `dubbo.test.Echo`) on the applications its mapping lists, before their own rules; one for
+/// another interface applies to none of them.
+async fn a_service_scoped_condition_route_applies_to_its_interfaces_calls(kind: Released) {
+    let (_a, port_a) = backend(kind, "a").await;
+    let (_b, port_b) = backend(kind, "b").await;
+    let server = support::Server::start().await;
+    let greeter = support::greeter("default", &[(port_a, 1), (port_b, 1)]);
+    let scoped = |interface: &str, port: u16| -> dubbo_cp_domain::rules::ConditionRouteSpec {
+        serde_json::from_value(serde_json::json!({
+            "key": interface, "scope": "service", "configVersion": "v3.0",
+            "conditions": [format!("method=Who => port={port}")],
+        }))
+        .unwrap()
+    };
+    let publish = |rules: Vec<dubbo_cp_domain::rules::ConditionRouteSpec>| {
+        let mappings = ["dubbo.test.Echo", "org.example.Other"]
+            .map(|interface| {
+                (
+                    "default".to_string(),
+                    interface.to_string(),
+                    vec!["greeter".to_string()],
+                )
+            })
+            .to_vec();
+        let rules = rules
+            .into_iter()
+            .map(|r| ("default".to_string(), r))
+            .collect();
+        server.publish_with(vec![greeter.clone()], |snapshot| {
+            snapshot
+                .with_mappings(mappings)
+                .with_condition_routes(rules)
+        })
+    };
+    let application = condition_route(false, &[format!("=> port={port_b}")]);
+    publish(vec![
+        scoped("org.example.Other", port_b),
+        scoped("dubbo.test.Echo", port_a),
+        application.clone(),
+    ]);
+    let mut client = client(kind, &server, "xds:///greeter:7070");
+    let counts = count(&mut client, 200).await;
+    assert_eq!(answers(&counts, "a"), 200, "{counts}");
+    // Without it, the other interface's rule matches no call: the application's decides.
+    let version = publish(vec![scoped("org.example.Other", port_a), application]);
+    server.acked(dubbo_cp_xds::ROUTE, &version).await;
+    settle(&mut client, "b", 1, "").await;
+    let counts = count(&mut client, 200).await;
+    assert_eq!(answers(&counts, "b"), 200, "{counts}");
+    drop(client.child.start_kill());
+}
+
 /// `callers 1000 3 x-user`: who answered each caller, every one of whose calls one backend
 /// answered.
 async fn callers(client: &mut Proc) -> serde_json::Value {
@@ -469,5 +522,6 @@ per_client!(
     tag_routes_hold_across_the_applications_of_an_interface,
     dynamic_config_weights_and_disabled_instances_move_traffic,
     a_condition_route_sends_matching_calls_to_the_endpoints_it_selects,
+    a_service_scoped_condition_route_applies_to_its_interfaces_calls,
     a_hash_header_keeps_each_caller_on_one_endpoint_as_weights_move,
 );

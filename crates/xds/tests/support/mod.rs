@@ -53,6 +53,18 @@ impl Server {
         version.to_string()
     }
 
+    /// Publishes `services` with what `rules` adds to the snapshot, as the next synced version.
+    pub fn publish_with(
+        &self,
+        services: Vec<Service>,
+        rules: impl FnOnce(Snapshot) -> Snapshot,
+    ) -> String {
+        let version = self.snapshots.borrow().version + 1;
+        self.snapshots
+            .send_replace(Arc::new(rules(Snapshot::new(version, services, true))));
+        version.to_string()
+    }
+
     /// Publishes `services` with TagRoutes (all in `default`) as the next synced version.
     pub fn publish_with_tags(
         &self,
