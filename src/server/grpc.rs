@@ -279,12 +279,8 @@ where
 
 /// The ADS service as served: requests as large as any gRPC port takes (a subscription of
 /// thousands of names), responses as large as a big mesh's clusters.
-fn xds_server(
-    ads: crate::xds::server::Ads,
-) -> crate::xds::AggregatedDiscoveryServiceServer<crate::xds::server::Ads> {
-    ads.into_service()
-        .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES)
-        .max_encoding_message_size(usize::MAX)
+fn xds_server(ads: crate::xds::server::Ads) -> crate::xds::service::AdsService {
+    ads.into_service(MAX_DECODING_MESSAGE_BYTES)
 }
 
 /// The xDS port (plain gRPC, Istio's 15010): ADS only, with the gRPC ports' connection settings.

@@ -35,6 +35,7 @@ pub mod overrides;
 pub mod protocol;
 pub mod security;
 pub mod server;
+pub mod service;
 pub mod snapshot;
 pub mod source;
 pub mod stats;

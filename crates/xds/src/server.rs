@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+    AggregatedDiscoveryService,
 };
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
@@ -135,8 +135,9 @@ impl Ads {
         self.clients.clone()
     }
 
-    pub fn into_service(self) -> AggregatedDiscoveryServiceServer<Ads> {
-        AggregatedDiscoveryServiceServer::new(self)
+    /// The gRPC service, decoding requests of at most `max_message` bytes.
+    pub fn into_service(self, max_message: usize) -> crate::service::AdsService {
+        crate::service::AdsService::new(self, max_message)
     }
 }
 
