@@ -28,8 +28,8 @@ pub struct Acks {
     pub changed: Notify,
     /// The run is over: streams ending now end because the server goes.
     pub finished: AtomicBool,
-    /// Stream failures by gRPC code.
-    pub errors: Mutex<BTreeMap<String, usize>>,
+    /// Stream failures by gRPC code, with the first message of each.
+    pub errors: Mutex<BTreeMap<String, (usize, String)>>,
 }
 
 impl Acks {
@@ -38,7 +38,10 @@ impl Acks {
             .errors
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *errors.entry(format!("{:?}", status.code())).or_default() += 1;
+        let entry = errors
+            .entry(format!("{:?}", status.code()))
+            .or_insert_with(|| (0, status.message().chars().take(160).collect()));
+        entry.0 += 1;
     }
 
     fn acked_endpoints(&self, state: &mut StreamState) {
@@ -60,7 +63,7 @@ impl Acks {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let text: Vec<String> = errors
             .iter()
-            .map(|(code, n)| format!("{code}={n}"))
+            .map(|(code, (n, first))| format!("{code}={n} ({first:?})"))
             .collect();
         if text.is_empty() {
             "none".to_owned()
