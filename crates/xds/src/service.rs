@@ -28,8 +28,10 @@ pub const BUFFER: usize = 1024;
 /// Encoded responses are handed to HTTP/2 once this much is waiting (tonic's default).
 const YIELD_THRESHOLD: usize = 32 * 1024;
 
-const SOTW_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
-const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+const SOTW_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+const DELTA_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
 /// Prost's encoding with [`BUFFER`]-byte buffers.
 struct SmallBuffers<T, U>(std::marker::PhantomData<(T, U)>);
@@ -129,14 +131,17 @@ where
         let (ads, max) = (self.ads.clone(), Some(self.max_message));
         match request.uri().path() {
             SOTW_PATH => Box::pin(async move {
-                let mut grpc = Grpc::new(SmallBuffers::<DiscoveryResponse, DiscoveryRequest>::default())
-                    .apply_max_message_size_config(max, None);
+                let mut grpc =
+                    Grpc::new(SmallBuffers::<DiscoveryResponse, DiscoveryRequest>::default())
+                        .apply_max_message_size_config(max, None);
                 Ok(grpc.streaming(Sotw(ads), request).await)
             }),
             DELTA_PATH => Box::pin(async move {
-                let mut grpc =
-                    Grpc::new(SmallBuffers::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::default())
-                        .apply_max_message_size_config(max, None);
+                let mut grpc = Grpc::new(SmallBuffers::<
+                    DeltaDiscoveryResponse,
+                    DeltaDiscoveryRequest,
+                >::default())
+                .apply_max_message_size_config(max, None);
                 Ok(grpc.streaming(Delta(ads), request).await)
             }),
             _ => Box::pin(async move { Ok(Status::unimplemented("").into_http()) }),
