@@ -106,7 +106,9 @@ pub async fn run(
             event = pods.next() => match event {
                 Some(Ok(event)) => {
                     if !on_pod(&mut state, event) {
-                        // A pod whose labels did not change changes no endpoint.
+                        // A pod whose labels did not change changes no endpoint; its event
+                        // still says the pod watch runs again.
+                        clear_recovered(&index, &state);
                         continue;
                     }
                 }
@@ -119,9 +121,7 @@ pub async fn run(
                 continue;
             }
         }
-        if state.condition.is_none() && index.set_condition(Kind::Service, None) {
-            tracing::info!("the watches of Services, EndpointSlices and pods run again");
-        }
+        clear_recovered(&index, &state);
         publish_at.get_or_insert_with(|| Instant::now() + COALESCE);
     }
 }
@@ -135,6 +135,13 @@ fn recovered(state: &mut State, what: &str) {
         .is_some_and(|condition| condition.starts_with(&format!("{what}: ")))
     {
         state.condition = None;
+    }
+}
+
+/// Clears the kind's condition once no watch is failing any more.
+fn clear_recovered(index: &Index, state: &State) {
+    if state.condition.is_none() && index.set_condition(Kind::Service, None) {
+        tracing::info!("the watches of Services, EndpointSlices and pods run again");
     }
 }
 

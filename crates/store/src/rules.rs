@@ -154,7 +154,10 @@ impl RuleStore {
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let mut report = Report::default();
         let mut changes = Vec::new();
+        // The newest `created` of the table, once read.
+        let mut newest_created: Option<i64> = None;
         for rule in rules {
+            let newest = newest_created;
             let key = key_of(rule);
             let spec = rule.spec.to_json().to_string();
             let stored: Option<(String, String, i64)> = tx
@@ -171,11 +174,18 @@ impl RuleStore {
             let created = match &stored {
                 Some((_, _, created)) => *created,
                 None => {
-                    let newest: i64 =
-                        tx.query_row("SELECT COALESCE(MAX(created), 0) FROM rule", [], |row| {
-                            row.get(0)
-                        })?;
-                    now_millis().max(newest.saturating_add(1))
+                    // Read once per transaction (no index on the column), then counted on.
+                    let newest = match newest {
+                        Some(newest) => newest,
+                        None => {
+                            tx.query_row("SELECT COALESCE(MAX(created), 0) FROM rule", [], |row| {
+                                row.get::<_, i64>(0)
+                            })?
+                        }
+                    };
+                    let created = now_millis().max(newest.saturating_add(1));
+                    newest_created = Some(created);
+                    created
                 }
             };
             let stored_rule = Rule {

@@ -34,23 +34,7 @@ pub fn build(index: &Index, version: u64, settings: &Settings) -> Snapshot {
     let synced = KINDS.iter().all(|kind| index.is_kind_loaded(*kind));
     let state = |kind| index.current(kind);
     let (services, _) = services(&state(Kind::Service), &state(Kind::ServiceEntry));
-    let mut mappings = Vec::new();
-    for (key, object) in &state(Kind::ServiceNameMapping).objects {
-        if let (
-            Resource::Mapping {
-                interface,
-                applications,
-            },
-            Some((_, namespace)),
-        ) = (&object.value, split_client_key(key))
-        {
-            mappings.push((
-                namespace.to_owned(),
-                interface.clone(),
-                applications.clone(),
-            ));
-        }
-    }
+    let mappings = mappings(&state(Kind::ServiceNameMapping));
     let tag_routes: Vec<(String, TagRouteSpec)> =
         rules(&state(Kind::TagRoute), |spec| match spec {
             RuleSpec::TagRoute(spec) => Some(spec.clone()),
@@ -83,6 +67,30 @@ pub fn build(index: &Index, version: u64, settings: &Settings) -> Snapshot {
         .with_tag_routes(tag_routes)
         .with_condition_routes(conditions)
         .with_policies(policies)
+}
+
+/// `(namespace, interface, applications)` of every ServiceNameMapping.
+fn mappings(state: &KindSnapshot) -> Vec<(String, String, Vec<String>)> {
+    state
+        .objects
+        .iter()
+        .filter_map(
+            |(key, object)| match (&object.value, split_client_key(key)) {
+                (
+                    Resource::Mapping {
+                        interface,
+                        applications,
+                    },
+                    Some((_, namespace)),
+                ) => Some((
+                    namespace.to_owned(),
+                    interface.clone(),
+                    applications.clone(),
+                )),
+                _ => None,
+            },
+        )
+        .collect()
 }
 
 /// Every rule of one kind with its name and namespace, in (namespace, name) order.
@@ -224,6 +232,7 @@ pub async fn run(
         let mut untranslated = untranslated(
             &index.current(Kind::ConditionRoute),
             &index.current(Kind::TagRoute),
+            &index.current(Kind::ServiceNameMapping),
         );
         untranslated.extend(untranslated_configs(&index.current(Kind::DynamicConfig)));
         report_untranslated(&untranslated, &untranslated_before);
@@ -270,14 +279,23 @@ fn unix_millis() -> u64 {
         .unwrap_or(0)
 }
 
-/// `ConditionRoute <name>/<namespace>` -> what clients do not apply of it, given the TagRoutes.
-fn untranslated(state: &KindSnapshot, tags: &KindSnapshot) -> BTreeMap<String, Vec<String>> {
+/// `ConditionRoute <name>/<namespace>` -> what clients do not apply of it, given the TagRoutes
+/// and (for service-scoped rules) the ServiceNameMappings.
+fn untranslated(
+    state: &KindSnapshot,
+    tags: &KindSnapshot,
+    mapped: &KindSnapshot,
+) -> BTreeMap<String, Vec<String>> {
     let tagged: std::collections::BTreeSet<(String, String)> = rules(tags, |spec| match spec {
         RuleSpec::TagRoute(spec) if spec.enabled => Some(spec.key.clone()),
         _ => None,
     })
     .into_iter()
     .collect();
+    let mappings: std::collections::HashMap<(String, String), Vec<String>> = mappings(mapped)
+        .into_iter()
+        .map(|(namespace, interface, applications)| ((namespace, interface), applications))
+        .collect();
     state
         .objects
         .iter()
@@ -285,8 +303,24 @@ fn untranslated(state: &KindSnapshot, tags: &KindSnapshot) -> BTreeMap<String, V
             Resource::Rule(RuleSpec::ConditionRoute(spec)) if spec.enabled => {
                 let (conditions, mut problems) = crate::conditions::translate(spec);
                 let namespace = split_client_key(key).map(|(_, ns)| ns.to_owned())?;
-                if !conditions.conditions.is_empty()
-                    && tagged.contains(&(namespace, spec.key.clone()))
+                if conditions.conditions.is_empty() {
+                    return (!problems.is_empty())
+                        .then(|| (format!("ConditionRoute {key}"), problems));
+                }
+                let applications = match spec.scope.as_str() {
+                    "application" => vec![spec.key.clone()],
+                    _ => {
+                        let applications = mappings
+                            .get(&(namespace.clone(), spec.key.clone()))
+                            .cloned()
+                            .unwrap_or_default();
+                        problems.extend(service_scope_problems(&spec.key, &applications));
+                        applications
+                    }
+                };
+                if applications
+                    .iter()
+                    .any(|app| tagged.contains(&(namespace.clone(), app.clone())))
                 {
                     problems.push(
                         "its application has a TagRoute too: calls a condition matches go to its \
@@ -299,6 +333,23 @@ fn untranslated(state: &KindSnapshot, tags: &KindSnapshot) -> BTreeMap<String, V
             _ => None,
         })
         .collect()
+}
+
+/// What keeps a service-scoped ConditionRoute on `interface` (served by `applications`) from
+/// the calls it is for.
+fn service_scope_problems(interface: &str, applications: &[String]) -> Option<String> {
+    match applications.len() {
+        0 => Some(format!(
+            "no ServiceNameMapping of its namespace lists an application serving {interface}: \
+             it applies to no endpoint until one does"
+        )),
+        1 => None,
+        n => Some(format!(
+            "{interface} is served by {n} applications: a client asking for the interface gets \
+             a route over all of them, where ConditionRoutes are not applied (a client asking \
+             for one application's name applies it)"
+        )),
+    }
 }
 
 /// `DynamicConfig <name>/<namespace>` -> what xDS clients do not apply of it.
@@ -555,8 +606,60 @@ mod tests {
         let reported = untranslated(
             &index.current(Kind::ConditionRoute),
             &index.current(Kind::TagRoute),
+            &index.current(Kind::ServiceNameMapping),
         );
         assert!(reported.is_empty(), "{reported:?}");
+    }
+
+    #[test]
+    fn a_service_scoped_condition_route_clients_cannot_apply_is_reported() {
+        let index = Index::new(1);
+        let scoped = |interface: &str| {
+            rule(
+                Kind::ConditionRoute,
+                serde_json::json!({
+                    "key": interface, "scope": "service", "configVersion": "v3.0",
+                    "conditions": ["method=a => host=10.0.0.1"],
+                }),
+            )
+        };
+        index.apply(
+            Kind::ConditionRoute,
+            [
+                Change::Upsert("one/shop".into(), scoped("org.example.One")),
+                Change::Upsert("two/shop".into(), scoped("org.example.Two")),
+                Change::Upsert("none/shop".into(), scoped("org.example.None")),
+            ],
+            2,
+        );
+        index.apply(
+            Kind::ServiceNameMapping,
+            [
+                Change::Upsert(
+                    "one/shop".into(),
+                    Resource::mapping("org.example.One", ["greeter".to_owned()]),
+                ),
+                Change::Upsert(
+                    "two/shop".into(),
+                    Resource::mapping(
+                        "org.example.Two",
+                        ["greeter".to_owned(), "billing".to_owned()],
+                    ),
+                ),
+            ],
+            3,
+        );
+        let reported = untranslated(
+            &index.current(Kind::ConditionRoute),
+            &index.current(Kind::TagRoute),
+            &index.current(Kind::ServiceNameMapping),
+        );
+        assert_eq!(
+            reported.keys().collect::<Vec<_>>(),
+            ["ConditionRoute none/shop", "ConditionRoute two/shop"]
+        );
+        assert!(reported["ConditionRoute none/shop"][0].contains("no ServiceNameMapping"));
+        assert!(reported["ConditionRoute two/shop"][0].contains("2 applications"));
     }
 
     #[test]

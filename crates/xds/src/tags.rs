@@ -215,8 +215,9 @@ impl<'a> Tagging<'a> {
     /// The endpoints a request tagged `tag` may reach before any fallback, and whether the rule
     /// forbids the fallback (`force` with the tag's addresses given).
     fn only(&self, tag: &str) -> (Vec<&'a ServiceEndpoint>, bool) {
+        // Disabled endpoints (weight 0) are no providers to Dubbo: a tag of only those has none.
         if let Some(rule_tag) = self.rule_tag(tag) {
-            let found = self.select(|e| self.takes(rule_tag, e));
+            let found = self.select(|e| e.weight > 0 && self.takes(rule_tag, e));
             let force = self.rule.is_some_and(|r| r.force);
             if !found.is_empty() || force {
                 return (found, force);
@@ -224,7 +225,10 @@ impl<'a> Tagging<'a> {
             // Listed addresses that are all gone, without force: fall back, as Dubbo does.
             return (found, false);
         }
-        (self.select(|e| static_tag(e) == Some(tag)), false)
+        (
+            self.select(|e| e.weight > 0 && static_tag(e) == Some(tag)),
+            false,
+        )
     }
 
     /// Whether routes of this tagging name `subset`: it applies, and the subset is untagged calls,

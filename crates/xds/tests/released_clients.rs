@@ -362,7 +362,7 @@ async fn a_condition_route_sends_matching_calls_to_the_endpoints_it_selects(kind
 
 /// A service-scoped ConditionRoute applies to its interface's calls (the clients call
 /// `dubbo.test.Echo`) on the applications its mapping lists, before their own rules; one for
-/// another interface applies to none of them.
+/// another interface (which comes first: it sorts first) applies to none of them.
 async fn a_service_scoped_condition_route_applies_to_its_interfaces_calls(kind: Released) {
     let (_a, port_a) = backend(kind, "a").await;
     let (_b, port_b) = backend(kind, "b").await;
@@ -376,7 +376,7 @@ async fn a_service_scoped_condition_route_applies_to_its_interfaces_calls(kind: 
         .unwrap()
     };
     let publish = |rules: Vec<dubbo_cp_domain::rules::ConditionRouteSpec>| {
-        let mappings = ["dubbo.test.Echo", "org.example.Other"]
+        let mappings = ["dubbo.test.Echo", "a.example.Other"]
             .map(|interface| {
                 (
                     "default".to_string(),
@@ -397,7 +397,7 @@ async fn a_service_scoped_condition_route_applies_to_its_interfaces_calls(kind: 
     };
     let application = condition_route(false, &[format!("=> port={port_b}")]);
     publish(vec![
-        scoped("org.example.Other", port_b),
+        scoped("a.example.Other", port_b),
         scoped("dubbo.test.Echo", port_a),
         application.clone(),
     ]);
@@ -405,7 +405,7 @@ async fn a_service_scoped_condition_route_applies_to_its_interfaces_calls(kind: 
     let counts = count(&mut client, 200).await;
     assert_eq!(answers(&counts, "a"), 200, "{counts}");
     // Without it, the other interface's rule matches no call: the application's decides.
-    let version = publish(vec![scoped("org.example.Other", port_a), application]);
+    let version = publish(vec![scoped("a.example.Other", port_a), application]);
     server.acked(dubbo_cp_xds::ROUTE, &version).await;
     settle(&mut client, "b", 1, "").await;
     let counts = count(&mut client, 200).await;

@@ -231,15 +231,15 @@ async fn flush(
 }
 
 /// Providers as the index's services (the index keeps those that did not change as they were).
+/// Of two applications whose names make one service name, the first keeps it, as before the
+/// kind existed.
 fn publish_services(sinks: &Sinks, state: &State) {
-    let services = state
-        .services()
-        .into_iter()
-        .map(|service| {
-            let key = client_key(&service.name, &service.namespace);
-            (key, Resource::Service(service))
-        })
-        .collect();
+    let mut services = std::collections::BTreeMap::new();
+    for service in state.services() {
+        services
+            .entry(client_key(&service.name, &service.namespace))
+            .or_insert(Resource::Service(service));
+    }
     sinks.index.reset(Kind::Service, services, 0);
 }
 

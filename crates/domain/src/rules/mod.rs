@@ -156,7 +156,8 @@ impl RuleSpec {
             Kind::Service => {
                 return Err(FieldError::new(
                     "kind",
-                    "Service is not a rule kind: services come from Kubernetes or ZooKeeper;                      declare one with a ServiceEntry",
+                    "Service is not a rule kind: services come from Kubernetes or ZooKeeper; \
+                     declare one with a ServiceEntry",
                 ));
             }
         };

@@ -303,3 +303,36 @@ fn a_conditions_subset_has_one_name() {
         assert_eq!(Subset::parse(other), None, "{other}");
     }
 }
+
+#[test]
+fn a_tag_whose_endpoints_are_all_disabled_falls_back_as_one_with_none() {
+    // 10.0.0.2 is listed for gray and 10.0.0.3 statically blue, both disabled (weight 0):
+    // Dubbo sees no provider of either tag.
+    let mut endpoints = [
+        endpoint(1, None),
+        endpoint(2, None),
+        endpoint(3, Some("blue")),
+    ];
+    endpoints[1].weight = 0;
+    endpoints[2].weight = 0;
+    let port = port();
+    let gray = rule(false, &[("gray", &["10.0.0.2"])]);
+    let tagging = Tagging {
+        endpoints: &endpoints,
+        port: &port,
+        rule: Some(&gray),
+        conditions: None,
+    };
+    assert_eq!(picked(&tagging, Subset::Tagged("gray".into())), [1]);
+    assert_eq!(picked(&tagging, Subset::Tagged("blue".into())), [1]);
+    assert!(picked(&tagging, Subset::Forced("gray".into())).is_empty());
+    assert!(!tagging.forbids_fallback("gray"));
+    // With force, the rule's tag does not fall back.
+    let forced = rule(true, &[("gray", &["10.0.0.2"])]);
+    let tagging = Tagging {
+        rule: Some(&forced),
+        ..tagging
+    };
+    assert!(tagging.forbids_fallback("gray"));
+    assert!(picked(&tagging, Subset::Tagged("gray".into())).is_empty());
+}
