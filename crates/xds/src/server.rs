@@ -17,7 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::CLUSTER;
-use crate::clients::{ClientStatus, Clients, ServerView};
+use crate::clients::{Clients, ServerView, TypeStatus};
 use crate::delta::DeltaStream;
 use crate::protocol::{Refused, Selected, Stream, Verdict};
 use crate::snapshot::{Snapshot, resources};
@@ -223,8 +223,8 @@ trait AdsStream: Default + Send + 'static {
         resources: Selected,
         force: bool,
     ) -> Option<Self::Response>;
-    /// `status` brought up to date in place (see [`ClientStatus::refresh`]).
-    fn refresh_status(&self, status: &mut ClientStatus, namespace: &str, seen: Option<u64>);
+    /// Each subscribed type's status, for the stream's entry in [`Clients`].
+    fn statuses(&self) -> Vec<(&'static str, TypeStatus)>;
 }
 
 impl AdsStream for Stream {
@@ -260,8 +260,8 @@ impl AdsStream for Stream {
     ) -> Option<DiscoveryResponse> {
         Stream::respond(self, type_url, version, resources, force)
     }
-    fn refresh_status(&self, status: &mut ClientStatus, namespace: &str, seen: Option<u64>) {
-        status.refresh(self.node(), namespace, seen, self.type_statuses());
+    fn statuses(&self) -> Vec<(&'static str, TypeStatus)> {
+        self.type_statuses().collect()
     }
 }
 
@@ -298,8 +298,8 @@ impl AdsStream for DeltaStream {
     ) -> Option<DeltaDiscoveryResponse> {
         DeltaStream::respond(self, type_url, version, resources, force)
     }
-    fn refresh_status(&self, status: &mut ClientStatus, namespace: &str, seen: Option<u64>) {
-        status.refresh(self.node(), namespace, seen, self.type_statuses());
+    fn statuses(&self) -> Vec<(&'static str, TypeStatus)> {
+        self.type_statuses().collect()
     }
 }
 
@@ -368,8 +368,10 @@ impl Registered {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
+        // Built before the lock every stream's update takes, which then only moves them in.
+        let types = stream.statuses();
         self.clients.update_status(self.id, |status| {
-            stream.refresh_status(status, &namespace, seen);
+            status.refresh(stream.node(), &namespace, seen, types.into_iter());
             status.servers = servers;
         });
     }

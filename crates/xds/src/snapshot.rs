@@ -544,20 +544,28 @@ pub fn resources(
     state: &TypeState,
     client_namespace: &str,
 ) -> crate::protocol::Selected {
-    let mut names: BTreeSet<String> = state.names.clone();
-    if state.wildcard {
-        let targets = every_target(snapshot.services());
-        match type_url {
-            LISTENER => names.extend(targets.map(|(name, _)| name)),
-            CLUSTER => names.extend(targets.map(|(_, target)| generate::cluster_name(target))),
-            _ => {}
+    // Every stream runs this for every type on every version: the names it holds are read in
+    // place, and only a wildcard's (every service) are built.
+    let every: BTreeSet<String>;
+    let names = match state.wildcard {
+        false => &state.names,
+        true => {
+            let targets = every_target(snapshot.services());
+            let mut names = state.names.clone();
+            match type_url {
+                LISTENER => names.extend(targets.map(|(name, _)| name)),
+                CLUSTER => names.extend(targets.map(|(_, target)| generate::cluster_name(target))),
+                _ => {}
+            }
+            every = names;
+            &every
         }
-    }
+    };
     // A server listens on a few ports: names beyond that are made up, and would grow the
     // version's caches.
     let mut servers = 0usize;
     names
-        .into_iter()
+        .iter()
         .filter(|name| {
             if type_url != LISTENER || !name.starts_with(SERVER_LISTENER_PREFIX) {
                 return true;
@@ -566,8 +574,8 @@ pub fn resources(
             servers <= MAX_SERVER_LISTENERS
         })
         .filter_map(|name| {
-            let any = snapshot.encoded(type_url, &name, client_namespace)?;
-            Some((name, any))
+            let any = snapshot.encoded(type_url, name, client_namespace)?;
+            Some((name.clone(), any))
         })
         .collect()
 }
