@@ -280,7 +280,7 @@ where
 /// The ADS service as served: requests as large as any gRPC port takes (a subscription of
 /// thousands of names), responses as large as a big mesh's clusters.
 fn xds_server(ads: crate::xds::server::Ads) -> crate::xds::service::AdsService {
-    ads.into_service(MAX_DECODING_MESSAGE_BYTES)
+    crate::xds::service::AdsService::new(ads, MAX_DECODING_MESSAGE_BYTES)
 }
 
 /// The xDS port (plain gRPC, Istio's 15010): ADS only, with the gRPC ports' connection settings.

@@ -132,11 +132,6 @@ impl Ads {
     pub fn clients(&self) -> Arc<Clients> {
         self.clients.clone()
     }
-
-    /// The gRPC service, decoding requests of at most `max_message` bytes.
-    pub fn into_service(self, max_message: usize) -> crate::service::AdsService {
-        crate::service::AdsService::new(self, max_message)
-    }
 }
 
 /// The client's namespace: its node metadata `NAMESPACE` (as Istio's bootstrap has it), else

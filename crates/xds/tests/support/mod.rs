@@ -34,7 +34,7 @@ impl Server {
         let stats = ads.stats();
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(ads.into_service(4 * 1024 * 1024))
+                .add_service(dubbo_cp_xds::service::AdsService::new(ads, 4 * 1024 * 1024))
                 .serve_with_incoming(incoming),
         );
         Server {
