@@ -163,6 +163,11 @@ fn publish(index: &Index, state: &State) {
 }
 
 fn failed(state: &mut State, index: &Index, what: &str, err: &watcher::Error) {
+    if matches!(err, watcher::Error::WatchError(status) if status.code == 410) {
+        // Too old a resourceVersion: the watcher lists again, nothing is wrong.
+        tracing::debug!(watch = what, "watch expired; listing again");
+        return;
+    }
     // kube's backoff retries; the last good state keeps being served meanwhile.
     let condition = format!("{what}: {err}");
     if state.condition.as_deref() != Some(condition.as_str()) {
@@ -476,6 +481,30 @@ mod tests {
         }))
         .unwrap_or_else(|e| panic!("{e}"));
         watcher::Error::InitialListFailed(kube::Error::Api(Box::new(status)))
+    }
+
+    #[test]
+    fn an_expired_watch_is_no_failure() {
+        let index = Index::new(1);
+        let mut state = State::default();
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 410, "reason": "Expired",
+            "message": "too old resource version",
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        failed(
+            &mut state,
+            &index,
+            "EndpointSlices",
+            &watcher::Error::WatchError(Box::new(status)),
+        );
+        assert!(state.condition.is_none());
+        assert!(
+            index
+                .sources()
+                .iter()
+                .all(|(_, _, condition)| condition.is_none())
+        );
     }
 
     #[test]
