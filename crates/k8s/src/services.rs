@@ -163,8 +163,7 @@ fn publish(index: &Index, state: &State) {
 }
 
 fn failed(state: &mut State, index: &Index, what: &str, err: &watcher::Error) {
-    if matches!(err, watcher::Error::WatchError(status) if status.code == 410) {
-        // Too old a resourceVersion: the watcher lists again, nothing is wrong.
+    if crate::watch::expired(err) {
         tracing::debug!(watch = what, "watch expired; listing again");
         return;
     }

@@ -72,6 +72,11 @@ pub(crate) fn describe(err: &watcher::Error) -> String {
     }
 }
 
+/// Too old a resourceVersion (410 Gone in a watch): the watcher lists again, nothing is wrong.
+pub(crate) fn expired(err: &watcher::Error) -> bool {
+    matches!(err, watcher::Error::WatchError(status) if status.code == 410)
+}
+
 /// The HTTP status the API server answered, when the error is one.
 pub(crate) fn error_code(err: &watcher::Error) -> Option<u16> {
     match err {
@@ -332,7 +337,7 @@ async fn watch_events<K: WatchedKind>(
                     changes: BTreeMap::new(),
                 }
             }
-            Some(Err(watcher::Error::WatchError(status))) if status.code == 410 => {
+            Some(Err(err)) if expired(&err) => {
                 // Too old a resourceVersion: the watcher lists again, nothing is wrong.
                 tracing::debug!(kind = k.name(), %crd, "watch expired; listing again");
                 quiet_until = None;

@@ -211,6 +211,7 @@ pub async fn run(
     let mut untranslated_before = BTreeMap::new();
     let mut unenforced_before = BTreeMap::new();
     let mut policies_before = None;
+    let mut rules_before = None;
     loop {
         for watch in &mut watches {
             watch.borrow_and_update();
@@ -229,14 +230,25 @@ pub async fn run(
         );
         report_shadowed(&shadowed, &shadowed_before);
         shadowed_before = shadowed;
-        let mut untranslated = untranslated(
-            &index.current(Kind::ConditionRoute),
-            &index.current(Kind::TagRoute),
-            &index.current(Kind::ServiceNameMapping),
-        );
-        untranslated.extend(untranslated_configs(&index.current(Kind::DynamicConfig)));
-        report_untranslated(&untranslated, &untranslated_before);
-        untranslated_before = untranslated;
+        // Translated again only when a rule or a mapping changed, not at every endpoint change.
+        let rules_now = [
+            Kind::ConditionRoute,
+            Kind::TagRoute,
+            Kind::ServiceNameMapping,
+            Kind::DynamicConfig,
+        ]
+        .map(|kind| index.current(kind).revision);
+        if rules_before != Some(rules_now) {
+            let mut untranslated = untranslated(
+                &index.current(Kind::ConditionRoute),
+                &index.current(Kind::TagRoute),
+                &index.current(Kind::ServiceNameMapping),
+            );
+            untranslated.extend(untranslated_configs(&index.current(Kind::DynamicConfig)));
+            report_untranslated(&untranslated, &untranslated_before);
+            untranslated_before = untranslated;
+            rules_before = Some(rules_now);
+        }
         // Translated again only when a policy changed, not at every burst of registrations.
         let policies = (
             index.current(Kind::AuthorizationPolicy).revision,
@@ -292,10 +304,16 @@ fn untranslated(
     })
     .into_iter()
     .collect();
-    let mappings: std::collections::HashMap<(String, String), Vec<String>> = mappings(mapped)
-        .into_iter()
-        .map(|(namespace, interface, applications)| ((namespace, interface), applications))
-        .collect();
+    // Read only if some rule is service-scoped: mappings are the largest kind.
+    let mappings = std::cell::OnceCell::new();
+    let mappings = || {
+        mappings.get_or_init(|| {
+            self::mappings(mapped)
+                .into_iter()
+                .map(|(namespace, interface, applications)| ((namespace, interface), applications))
+                .collect::<std::collections::HashMap<(String, String), Vec<String>>>()
+        })
+    };
     state
         .objects
         .iter()
@@ -310,7 +328,7 @@ fn untranslated(
                 let applications = match spec.scope.as_str() {
                     "application" => vec![spec.key.clone()],
                     _ => {
-                        let applications = mappings
+                        let applications = mappings()
                             .get(&(namespace.clone(), spec.key.clone()))
                             .cloned()
                             .unwrap_or_default();
