@@ -4,7 +4,9 @@ use clap::Parser;
 // allocates and frees small objects across threads (h2 frames, strings, BTreeMap nodes), and
 // glibc's malloc, free and consolidation were ~13 % of the server's samples. SQLite keeps
 // calling libc's malloc. Only this binary: the benchmark's bare-tonic ceiling keeps the system
-// allocator. BENCHMARKS.md has the before/after.
+// allocator. BENCHMARKS.md has the before/after. `--cfg system_allocator` keeps glibc's, which
+// heap profilers see.
+#[cfg(not(system_allocator))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
