@@ -2,6 +2,7 @@
 //! current [`Snapshot`], answering requests and pushing every version that changes what the
 //! stream subscribed to, types in push order.
 
+use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -10,18 +11,18 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
-use envoy_types::pb::google::protobuf::value;
+use envoy_types::pb::google::protobuf::{Any, value};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::CLUSTER;
 use crate::clients::{Clients, ServerView, TypeStatus};
 use crate::delta::DeltaStream;
 use crate::protocol::{Refused, Selected, Stream, Verdict};
-use crate::snapshot::{Snapshot, resources};
+use crate::snapshot::{Changes, Snapshot, cluster_resource, select};
 use crate::stats::{TypeLabel, XdsStats};
+use crate::{CLUSTER, ENDPOINT};
 
 /// Responses one stream may have queued; a client that reads none of them holds only these.
 const STREAM_QUEUE: usize = 8;
@@ -124,7 +125,6 @@ impl Ads {
             clients: self.clients.clone(),
             stats: self.stats.clone(),
             identity_namespace,
-            servers: std::sync::Mutex::default(),
         })
     }
 
@@ -209,7 +209,13 @@ trait AdsStream: Default + Send + 'static {
     /// The types the client subscribed to, in push order.
     fn types(&self) -> Vec<&'static str>;
     /// The resources of `type_url` the subscription selects from `snapshot`.
-    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Selected;
+    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Selected {
+        self.names(type_url)
+            .map(|(names, wildcard)| select(snapshot, type_url, names, wildcard, namespace))
+            .unwrap_or_default()
+    }
+    /// What the client was sent of resource `name` of `type_url`.
+    fn held(&self, type_url: &str, name: &str) -> Option<Arc<Any>>;
     fn would_remove(&self, type_url: &str, resources: &Selected) -> bool;
     fn respond(
         &mut self,
@@ -220,6 +226,42 @@ trait AdsStream: Default + Send + 'static {
     ) -> Option<Self::Response>;
     /// Each subscribed type's status, for the stream's entry in [`Clients`].
     fn statuses(&self) -> Vec<(&'static str, TypeStatus)>;
+    /// The names subscribed to of `type_url`, and whether it is a wildcard subscription.
+    fn names(&self, type_url: &str) -> Option<(&BTreeSet<String>, bool)>;
+}
+
+/// Whether `changes` may touch what `stream` subscribed to of `type_url`.
+fn touched<S: AdsStream>(stream: &S, type_url: &str, changes: &Changes) -> bool {
+    match stream.names(type_url) {
+        Some((names, false)) => names.iter().any(|name| changes.touches(type_url, name)),
+        Some((_, true)) | None => true,
+    }
+}
+
+/// The resources of `type_url` the subscription selects from `snapshot`, whose version follows
+/// the one the stream was last answered from (`changes`): clusters and load assignments
+/// `changes` does not touch are what the stream holds, and only the rest are looked up. An
+/// untouched name the stream does not hold did not exist, and still does not.
+fn reselected<S: AdsStream>(
+    stream: &S,
+    snapshot: &Snapshot,
+    type_url: &str,
+    namespace: &str,
+    changes: &Changes,
+) -> Selected {
+    match stream.names(type_url) {
+        Some((names, false)) if type_url == CLUSTER || type_url == ENDPOINT => names
+            .iter()
+            .filter_map(|name| {
+                let any = match changes.touches(type_url, name) {
+                    true => cluster_resource(snapshot, type_url, name),
+                    false => stream.held(type_url, name),
+                }?;
+                Some((name.clone(), any))
+            })
+            .collect(),
+        _ => stream.selected(snapshot, type_url, namespace),
+    }
 }
 
 impl AdsStream for Stream {
@@ -238,10 +280,8 @@ impl AdsStream for Stream {
     fn types(&self) -> Vec<&'static str> {
         self.subscribed().collect()
     }
-    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Selected {
-        self.state(type_url)
-            .map(|state| resources(snapshot, type_url, state, namespace))
-            .unwrap_or_default()
+    fn held(&self, type_url: &str, name: &str) -> Option<Arc<Any>> {
+        self.held_resource(type_url, name)
     }
     fn would_remove(&self, type_url: &str, resources: &Selected) -> bool {
         Stream::would_remove(self, type_url, resources)
@@ -257,6 +297,10 @@ impl AdsStream for Stream {
     }
     fn statuses(&self) -> Vec<(&'static str, TypeStatus)> {
         self.type_statuses().collect()
+    }
+    fn names(&self, type_url: &str) -> Option<(&BTreeSet<String>, bool)> {
+        self.state(type_url)
+            .map(|state| (&state.names, state.wildcard))
     }
 }
 
@@ -276,10 +320,8 @@ impl AdsStream for DeltaStream {
     fn types(&self) -> Vec<&'static str> {
         self.subscribed().collect()
     }
-    fn selected(&self, snapshot: &Snapshot, type_url: &str, namespace: &str) -> Selected {
-        self.subscription(type_url)
-            .map(|state| resources(snapshot, type_url, &state, namespace))
-            .unwrap_or_default()
+    fn held(&self, type_url: &str, name: &str) -> Option<Arc<Any>> {
+        self.held_resource(type_url, name)
     }
     fn would_remove(&self, type_url: &str, resources: &Selected) -> bool {
         DeltaStream::would_remove(self, type_url, resources)
@@ -296,34 +338,83 @@ impl AdsStream for DeltaStream {
     fn statuses(&self) -> Vec<(&'static str, TypeStatus)> {
         self.type_statuses().collect()
     }
+    fn names(&self, type_url: &str) -> Option<(&BTreeSet<String>, bool)> {
+        self.subscribed_names(type_url)
+    }
 }
 
-/// Sends, in push order, every subscribed type whose resources in `snapshot` differ from what
-/// the client holds, and every type in `forced` (requests the client waits on) whatever it holds.
-async fn answer<S: AdsStream>(
-    stream: &mut S,
+/// The responses, in push order, for every subscribed type whose resources in `snapshot` differ
+/// from what the client holds, and every type in `forced` (requests the client waits on) whatever
+/// it holds; recorded as sent.
+fn answer<S: AdsStream>(
+    shared: &mut Shared<S>,
     snapshot: &Snapshot,
     forced: &[&'static str],
-    tx: &mpsc::Sender<Queued<S::Response>>,
-    registered: &Registered,
-) -> Result<(), ()> {
-    let namespace = client_namespace(stream.node(), registered.identity_namespace.as_deref());
+    identity_namespace: Option<&str>,
+) -> Vec<(&'static str, S::Response)> {
+    let stream = &mut shared.stream;
+    let namespace = client_namespace(stream.node(), identity_namespace);
     let version = snapshot.version.to_string();
+    // When the stream holds the version before this one, types nothing of which moved are
+    // skipped: what it holds of them is what it would be sent.
+    let changes = snapshot
+        .changes()
+        .filter(|changes| shared.resolved == Some(changes.previous));
     let mut plan: Vec<(&'static str, Selected)> = stream
         .types()
         .into_iter()
-        .map(|type_url| (type_url, stream.selected(snapshot, type_url, &namespace)))
+        .filter(|type_url| {
+            forced.contains(type_url)
+                || changes.is_none_or(|changes| touched(stream, type_url, changes))
+        })
+        .map(|type_url| {
+            let selected = match changes {
+                Some(changes) if !forced.contains(&type_url) => {
+                    reselected(stream, snapshot, type_url, &namespace, changes)
+                }
+                _ => stream.selected(snapshot, type_url, &namespace),
+            };
+            (type_url, selected)
+        })
         .collect();
-    registered.note_servers(&plan, snapshot, &namespace);
+    shared.resolved = Some(snapshot.version);
+    shared.servers = servers_in(&plan, snapshot, &namespace);
     make_before_break(&mut plan, |type_url, selected| {
         stream.would_remove(type_url, selected)
     });
-    for (type_url, selected) in plan {
-        let force = forced.contains(&type_url);
-        if let Some(response) = stream.respond(type_url, &version, selected, force) {
-            tx.send(Box::new(Ok(response))).await.map_err(|_| ())?;
-            registered.pushed(type_url, snapshot);
-        }
+    plan.into_iter()
+        .filter_map(|(type_url, selected)| {
+            let force = forced.contains(&type_url);
+            let response = stream.respond(type_url, &version, selected, force)?;
+            Some((type_url, response))
+        })
+        .collect()
+}
+
+/// What the server listeners in `plan` enforce, for operators.
+fn servers_in(
+    plan: &[(&'static str, Selected)],
+    snapshot: &Snapshot,
+    namespace: &str,
+) -> Vec<ServerView> {
+    plan.iter()
+        .filter(|(type_url, _)| *type_url == crate::LISTENER)
+        .flat_map(|(_, selected)| selected.iter())
+        .filter_map(|(name, _)| snapshot.server(name, namespace))
+        .map(|server| ServerView::of(&server))
+        .collect()
+}
+
+/// Queues `responses` in order; `Err` once the client is gone.
+async fn send<S: AdsStream>(
+    responses: Vec<(&'static str, S::Response)>,
+    tx: &mpsc::Sender<Queued<S::Response>>,
+    registered: &Registered,
+    snapshot: &Snapshot,
+) -> Result<(), ()> {
+    for (type_url, response) in responses {
+        tx.send(Box::new(Ok(response))).await.map_err(|_| ())?;
+        registered.pushed(type_url, snapshot);
     }
     Ok(())
 }
@@ -351,46 +442,9 @@ struct Registered {
     stats: Arc<XdsStats>,
     /// The authenticated caller's namespace, if authentication is on.
     identity_namespace: Option<String>,
-    /// What the stream's server listeners enforce, as of the last answer.
-    servers: std::sync::Mutex<Vec<ServerView>>,
 }
 
 impl Registered {
-    fn update(&self, stream: &impl AdsStream, seen: Option<u64>) {
-        let namespace = client_namespace(stream.node(), self.identity_namespace.as_deref());
-        let servers = self
-            .servers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        // Built before the lock every stream's update takes, which then only moves them in.
-        let types = stream.statuses();
-        self.clients.update_status(self.id, |status| {
-            status.refresh(stream.node(), &namespace, seen, types.into_iter());
-            status.servers = servers;
-        });
-    }
-
-    /// Keeps what the server listeners in `plan` enforce, for operators.
-    fn note_servers(
-        &self,
-        plan: &[(&'static str, Selected)],
-        snapshot: &Snapshot,
-        namespace: &str,
-    ) {
-        let servers: Vec<ServerView> = plan
-            .iter()
-            .filter(|(type_url, _)| *type_url == crate::LISTENER)
-            .flat_map(|(_, selected)| selected.iter())
-            .filter_map(|(name, _)| snapshot.server(name, namespace))
-            .map(|server| ServerView::of(&server))
-            .collect();
-        *self
-            .servers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = servers;
-    }
-
     fn pushed(&self, type_url: &str, snapshot: &Snapshot) {
         self.stats
             .pushes
@@ -399,6 +453,47 @@ impl Registered {
         self.stats
             .push_delay
             .observe(snapshot.published.elapsed().as_secs_f64());
+    }
+}
+
+/// A stream's state, shared by its task (which holds the lock only between awaits) and the
+/// operators' views of it ([`Clients`]).
+struct Shared<S> {
+    stream: S,
+    /// The last version whose changes were pushed (for operators and tests).
+    seen: Option<u64>,
+    /// What the stream's server listeners enforce, as of the last answer.
+    servers: Vec<ServerView>,
+    identity_namespace: Option<String>,
+    /// The version every subscribed type was last answered from.
+    resolved: Option<u64>,
+}
+
+type Locked<S> = std::sync::Mutex<Shared<S>>;
+
+fn lock<S>(shared: &Locked<S>) -> std::sync::MutexGuard<'_, Shared<S>> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl<S: AdsStream> crate::clients::Report for Locked<S> {
+    fn status(&self) -> crate::clients::ClientStatus {
+        let shared = lock(self);
+        let stream = &shared.stream;
+        let namespace = client_namespace(stream.node(), shared.identity_namespace.as_deref());
+        let mut status = crate::clients::ClientStatus::of(
+            stream.node(),
+            &namespace,
+            shared.seen,
+            stream.statuses().into_iter(),
+        );
+        status.servers = shared.servers.clone();
+        status
+    }
+
+    fn count_servers(&self, holds: fn(&ServerView) -> bool) -> usize {
+        lock(self).servers.iter().filter(|s| holds(s)).count()
     }
 }
 
@@ -419,11 +514,17 @@ async fn run<S: AdsStream>(
     // Without a shutdown signal, a sender kept here keeps the branch pending forever.
     let (_never, never) = watch::channel(false);
     let mut shutdown = shutdown.unwrap_or(never);
-    let mut stream = S::default();
+    let shared: Arc<Locked<S>> = Arc::new(std::sync::Mutex::new(Shared {
+        stream: S::default(),
+        seen: None,
+        servers: Vec::new(),
+        identity_namespace: registered.identity_namespace.clone(),
+        resolved: None,
+    }));
+    registered.clients.report(registered.id, shared.clone());
+    let identity = registered.identity_namespace.as_deref();
     // Types asked for before the sources were synced, answered once they are.
     let mut waiting: Vec<&'static str> = Vec::new();
-    // The last version whose changes were pushed (for operators and tests).
-    let mut seen: Option<u64> = None;
     loop {
         tokio::select! {
             () = shut_down(&mut shutdown) => {
@@ -439,8 +540,8 @@ async fn run<S: AdsStream>(
                 if let Some(type_url) = S::rejects(&request) {
                     registered.stats.nacks.get_or_create(&TypeLabel::of(type_url)).inc();
                 }
-                let verdict = stream.on_request(&request);
-                registered.update(&stream, seen);
+                let verdict = lock(&shared).stream.on_request(&request);
+                registered.clients.changed();
                 let type_url = match verdict {
                     Ok(Verdict::Answer(type_url)) => type_url,
                     Ok(Verdict::Settled | Verdict::Stale) => continue,
@@ -465,11 +566,12 @@ async fn run<S: AdsStream>(
                     continue;
                 }
                 // Answered now, with the types asked for before the sources synced.
-                if answered(answer(&mut stream, &snapshot, &waiting, &tx, &registered), &mut shutdown).await.is_err() {
+                let responses = answer(&mut lock(&shared), &snapshot, &waiting, identity);
+                if answered(send::<S>(responses, &tx, &registered, &snapshot), &mut shutdown).await.is_err() {
                     return;
                 }
                 waiting.clear();
-                registered.update(&stream, seen);
+                registered.clients.changed();
             }
             changed = snapshots.changed() => {
                 if changed.is_err() {
@@ -479,12 +581,13 @@ async fn run<S: AdsStream>(
                 if !snapshot.synced {
                     continue;
                 }
-                if answered(answer(&mut stream, &snapshot, &waiting, &tx, &registered), &mut shutdown).await.is_err() {
+                let responses = answer(&mut lock(&shared), &snapshot, &waiting, identity);
+                if answered(send::<S>(responses, &tx, &registered, &snapshot), &mut shutdown).await.is_err() {
                     return;
                 }
                 waiting.clear();
-                seen = Some(snapshot.version);
-                registered.update(&stream, seen);
+                lock(&shared).seen = Some(snapshot.version);
+                registered.clients.changed();
             }
         }
     }
