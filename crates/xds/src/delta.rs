@@ -2,18 +2,20 @@
 //! version of every resource the client holds, and what to send: only resources that changed,
 //! and the names of those that are gone. Envoy speaks it; gRPC clients speak state of the world.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::clients::{ClientStatus, Held, HeldResources, TypeStatus};
 use crate::protocol::{
-    MAX_NAMES, Nack, Refused, Selected, TypeState, Verdict, digest, known_type, record_answer,
+    MAX_NAMES, Nack, Refused, Selected, TypeMap, TypeState, Verdict, digest, known_type,
+    record_answer,
 };
 use crate::{CLUSTER, LISTENER, PUSH_ORDER};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
 };
+use envoy_types::pb::google::protobuf::Any;
 
 /// One type's state on one delta stream.
 #[derive(Debug, Clone, Default)]
@@ -38,7 +40,7 @@ struct DeltaType {
 #[derive(Debug, Default)]
 pub struct DeltaStream {
     pub node: Option<Node>,
-    types: BTreeMap<&'static str, DeltaType>,
+    types: TypeMap<DeltaType>,
     nonces: u64,
 }
 
@@ -52,7 +54,7 @@ impl DeltaStream {
         if self.node.is_none() {
             self.node = request.node.as_ref().map(crate::protocol::kept_node);
         }
-        let state = self.types.entry(type_url).or_default();
+        let state = self.types.entry_or_default(type_url);
         let wanted = state.subscribed.len()
             + request.resource_names_subscribe.len()
             + request.initial_resource_versions.len();
@@ -128,6 +130,18 @@ impl DeltaStream {
         })
     }
 
+    /// What the client holds of resource `name` of `type_url`, as this server sent it.
+    pub fn held_resource(&self, type_url: &str, name: &str) -> Option<Arc<Any>> {
+        self.types.get(type_url)?.known.get(name)?.resource.clone()
+    }
+
+    /// The names subscribed to of `type_url`, and whether it is a wildcard subscription.
+    pub fn subscribed_names(&self, type_url: &str) -> Option<(&BTreeSet<String>, bool)> {
+        self.types
+            .get(type_url)
+            .map(|state| (&state.subscribed, state.wildcard))
+    }
+
     /// The types the client subscribed to, in push order.
     pub fn subscribed(&self) -> impl Iterator<Item = &'static str> + '_ {
         PUSH_ORDER
@@ -155,7 +169,7 @@ impl DeltaStream {
         resources: Selected,
         force: bool,
     ) -> Option<DeltaDiscoveryResponse> {
-        let state = self.types.entry(type_url).or_default();
+        let state = self.types.entry_or_default(type_url);
         let present: BTreeSet<&str> = resources.iter().map(|(name, _)| name.as_str()).collect();
         // Held and gone, then subscribed, never held and not there ("does not exist"): each said
         // once, until it appears.

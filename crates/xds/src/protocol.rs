@@ -2,7 +2,7 @@
 //! was last sent (version, nonce, each resource), what it acknowledged or rejected.
 //! No I/O; the server feeds it requests and asks it what to send.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -61,8 +61,7 @@ pub struct TypeState {
     pub names: BTreeSet<String>,
     /// Every resource of the type (listeners and clusters only).
     pub wildcard: bool,
-    /// Boxed: a stream keeps its types in a map whose nodes hold eleven of these whatever it
-    /// holds, so every byte inline here costs eleven per stream.
+    /// Boxed: `None` until the first response, and every byte inline is paid per stream.
     pub sent: Option<Box<Sent>>,
     /// The last version the client acknowledged.
     pub acked: Option<String>,
@@ -73,12 +72,48 @@ pub struct TypeState {
     pub(crate) accepted: HeldResources,
 }
 
+/// A stream's state per type: a few entries at most (the types served), kept in a vector. A
+/// `BTreeMap` allocates a node of eleven entries, and every stream has one.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TypeMap<T>(Vec<(&'static str, T)>);
+
+impl<T> Default for TypeMap<T> {
+    fn default() -> Self {
+        TypeMap(Vec::new())
+    }
+}
+
+impl<T: Default> TypeMap<T> {
+    pub(crate) fn entry_or_default(&mut self, type_url: &'static str) -> &mut T {
+        let at = match self.0.iter().position(|(t, _)| *t == type_url) {
+            Some(at) => at,
+            None => {
+                self.0.push((type_url, T::default()));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[at].1
+    }
+
+    pub(crate) fn get(&self, type_url: &str) -> Option<&T> {
+        self.0.iter().find(|(t, _)| *t == type_url).map(|(_, v)| v)
+    }
+
+    pub(crate) fn contains_key(&self, type_url: &str) -> bool {
+        self.get(type_url).is_some()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&&'static str, &T)> {
+        self.0.iter().map(|(t, v)| (t, v))
+    }
+}
+
 /// One ADS stream.
 #[derive(Debug, Default)]
 pub struct Stream {
     /// The client's node, from its first request.
     pub node: Option<Node>,
-    types: BTreeMap<&'static str, TypeState>,
+    types: TypeMap<TypeState>,
     nonces: u64,
 }
 
@@ -186,7 +221,7 @@ impl Stream {
         if self.node.is_none() {
             self.node = request.node.as_ref().map(kept_node);
         }
-        let state = self.types.entry(type_url).or_default();
+        let state = self.types.entry_or_default(type_url);
         let first = state.sent.is_none() && state.names.is_empty() && !state.wildcard;
         if !request.response_nonce.is_empty()
             && state.sent.as_ref().map(|s| s.nonce.as_str()) != Some(&request.response_nonce)
@@ -251,6 +286,12 @@ impl Stream {
         })
     }
 
+    /// What the client was last sent of resource `name` of `type_url`.
+    pub fn held_resource(&self, type_url: &str, name: &str) -> Option<Arc<Any>> {
+        let sent = self.types.get(type_url)?.sent.as_ref()?;
+        sent.held.get(name)?.resource.clone()
+    }
+
     /// The state of `type_url` (what the client subscribed to, sent, acknowledged).
     pub fn state(&self, type_url: &str) -> Option<&TypeState> {
         self.types.get(type_url)
@@ -285,7 +326,7 @@ impl Stream {
         resources: Selected,
         force: bool,
     ) -> Option<DiscoveryResponse> {
-        let state = self.types.entry(type_url).or_default();
+        let state = self.types.entry_or_default(type_url);
         let unchanged = state.sent.as_ref().is_some_and(|sent| {
             sent.held.len() == resources.len()
                 && resources.iter().all(|(name, any)| {
