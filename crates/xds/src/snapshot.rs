@@ -90,6 +90,8 @@ pub struct Snapshot {
     /// snapshot: versions do not chain.)
     previous: Option<Arc<RwLock<Encoded>>>,
     encodes: Arc<AtomicU64>,
+    /// What may differ from the version before, when only services moved.
+    changes: Option<Arc<Changes>>,
 }
 
 impl Default for Snapshot {
@@ -137,7 +139,23 @@ impl Snapshot {
             cache: Arc::default(),
             previous: None,
             encodes: Arc::default(),
+            changes: None,
         }
+    }
+
+    /// This version follows `previous` built from the same rules, mappings and policies (only
+    /// services moved): it says which clusters and load assignments may differ
+    /// ([`Snapshot::changes`]).
+    pub fn following(mut self, previous: &Snapshot) -> Snapshot {
+        if previous.synced && self.synced {
+            self.changes = Changes::between(previous, &self).map(Arc::new);
+        }
+        self
+    }
+
+    /// What may differ from the version before, when that is known.
+    pub fn changes(&self) -> Option<&Changes> {
+        self.changes.as_deref()
     }
 
     /// This version shares the encodings of `previous` that it encodes to the same bytes.
@@ -286,6 +304,7 @@ impl Snapshot {
     fn forget_derived(&mut self) {
         self.cache = Arc::default();
         self.servers = Arc::default();
+        self.changes = None;
     }
 
     /// How the clusters of a target's service pick endpoints.
@@ -544,14 +563,31 @@ pub fn resources(
     state: &TypeState,
     client_namespace: &str,
 ) -> crate::protocol::Selected {
+    select(
+        snapshot,
+        type_url,
+        &state.names,
+        state.wildcard,
+        client_namespace,
+    )
+}
+
+/// [`resources`] of the subscription to `names` (or every resource, `wildcard`).
+pub fn select(
+    snapshot: &Snapshot,
+    type_url: &str,
+    names: &BTreeSet<String>,
+    wildcard: bool,
+    client_namespace: &str,
+) -> crate::protocol::Selected {
     // Every stream runs this for every type on every version: the names it holds are read in
     // place, and only a wildcard's (every service) are built.
     let every: BTreeSet<String>;
-    let names = match state.wildcard {
-        false => &state.names,
+    let names = match wildcard {
+        false => names,
         true => {
             let targets = every_target(snapshot.services());
-            let mut names = state.names.clone();
+            let mut names = names.clone();
             match type_url {
                 LISTENER => names.extend(targets.map(|(name, _)| name)),
                 CLUSTER => names.extend(targets.map(|(_, target)| generate::cluster_name(target))),
@@ -580,9 +616,19 @@ pub fn resources(
         .collect()
 }
 
+/// The cluster or load assignment `name` at this version, as [`select`] finds it.
+pub fn cluster_resource(snapshot: &Snapshot, type_url: &str, name: &str) -> Option<Arc<Any>> {
+    debug_assert!(type_url == CLUSTER || type_url == ENDPOINT);
+    // Clusters and load assignments are named absolutely: no client namespace.
+    snapshot.encoded(type_url, name, "")
+}
+
 /// Server listeners one stream is answered (a server process listening on more xDS ports than
 /// this is not expected; the rest are answered as not existing).
 pub const MAX_SERVER_LISTENERS: usize = 16;
+
+mod changes;
+pub use changes::Changes;
 
 #[cfg(test)]
 mod tests;

@@ -212,6 +212,7 @@ pub async fn run(
     let mut unenforced_before = BTreeMap::new();
     let mut policies_before = None;
     let mut rules_before = None;
+    let mut inputs_before = None;
     loop {
         for watch in &mut watches {
             watch.borrow_and_update();
@@ -221,9 +222,19 @@ pub async fn run(
         // told an older version is newer.
         version = (version + 1).max(unix_millis());
         let previous = tx.borrow().clone();
-        let snapshot = build(&index, version, &settings)
+        let mut snapshot = build(&index, version, &settings)
             .counting_encodes_in(encodes.clone())
             .sharing_encodings_of(&previous);
+        // Every kind but the services: when none moved, the new version says which clusters
+        // and load assignments may differ, and streams skip the rest.
+        let inputs: Vec<_> = KINDS[2..]
+            .iter()
+            .map(|kind| index.current(*kind).revision)
+            .collect();
+        if inputs_before.as_ref() == Some(&inputs) {
+            snapshot = snapshot.following(&previous);
+        }
+        inputs_before = Some(inputs);
         let (_, shadowed) = services(
             &index.current(Kind::Service),
             &index.current(Kind::ServiceEntry),

@@ -169,6 +169,80 @@ async fn acked_versions_are_not_resent_and_changes_are_pushed() {
 }
 
 #[tokio::test]
+async fn a_version_where_only_endpoints_moved_pushes_them_and_nothing_else() {
+    let server = support::Server::start().await;
+    let services = |a: &[(u16, u32)], b: &[(u16, u32)]| {
+        vec![support::greeter("default", a), support::greeter("other", b)]
+    };
+    server.publish(services(&[(9001, 1)], &[(9101, 1)]));
+    let mut client = Client::connect(server.addr).await;
+    let a = "outbound|7070||greeter.default.svc.cluster.local";
+    let b = "outbound|7070||greeter.other.svc.cluster.local";
+    for type_url in [CLUSTER, ENDPOINT] {
+        client.send(type_url, &[a, b], "", "").await;
+        let response = client.next().await;
+        assert_eq!(response.resources.len(), 2);
+        client.send(type_url, &[a, b], "1", &response.nonce).await;
+        server.acked(type_url, "1").await;
+    }
+    let assignments = |response: &DiscoveryResponse| -> Vec<(String, usize)> {
+        let mut found: Vec<(String, usize)> = response
+            .resources
+            .iter()
+            .map(|any| {
+                let assignment = ClusterLoadAssignment::decode(any.value.as_slice()).unwrap();
+                let endpoints = assignment
+                    .endpoints
+                    .iter()
+                    .map(|l| l.lb_endpoints.len())
+                    .sum();
+                (assignment.cluster_name, endpoints)
+            })
+            .collect();
+        found.sort();
+        found
+    };
+
+    // Only a's endpoints move: its load assignments come, and no clusters (they encode alike).
+    server.publish_following(services(&[(9001, 1), (9002, 1)], &[(9101, 1)]));
+    let pushed = client.next().await;
+    assert_eq!(
+        (pushed.type_url.as_str(), pushed.version_info.as_str()),
+        (ENDPOINT, "2")
+    );
+    assert_eq!(assignments(&pushed), [(a.to_owned(), 2), (b.to_owned(), 1)]);
+    client.send(ENDPOINT, &[a, b], "2", &pushed.nonce).await;
+    server.acked(ENDPOINT, "2").await;
+    assert!(
+        client.silent_for(Duration::from_millis(300)).await,
+        "no cluster push"
+    );
+    // Nothing but a's assignment was looked up: b's is the one the stream holds, and the
+    // clusters were skipped. The version encoded one resource.
+    assert_eq!(server.snapshots.borrow().encodes(), 1);
+
+    // Two versions in a row, b's then a's change: a stream that takes only the last in hand
+    // (it did not hold the one before) looks everything up, and has both.
+    server.publish_following(services(&[(9001, 1), (9002, 1)], &[(9101, 1), (9102, 1)]));
+    server.publish_following(services(&[(9001, 1)], &[(9101, 1), (9102, 1)]));
+    let mut last = client.next().await;
+    while last.version_info != "4" {
+        assert_eq!(last.type_url, ENDPOINT);
+        client
+            .send(ENDPOINT, &[a, b], &last.version_info, &last.nonce)
+            .await;
+        last = client.next().await;
+    }
+    assert_eq!(last.type_url, ENDPOINT);
+    assert_eq!(assignments(&last), [(a.to_owned(), 1), (b.to_owned(), 2)]);
+    server.published_to_all("4").await;
+    assert_eq!(
+        server.clients.list()[0].types[CLUSTER].sent.as_deref(),
+        Some("1")
+    );
+}
+
+#[tokio::test]
 async fn unknown_types_are_ignored_and_oversized_subscriptions_end_the_stream() {
     let server = support::Server::start().await;
     server.publish(vec![support::greeter("default", &[(9001, 1)])]);

@@ -83,8 +83,9 @@ async fn a_delta_stream_sees_only_changed_resources_and_removals() {
         .unwrap();
     server.acked(ENDPOINT, "1").await;
 
-    // One service's endpoints change: one load assignment is sent, no cluster.
-    server.publish(vec![support::greeter("default", &[(9001, 1)]), shop(9102)]);
+    // One service's endpoints change: one load assignment is sent, no cluster. (This version
+    // and the next say what moved, as the control plane's do when only services moved.)
+    server.publish_following(vec![support::greeter("default", &[(9001, 1)]), shop(9102)]);
     let changed = next(&mut responses).await;
     assert_eq!(changed.type_url, ENDPOINT);
     assert_eq!(names(&changed), [in_shop]);
@@ -100,7 +101,7 @@ async fn a_delta_stream_sees_only_changed_resources_and_removals() {
 
     // The shop service goes: its endpoints and then its cluster are removed by name (the
     // cluster last: make before break).
-    server.publish(vec![support::greeter("default", &[(9001, 1)])]);
+    server.publish_following(vec![support::greeter("default", &[(9001, 1)])]);
     let mut removed = Vec::new();
     for _ in 0..2 {
         let response = next(&mut responses).await;

@@ -53,6 +53,17 @@ impl Server {
         version.to_string()
     }
 
+    /// Publishes `services` as the next synced version following the current one (only the
+    /// services moved, as the control plane's source says of such a version); returns it.
+    pub fn publish_following(&self, services: Vec<Service>) -> String {
+        let previous = self.snapshots.borrow().clone();
+        let version = previous.version + 1;
+        let next = Snapshot::new(version, services, true).following(&previous);
+        assert!(next.changes().is_some(), "a few services moved");
+        self.snapshots.send_replace(Arc::new(next));
+        version.to_string()
+    }
+
     /// Publishes `services` with what `rules` adds to the snapshot, as the next synced version.
     pub fn publish_with(
         &self,
