@@ -138,12 +138,13 @@ async fn sotw_stream(
 ) -> Result<(), tonic::Status> {
     let mut client = AggregatedDiscoveryServiceClient::new(channel.clone());
     let (tx, rx) = mpsc::channel(8);
+    // The node in the first request only, as gRPC's xDS clients send it.
     let request = |type_url: &str, version: &str, nonce: &str| DiscoveryRequest {
         type_url: type_url.into(),
         resource_names: names.to_vec(),
         version_info: version.into(),
         response_nonce: nonce.into(),
-        node: Some(node()),
+        node: nonce.is_empty().then(node),
         ..Default::default()
     };
     let closed = |_| tonic::Status::unavailable("request stream closed");
