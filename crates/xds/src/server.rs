@@ -228,6 +228,9 @@ trait AdsStream: Default + Send + 'static {
     fn statuses(&self) -> Vec<(&'static str, TypeStatus)>;
     /// The names subscribed to of `type_url`, and whether it is a wildcard subscription.
     fn names(&self, type_url: &str) -> Option<(&BTreeSet<String>, bool)>;
+    /// Whether `request` may take names away without being answered (delta unsubscriptions):
+    /// the next version is then looked up in full, so what went is removed.
+    fn narrows(request: &Self::Request) -> bool;
 }
 
 /// Whether `changes` may touch what `stream` subscribed to of `type_url`.
@@ -283,6 +286,10 @@ impl AdsStream for Stream {
     fn held(&self, type_url: &str, name: &str) -> Option<Arc<Any>> {
         self.held_resource(type_url, name)
     }
+    fn narrows(_: &DiscoveryRequest) -> bool {
+        // A state-of-the-world request that changes its names is answered.
+        false
+    }
     fn would_remove(&self, type_url: &str, resources: &Selected) -> bool {
         Stream::would_remove(self, type_url, resources)
     }
@@ -322,6 +329,9 @@ impl AdsStream for DeltaStream {
     }
     fn held(&self, type_url: &str, name: &str) -> Option<Arc<Any>> {
         self.held_resource(type_url, name)
+    }
+    fn narrows(request: &DeltaDiscoveryRequest) -> bool {
+        !request.resource_names_unsubscribe.is_empty()
     }
     fn would_remove(&self, type_url: &str, resources: &Selected) -> bool {
         DeltaStream::would_remove(self, type_url, resources)
@@ -521,8 +531,9 @@ async fn run<S: AdsStream>(
         identity_namespace: registered.identity_namespace.clone(),
         resolved: None,
     }));
-    registered.clients.report(registered.id, shared.clone());
     let identity = registered.identity_namespace.as_deref();
+    // Shown to operators from its first request on (before it, it has no node to show).
+    let mut reported = false;
     // Types asked for before the sources were synced, answered once they are.
     let mut waiting: Vec<&'static str> = Vec::new();
     loop {
@@ -540,7 +551,16 @@ async fn run<S: AdsStream>(
                 if let Some(type_url) = S::rejects(&request) {
                     registered.stats.nacks.get_or_create(&TypeLabel::of(type_url)).inc();
                 }
-                let verdict = lock(&shared).stream.on_request(&request);
+                let verdict = {
+                    let mut shared = lock(&shared);
+                    if S::narrows(&request) {
+                        shared.resolved = None;
+                    }
+                    shared.stream.on_request(&request)
+                };
+                if !std::mem::replace(&mut reported, true) {
+                    registered.clients.report(registered.id, shared.clone());
+                }
                 registered.clients.changed();
                 let type_url = match verdict {
                     Ok(Verdict::Answer(type_url)) => type_url,

@@ -222,15 +222,17 @@ pub async fn run(
         // told an older version is newer.
         version = (version + 1).max(unix_millis());
         let previous = tx.borrow().clone();
-        let mut snapshot = build(&index, version, &settings)
-            .counting_encodes_in(encodes.clone())
-            .sharing_encodings_of(&previous);
         // Every kind but the services: when none moved, the new version says which clusters
-        // and load assignments may differ, and streams skip the rest.
+        // and load assignments may differ, and streams skip the rest. Read before the build:
+        // a rule written meanwhile is then in the build but not here, so the next version does
+        // not count as following this one (the other order would hide the rule's change).
         let inputs: Vec<_> = KINDS[2..]
             .iter()
             .map(|kind| index.current(*kind).revision)
             .collect();
+        let mut snapshot = build(&index, version, &settings)
+            .counting_encodes_in(encodes.clone())
+            .sharing_encodings_of(&previous);
         if inputs_before.as_ref() == Some(&inputs) {
             snapshot = snapshot.following(&previous);
         }

@@ -118,4 +118,36 @@ async fn a_delta_stream_sees_only_changed_resources_and_removals() {
             (CLUSTER.to_string(), vec![in_shop.to_string()]),
         ]
     );
+
+    // The client stops asking for every cluster (not answered). At the next version, although
+    // only endpoints moved, the cluster it no longer subscribes to is said removed, as a full
+    // look-up finds.
+    requests
+        .send(DeltaDiscoveryRequest {
+            type_url: CLUSTER.into(),
+            resource_names_unsubscribe: vec!["*".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    server
+        .clients
+        .wait_for(|clients| clients[0].types.get(CLUSTER).is_some_and(|t| !t.wildcard))
+        .await;
+    server.publish_following(vec![support::greeter("default", &[(9002, 1)])]);
+    let mut types = Vec::new();
+    while !types
+        .iter()
+        .any(|(t, _): &(String, Vec<String>)| t == CLUSTER)
+    {
+        let response = next(&mut responses).await;
+        types.push((
+            response.type_url.clone(),
+            response.removed_resources.clone(),
+        ));
+    }
+    assert!(
+        types.contains(&(CLUSTER.to_string(), vec![default.to_string()])),
+        "{types:?}"
+    );
 }
