@@ -11,7 +11,7 @@ use envoy_types::pb::google::protobuf::Any;
 
 pub use crate::clients::Nack;
 use crate::clients::{ClientStatus, Held, HeldResources, TypeStatus};
-use crate::{CLUSTER, LISTENER, PUSH_ORDER};
+use crate::{CLUSTER, ENDPOINT, LISTENER, PUSH_ORDER, ROUTE};
 
 /// Most names one type's subscription may hold; a client asking for more is refused.
 pub const MAX_NAMES: usize = 10_000;
@@ -353,9 +353,34 @@ impl Stream {
         self.nonces += 1;
         let number = self.nonces;
         let nonce = number.to_string();
+        // Routes and load assignments are sent only when they change: unlike listeners and
+        // clusters, a state-of-the-world response of these types need not hold every resource
+        // subscribed to, and clients keep those it leaves out (the xDS protocol's "grouped as
+        // in the incremental variants"). At one endpoint change the response is one resource,
+        // not every one the stream holds. A forced answer (a request waits on it) holds all.
+        let before = match (force, type_url) {
+            (false, ENDPOINT | ROUTE) => state.sent.as_ref().map(|sent| &sent.held),
+            _ => None,
+        };
+        let mut carried = Vec::with_capacity(resources.len());
         let held: HeldResources = resources
             .iter()
-            .map(|(name, any)| (name.clone(), Held::sent(any.clone(), None, number)))
+            .map(|(name, any)| {
+                let kept = before
+                    .and_then(|held| held.get(name))
+                    .filter(|held| held.resource.as_ref().is_some_and(|r| same(r, any)));
+                let held = match kept {
+                    Some(kept) => Held {
+                        resource: Some(any.clone()),
+                        ..kept.clone()
+                    },
+                    None => {
+                        carried.push(any.clone());
+                        Held::sent(any.clone(), None, number)
+                    }
+                };
+                (name.clone(), held)
+            })
             .collect();
         let absent = state
             .names
@@ -370,12 +395,10 @@ impl Stream {
             held,
             absent,
         }));
+        drop(resources);
         Some(DiscoveryResponse {
             version_info: version.to_owned(),
-            resources: resources
-                .into_iter()
-                .map(|(_, any)| Arc::unwrap_or_clone(any))
-                .collect(),
+            resources: carried.into_iter().map(Arc::unwrap_or_clone).collect(),
             type_url: type_url.to_owned(),
             nonce,
             ..Default::default()

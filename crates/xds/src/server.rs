@@ -514,6 +514,10 @@ impl Drop for Registered {
 }
 
 /// One stream, state of the world or incremental, until the client or the snapshots go.
+///
+/// What it awaits while sending is boxed: the task is as large as its largest await, and it
+/// spends its life waiting for a request or a version (3.7 KiB per stream before, by heaptrack
+/// at 10,000 streams).
 async fn run<S: AdsStream>(
     mut incoming: Streaming<S::Request>,
     mut snapshots: watch::Receiver<Arc<Snapshot>>,
@@ -572,7 +576,8 @@ async fn run<S: AdsStream>(
                         continue;
                     }
                     Err(refused) => {
-                        let _ = tx.send(Box::new(Err(Status::invalid_argument(refused.to_string())))).await;
+                        let refusal = Box::new(Err(Status::invalid_argument(refused.to_string())));
+                        let _ = Box::pin(tx.send(refusal)).await;
                         return;
                     }
                 };
@@ -587,7 +592,7 @@ async fn run<S: AdsStream>(
                 }
                 // Answered now, with the types asked for before the sources synced.
                 let responses = answer(&mut lock(&shared), &snapshot, &waiting, identity);
-                if answered(send::<S>(responses, &tx, &registered, &snapshot), &mut shutdown).await.is_err() {
+                if Box::pin(answered(send::<S>(responses, &tx, &registered, &snapshot), &mut shutdown)).await.is_err() {
                     return;
                 }
                 waiting.clear();
@@ -602,7 +607,7 @@ async fn run<S: AdsStream>(
                     continue;
                 }
                 let responses = answer(&mut lock(&shared), &snapshot, &waiting, identity);
-                if answered(send::<S>(responses, &tx, &registered, &snapshot), &mut shutdown).await.is_err() {
+                if Box::pin(answered(send::<S>(responses, &tx, &registered, &snapshot), &mut shutdown)).await.is_err() {
                     return;
                 }
                 waiting.clear();
