@@ -168,6 +168,17 @@ async fn acked_versions_are_not_resent_and_changes_are_pushed() {
     assert_ne!(ports_of(pushed), ports_of(&first));
 }
 
+/// A load assignment's cluster and its number of endpoints.
+fn counted(any: &envoy_types::pb::google::protobuf::Any) -> (String, usize) {
+    let assignment = ClusterLoadAssignment::decode(any.value.as_slice()).unwrap();
+    let endpoints = assignment
+        .endpoints
+        .iter()
+        .map(|l| l.lb_endpoints.len())
+        .sum();
+    (assignment.cluster_name, endpoints)
+}
+
 #[tokio::test]
 async fn a_version_where_only_endpoints_moved_pushes_them_and_nothing_else() {
     let server = support::Server::start().await;
@@ -186,19 +197,7 @@ async fn a_version_where_only_endpoints_moved_pushes_them_and_nothing_else() {
         server.acked(type_url, "1").await;
     }
     let assignments = |response: &DiscoveryResponse| -> Vec<(String, usize)> {
-        let mut found: Vec<(String, usize)> = response
-            .resources
-            .iter()
-            .map(|any| {
-                let assignment = ClusterLoadAssignment::decode(any.value.as_slice()).unwrap();
-                let endpoints = assignment
-                    .endpoints
-                    .iter()
-                    .map(|l| l.lb_endpoints.len())
-                    .sum();
-                (assignment.cluster_name, endpoints)
-            })
-            .collect();
+        let mut found: Vec<(String, usize)> = response.resources.iter().map(counted).collect();
         found.sort();
         found
     };
@@ -241,16 +240,7 @@ async fn a_version_where_only_endpoints_moved_pushes_them_and_nothing_else() {
     let held = &server.clients.list()[0].types[ENDPOINT].held;
     let holds: Vec<(String, usize)> = held
         .values()
-        .map(|held| {
-            let any = held.resource.as_ref().unwrap();
-            let assignment = ClusterLoadAssignment::decode(any.value.as_slice()).unwrap();
-            let endpoints = assignment
-                .endpoints
-                .iter()
-                .map(|l| l.lb_endpoints.len())
-                .sum();
-            (assignment.cluster_name, endpoints)
-        })
+        .map(|held| counted(held.resource.as_ref().unwrap()))
         .collect();
     assert_eq!(holds, [(a.to_owned(), 1), (b.to_owned(), 2)]);
     assert_eq!(
