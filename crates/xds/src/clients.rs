@@ -24,8 +24,10 @@ pub struct Nack {
 /// A resource a client was sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Held {
-    /// Its own version (delta streams); on state-of-the-world streams, the type's. Boxed: a
-    /// stream holds one entry per resource, and every byte counts per stream.
+    /// Its own version (delta streams); on state-of-the-world streams, the version of the
+    /// response that carried it for routes and load assignments (which are sent only when they
+    /// change), else `None` (the type's). Boxed: a stream holds one entry per resource, and
+    /// every byte counts per stream.
     pub version: Option<Box<str>>,
     /// Its encoding; `None` for what a reconnecting delta client said it holds, until it is
     /// seen in a snapshot at that version.

@@ -357,11 +357,12 @@ impl Stream {
         // clusters, a state-of-the-world response of these types need not hold every resource
         // subscribed to, and clients keep those it leaves out (the xDS protocol's "grouped as
         // in the incremental variants"). At one endpoint change the response is one resource,
-        // not every one the stream holds. A forced answer (a request waits on it) holds all.
-        let before = match (force, type_url) {
-            (false, ENDPOINT | ROUTE) => state.sent.as_ref().map(|sent| &sent.held),
-            _ => None,
-        };
+        // not every one the stream holds. Changed from what the client acknowledged, not from
+        // what it was sent: a rejected or unanswered response's resources go again. A forced
+        // answer (a request waits on it) holds all. Each keeps the version of the response
+        // that carried it, as the client's own config dump shows it.
+        let partial = !force && matches!(type_url, ENDPOINT | ROUTE);
+        let before = partial.then_some(&state.accepted);
         let mut carried = Vec::with_capacity(resources.len());
         let held: HeldResources = resources
             .iter()
@@ -376,7 +377,7 @@ impl Stream {
                     },
                     None => {
                         carried.push(any.clone());
-                        Held::sent(any.clone(), None, number)
+                        Held::sent(any.clone(), partial.then(|| version.to_owned()), number)
                     }
                 };
                 (name.clone(), held)

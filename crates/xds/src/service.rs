@@ -74,7 +74,21 @@ where
     F: FnOnce(Request<Streaming<Req>>) -> Fut,
     Fut: Future<Output = Result<Response<St>, Status>>,
 {
-    // Compressed requests are not accepted (none is advertised): the decoder refuses them.
+    // Compressed requests are refused as tonic refuses an encoding it was not given: before
+    // the call, with what is accepted.
+    if let Some(encoding) = request.headers().get("grpc-encoding")
+        && encoding != "identity"
+    {
+        let mut response = Status::unimplemented(format!(
+            "requests compressed with {encoding:?} are not accepted; send them uncompressed"
+        ))
+        .into_http();
+        response.headers_mut().insert(
+            "grpc-accept-encoding",
+            http::HeaderValue::from_static("identity"),
+        );
+        return response;
+    }
     let decoder = ProstDecoder::<Req>::new(BufferSettings::new(BUFFER, YIELD_THRESHOLD));
     let request =
         request.map(|body| Streaming::new_request(decoder, body, None, Some(max_message)));
@@ -186,5 +200,40 @@ where
             }),
             _ => Box::pin(async move { Ok(Status::unimplemented("").into_http()) }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use tower_service::Service as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_compressed_request_is_refused_before_the_call_with_what_is_accepted() {
+        let (_tx, rx) = tokio::sync::watch::channel(Arc::new(crate::snapshot::Snapshot::default()));
+        let mut service = AdsService::new(Ads::new(rx, 10), 1024);
+        let request = http::Request::builder()
+            .uri(format!("http://localhost{SOTW_PATH}"))
+            .header("content-type", "application/grpc")
+            .header("grpc-encoding", "gzip")
+            .body(tonic::body::Body::empty())
+            .unwrap();
+        let response = service.call(request).await.unwrap();
+        let headers = response.headers();
+        assert_eq!(headers["grpc-status"], "12", "{headers:?}");
+        assert_eq!(headers["grpc-accept-encoding"], "identity");
+        // Uncompressed (identity) is served: the call runs and the stream opens.
+        let request = http::Request::builder()
+            .uri(format!("http://localhost{SOTW_PATH}"))
+            .header("content-type", "application/grpc")
+            .header("grpc-encoding", "identity")
+            .body(tonic::body::Body::empty())
+            .unwrap();
+        let response = service.call(request).await.unwrap();
+        assert!(response.headers().get("grpc-status").is_none());
+        assert_eq!(response.headers()["content-type"], "application/grpc");
     }
 }

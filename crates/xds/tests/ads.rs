@@ -250,6 +250,46 @@ async fn a_version_where_only_endpoints_moved_pushes_them_and_nothing_else() {
 }
 
 #[tokio::test]
+async fn load_assignments_a_client_rejected_are_sent_again_with_the_next_change() {
+    let server = support::Server::start().await;
+    let services = |a: &[(u16, u32)], b: &[(u16, u32)]| {
+        vec![support::greeter("default", a), support::greeter("other", b)]
+    };
+    server.publish(services(&[(9001, 1)], &[(9101, 1)]));
+    let mut client = Client::connect(server.addr).await;
+    let a = "outbound|7070||greeter.default.svc.cluster.local";
+    let b = "outbound|7070||greeter.other.svc.cluster.local";
+    client.send(ENDPOINT, &[a, b], "", "").await;
+    let first = client.next().await;
+    client.send(ENDPOINT, &[a, b], "1", &first.nonce).await;
+    server.acked(ENDPOINT, "1").await;
+    // Both change; the client rejects the response.
+    server.publish(services(&[(9002, 1)], &[(9102, 1)]));
+    let rejected = client.next().await;
+    assert_eq!(rejected.resources.len(), 2);
+    client.nack(&[a, b], "1", &rejected, "bad endpoints").await;
+    server
+        .clients
+        .wait_for(|clients| clients[0].types[ENDPOINT].nack.is_some())
+        .await;
+    // Only b changes next: a goes again too, as the client holds its version 1, not 2.
+    server.publish_following(services(&[(9002, 1)], &[(9103, 1)]));
+    let next = client.next().await;
+    let mut names: Vec<(String, usize)> = next.resources.iter().map(counted).collect();
+    names.sort();
+    assert_eq!(names, [(a.to_owned(), 1), (b.to_owned(), 1)]);
+    client.send(ENDPOINT, &[a, b], "3", &next.nonce).await;
+    server.acked(ENDPOINT, "3").await;
+    // Acknowledged, only what changes is sent again.
+    server.publish_following(services(&[(9002, 1), (9003, 1)], &[(9103, 1)]));
+    let last = client.next().await;
+    assert_eq!(
+        last.resources.iter().map(counted).collect::<Vec<_>>(),
+        [(a.to_owned(), 2)]
+    );
+}
+
+#[tokio::test]
 async fn unknown_types_are_ignored_and_oversized_subscriptions_end_the_stream() {
     let server = support::Server::start().await;
     server.publish(vec![support::greeter("default", &[(9001, 1)])]);
