@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use crate::clients::{ClientStatus, Held, HeldResources, TypeStatus};
 use crate::protocol::{
-    MAX_NAMES, Nack, Refused, Selected, TypeMap, TypeState, Verdict, digest, known_type,
-    record_answer,
+    MAX_NAMES, Nack, Refused, Selected, TypeMap, Verdict, digest, known_type, record_answer,
 };
 use crate::{CLUSTER, LISTENER, PUSH_ORDER};
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -118,15 +117,6 @@ impl DeltaStream {
             Verdict::Answer(type_url)
         } else {
             Verdict::Settled
-        })
-    }
-
-    /// The subscription of `type_url` in the form [`crate::snapshot::resources`] reads.
-    pub fn subscription(&self, type_url: &str) -> Option<TypeState> {
-        self.types.get(type_url).map(|state| TypeState {
-            names: state.subscribed.clone(),
-            wildcard: state.wildcard,
-            ..Default::default()
         })
     }
 

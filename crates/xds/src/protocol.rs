@@ -396,7 +396,6 @@ impl Stream {
             held,
             absent,
         }));
-        drop(resources);
         Some(DiscoveryResponse {
             version_info: version.to_owned(),
             resources: carried.into_iter().map(Arc::unwrap_or_clone).collect(),

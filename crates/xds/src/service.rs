@@ -215,24 +215,20 @@ mod tests {
     async fn a_compressed_request_is_refused_before_the_call_with_what_is_accepted() {
         let (_tx, rx) = tokio::sync::watch::channel(Arc::new(crate::snapshot::Snapshot::default()));
         let mut service = AdsService::new(Ads::new(rx, 10), 1024);
-        let request = http::Request::builder()
-            .uri(format!("http://localhost{SOTW_PATH}"))
-            .header("content-type", "application/grpc")
-            .header("grpc-encoding", "gzip")
-            .body(tonic::body::Body::empty())
-            .unwrap();
-        let response = service.call(request).await.unwrap();
+        let request = |encoding: &str| {
+            http::Request::builder()
+                .uri(format!("http://localhost{SOTW_PATH}"))
+                .header("content-type", "application/grpc")
+                .header("grpc-encoding", encoding)
+                .body(tonic::body::Body::empty())
+                .unwrap()
+        };
+        let response = service.call(request("gzip")).await.unwrap();
         let headers = response.headers();
         assert_eq!(headers["grpc-status"], "12", "{headers:?}");
         assert_eq!(headers["grpc-accept-encoding"], "identity");
         // Uncompressed (identity) is served: the call runs and the stream opens.
-        let request = http::Request::builder()
-            .uri(format!("http://localhost{SOTW_PATH}"))
-            .header("content-type", "application/grpc")
-            .header("grpc-encoding", "identity")
-            .body(tonic::body::Body::empty())
-            .unwrap();
-        let response = service.call(request).await.unwrap();
+        let response = service.call(request("identity")).await.unwrap();
         assert!(response.headers().get("grpc-status").is_none());
         assert_eq!(response.headers()["content-type"], "application/grpc");
     }

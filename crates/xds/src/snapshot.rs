@@ -14,7 +14,7 @@ use crate::conditions::Conditions;
 use crate::generate::{self, Balancing, Services, Target};
 use crate::inbound;
 use crate::overrides;
-use crate::protocol::TypeState;
+
 use crate::security::{Policies, tls};
 use crate::tags::{Subset, Tagging};
 use crate::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
@@ -557,10 +557,11 @@ impl Snapshot {
 
 /// The resources of `type_url` that `state` subscribes to, by name. A name that resolves to
 /// nothing is left out, which tells the client it does not exist.
-pub fn resources(
+#[cfg(test)]
+pub(crate) fn resources(
     snapshot: &Snapshot,
     type_url: &str,
-    state: &TypeState,
+    state: &crate::protocol::TypeState,
     client_namespace: &str,
 ) -> crate::protocol::Selected {
     select(

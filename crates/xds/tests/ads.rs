@@ -168,6 +168,22 @@ async fn acked_versions_are_not_resent_and_changes_are_pushed() {
     assert_ne!(ports_of(pushed), ports_of(&first));
 }
 
+/// `greeter` in `default` (A) and in `other` (B) with these endpoints.
+fn services(a: &[(u16, u32)], b: &[(u16, u32)]) -> Vec<dubbo_cp_domain::service::Service> {
+    vec![support::greeter("default", a), support::greeter("other", b)]
+}
+
+const A: &str = "outbound|7070||greeter.default.svc.cluster.local";
+const B: &str = "outbound|7070||greeter.other.svc.cluster.local";
+
+/// A server publishing A and B with one endpoint each, and a client connected to it.
+async fn two_services() -> (support::Server, Client) {
+    let server = support::Server::start().await;
+    server.publish(services(&[(9001, 1)], &[(9101, 1)]));
+    let client = Client::connect(server.addr).await;
+    (server, client)
+}
+
 /// A load assignment's cluster and its number of endpoints.
 fn counted(any: &envoy_types::pb::google::protobuf::Any) -> (String, usize) {
     let assignment = ClusterLoadAssignment::decode(any.value.as_slice()).unwrap();
@@ -181,14 +197,8 @@ fn counted(any: &envoy_types::pb::google::protobuf::Any) -> (String, usize) {
 
 #[tokio::test]
 async fn a_version_where_only_endpoints_moved_pushes_them_and_nothing_else() {
-    let server = support::Server::start().await;
-    let services = |a: &[(u16, u32)], b: &[(u16, u32)]| {
-        vec![support::greeter("default", a), support::greeter("other", b)]
-    };
-    server.publish(services(&[(9001, 1)], &[(9101, 1)]));
-    let mut client = Client::connect(server.addr).await;
-    let a = "outbound|7070||greeter.default.svc.cluster.local";
-    let b = "outbound|7070||greeter.other.svc.cluster.local";
+    let (server, mut client) = two_services().await;
+    let (a, b) = (A, B);
     for type_url in [CLUSTER, ENDPOINT] {
         client.send(type_url, &[a, b], "", "").await;
         let response = client.next().await;
@@ -251,14 +261,8 @@ async fn a_version_where_only_endpoints_moved_pushes_them_and_nothing_else() {
 
 #[tokio::test]
 async fn load_assignments_a_client_rejected_are_sent_again_with_the_next_change() {
-    let server = support::Server::start().await;
-    let services = |a: &[(u16, u32)], b: &[(u16, u32)]| {
-        vec![support::greeter("default", a), support::greeter("other", b)]
-    };
-    server.publish(services(&[(9001, 1)], &[(9101, 1)]));
-    let mut client = Client::connect(server.addr).await;
-    let a = "outbound|7070||greeter.default.svc.cluster.local";
-    let b = "outbound|7070||greeter.other.svc.cluster.local";
+    let (server, mut client) = two_services().await;
+    let (a, b) = (A, B);
     client.send(ENDPOINT, &[a, b], "", "").await;
     let first = client.next().await;
     client.send(ENDPOINT, &[a, b], "1", &first.nonce).await;

@@ -113,7 +113,9 @@ fn subscriptions_count_on_a_stale_nonce_and_nacks_are_recorded() {
         Ok(Verdict::Answer(ENDPOINT))
     );
     assert_eq!(
-        stream.subscription(ENDPOINT).map(|s| s.names.len()),
+        stream
+            .subscribed_names(ENDPOINT)
+            .map(|(names, _)| names.len()),
         Some(2)
     );
     let mut nack = request(ENDPOINT, &[], &[], &later.nonce);
@@ -132,7 +134,9 @@ fn subscriptions_count_on_a_stale_nonce_and_nacks_are_recorded() {
     // Unsubscribing forgets the name.
     stream.on_request(&request(ENDPOINT, &[], &["c1"], "")).ok();
     assert_eq!(
-        stream.subscription(ENDPOINT).map(|s| s.names.len()),
+        stream
+            .subscribed_names(ENDPOINT)
+            .map(|(names, _)| names.len()),
         Some(1)
     );
 }
@@ -141,9 +145,17 @@ fn subscriptions_count_on_a_stale_nonce_and_nacks_are_recorded() {
 fn wildcard_and_oversized_subscriptions() {
     let mut stream = DeltaStream::default();
     stream.on_request(&request(LISTENER, &[], &[], "")).ok();
-    assert!(stream.subscription(LISTENER).is_some_and(|s| s.wildcard));
+    assert!(
+        stream
+            .subscribed_names(LISTENER)
+            .is_some_and(|(_, wildcard)| wildcard)
+    );
     stream.on_request(&request(CLUSTER, &["*"], &[], "")).ok();
-    assert!(stream.subscription(CLUSTER).is_some_and(|s| s.wildcard));
+    assert!(
+        stream
+            .subscribed_names(CLUSTER)
+            .is_some_and(|(_, wildcard)| wildcard)
+    );
     let names: Vec<String> = (0..=MAX_NAMES).map(|i| format!("n{i}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     assert!(matches!(
