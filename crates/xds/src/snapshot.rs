@@ -14,7 +14,6 @@ use crate::conditions::Conditions;
 use crate::generate::{self, Balancing, Services, Target};
 use crate::inbound;
 use crate::overrides;
-
 use crate::security::{Policies, tls};
 use crate::tags::{Subset, Tagging};
 use crate::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
