@@ -60,7 +60,7 @@ pub use dubbo_cp_domain::{kind, mapping, resource, rules};
 pub use dubbo_cp_index as index;
 pub use dubbo_cp_ingest as ingest;
 pub use dubbo_cp_k8s as k8s;
-pub use dubbo_cp_kit::{duration, metrics, ratelimit, shutdown};
+pub use dubbo_cp_kit::{coalesce, duration, metrics, ratelimit, shutdown};
 pub use dubbo_cp_store as store;
 pub use dubbo_cp_webhook as webhook;
 pub use dubbo_cp_xds as xds;

@@ -2,6 +2,8 @@
 //! that serve it, and the shutdown wait.
 
 use super::*;
+use crate::coalesce::Coalesced;
+use tokio_stream::StreamExt as _;
 
 /// The registration service, the discovery stream, health and the CA service, with the
 /// discovery stream's metrics registered.
@@ -303,9 +305,11 @@ fn xds_serve(
         .max_concurrent_streams(grpc.max_concurrent_streams)
         .add_service(xds_server(ads))
         .serve_with_incoming_shutdown(
+            // A push writes once per connection, not once per stream.
             TcpIncoming::from(listener)
                 .with_nodelay(Some(true))
-                .with_keepalive(Some(TCP_KEEPALIVE)),
+                .with_keepalive(Some(TCP_KEEPALIVE))
+                .map(|accepted| accepted.map(Coalesced::new)),
             wait_for_shutdown(shutdown),
         )
 }
