@@ -16,16 +16,62 @@ use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
+/// A count the bench waits on. Waking the waiter at every ACK would cost the load generator a
+/// thread wake per stream per round (the waiter runs outside the runtime's workers), so only
+/// the increment that reaches the goal wakes it.
+pub struct Counter {
+    n: AtomicUsize,
+    goal: AtomicUsize,
+    reached: Notify,
+}
+
+impl Default for Counter {
+    fn default() -> Self {
+        Self {
+            n: AtomicUsize::new(0),
+            goal: AtomicUsize::new(usize::MAX),
+            reached: Notify::new(),
+        }
+    }
+}
+
+impl Counter {
+    pub fn get(&self) -> usize {
+        self.n.load(Ordering::SeqCst)
+    }
+
+    fn add(&self) {
+        if self.n.fetch_add(1, Ordering::SeqCst) + 1 >= self.goal.load(Ordering::SeqCst) {
+            self.reached.notify_waiters();
+        }
+    }
+
+    /// Waits until the count is at least `wanted`, or `deadline`; `false` on the deadline.
+    pub async fn reach(&self, wanted: usize, deadline: tokio::time::Instant) -> bool {
+        self.goal.store(wanted, Ordering::SeqCst);
+        let reached = loop {
+            let notified = self.reached.notified();
+            if self.get() >= wanted {
+                break true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break self.get() >= wanted;
+            }
+        };
+        self.goal.store(usize::MAX, Ordering::SeqCst);
+        reached
+    }
+}
+
 /// What every stream reports.
 #[derive(Default)]
 pub struct Acks {
     /// Load-assignment responses ACKed.
-    pub endpoint: AtomicUsize,
+    pub endpoint: Counter,
     /// Streams that ACKed their first load assignment (each stream once).
-    pub subscribed: AtomicUsize,
+    pub subscribed: Counter,
     /// Streams that ACKed a load assignment on a stream opened after a failure.
-    pub reconnected: AtomicUsize,
-    pub changed: Notify,
+    pub reconnected: Counter,
     /// The run is over: streams ending now end because the server goes.
     pub finished: AtomicBool,
     /// Stream failures by gRPC code, with the first message of each.
@@ -33,26 +79,50 @@ pub struct Acks {
 }
 
 impl Acks {
-    fn failed(&self, status: &tonic::Status) {
+    /// Counts a failure by code and by when it came: as the old server went, or on a stream
+    /// opened while reconnecting. A status the server sent is told apart from one tonic made of
+    /// a transport failure (a connection refused, closed or going away under the stream): gRPC's
+    /// own clients report every such failure as UNAVAILABLE and retry it, whatever code tonic
+    /// gives it. The first message of each carries its cause's chain.
+    fn failed(&self, status: &tonic::Status, reconnecting: bool) {
         let mut errors = self
             .errors
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let from = if std::error::Error::source(status).is_some() {
+            " transport"
+        } else {
+            ""
+        };
+        let when = if reconnecting { " reconnecting" } else { "" };
         let entry = errors
-            .entry(format!("{:?}", status.code()))
-            .or_insert_with(|| (0, status.message().chars().take(160).collect()));
+            .entry(format!("{:?}{from}{when}", status.code()))
+            .or_insert_with(|| (0, cause(status)));
         entry.0 += 1;
     }
 
+    /// Failures a gRPC client would report as something other than UNAVAILABLE: statuses the
+    /// server sent with another code. Transport failures are not among them.
+    pub fn beyond_unavailable(&self) -> usize {
+        let errors = self
+            .errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        errors
+            .iter()
+            .filter(|(key, _)| !key.starts_with("Unavailable") && !key.contains(" transport"))
+            .map(|(_, (n, _))| n)
+            .sum()
+    }
+
     fn acked_endpoints(&self, state: &mut StreamState) {
-        self.endpoint.fetch_add(1, Ordering::SeqCst);
+        self.endpoint.add();
         if !std::mem::replace(&mut state.subscribed, true) {
-            self.subscribed.fetch_add(1, Ordering::SeqCst);
+            self.subscribed.add();
         }
         if std::mem::take(&mut state.after_failure) {
-            self.reconnected.fetch_add(1, Ordering::SeqCst);
+            self.reconnected.add();
         }
-        self.changed.notify_waiters();
     }
 
     /// Failures by code, `CODE=n` joined.
@@ -71,6 +141,18 @@ impl Acks {
             text.join(" ")
         }
     }
+}
+
+/// A status's message and the chain of errors under it, cut to a readable length.
+fn cause(status: &tonic::Status) -> String {
+    let mut text = status.message().to_owned();
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        text.push_str(": ");
+        text.push_str(&error.to_string());
+        source = error.source();
+    }
+    text.chars().take(240).collect()
 }
 
 /// Where one client stands.
@@ -111,7 +193,7 @@ pub async fn client(
             Ok(()) => tonic::Status::unavailable("stream ended"),
             Err(status) => status,
         };
-        acks.failed(&status);
+        acks.failed(&status, state.after_failure);
         state.after_failure = true;
         // Jitter of +/- 20 % (xorshift: no extra crate for a bench's randomness).
         seed ^= seed << 13;
