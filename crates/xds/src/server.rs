@@ -550,7 +550,14 @@ async fn run<S: AdsStream>(
             message = incoming.message() => {
                 let request = match message {
                     Ok(Some(request)) => request,
-                    Ok(None) | Err(_) => return,
+                    // The client closed its side: the stream ends OK.
+                    Ok(None) => return,
+                    // A request that does not decode, or a transport failure: the stream
+                    // ends with it, as a tonic handler returning it would.
+                    Err(status) => {
+                        let _ = tx.try_send(Box::new(Err(status)));
+                        return;
+                    }
                 };
                 if let Some(type_url) = S::rejects(&request) {
                     registered.stats.nacks.get_or_create(&TypeLabel::of(type_url)).inc();

@@ -232,4 +232,23 @@ mod tests {
         assert!(response.headers().get("grpc-status").is_none());
         assert_eq!(response.headers()["content-type"], "application/grpc");
     }
+
+    #[tokio::test]
+    async fn a_request_that_does_not_decode_ends_the_stream_with_internal() {
+        use http_body_util::BodyExt as _;
+        let (_tx, rx) = tokio::sync::watch::channel(Arc::new(crate::snapshot::Snapshot::default()));
+        let mut service = AdsService::new(Ads::new(rx, 10), 1024);
+        // One framed message whose bytes are no DiscoveryRequest (field 0 is invalid).
+        let garbage = bytes::Bytes::from_static(&[0, 0, 0, 0, 2, 0x00, 0x00]);
+        let request = http::Request::builder()
+            .uri(format!("http://localhost{SOTW_PATH}"))
+            .header("content-type", "application/grpc")
+            .body(tonic::body::Body::new(http_body_util::Full::new(garbage)))
+            .unwrap();
+        let response = service.call(request).await.unwrap();
+        let body = response.into_body().collect().await.unwrap();
+        let trailers = body.trailers().cloned().unwrap_or_default();
+        // Not OK: before, a failed request ended the stream as if the client had closed it.
+        assert_eq!(trailers["grpc-status"], "13", "{trailers:?}");
+    }
 }
