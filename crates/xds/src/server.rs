@@ -543,8 +543,7 @@ async fn run<S: AdsStream>(
     loop {
         tokio::select! {
             () = shut_down(&mut shutdown) => {
-                // Not waited for: a client that reads nothing must not hold the shutdown up.
-                let _ = tx.try_send(Box::new(Err(Status::unavailable("control plane shutting down; reconnect"))));
+                going_away(&tx);
                 return;
             }
             message = incoming.message() => {
@@ -600,6 +599,7 @@ async fn run<S: AdsStream>(
                 // Answered now, with the types asked for before the sources synced.
                 let responses = answer(&mut lock(&shared), &snapshot, &waiting, identity);
                 if Box::pin(answered(send::<S>(responses, &tx, &registered, &snapshot), &mut shutdown)).await.is_err() {
+                    going_away(&tx);
                     return;
                 }
                 waiting.clear();
@@ -615,6 +615,7 @@ async fn run<S: AdsStream>(
                 }
                 let responses = answer(&mut lock(&shared), &snapshot, &waiting, identity);
                 if Box::pin(answered(send::<S>(responses, &tx, &registered, &snapshot), &mut shutdown)).await.is_err() {
+                    going_away(&tx);
                     return;
                 }
                 waiting.clear();
@@ -623,6 +624,15 @@ async fn run<S: AdsStream>(
             }
         }
     }
+}
+
+/// Ends the stream with `UNAVAILABLE` at shutdown, so its client reconnects; also on the way
+/// out after a failed send, where it finds the client gone and does nothing. Not waited for: a
+/// client that reads nothing must not hold the shutdown up.
+fn going_away<T>(tx: &mpsc::Sender<Queued<T>>) {
+    let _ = tx.try_send(Box::new(Err(Status::unavailable(
+        "control plane shutting down; reconnect",
+    ))));
 }
 
 /// Resolves once `shutdown` is true (never, if its sender is gone while false).

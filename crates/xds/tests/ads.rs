@@ -455,3 +455,41 @@ async fn a_nack_keeps_that_client_on_its_last_good_version_while_others_move_on(
         .await
         .unwrap_or_else(|_| panic!("{:?}", server.clients.list()));
 }
+
+#[tokio::test]
+async fn at_shutdown_every_stream_ends_unavailable_even_one_opened_after_it() {
+    let (down, shutdown) = tokio::sync::watch::channel(false);
+    let server = support::Server::start_with_shutdown(shutdown).await;
+    server.publish(vec![support::greeter("default", &[(9001, 1)])]);
+    let cluster = "outbound|7070||greeter.default.svc.cluster.local";
+    let mut open = Client::connect(server.addr).await;
+    open.send(ENDPOINT, &[cluster], "", "").await;
+    open.next().await;
+    down.send(true).unwrap();
+    let ended = |result: Result<Option<DiscoveryResponse>, tonic::Status>| match result {
+        Err(status) => status.code(),
+        Ok(Some(_)) => tonic::Code::Ok,
+        Ok(None) => panic!("the stream ended OK; a client would not know to reconnect"),
+    };
+    assert_eq!(
+        ended(open.responses.message().await),
+        tonic::Code::Unavailable
+    );
+    // A stream opened during the shutdown (a client reconnecting to a draining server) may be
+    // answered first, but it too ends UNAVAILABLE. The stream's loop picks among ready
+    // branches at random, so several streams take each path; before, one sending its answer
+    // when it saw the shutdown ended OK.
+    for _ in 0..20 {
+        let mut late = Client::connect(server.addr).await;
+        late.send(ENDPOINT, &[cluster], "", "").await;
+        loop {
+            match ended(late.responses.message().await) {
+                tonic::Code::Ok => continue,
+                code => {
+                    assert_eq!(code, tonic::Code::Unavailable);
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -25,11 +25,24 @@ impl Server {
     }
 
     pub async fn start_with(max_streams: usize) -> Server {
+        Server::start_ads(|rx| Ads::new(rx, max_streams)).await
+    }
+
+    /// A server whose streams end when `shutdown` turns true (it keeps taking new ones).
+    #[allow(dead_code)]
+    pub async fn start_with_shutdown(shutdown: watch::Receiver<bool>) -> Server {
+        Server::start_ads(|rx| {
+            Ads::new(rx, dubbo_cp_xds::server::DEFAULT_MAX_STREAMS).with_shutdown(shutdown)
+        })
+        .await
+    }
+
+    async fn start_ads(ads: impl FnOnce(watch::Receiver<Arc<Snapshot>>) -> Ads) -> Server {
         let (snapshots, rx) = watch::channel(Arc::new(Snapshot::default()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let ads = Ads::new(rx, max_streams);
+        let ads = ads(rx);
         let clients = ads.clients();
         let stats = ads.stats();
         tokio::spawn(
