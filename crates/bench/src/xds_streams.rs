@@ -102,7 +102,8 @@ impl Acks {
     }
 
     /// Failures a gRPC client would report as something other than UNAVAILABLE: statuses the
-    /// server sent with another code. Transport failures are not among them.
+    /// server sent with another code (OK included: a stream the server ended). Transport
+    /// failures are not among them.
     pub fn beyond_unavailable(&self) -> usize {
         let errors = self
             .errors
@@ -190,7 +191,8 @@ pub async fn client(
             return;
         }
         let status = match result {
-            Ok(()) => tonic::Status::unavailable("stream ended"),
+            // Counted as what it is: a gRPC client would see OK, not UNAVAILABLE.
+            Ok(()) => tonic::Status::ok("the server ended the stream"),
             Err(status) => status,
         };
         acks.failed(&status, state.after_failure);
