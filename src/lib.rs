@@ -41,7 +41,8 @@
 //!   [`webhook`]: the pod admission webhook (Kubernetes mode) and its configuration object.
 //! - [`canary`]: progressive delivery, the `Canary` controller (Kubernetes mode).
 //! - [`supervisor`]: every long-lived task; a fault stops the process.
-//! - [`server`]: all wiring, as named steps.
+//! - [`server`]: all wiring, as named steps; [`coalesce`]: the xDS port's connections, whose
+//!   writes go out once per poll of their HTTP/2 task.
 //! - [`config`], [`telemetry`], [`metrics`], [`admin`], [`cli`]: settings, logs, metrics,
 //!   the HTTP admin port, the sub-commands.
 #![forbid(unsafe_code)]
@@ -60,13 +61,14 @@ pub use dubbo_cp_domain::{kind, mapping, resource, rules};
 pub use dubbo_cp_index as index;
 pub use dubbo_cp_ingest as ingest;
 pub use dubbo_cp_k8s as k8s;
-pub use dubbo_cp_kit::{coalesce, duration, metrics, ratelimit, shutdown};
+pub use dubbo_cp_kit::{duration, metrics, ratelimit, shutdown};
 pub use dubbo_cp_store as store;
 pub use dubbo_cp_webhook as webhook;
 pub use dubbo_cp_xds as xds;
 pub use dubbo_cp_zookeeper as zookeeper;
 
 pub mod cli;
+pub mod coalesce;
 pub mod config;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

@@ -1,6 +1,5 @@
 //! dubbo-cp's process kit: what every component shares and none owns.
 //!
-//! - [`coalesce`]: a connection whose writes go out once per poll of its HTTP/2 task.
 //! - [`shutdown`]: the process-wide shutdown signal.
 //! - [`ratelimit`]: the token bucket behind every admission limit.
 //! - [`duration`]: duration settings (`100ms`, `10s`): the parser, clap's value parser, serde.
@@ -10,7 +9,6 @@
 //! Depends on no other dubbo-cp crate.
 #![forbid(unsafe_code)]
 
-pub mod coalesce;
 pub mod duration;
 pub mod metrics;
 pub mod ratelimit;

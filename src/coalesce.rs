@@ -11,6 +11,13 @@
 //! answering), so one write carries what every stream of the connection queued meanwhile.
 //! A flush before that returns at once: h2 flushes after each large frame. The buffer is
 //! bounded: past [`LIMIT`] bytes it is written out first.
+//!
+//! Only for a connection h2 drives: it relies on h2 reading until `Pending` and then flushing
+//! at every poll. A driver that writes, flushes and then waits to read would wait forever; so
+//! would a client that waits for the server's SETTINGS before sending its preface (HTTP/2 has
+//! the client speak first). Bytes held when a connection is dropped without being shut down
+//! (the peer gone, a forced close after `max_connection_age_grace`) are lost with it, one poll
+//! sooner than they would have been written.
 
 use std::io;
 use std::pin::Pin;
@@ -78,9 +85,11 @@ impl<IO: AsyncWrite + Unpin> Coalesced<IO> {
         Poll::Ready(Ok(()))
     }
 
-    /// Makes room for `len` more bytes, writing out what is held if they would pass [`LIMIT`].
+    /// Makes room for `len` more bytes, writing out what is held if the buffer would pass
+    /// [`LIMIT`]. Its length counts, not only what is held: bytes a partial write sent stay at
+    /// its front until it is written out whole.
     fn poll_room(&mut self, cx: &mut Context<'_>, len: usize) -> Poll<io::Result<()>> {
-        if self.held() + len > LIMIT {
+        if self.buf.len() + len > LIMIT {
             ready!(self.poll_drain(cx))?;
         }
         Poll::Ready(Ok(()))
@@ -192,6 +201,9 @@ mod tests {
         take: Option<usize>,
         /// Writes refused with `Pending` before it takes any.
         busy: usize,
+        /// Refuses every other write with `Pending`, as a socket a slow reader fills.
+        slow: bool,
+        refused: bool,
     }
 
     impl AsyncRead for Recorder {
@@ -215,6 +227,13 @@ mod tests {
                 this.busy -= 1;
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
+            }
+            if this.slow {
+                this.refused = !this.refused;
+                if this.refused {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
             }
             let n = this.take.map_or(data.len(), |take| take.min(data.len()));
             this.writes.push(data[..n].to_vec());
@@ -298,16 +317,45 @@ mod tests {
         );
         assert_eq!(conn.held(), 12);
         let huge = vec![9u8; LIMIT + 1];
-        poll_once(&mut conn, &mut cx, &[&huge]);
-        assert!(Pin::new(&mut conn).poll_shutdown(&mut cx).is_ready());
+        let written = Pin::new(&mut conn).poll_write(&mut cx, &huge);
+        assert!(matches!(written, Poll::Ready(Ok(n)) if n == LIMIT + 1));
         let writes = &conn.get_ref().writes;
-        assert_eq!(
-            writes[1],
-            b"0123456789ab".to_vec(),
-            "held bytes before the big write"
-        );
-        // Passed through as it came (in parts: a vectored write may take the first slice).
-        assert!(writes[2..].concat() == huge, "the big write arrived whole");
+        assert_eq!(writes[1], b"0123456789ab".to_vec(), "held bytes before it");
+        assert!(writes[2] == huge, "passed through, not held");
+        assert_eq!(conn.held(), 0);
+    }
+
+    #[test]
+    fn a_slow_connection_bounds_the_buffer_whatever_it_has_sent() {
+        let (_, waker) = context();
+        let mut cx = Context::from_waker(&waker);
+        // Takes 1 KiB per write and refuses every other: each write-out stops part way.
+        let mut conn = Coalesced::new(Recorder {
+            take: Some(1024),
+            slow: true,
+            ..Recorder::default()
+        });
+        let frame = vec![1u8; 1000];
+        let mut taken = 0;
+        while taken < 500 * 3 {
+            let mut space = [0u8; 1];
+            let _ = Pin::new(&mut conn).poll_read(&mut cx, &mut ReadBuf::new(&mut space));
+            let _ = Pin::new(&mut conn).poll_flush(&mut cx);
+            // h2 writes while the connection takes them; a refusal ends this poll.
+            while taken < 500 * 3 {
+                match Pin::new(&mut conn).poll_write(&mut cx, &frame) {
+                    Poll::Ready(Ok(n)) => {
+                        assert_eq!(n, frame.len());
+                        taken += 1;
+                    }
+                    Poll::Ready(Err(err)) => panic!("{err}"),
+                    Poll::Pending => break,
+                }
+            }
+            assert!(conn.buf.len() <= LIMIT, "{} bytes buffered", conn.buf.len());
+        }
+        while Pin::new(&mut conn).poll_shutdown(&mut cx).is_pending() {}
+        assert_eq!(conn.get_ref().writes.concat().len(), 500 * 3 * 1000);
     }
 
     #[test]
@@ -320,8 +368,10 @@ mod tests {
             ..Recorder::default()
         });
         poll_once(&mut conn, &mut cx, &[b"abcdefgh"]);
-        // Next poll: the flush meets a busy connection, then partial writes.
+        // Still the poll that held it: nothing written yet.
         assert!(Pin::new(&mut conn).poll_flush(&mut cx).is_ready());
+        assert!(conn.get_ref().writes.is_empty());
+        // The next poll's flush meets a busy connection; the shutdown, partial writes.
         let mut space = [0u8; 1];
         let _ = Pin::new(&mut conn).poll_read(&mut cx, &mut ReadBuf::new(&mut space));
         assert!(Pin::new(&mut conn).poll_flush(&mut cx).is_pending());
