@@ -12,9 +12,8 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use envoy_types::pb::google::protobuf::{Any, value};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::wrappers::WatchStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -167,16 +166,18 @@ impl AggregatedDiscoveryService for Ads {
         let identity = self.admit(&request).await?;
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         let registered = self.register(identity)?;
-        tokio::spawn(run::<Stream>(
-            request.into_inner(),
-            self.snapshots.clone(),
-            self.shutdown.clone(),
-            tx,
-            registered,
+        let (end, ending) = oneshot::channel();
+        tokio::spawn(ended(
+            run::<Stream>(
+                request.into_inner(),
+                self.snapshots.clone(),
+                self.shutdown.clone(),
+                tx,
+                registered,
+            ),
+            end,
         ));
-        Ok(Response::new(Box::pin(
-            ReceiverStream::new(rx).map(|queued| *queued),
-        )))
+        Ok(Response::new(Box::pin(responses(rx, ending))))
     }
 
     async fn delta_aggregated_resources(
@@ -186,16 +187,18 @@ impl AggregatedDiscoveryService for Ads {
         let identity = self.admit(&request).await?;
         let registered = self.register(identity)?;
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        tokio::spawn(run::<DeltaStream>(
-            request.into_inner(),
-            self.snapshots.clone(),
-            self.shutdown.clone(),
-            tx,
-            registered,
+        let (end, ending) = oneshot::channel();
+        tokio::spawn(ended(
+            run::<DeltaStream>(
+                request.into_inner(),
+                self.snapshots.clone(),
+                self.shutdown.clone(),
+                tx,
+                registered,
+            ),
+            end,
         ));
-        Ok(Response::new(Box::pin(
-            ReceiverStream::new(rx).map(|queued| *queued),
-        )))
+        Ok(Response::new(Box::pin(responses(rx, ending))))
     }
 }
 
@@ -525,7 +528,7 @@ async fn run<S: AdsStream>(
     shutdown: Option<watch::Receiver<bool>>,
     tx: mpsc::Sender<Queued<S::Response>>,
     registered: Registered,
-) {
+) -> Option<Status> {
     // Without a shutdown signal, a sender kept here keeps the branch pending forever.
     let (_never, never) = watch::channel(false);
     // Both waits are made once for the stream's life, not at every request: each made anew
@@ -548,20 +551,16 @@ async fn run<S: AdsStream>(
     loop {
         tokio::select! {
             () = &mut shutdown => {
-                going_away(&tx);
-                return;
+                return Some(going_away());
             }
             message = incoming.message() => {
                 let request = match message {
                     Ok(Some(request)) => request,
                     // The client closed its side: the stream ends OK.
-                    Ok(None) => return,
+                    Ok(None) => return None,
                     // A request that does not decode, or a transport failure: the stream
                     // ends with it, as a tonic handler returning it would.
-                    Err(status) => {
-                        let _ = tx.try_send(Box::new(Err(status)));
-                        return;
-                    }
+                    Err(status) => return Some(status),
                 };
                 if let Some(type_url) = S::rejects(&request) {
                     registered.stats.nacks.get_or_create(&TypeLabel::of(type_url)).inc();
@@ -586,11 +585,7 @@ async fn run<S: AdsStream>(
                         tracing::debug!(%type_url, "xDS request for a type not served; ignored");
                         continue;
                     }
-                    Err(refused) => {
-                        let refusal = Box::new(Err(Status::invalid_argument(refused.to_string())));
-                        let _ = Box::pin(tx.send(refusal)).await;
-                        return;
-                    }
+                    Err(refused) => return Some(Status::invalid_argument(refused.to_string())),
                 };
                 if !waiting.contains(&type_url) {
                     waiting.push(type_url);
@@ -604,23 +599,22 @@ async fn run<S: AdsStream>(
                 // Answered now, with the types asked for before the sources synced.
                 let responses = answer(&mut lock(&shared), &snapshot, &waiting, identity);
                 if Box::pin(answered(send::<S>(responses, &tx, &registered, &snapshot), shutdown.as_mut())).await.is_err() {
-                    going_away(&tx);
-                    return;
+                    return Some(going_away());
                 }
                 waiting.clear();
                 registered.clients.changed();
             }
             changed = versions.next() => {
                 let Some(snapshot) = changed else {
-                    return;
+                    // The publisher is gone: the process is ending.
+                    return Some(going_away());
                 };
                 if !snapshot.synced {
                     continue;
                 }
                 let responses = answer(&mut lock(&shared), &snapshot, &waiting, identity);
                 if Box::pin(answered(send::<S>(responses, &tx, &registered, &snapshot), shutdown.as_mut())).await.is_err() {
-                    going_away(&tx);
-                    return;
+                    return Some(going_away());
                 }
                 waiting.clear();
                 lock(&shared).seen = Some(snapshot.version);
@@ -630,13 +624,58 @@ async fn run<S: AdsStream>(
     }
 }
 
-/// Ends the stream with `UNAVAILABLE` at shutdown, so its client reconnects; also on the way
-/// out after a failed send, where it finds the client gone and does nothing. Not waited for: a
-/// client that reads nothing must not hold the shutdown up.
-fn going_away<T>(tx: &mpsc::Sender<Queued<T>>) {
-    let _ = tx.try_send(Box::new(Err(Status::unavailable(
-        "control plane shutting down; reconnect",
-    ))));
+/// The status a stream ends with at shutdown, so its client reconnects (also the way out after
+/// a failed send, where nobody reads it).
+fn going_away() -> Status {
+    Status::unavailable("control plane shutting down; reconnect")
+}
+
+/// Runs a stream's loop and hands the status it ends with to [`responses`]; none: OK.
+async fn ended(
+    run: impl std::future::Future<Output = Option<Status>>,
+    end: oneshot::Sender<Status>,
+) {
+    if let Some(status) = run.await {
+        let _ = end.send(status);
+    }
+}
+
+/// What the client reads: the queued responses, then the status the loop ended with. The status
+/// is not queued with them: a queue full of responses the client has not read yet must not
+/// lose it (the stream would end OK, and its client not know to reconnect), nor hold the loop,
+/// and with it the shutdown, until there is room.
+struct Ending<T> {
+    queue: mpsc::Receiver<Queued<T>>,
+    end: Option<oneshot::Receiver<Status>>,
+}
+
+fn responses<T>(queue: mpsc::Receiver<Queued<T>>, end: oneshot::Receiver<Status>) -> Ending<T> {
+    Ending {
+        queue,
+        end: Some(end),
+    }
+}
+
+impl<T> tokio_stream::Stream for Ending<T> {
+    type Item = Result<T, Status>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::{Poll, ready};
+        if let Some(queued) = ready!(self.queue.poll_recv(cx)) {
+            return Poll::Ready(Some(*queued));
+        }
+        // The loop has returned (its sender is gone) and everything it queued was read.
+        let Some(end) = self.end.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let ended = ready!(Pin::new(end).poll(cx));
+        self.end = None;
+        // No status sent: the loop ended OK.
+        Poll::Ready(ended.ok().map(Err))
+    }
 }
 
 /// Resolves once `shutdown` is true (never, if its sender is gone while false).

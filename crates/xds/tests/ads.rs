@@ -456,6 +456,13 @@ async fn a_nack_keeps_that_client_on_its_last_good_version_while_others_move_on(
         .unwrap_or_else(|_| panic!("{:?}", server.clients.list()));
 }
 
+/// `message`, or a failure after 10 s: a hang fails the test instead of stalling it.
+async fn within<T>(message: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), message)
+        .await
+        .expect("within 10 s")
+}
+
 #[tokio::test]
 async fn at_shutdown_every_stream_ends_unavailable_even_one_opened_after_it() {
     let (down, shutdown) = tokio::sync::watch::channel(false);
@@ -472,7 +479,7 @@ async fn at_shutdown_every_stream_ends_unavailable_even_one_opened_after_it() {
         Ok(None) => panic!("the stream ended OK; a client would not know to reconnect"),
     };
     assert_eq!(
-        ended(open.responses.message().await),
+        ended(within(open.responses.message()).await),
         tonic::Code::Unavailable
     );
     // A stream opened during the shutdown (a client reconnecting to a draining server) may be
@@ -483,7 +490,7 @@ async fn at_shutdown_every_stream_ends_unavailable_even_one_opened_after_it() {
         let mut late = Client::connect(server.addr).await;
         late.send(ENDPOINT, &[cluster], "", "").await;
         loop {
-            match ended(late.responses.message().await) {
+            match ended(within(late.responses.message()).await) {
                 tonic::Code::Ok => continue,
                 code => {
                     assert_eq!(code, tonic::Code::Unavailable);
