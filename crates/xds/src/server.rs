@@ -128,6 +128,28 @@ impl Ads {
         })
     }
 
+    /// Starts a stream's loop in a task of its own; what it sends, then the status it ends
+    /// with, are what the client reads.
+    fn spawn<S: AdsStream>(
+        &self,
+        incoming: Streaming<S::Request>,
+        registered: Registered,
+    ) -> Ending<S::Response> {
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        let (end, ending) = oneshot::channel();
+        tokio::spawn(ended(
+            Box::pin(run::<S>(
+                incoming,
+                self.snapshots.clone(),
+                self.shutdown.clone(),
+                tx,
+                registered,
+            )),
+            end,
+        ));
+        responses(rx, ending)
+    }
+
     /// The connected clients' status.
     pub fn clients(&self) -> Arc<Clients> {
         self.clients.clone()
@@ -164,20 +186,10 @@ impl AggregatedDiscoveryService for Ads {
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Responses>, Status> {
         let identity = self.admit(&request).await?;
-        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         let registered = self.register(identity)?;
-        let (end, ending) = oneshot::channel();
-        tokio::spawn(ended(
-            Box::pin(run::<Stream>(
-                request.into_inner(),
-                self.snapshots.clone(),
-                self.shutdown.clone(),
-                tx,
-                registered,
-            )),
-            end,
-        ));
-        Ok(Response::new(Box::pin(responses(rx, ending))))
+        Ok(Response::new(Box::pin(
+            self.spawn::<Stream>(request.into_inner(), registered),
+        )))
     }
 
     async fn delta_aggregated_resources(
@@ -186,19 +198,9 @@ impl AggregatedDiscoveryService for Ads {
     ) -> Result<Response<DeltaResponses>, Status> {
         let identity = self.admit(&request).await?;
         let registered = self.register(identity)?;
-        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        let (end, ending) = oneshot::channel();
-        tokio::spawn(ended(
-            Box::pin(run::<DeltaStream>(
-                request.into_inner(),
-                self.snapshots.clone(),
-                self.shutdown.clone(),
-                tx,
-                registered,
-            )),
-            end,
-        ));
-        Ok(Response::new(Box::pin(responses(rx, ending))))
+        Ok(Response::new(Box::pin(
+            self.spawn::<DeltaStream>(request.into_inner(), registered),
+        )))
     }
 }
 
