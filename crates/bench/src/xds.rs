@@ -11,7 +11,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -20,7 +19,8 @@ use tonic::transport::Channel;
 
 use super::fanout::{cpu_seconds, rss_kib, spawn_server_in};
 use super::load::{ms, percentiles};
-use super::xds_streams::{Acks, Counter, client};
+use super::xds_load::{Count, GrpcJs, Load, Streams};
+use super::xds_streams::{Acks, client};
 
 const NAMESPACE: &str = "bench";
 
@@ -50,6 +50,13 @@ pub struct XdsArgs {
     /// After the rounds, restart the server and time the reconnection of every stream.
     #[arg(long)]
     storm: bool,
+    /// The streams on released @grpc/grpc-js in a Node.js process of its own, installed with
+    /// npm under this directory when missing, instead of tonic in this process.
+    #[arg(long, value_name = "DIR")]
+    grpc_js: Option<std::path::PathBuf>,
+    /// Node.js processes the grpc-js streams are shared among (one runs JavaScript on one core).
+    #[arg(long, default_value_t = 1)]
+    grpc_js_processes: usize,
 }
 
 fn cluster(service: usize) -> String {
@@ -115,24 +122,6 @@ async fn metric(admin: SocketAddr, name: &str) -> anyhow::Result<f64> {
         .unwrap_or(0.0))
 }
 
-/// Waits until `count` reaches `wanted`.
-async fn wait_for(
-    acks: &Acks,
-    counter: impl Fn(&Acks) -> &Counter,
-    wanted: usize,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    if !counter(acks).reach(wanted, deadline).await {
-        bail!(
-            "{} of {wanted} within {timeout:?}; stream failures: {}",
-            counter(acks).get(),
-            acks.errors()
-        );
-    }
-    Ok(())
-}
-
 /// A channel to the xDS port whose writes go out once per poll of its connection task, as
 /// gRPC's own clients batch theirs (grpc-go's writer flushes when its queue is empty): without
 /// it the load generator makes a system call per ACK, on the two cores the server runs on.
@@ -145,6 +134,59 @@ async fn xds_channel(xds: SocketAddr) -> anyhow::Result<Channel> {
     Ok(Channel::from_shared(format!("http://{xds}"))?
         .connect_with_connector(connector)
         .await?)
+}
+
+/// The streams, on tonic in this process or on grpc-js in Node.js processes.
+async fn start_load(args: &XdsArgs, xds: SocketAddr) -> anyhow::Result<Load> {
+    let per_connection = args.streams_per_connection.max(1);
+    if let Some(prefix) = &args.grpc_js {
+        let target = xds.to_string();
+        let processes = args.grpc_js_processes.clamp(1, args.streams.max(1));
+        let mut started = Vec::new();
+        for p in 0..processes {
+            let first = args.streams * p / processes;
+            let streams = Streams {
+                target: &target,
+                first,
+                streams: args.streams * (p + 1) / processes - first,
+                per_connection,
+                services: args.services,
+                per_stream: args.per_stream,
+                delta: args.delta,
+            };
+            started.push(GrpcJs::spawn(prefix, streams).await?);
+        }
+        return Ok(Load::GrpcJs(started));
+    }
+    let acks = Arc::new(Acks::default());
+    let connections = args.streams.div_ceil(per_connection);
+    let mut channels = Vec::new();
+    for _ in 0..connections {
+        channels.push(xds_channel(xds).await?);
+    }
+    for i in 0..args.streams {
+        // The shared service 0, and `per_stream` others spread over the rest.
+        let mut services = vec![0];
+        services.extend(
+            (0..args.per_stream).map(|k| 1 + (i * args.per_stream + k) % (args.services - 1)),
+        );
+        let names = services.iter().map(|s| cluster(*s)).collect();
+        let channel = channels[i % connections].clone();
+        tokio::spawn(client(i, channel, names, args.delta, acks.clone()));
+    }
+    Ok(Load::Tonic {
+        acks,
+        streams: args.streams,
+        mark: 0,
+    })
+}
+
+/// `measure` of each process, added up.
+fn sum<T: std::iter::Sum>(
+    pids: &[u32],
+    measure: impl Fn(u32) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    pids.iter().map(|pid| measure(*pid)).sum()
 }
 
 pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
@@ -163,63 +205,37 @@ pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
     }
     let before = rss_kib(pid)?;
 
-    let acks = Arc::new(Acks::default());
-    let connections = args.streams.div_ceil(args.streams_per_connection.max(1));
-    let mut channels = Vec::new();
-    for _ in 0..connections {
-        channels.push(xds_channel(xds).await?);
-    }
     let opened = Instant::now();
-    for i in 0..args.streams {
-        // The shared service 0, and `per_stream` others spread over the rest.
-        let mut services = vec![0];
-        services.extend(
-            (0..args.per_stream).map(|k| 1 + (i * args.per_stream + k) % (args.services - 1)),
-        );
-        let names = services.iter().map(|s| cluster(*s)).collect();
-        let channel = channels[i % connections].clone();
-        tokio::spawn(client(i, channel, names, args.delta, acks.clone()));
-    }
-    wait_for(
-        &acks,
-        |a| &a.subscribed,
-        args.streams,
-        Duration::from_secs(600),
-    )
-    .await?;
+    let mut load = start_load(&args, xds).await?;
+    load.wait(Count::Subscribed, Duration::from_secs(600))
+        .await?;
     let subscribe_time = opened.elapsed();
     // Let the last ACKs land before memory is read.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = rss_kib(pid)?;
-    let client_rss = rss_kib(std::process::id())?;
+    let client_rss = sum(&load.pids(), rss_kib)?;
 
     let server_cpu = cpu_seconds(&pid.to_string())?;
-    let client_cpu = cpu_seconds("self")?;
+    let client_cpu = sum(&load.pids(), |pid| cpu_seconds(&pid.to_string()))?;
     let mut latencies = Vec::new();
     let mut encodes = Vec::new();
     for round in 0..args.rounds {
-        let acked = acks.endpoint.get();
+        load.mark().await?;
         let encoded = metric(admin, "dubbo_cp_xds_resource_encodes_total").await?;
         apply(admin, &entry(0, args.endpoints, Some(round))).await?;
         let changed = Instant::now();
-        wait_for(
-            &acks,
-            |a| &a.endpoint,
-            acked + args.streams,
-            Duration::from_secs(120),
-        )
-        .await?;
+        load.wait(Count::Endpoint, Duration::from_secs(120)).await?;
         latencies.push(changed.elapsed());
         // Pushes are done; the counter has every encoding of the round.
         encodes.push(metric(admin, "dubbo_cp_xds_resource_encodes_total").await? - encoded);
     }
     let server_cpu = cpu_seconds(&pid.to_string())? - server_cpu;
-    let client_cpu = cpu_seconds("self")? - client_cpu;
+    let client_cpu = sum(&load.pids(), |pid| cpu_seconds(&pid.to_string()))? - client_cpu;
     let (p50, p99, max) = percentiles(&mut latencies);
     let per_stream = (after.saturating_sub(before)) as f64 / args.streams as f64;
     encodes.sort_by(f64::total_cmp);
     println!(
-        "xds: {} {} streams ({} per connection), {} services x {} endpoints, {} rounds",
+        "xds: {} {} streams ({} per connection) on {}, {} services x {} endpoints, {} rounds",
         args.streams,
         if args.delta {
             "delta"
@@ -227,6 +243,13 @@ pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
             "state-of-the-world"
         },
         args.streams_per_connection,
+        match &args.grpc_js {
+            Some(_) => format!(
+                "grpc-js 1.14.7 ({} Node.js processes)",
+                args.grpc_js_processes
+            ),
+            None => "tonic".to_owned(),
+        },
         args.services,
         args.endpoints,
         args.rounds
@@ -260,28 +283,37 @@ pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
     if args.storm {
         let xds_port = xds.to_string();
         let admin_port = admin.to_string();
-        server = server.restart(&["--xds-addr", &xds_port, "--admin-addr", &admin_port])?;
+        let client_cpu = sum(&load.pids(), |pid| cpu_seconds(&pid.to_string()))?;
         let restarted = Instant::now();
-        wait_for(
-            &acks,
-            |a| &a.reconnected,
-            args.streams,
-            Duration::from_secs(300),
-        )
-        .await?;
+        server = server.restart(&["--xds-addr", &xds_port, "--admin-addr", &admin_port])?;
+        let serving = restarted.elapsed();
+        let server_cpu = cpu_seconds(&server.child.id().to_string())?;
+        load.wait(Count::Reconnected, Duration::from_secs(300))
+            .await?;
         println!(
-            "  restart: every stream back and ACKed in {:.0} ms (gRPC's backoff from 1 s); stream failures by code: {}",
+            "  restart: every stream back and ACKed in {:.0} ms (the old server draining and the new one serving: {:.0} ms; gRPC's backoff from 1 s)",
             ms(restarted.elapsed()),
-            acks.errors()
+            ms(serving)
         );
         println!(
-            "  failures a gRPC client reports as other than UNAVAILABLE (a status of another code from the server): {}",
-            acks.beyond_unavailable()
+            "  CPU over the storm: new server {:.2} s, load generator {:.2} s; stream failures by code: {}",
+            cpu_seconds(&server.child.id().to_string())? - server_cpu,
+            sum(&load.pids(), |pid| cpu_seconds(&pid.to_string()))? - client_cpu,
+            load.errors().await?
+        );
+        println!(
+            "  failures a gRPC client reports as other than UNAVAILABLE (a status of another code from the server{}): {}",
+            if args.grpc_js.is_some() {
+                ", or grpc-js's own"
+            } else {
+                ""
+            },
+            load.beyond_unavailable().await?
         );
     } else {
-        println!("  stream failures by code: {}", acks.errors());
+        println!("  stream failures by code: {}", load.errors().await?);
     }
-    acks.finished.store(true, Ordering::SeqCst);
+    load.finish().await?;
     drop(server);
     Ok(())
 }

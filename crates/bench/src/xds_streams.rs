@@ -46,6 +46,10 @@ impl Counter {
         }
     }
 
+    fn sub(&self) {
+        self.n.fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// Waits until the count is at least `wanted`, or `deadline`; `false` on the deadline.
     pub async fn reach(&self, wanted: usize, deadline: tokio::time::Instant) -> bool {
         self.goal.store(wanted, Ordering::SeqCst);
@@ -70,7 +74,8 @@ pub struct Acks {
     pub endpoint: Counter,
     /// Streams that ACKed their first load assignment (each stream once).
     pub subscribed: Counter,
-    /// Streams that ACKed a load assignment on a stream opened after a failure.
+    /// Streams whose stream opened after a failure ACKed a load assignment and has not failed:
+    /// one back on the old server before it went is not back.
     pub reconnected: Counter,
     /// The run is over: streams ending now end because the server goes.
     pub finished: AtomicBool,
@@ -101,46 +106,27 @@ impl Acks {
         entry.0 += 1;
     }
 
-    /// Failures a gRPC client would report as something other than UNAVAILABLE: statuses the
-    /// server sent with another code (OK included: a stream the server ended). Transport
-    /// failures are not among them.
-    pub fn beyond_unavailable(&self) -> usize {
-        let errors = self
-            .errors
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        errors
-            .iter()
-            .filter(|(key, _)| !key.starts_with("Unavailable") && !key.contains(" transport"))
-            .map(|(_, (n, _))| n)
-            .sum()
-    }
-
     fn acked_endpoints(&self, state: &mut StreamState) {
         self.endpoint.add();
         if !std::mem::replace(&mut state.subscribed, true) {
             self.subscribed.add();
         }
         if std::mem::take(&mut state.after_failure) {
+            state.back = true;
             self.reconnected.add();
         }
     }
 
-    /// Failures by code, `CODE=n` joined.
-    pub fn errors(&self) -> String {
+    /// Failures by code, with the first message of each.
+    pub fn codes(&self) -> BTreeMap<String, (u64, String)> {
         let errors = self
             .errors
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let text: Vec<String> = errors
+        errors
             .iter()
-            .map(|(code, (n, first))| format!("{code}={n} ({first:?})"))
-            .collect();
-        if text.is_empty() {
-            "none".to_owned()
-        } else {
-            text.join(" ")
-        }
+            .map(|(code, (n, first))| (code.clone(), (*n as u64, first.clone())))
+            .collect()
     }
 }
 
@@ -162,6 +148,8 @@ struct StreamState {
     subscribed: bool,
     /// The current stream was opened after a failure and has ACKed no load assignment yet.
     after_failure: bool,
+    /// The current stream was opened after a failure and has ACKed a load assignment.
+    back: bool,
     backoff: Duration,
 }
 
@@ -177,6 +165,7 @@ pub async fn client(
     let mut state = StreamState {
         subscribed: false,
         after_failure: false,
+        back: false,
         backoff: Duration::from_secs(1),
     };
     // Each client its own jitter sequence, so reconnects spread out.
@@ -196,6 +185,9 @@ pub async fn client(
             Err(status) => status,
         };
         acks.failed(&status, state.after_failure);
+        if std::mem::take(&mut state.back) {
+            acks.reconnected.sub();
+        }
         state.after_failure = true;
         // Jitter of +/- 20 % (xorshift: no extra crate for a bench's randomness).
         seed ^= seed << 13;
