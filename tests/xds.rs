@@ -12,6 +12,7 @@ mod released;
 use std::net::SocketAddr;
 
 use common::{http_get, http_send, start, test_config};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use released::{Released, answers, assert_split, backend, count, settle};
 use tokio::io::AsyncWriteExt;
 
@@ -545,6 +546,149 @@ async fn overrides_select_endpoints_by_match_and_reach_an_interfaces_application
         settle(&mut client, "a", 1, "").await;
         assert_split(&count(&mut client, 2000).await, 80);
         delete_rule(server.admin_addr, "DynamicConfig/shop/v2-light").await;
+        drop(client.child.start_kill());
+    }
+    server.stop().await.unwrap();
+}
+
+/// A stream that rejects the clusters it is sent (a NACK), as a client with a bad build would:
+/// released clients accept what this server sends, so the test plays one.
+async fn nacking_stream(xds: SocketAddr) -> tokio::sync::mpsc::Sender<DiscoveryRequest> {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(DiscoveryRequest {
+        node: Some(Node {
+            id: "nacker".into(),
+            ..Default::default()
+        }),
+        type_url: dubbo_cp::xds::CLUSTER.into(),
+        resource_names: vec!["outbound|7070||greeter.shop.svc.cluster.local".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{xds}"))
+        .await
+        .unwrap();
+    let mut responses = client
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = responses.message().await.unwrap().unwrap();
+    tx.send(DiscoveryRequest {
+        type_url: response.type_url,
+        resource_names: vec!["outbound|7070||greeter.shop.svc.cluster.local".into()],
+        response_nonce: response.nonce,
+        error_detail: Some(envoy_types::pb::google::rpc::Status {
+            code: 3,
+            message: "cluster refused by this client".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // The stream stays open while the sender lives; its responses are not read again.
+    tokio::spawn(async move { while let Ok(Some(_)) = responses.message().await {} });
+    tx
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
+    let kind = Released::Grpcio;
+    let (_a, port_a) = backend(kind, "a").await;
+    let (_b, port_b) = backend(kind, "b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(test_config(dir.path())).await;
+    let xds = server.xds_addr.unwrap();
+    apply(
+        server.admin_addr,
+        &greeter_entry(&[(port_a, 80), (port_b, 20)]),
+    )
+    .await;
+    // Two released clients of their own node each, calling the ServiceEntry's host.
+    let mut clients = Vec::new();
+    for node in ["dash-one", "dash-two"] {
+        let server = xds.to_string();
+        let bootstrap =
+            cli_bootstrap(&["--server", &server, "-n", "shop", "--node-id", node]).await;
+        let mut client = released::client_with(kind, "xds:///greeter:7070", bootstrap);
+        settle(&mut client, "a", 1, "").await;
+        clients.push(client);
+    }
+    let _nacker = nacking_stream(xds).await;
+
+    let url = format!("http://{}/ui", server.admin_addr);
+    let shot = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-xds.png");
+    let shot_path = shot.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut browser = common::browser::Browser::open(&url);
+        browser.wait_for("document.body.dataset.loaded === 'true'");
+        // Every kind the index serves, ServiceEntry with its one object.
+        browser.wait_for(
+            "(document.querySelector('tr.kind[data-kind=\"ServiceEntry\"]')?.cells[1].textContent) === '1'",
+        );
+        // Both released clients, each with its four types in step, and their protocol.
+        for node in ["dash-one", "dash-two"] {
+            browser.wait_for(&format!(
+                "[...document.querySelectorAll('tr.xds-client[data-node=\"{node}\"]')]\
+                 .filter(r => !r.classList.contains('stale')).length === 4"
+            ));
+        }
+        let protocol = browser.evaluate(
+            "document.querySelector('tr.xds-client[data-node=\"dash-one\"]').cells[3].textContent",
+        );
+        assert_eq!(protocol, serde_json::json!("sotw"));
+        // The rejecting stream, with its message, and alone under the filter.
+        browser.wait_for(
+            "[...document.querySelectorAll('tr.xds-client.stale[data-node=\"nacker\"]')]\
+             .some(r => r.textContent.includes('cluster refused by this client'))",
+        );
+        browser.evaluate("document.querySelector('#xds-stale-only').click()");
+        browser.wait_for(
+            "[...document.querySelectorAll('tr.xds-client')].length === 1 && \
+             !!document.querySelector('tr.xds-client[data-node=\"nacker\"]')",
+        );
+        browser.evaluate("document.querySelector('#xds-stale-only').click()");
+        browser.wait_for("document.querySelectorAll('tr.xds-client').length === 9");
+        browser.evaluate("document.querySelector('#xds-clients').scrollIntoView()");
+        browser.screenshot(&shot_path);
+    })
+    .await
+    .unwrap();
+    {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "xDS dashboard screenshot: {}",
+            shot.display()
+        );
+    }
+    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000));
+
+    // The same through the API: a page of one, the counts over all, the stale one alone.
+    let (_, body) = http_get(server.admin_addr, "/debug/xds?limit=1&offset=1").await;
+    let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(page["clients"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(
+        (page["total"].as_u64(), page["stale"].as_u64()),
+        (Some(3), Some(1)),
+        "{page}"
+    );
+    assert_eq!(page["truncated"], true, "{page}");
+    let (_, body) = http_get(server.admin_addr, "/debug/xds?stale=true").await;
+    let stale: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(stale["clients"][0]["node_id"], "nacker", "{stale}");
+    assert!(
+        stale["clients"][0]["stale"][0]
+            .as_str()
+            .unwrap()
+            .contains("cluster refused by this client"),
+        "{stale}"
+    );
+    for client in &mut clients {
         drop(client.child.start_kill());
     }
     server.stop().await.unwrap();

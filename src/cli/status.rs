@@ -145,17 +145,23 @@ fn printable(text: &str) -> String {
 /// The xDS clients beside the discovery-stream ones: per type the names subscribed, the
 /// versions sent and acknowledged, and the last rejection with its message.
 fn xds_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
+    // The columns of the discovery-stream table where they mean the same: SENT and ACKED are
+    // versions, SYNCED says the type is in step (acknowledged, not rejected, not behind).
     let mut out = format!(
-        "{:<40} {:<20} {:<9} {:>6} {:>8} {:>8} NACK\n",
-        "XDS CLIENT", "NAMESPACE", "TYPE", "NAMES", "SENT", "ACKED"
+        "{:<40} {:<20} {:<8} {:<9} {:>6} {:>8} {:>8} {:<6} NACK\n",
+        "XDS CLIENT", "NAMESPACE", "PROTOCOL", "TYPE", "NAMES", "SENT", "ACKED", "SYNCED"
     );
     let version = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_owned());
     for client in clients {
         if !in_namespace(client, args) {
             continue;
         }
+        let behind = client
+            .stale
+            .iter()
+            .any(|reason| reason.starts_with("behind"));
         for status in &client.types {
-            let synced = status.sent == status.acked;
+            let synced = status.sent == status.acked && status.nack.is_none() && !behind;
             if args.stale && synced {
                 continue;
             }
@@ -172,13 +178,15 @@ fn xds_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
                 )
             });
             out.push_str(&format!(
-                "{:<40} {:<20} {:<9} {:>6} {:>8} {:>8} {nack}\n",
+                "{:<40} {:<20} {:<8} {:<9} {:>6} {:>8} {:>8} {:<6} {nack}\n",
                 printable(&client.node_id),
                 printable(&client.namespace),
+                client.protocol,
                 status.r#type,
                 names,
                 version(&status.sent),
                 version(&status.acked),
+                if synced { "yes" } else { "no" },
             ));
         }
     }
@@ -478,8 +486,12 @@ mod tests {
         let client = |node: &str, namespace: &str, servers| XdsClientView {
             node_id: node.into(),
             namespace: namespace.into(),
+            protocol: "sotw".into(),
+            identity: None,
+            connected_since: None,
             seen: None,
             types: Vec::new(),
+            stale: Vec::new(),
             servers,
         };
         let clients = [
@@ -503,5 +515,82 @@ mod tests {
         assert!(rows[2].contains("plaintext (PERMISSIVE)") && rows[2].contains("(default)"));
         let shop = servers_table(&clients, &args(None, Some("shop"), false));
         assert_eq!(shop.lines().count(), 2, "{shop}");
+    }
+
+    #[test]
+    fn the_xds_table_says_the_protocol_and_which_types_are_in_step() {
+        use dubbo_cp_xds::clients::{Nack, TypeView};
+        let view = |r#type: &str, sent: &str, acked: &str, nack: Option<Nack>| TypeView {
+            r#type: r#type.into(),
+            names: 2,
+            wildcard: false,
+            subscribed: vec!["a".into(), "b".into()],
+            sent: Some(sent.into()),
+            acked: Some(acked.into()),
+            nack,
+        };
+        let client = |node: &str, protocol: &str, types, stale: Vec<String>| XdsClientView {
+            node_id: node.into(),
+            namespace: "shop".into(),
+            protocol: protocol.into(),
+            identity: None,
+            connected_since: None,
+            seen: Some("7".into()),
+            types,
+            stale,
+            servers: Vec::new(),
+        };
+        let nack = Nack {
+            version: "7".into(),
+            message: "bad".into(),
+            nonce: 3,
+        };
+        let clients = [
+            client(
+                "steady",
+                "sotw",
+                vec![view("cluster", "7", "7", None)],
+                vec![],
+            ),
+            client(
+                "rejects",
+                "delta",
+                vec![
+                    view("cluster", "7", "6", Some(nack)),
+                    view("endpoint", "7", "7", None),
+                ],
+                vec!["cluster NACKed version 7: bad".into()],
+            ),
+            client(
+                "slow",
+                "sotw",
+                vec![view("listener", "7", "7", None)],
+                vec!["behind: version 7 taken in hand, 9 published".into()],
+            ),
+        ];
+        let table = xds_table(&clients, &args(None, None, false));
+        let row = |node: &str, r#type: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(node) && l.contains(r#type))
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            row("steady", "cluster")[2..8],
+            ["sotw", "cluster", "2", "7", "7", "yes"]
+        );
+        assert_eq!(
+            row("rejects", "cluster")[2..9],
+            ["delta", "cluster", "2", "7", "6", "no", "version"]
+        );
+        assert_eq!(row("rejects", "endpoint")[7], "yes", "{table}");
+        assert_eq!(row("slow", "listener")[7], "no", "behind: {table}");
+        let stale = xds_table(&clients, &args(None, None, true));
+        assert_eq!(
+            stale.lines().count(),
+            3,
+            "header, rejects' cluster, slow's listener: {stale}"
+        );
     }
 }

@@ -211,10 +211,14 @@ pub(super) struct ClientQuery {
     stale: bool,
     /// At most this many streams in the answer (the counts cover all).
     limit: Option<usize>,
+    /// Streams skipped before the answer's first (`/debug/xds`: a page).
+    #[serde(default)]
+    offset: usize,
 }
 
-/// `/debug/clients[?namespace=][&kind=][&stale=true][&limit=N]`: open streams and how far each
-/// client has got; `total` and `stale` count every open stream, `truncated` says the limit cut.
+/// `/debug/clients[?namespace=][&kind=][&stale=true][&offset=N][&limit=N]`: open streams and how
+/// far each client has got; `total` and `stale` count every open stream, `truncated` says the
+/// page ends before the last match.
 pub(super) async fn list_clients(
     State(state): State<AdminState>,
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
@@ -246,6 +250,7 @@ pub(super) async fn list_clients(
             });
             (!c.kinds.is_empty() || (query.kind.is_none() && !query.stale)).then_some(c)
         })
+        .skip(query.offset)
         .collect();
     let truncated = query.limit.is_some_and(|limit| matching.len() > limit);
     if let Some(limit) = query.limit {
@@ -256,8 +261,10 @@ pub(super) async fn list_clients(
     })))
 }
 
-/// `/debug/xds[?namespace=]`: every open xDS stream: node, namespace, per type the names
-/// subscribed, the versions sent and acknowledged and the last rejection (NACK).
+/// `/debug/xds[?namespace=][&stale=true][&offset=N][&limit=N]`: open xDS streams: node,
+/// namespace, protocol, per type the names subscribed, the versions sent and acknowledged and
+/// the last rejection (NACK), and why a stream is not in step (`stale`). `total` and `stale`
+/// count every stream of the namespace; `offset` and `limit` page through them.
 pub(super) async fn list_xds_clients(
     State(state): State<AdminState>,
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
@@ -268,18 +275,29 @@ pub(super) async fn list_xds_clients(
     let Some(clients) = &state.xds_clients else {
         return Ok(Json(serde_json::json!({"enabled": false, "clients": []})));
     };
-    let all = clients.views();
-    let total = all.len();
-    let mut matching: Vec<_> = all
+    let current = clients.current();
+    let in_namespace: Vec<_> = clients
+        .views()
         .into_iter()
         .filter(|c| query.namespace.as_ref().is_none_or(|ns| &c.namespace == ns))
         .collect();
-    let truncated = query.limit.is_some_and(|limit| matching.len() > limit);
-    if let Some(limit) = query.limit {
-        matching.truncate(limit);
-    }
+    let total = in_namespace.len();
+    let stale = in_namespace.iter().filter(|c| !c.stale.is_empty()).count();
+    let matching: Vec<_> = in_namespace
+        .into_iter()
+        .filter(|c| !query.stale || !c.stale.is_empty())
+        .collect();
+    let matched = matching.len();
+    let page: Vec<_> = matching
+        .into_iter()
+        .skip(query.offset)
+        .take(query.limit.unwrap_or(usize::MAX))
+        .collect();
+    let truncated = query.offset + page.len() < matched;
     Ok(Json(serde_json::json!({
-        "enabled": true, "clients": matching, "total": total, "truncated": truncated,
+        "enabled": true, "clients": page, "total": total, "stale": stale, "matched": matched,
+        "offset": query.offset, "truncated": truncated,
+        "current": current.map(|v| v.to_string()),
     })))
 }
 

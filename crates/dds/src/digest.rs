@@ -38,6 +38,19 @@ pub struct DigestView {
     /// RFC 3339.
     pub computed_at: String,
     pub kinds: Vec<KindDigest>,
+    /// The kinds served over xDS only (ServiceEntry, Service): their objects and revision. No
+    /// digest: they have no discovery-stream encoding to hash.
+    #[serde(default)]
+    pub xds_kinds: Vec<KindCount>,
+}
+
+/// A kind's objects and revision, as `/debug/digest` shows the kinds it does not digest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KindCount {
+    pub kind: String,
+    pub revision: i64,
+    pub objects: usize,
 }
 
 /// Every kind's digest at its current revision.
@@ -55,10 +68,23 @@ pub fn view(index: &Index, encoder: &Encoder, with_objects: bool) -> DigestView 
             }
         })
         .collect();
+    let xds_kinds = Kind::ALL
+        .iter()
+        .filter(|kind| !Kind::DISCOVERY.contains(kind))
+        .map(|kind| {
+            let state = index.current(*kind);
+            KindCount {
+                kind: kind.name().to_owned(),
+                revision: state.revision,
+                objects: state.objects.len(),
+            }
+        })
+        .collect();
     DigestView {
         replica: replica_name(),
         computed_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         kinds,
+        xds_kinds,
     }
 }
 

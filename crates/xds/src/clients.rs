@@ -81,7 +81,17 @@ pub struct ClientStatus {
     pub types: BTreeMap<&'static str, TypeStatus>,
     /// What the stream's server listeners enforce (an xDS-enabled server's stream).
     pub servers: Vec<ServerView>,
+    /// `sotw` (state of the world) or `delta`.
+    pub protocol: &'static str,
+    /// The authenticated caller's namespace, when authentication is on.
+    pub identity: Option<String>,
+    pub connected: Option<std::time::SystemTime>,
+    /// Per type, the first [`NAMES_SHOWN`] names subscribed to (`TypeStatus::names` counts all).
+    pub subscribed: BTreeMap<&'static str, Vec<String>>,
 }
+
+/// Names of a type an operator's view lists per client; a client may subscribe to thousands.
+pub const NAMES_SHOWN: usize = 20;
 
 impl ClientStatus {
     /// The status of a stream of `node` whose client is in `namespace`, with its types'.
@@ -96,7 +106,7 @@ impl ClientStatus {
             namespace: namespace.to_owned(),
             seen: seen.map(|v| v.to_string()),
             types: types.collect(),
-            servers: Vec::new(),
+            ..ClientStatus::default()
         }
     }
 }
@@ -118,6 +128,8 @@ pub struct Clients {
     /// Streams open now, and the most that may be.
     open: AtomicUsize,
     max_streams: usize,
+    /// The version published now, to tell which streams are behind.
+    published: Option<Box<dyn Fn() -> u64 + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Clients {
@@ -136,7 +148,15 @@ impl Clients {
             next_id: AtomicU64::new(0),
             open: AtomicUsize::new(0),
             max_streams,
+            published: None,
         }
+    }
+
+    /// Streams are told behind when they have not taken in hand the version `published`
+    /// says is the last.
+    pub fn following(mut self, published: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
+        self.published = Some(Box::new(published));
+        self
     }
 
     /// A new stream's id, or `None` when `max_streams` are open; its entry appears with
@@ -209,28 +229,17 @@ impl Clients {
             .collect()
     }
 
+    /// The version published now, which a stream that is not behind has taken in hand.
+    pub fn current(&self) -> Option<u64> {
+        self.published.as_ref().map(|published| published())
+    }
+
     /// Every open stream as `/debug/xds` and `dubbo-cp status` show it.
     pub fn views(&self) -> Vec<ClientView> {
+        let current = self.current();
         self.list()
             .into_iter()
-            .map(|client| ClientView {
-                node_id: client.node_id,
-                namespace: client.namespace,
-                seen: client.seen,
-                servers: client.servers,
-                types: client
-                    .types
-                    .into_iter()
-                    .map(|(type_url, status)| TypeView {
-                        r#type: crate::short_type(type_url).to_owned(),
-                        names: status.names,
-                        wildcard: status.wildcard,
-                        sent: status.sent,
-                        acked: status.acked,
-                        nack: status.nack,
-                    })
-                    .collect(),
-            })
+            .map(|client| ClientView::of(client, current))
             .collect()
     }
 
@@ -248,17 +257,85 @@ impl Clients {
     }
 }
 
-/// One client as operators read it (`/debug/xds`, `dubbo-cp status`).
+/// One client as operators read it (`/debug/xds`, `dubbo-cp status`, the dashboard).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClientView {
     pub node_id: String,
     pub namespace: String,
+    /// `sotw` (state of the world) or `delta`.
+    #[serde(default)]
+    pub protocol: String,
+    /// The authenticated caller's namespace, when authentication is on.
+    #[serde(default)]
+    pub identity: Option<String>,
+    /// RFC 3339, to the second.
+    #[serde(default)]
+    pub connected_since: Option<String>,
     /// The last published version the stream has taken in hand.
     pub seen: Option<String>,
     pub types: Vec<TypeView>,
+    /// Why the client is not in step, one reason each (a rejection, a response it has not
+    /// acknowledged, a version it has not taken in hand); empty when it is.
+    #[serde(default)]
+    pub stale: Vec<String>,
     /// The server listeners it was sent (gRFC A36), with their TLS and RBAC.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub servers: Vec<ServerView>,
+}
+
+impl ClientView {
+    fn of(mut client: ClientStatus, current: Option<u64>) -> ClientView {
+        let types: Vec<TypeView> = std::mem::take(&mut client.types)
+            .into_iter()
+            .map(|(type_url, status)| TypeView {
+                r#type: crate::short_type(type_url).to_owned(),
+                names: status.names,
+                wildcard: status.wildcard,
+                subscribed: client.subscribed.remove(type_url).unwrap_or_default(),
+                sent: status.sent,
+                acked: status.acked,
+                nack: status.nack,
+            })
+            .collect();
+        let mut stale = Vec::new();
+        for view in &types {
+            if let Some(nack) = &view.nack {
+                stale.push(format!(
+                    "{} NACKed version {}: {}",
+                    view.r#type, nack.version, nack.message
+                ));
+            } else if view.sent.is_some() && view.sent != view.acked {
+                stale.push(format!(
+                    "{} version {} sent, not acknowledged",
+                    view.r#type,
+                    view.sent.as_deref().unwrap_or_default()
+                ));
+            }
+        }
+        let seen = client.seen.as_deref().and_then(|v| v.parse::<u64>().ok());
+        if let Some(current) = current
+            && !types.is_empty()
+            && seen.is_some_and(|seen| seen < current)
+        {
+            stale.push(format!(
+                "behind: version {} taken in hand, {current} published",
+                client.seen.as_deref().unwrap_or_default()
+            ));
+        }
+        ClientView {
+            node_id: client.node_id,
+            namespace: client.namespace,
+            protocol: client.protocol.to_owned(),
+            identity: client.identity,
+            connected_since: client
+                .connected
+                .map(|at| humantime::format_rfc3339_seconds(at).to_string()),
+            seen: client.seen,
+            types,
+            stale,
+            servers: client.servers,
+        }
+    }
 }
 
 /// What an xDS-enabled server was told to enforce, as operators read it.
@@ -323,8 +400,81 @@ pub struct TypeView {
     /// Names subscribed (not counting a wildcard).
     pub names: usize,
     pub wildcard: bool,
+    /// The first `NAMES_SHOWN` of them.
+    #[serde(default)]
+    pub subscribed: Vec<String>,
     pub sent: Option<String>,
     pub acked: Option<String>,
     /// The last rejection, until a later version is acknowledged.
     pub nack: Option<Nack>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(types: Vec<(&'static str, TypeStatus)>, seen: Option<&str>) -> ClientStatus {
+        ClientStatus {
+            node_id: "n".into(),
+            namespace: "shop".into(),
+            seen: seen.map(str::to_owned),
+            types: types.into_iter().collect(),
+            protocol: "delta",
+            subscribed: [(crate::CLUSTER, vec!["a".to_owned()])].into(),
+            ..ClientStatus::default()
+        }
+    }
+
+    fn status(sent: &str, acked: Option<&str>, nack: Option<&str>) -> TypeStatus {
+        TypeStatus {
+            names: 1,
+            sent: Some(sent.into()),
+            acked: acked.map(str::to_owned),
+            nack: nack.map(|message| Nack {
+                version: sent.into(),
+                message: message.into(),
+                nonce: 1,
+            }),
+            ..TypeStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_client_is_stale_for_a_rejection_an_unacknowledged_response_or_a_version_behind() {
+        let steady = ClientView::of(
+            client(
+                vec![(crate::CLUSTER, status("4", Some("4"), None))],
+                Some("4"),
+            ),
+            Some(4),
+        );
+        assert!(steady.stale.is_empty(), "{steady:?}");
+        assert_eq!(steady.protocol, "delta");
+        assert_eq!(steady.types[0].subscribed, ["a"]);
+
+        let view = ClientView::of(
+            client(
+                vec![
+                    (
+                        crate::CLUSTER,
+                        status("4", Some("3"), Some("no such cluster")),
+                    ),
+                    (crate::ENDPOINT, status("4", Some("3"), None)),
+                ],
+                Some("3"),
+            ),
+            Some(4),
+        );
+        assert_eq!(
+            view.stale,
+            [
+                "cluster NACKed version 4: no such cluster",
+                "endpoint version 4 sent, not acknowledged",
+                "behind: version 3 taken in hand, 4 published",
+            ],
+        );
+        // A client that subscribed to nothing yet is not behind.
+        let idle = ClientView::of(client(vec![], Some("1")), Some(4));
+        assert!(idle.stale.is_empty(), "{idle:?}");
+    }
 }

@@ -64,9 +64,12 @@ pub const DEFAULT_MAX_STREAMS: usize = 100_000;
 impl Ads {
     /// Serves `snapshots` to at most `max_streams` streams at once.
     pub fn new(snapshots: watch::Receiver<Arc<Snapshot>>, max_streams: usize) -> Self {
+        let published = snapshots.clone();
         Ads {
+            clients: Arc::new(
+                Clients::new(max_streams).following(move || published.borrow().version),
+            ),
             snapshots,
-            clients: Arc::new(Clients::new(max_streams)),
             stats: Arc::default(),
             authenticate: None,
             shutdown: None,
@@ -206,6 +209,8 @@ impl AggregatedDiscoveryService for Ads {
 
 /// What the stream loop needs of a stream, state of the world or incremental.
 trait AdsStream: Default + Send + 'static {
+    /// `sotw` or `delta`, as operators read it.
+    const PROTOCOL: &'static str;
     type Request: Send + 'static;
     type Response: Send + 'static;
     fn on_request(&mut self, request: &Self::Request) -> Result<Verdict, Refused>;
@@ -274,6 +279,7 @@ fn reselected<S: AdsStream>(
 }
 
 impl AdsStream for Stream {
+    const PROTOCOL: &'static str = "sotw";
     type Request = DiscoveryRequest;
     type Response = DiscoveryResponse;
     fn on_request(&mut self, request: &DiscoveryRequest) -> Result<Verdict, Refused> {
@@ -318,6 +324,7 @@ impl AdsStream for Stream {
 }
 
 impl AdsStream for DeltaStream {
+    const PROTOCOL: &'static str = "delta";
     type Request = DeltaDiscoveryRequest;
     type Response = DeltaDiscoveryResponse;
     fn on_request(&mut self, request: &DeltaDiscoveryRequest) -> Result<Verdict, Refused> {
@@ -483,6 +490,7 @@ struct Shared<S> {
     identity_namespace: Option<String>,
     /// The version every subscribed type was last answered from.
     resolved: Option<u64>,
+    connected: std::time::SystemTime,
 }
 
 type Locked<S> = std::sync::Mutex<Shared<S>>;
@@ -505,6 +513,23 @@ impl<S: AdsStream> crate::clients::Report for Locked<S> {
             stream.statuses().into_iter(),
         );
         status.servers = shared.servers.clone();
+        status.protocol = S::PROTOCOL;
+        status.identity = shared.identity_namespace.clone();
+        status.connected = Some(shared.connected);
+        status.subscribed = status
+            .types
+            .keys()
+            .map(|type_url| {
+                let names = stream.names(type_url).map(|(names, _)| {
+                    names
+                        .iter()
+                        .take(crate::clients::NAMES_SHOWN)
+                        .cloned()
+                        .collect()
+                });
+                (*type_url, names.unwrap_or_default())
+            })
+            .collect();
         status
     }
 
@@ -544,6 +569,7 @@ async fn run<S: AdsStream>(
         servers: Vec::new(),
         identity_namespace: registered.identity_namespace.clone(),
         resolved: None,
+        connected: std::time::SystemTime::now(),
     }));
     let identity = registered.identity_namespace.as_deref();
     // Shown to operators from its first request on (before it, it has no node to show).

@@ -19,6 +19,8 @@ const ENDPOINTS = {
   // At most CLIENT_ROWS streams per poll (a large fleet would be megabytes a second); the
   // server counts them all, and "stale only" asks it for the stale ones.
   clients: () => `/debug/clients?limit=${CLIENT_ROWS}${$('#stale-only').checked ? '&stale=true' : ''}`,
+  // xDS streams a page at a time; "stale or NACKing only" asks the server for those alone.
+  xds: () => `/debug/xds?limit=${CLIENT_ROWS}&offset=${xdsOffset}${$('#xds-stale-only').checked ? '&stale=true' : ''}`,
   ...Object.fromEntries(RULE_KINDS.map((k) => [k, `/api/v1/rules/${k}`])),
   canaries: '/debug/canaries',
   // Objects the watch skipped and rules-directory files that failed, with their errors.
@@ -33,6 +35,7 @@ const $ = (sel, root = document) => root.querySelector(sel);
 const last = {}; // latest good payload per endpoint; filters re-render from it without refetching
 let timer = null;
 let inFlight = false;
+let xdsOffset = 0;
 let again = false; // a poll was requested while one was running
 
 // ---------- token ----------
@@ -200,6 +203,7 @@ function render() {
   for (const kind of RULE_KINDS) if (last[kind]) renderRules(kind, last[kind]);
   if (last.ruleErrors) renderRuleErrors(last.ruleErrors);
   if (last.clients) renderClients();
+  if (last.xds) renderXdsClients();
   renderCanaries();
 }
 
@@ -207,11 +211,15 @@ function renderDigest(d) {
   setText($('#replica'), d.replica ?? '–');
   setText($('#computed-at'), fmtTime(d.computedAt) ?? '–');
   $('#computed-at').title = d.computedAt ?? '';
-  syncRows($('#kinds'), d.kinds || [], (k) => ({
+  // Kinds served over xDS only have no discovery-stream encoding to digest.
+  const xdsOnly = (d.xdsKinds || []).map((k) => ({ ...k, digest: null }));
+  syncRows($('#kinds'), [...(d.kinds || []), ...xdsOnly], (k) => ({
     key: k.kind,
     cls: 'kind',
     data: { kind: k.kind },
-    cells: [k.kind, num(k.objects), num(k.revision), mono(String(k.digest ?? '').slice(0, 12) || null, k.digest)],
+    cells: [k.kind, num(k.objects), num(k.revision), k.digest == null
+      ? { text: 'xDS only', title: 'served over xDS only: no discovery-stream encoding to digest', cls: 'mono' }
+      : mono(String(k.digest).slice(0, 12), k.digest)],
   }));
 }
 
@@ -345,6 +353,50 @@ function renderClients() {
   setText($('#clients-count'), `${total} connected · ${stale} stale${cut}`);
 }
 
+// One row per client and type: what it subscribed to, the versions sent and acknowledged, its
+// last rejection, and why it is not in step.
+function renderXdsClients() {
+  const x = last.xds;
+  const section = $('#xds-clients');
+  section.hidden = x.enabled === false;
+  if (x.enabled === false) return;
+  const rows = (x.clients || []).flatMap((c, i) => {
+    const types = c.types && c.types.length ? c.types : [null];
+    return types.map((t, j) => ({ c, t, i, rep: j > 0 }));
+  });
+  syncRows(section, rows, ({ c, t, i, rep }) => {
+    const dim = rep ? 'rep' : '';
+    const stale = (c.stale || []).length > 0;
+    const nack = t && t.nack;
+    const shown = t ? (t.subscribed || []) : [];
+    const names = t ? (t.wildcard ? `* (${t.names})` : `${t.names}`) : null;
+    return {
+      key: keyStr([x.offset, i, c.node_id, c.connected_since, t && t.type]),
+      cls: stale ? 'xds-client stale' : 'xds-client',
+      data: { node: c.node_id, type: t ? t.type : '' },
+      cells: [
+        { text: c.node_id, title: c.node_id, cls: `mono ${dim}`.trim() },
+        { text: c.namespace, cls: dim },
+        { text: c.identity, cls: `mono ${dim}`.trim() },
+        { text: c.protocol, cls: dim },
+        { text: fmtTime(c.connected_since), title: c.connected_since, cls: `mono ${dim}`.trim() },
+        t ? t.type : null,
+        { text: names, title: shown.join('\n') + (t && t.names > shown.length ? `\n… ${t.names - shown.length} more` : ''), cls: 'num mono' },
+        num(t && t.sent),
+        num(t && t.acked, t && t.sent !== t.acked ? 'bad' : ''),
+        { text: nack ? `v${nack.version}: ${nack.message}` : null, title: nack ? nack.message : null, cls: nack ? 'mono bad' : 'mono' },
+        { text: stale ? 'no' : 'yes', title: (c.stale || []).join('\n'), cls: stale ? 'bad' : 'ok' },
+      ],
+    };
+  });
+  const from = x.offset + 1;
+  const to = x.offset + (x.clients || []).length;
+  const page = x.matched > (x.clients || []).length ? ` · ${from}-${to} of ${x.matched} shown` : '';
+  setText($('#xds-clients-count'), `${x.total} connected · ${x.stale} stale${page}`);
+  $('#xds-prev').disabled = x.offset === 0;
+  $('#xds-next').disabled = !x.truncated;
+}
+
 const SVG = 'http://www.w3.org/2000/svg';
 
 function svg(tag, attrs = {}) {
@@ -469,6 +521,9 @@ $('#stale-only').addEventListener('change', () => {
   if (last.clients) renderClients();
   poll(); // the server filters the stale ones
 });
+$('#xds-stale-only').addEventListener('change', () => { xdsOffset = 0; poll(); });
+$('#xds-prev').addEventListener('click', () => { xdsOffset = Math.max(0, xdsOffset - CLIENT_ROWS); poll(); });
+$('#xds-next').addEventListener('click', () => { xdsOffset += CLIENT_ROWS; poll(); });
 // Coming back to the tab should show fresh data at once instead of after the slow interval.
 document.addEventListener('visibilitychange', () => { if (!document.hidden) poll(); });
 // A pasted `#token=` link in an already open tab is a same-document navigation.
