@@ -619,11 +619,21 @@ async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
         clients.push(client);
     }
     let _nacker = nacking_stream(xds).await;
+    // What a released client measures, to hold the drawn split against.
+    let counts = count(&mut clients[0], 2000).await;
+    let measured = |who: &str| answers(&counts, who) as f64 / 20.0;
+    let (share_a, share_b) = (measured("a"), measured("b"));
+    let (address_a, address_b) = (format!("127.0.0.1:{port_a}"), format!("127.0.0.1:{port_b}"));
 
     let url = format!("http://{}/ui", server.admin_addr);
     let shot = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-xds.png");
     let shot_path = shot.clone();
+    let split_shot =
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-split.png");
+    let split_path = split_shot.clone();
+    let (expect_a, expect_b) = (address_a.clone(), address_b.clone());
     tokio::task::spawn_blocking(move || {
+        let (address_a, address_b) = (expect_a, expect_b);
         let mut browser = common::browser::Browser::open(&url);
         browser.wait_for("document.body.dataset.loaded === 'true'");
         // Every kind the index serves, ServiceEntry with its one object.
@@ -655,6 +665,36 @@ async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
         browser.wait_for("document.querySelectorAll('tr.xds-client').length === 9");
         browser.evaluate("document.querySelector('#xds-clients').scrollIntoView()");
         browser.screenshot(&shot_path);
+
+        // The split drawn for what dash-one dials, against what it measured over 2,000 calls.
+        let show = |browser: &mut common::browser::Browser, service: &str| {
+            browser.evaluate(&format!(
+                "document.querySelector('#split-service').value = '{service}';\
+                 document.querySelector('#split-namespace').value = 'shop';\
+                 document.querySelector('#split-form').requestSubmit()"
+            ));
+        };
+        show(&mut browser, "greeter:7070");
+        browser.wait_for("document.querySelectorAll('#split .split-row').length === 2");
+        for (address, measured) in [(&address_a, share_a), (&address_b, share_b)] {
+            let drawn = browser.evaluate(&format!(
+                "Number(document.querySelector('#split .split-row[data-address=\"{address}\"]').dataset.share)"
+            ));
+            let drawn = drawn.as_f64().unwrap();
+            assert!(
+                (drawn - measured).abs() <= 5.0,
+                "{address}: drawn {drawn} %, measured {measured} % of 2,000 calls"
+            );
+        }
+        // A name nobody serves says so in the section.
+        show(&mut browser, "nobody:7070");
+        browser.wait_for(
+            "document.querySelector('#split-route').textContent.includes('resolves to no service')",
+        );
+        show(&mut browser, "greeter:7070");
+        browser.wait_for("document.querySelectorAll('#split .split-row').length === 2");
+        browser.evaluate("document.querySelector('#split').scrollIntoView()");
+        browser.screenshot(&split_path);
     })
     .await
     .unwrap();
@@ -662,11 +702,45 @@ async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
         use std::io::Write;
         let _ = writeln!(
             std::io::stderr(),
-            "xDS dashboard screenshot: {}",
-            shot.display()
+            "xDS dashboard screenshots: {} {}",
+            shot.display(),
+            split_shot.display()
         );
     }
     assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000));
+    assert!(std::fs::metadata(&split_shot).is_ok_and(|m| m.len() > 10_000));
+
+    // The CLI prints the same split.
+    let split_cli = |service: &'static str| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+            .args(["xds", "split", service, "-n", "shop", "--admin"])
+            .arg(server.admin_addr.to_string())
+            .output()
+    };
+    let output = split_cli("greeter:7070").await.unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    for (address, measured) in [(&address_a, share_a), (&address_b, share_b)] {
+        let line = printed
+            .lines()
+            .find(|l| l.starts_with(address.as_str()))
+            .unwrap_or_else(|| panic!("{address} in\n{printed}"));
+        let share: f64 = line
+            .split_whitespace()
+            .find_map(|w| w.strip_suffix('%'))
+            .and_then(|w| w.parse().ok())
+            .unwrap();
+        assert!(
+            (share - measured).abs() <= 5.0,
+            "{line}: measured {measured} %"
+        );
+    }
+    let output = split_cli("nobody:7070").await.unwrap();
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && error.contains("resolves to no service"),
+        "{error}"
+    );
 
     // The same through the API: a page of one, the counts over all, the stale one alone.
     let (_, body) = http_get(server.admin_addr, "/debug/xds?limit=1&offset=1").await;

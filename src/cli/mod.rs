@@ -17,6 +17,7 @@ mod connect;
 mod rules;
 mod status;
 mod watch;
+mod xds;
 
 pub use connect::{ServerArg, TokenArg, chain as error_chain};
 use rules::{AdminArg, RuleOutput};
@@ -120,6 +121,12 @@ pub enum Command {
     /// Which clients have which revisions of each kind (`--stale`: only those behind); with
     /// `--compare ADMIN...`, whether several replicas serve byte-identical state.
     Status(status::StatusArgs),
+    /// What the xDS edge serves: `split SERVICE [-n NS] [--header k:v]` prints the share of
+    /// calls each endpoint gets.
+    Xds {
+        #[command(subcommand)]
+        command: xds::XdsCommand,
+    },
     /// The certificate authority: `show` the roots, `root` prints their PEM bundle, `rotate`
     /// them, `issue` a certificate.
     Ca {
@@ -229,6 +236,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ca { command } => ca::run(command).await,
         Command::Canary { command } => canary::run(command).await,
         Command::Status(args) => status::run(args).await,
+        Command::Xds { command } => xds::run(command).await,
         Command::Delete {
             admin,
             files,

@@ -67,6 +67,7 @@ pub(super) async fn grpc_services(
         dds_stats,
         clients,
         xds_clients: ads.as_ref().map(crate::xds::server::Ads::clients),
+        xds_snapshots: ads.as_ref().map(crate::xds::server::Ads::snapshots),
         health,
     };
     ((ingest, rules, health_service, ca_service, ads), edges)

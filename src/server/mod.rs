@@ -189,6 +189,8 @@ struct Edges {
     dds_stats: Arc<DdsStats>,
     clients: Arc<crate::dds::clients::Clients>,
     xds_clients: Option<Arc<crate::xds::clients::Clients>>,
+    /// What the xDS edge serves, for the split operators ask about.
+    xds_snapshots: Option<tokio::sync::watch::Receiver<Arc<crate::xds::snapshot::Snapshot>>>,
     health: tonic_health::server::HealthReporter,
 }
 
@@ -303,6 +305,7 @@ fn serve_admin(
         ca: security.authority.clone(),
         clients: edges.clients.clone(),
         xds_clients: edges.xds_clients.clone(),
+        xds_snapshots: edges.xds_snapshots.clone(),
         canaries: kube_client.filter(|_| config.canary.enabled),
     };
     let listener = listener.tap_io(|tcp| {

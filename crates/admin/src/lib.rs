@@ -23,11 +23,13 @@ mod ca_api;
 mod rule_api;
 pub mod ui;
 mod views;
+mod xds_split;
 
 use ca_api::*;
 use rule_api::*;
 use views::*;
 pub use views::{ApplicationView, MappingView, OutboxView, SourceView, applications};
+use xds_split::*;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,6 +131,8 @@ pub struct AdminState {
     pub clients: Arc<crate::dds::clients::Clients>,
     /// The open xDS streams, when xDS is served.
     pub xds_clients: Option<Arc<dubbo_cp_xds::clients::Clients>>,
+    /// What the xDS edge serves, when xDS is served (`/debug/xds/split` reads it).
+    pub xds_snapshots: Option<tokio::sync::watch::Receiver<Arc<dubbo_cp_xds::snapshot::Snapshot>>>,
     /// Kubernetes mode with the canary controller: the client `/debug/canaries` lists with.
     pub canaries: Option<kube::Client>,
 }
@@ -166,6 +170,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/debug/clients", get(list_clients))
         .route("/debug/xds", get(list_xds_clients))
         .route("/debug/xds/config_dump", get(xds_config_dump))
+        .route("/debug/xds/split", get(xds_split))
         .route("/debug/digest", get(digest))
         .route("/debug/canaries", get(list_canaries))
         .route("/api/v1/unregister", post(unregister))

@@ -38,6 +38,7 @@ pub mod server;
 pub mod service;
 pub mod snapshot;
 pub mod source;
+pub mod split;
 pub mod stats;
 pub mod tags;
 

@@ -153,6 +153,11 @@ impl Ads {
         responses(rx, ending)
     }
 
+    /// The snapshots it serves: what operators' views of a client's resources read.
+    pub fn snapshots(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.snapshots.clone()
+    }
+
     /// The connected clients' status.
     pub fn clients(&self) -> Arc<Clients> {
         self.clients.clone()

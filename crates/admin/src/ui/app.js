@@ -21,6 +21,9 @@ const ENDPOINTS = {
   clients: () => `/debug/clients?limit=${CLIENT_ROWS}${$('#stale-only').checked ? '&stale=true' : ''}`,
   // xDS streams a page at a time; "stale or NACKing only" asks the server for those alone.
   xds: () => `/debug/xds?limit=${CLIENT_ROWS}&offset=${xdsOffset}${$('#xds-stale-only').checked ? '&stale=true' : ''}`,
+  // The split of the service named in the form, computed by the server from what it serves;
+  // not fetched until a service is named.
+  split: () => splitPath(),
   ...Object.fromEntries(RULE_KINDS.map((k) => [k, `/api/v1/rules/${k}`])),
   canaries: '/debug/canaries',
   // Objects the watch skipped and rules-directory files that failed, with their errors.
@@ -28,6 +31,9 @@ const ENDPOINTS = {
 };
 // Endpoints a control plane may not have (404): their section is hidden, not an error.
 const OPTIONAL = new Set(['canaries']);
+// Endpoints whose 400 or 404 carries a reason to show in their own section (the split of a name
+// that resolves to nothing, a header without a colon).
+const EXPLAINED = new Set(['split']);
 
 const HINTS = { 401: 'send an admin token', 403: 'token is not an admin' };
 
@@ -95,7 +101,11 @@ async function fetchJson(path) {
   } catch (e) {
     throw new Error(`${path}: ${e.name === 'TimeoutError' ? 'timed out' : 'network error'}`);
   }
-  if (!res.ok) throw new HttpError(res.status, HINTS[res.status] || `${res.statusText || 'error'} (${path})`);
+  if (!res.ok) {
+    const err = new HttpError(res.status, HINTS[res.status] || `${res.statusText || 'error'} (${path})`);
+    try { err.detail = (await res.json()).error; } catch { /* no JSON body */ }
+    throw err;
+  }
   try { return await res.json(); } catch { throw new Error(`${path}: invalid JSON`); }
 }
 
@@ -104,14 +114,15 @@ async function poll() {
   timer = null;
   if (inFlight) { again = true; return; }
   inFlight = true;
-  const names = Object.keys(ENDPOINTS);
-  // allSettled: one failing endpoint should not blank the sections that did load.
   const path = (n) => (typeof ENDPOINTS[n] === 'function' ? ENDPOINTS[n]() : ENDPOINTS[n]);
+  const names = Object.keys(ENDPOINTS).filter((n) => path(n) !== null);
+  // allSettled: one failing endpoint should not blank the sections that did load.
   const results = await Promise.allSettled(names.map((n) => fetchJson(path(n))));
   let error = null;
   results.forEach((r, i) => {
     if (r.status === 'fulfilled') last[names[i]] = r.value;
     else if (OPTIONAL.has(names[i]) && r.reason && r.reason.status === 404) last[names[i]] = null;
+    else if (EXPLAINED.has(names[i]) && r.reason && [400, 404].includes(r.reason.status)) last[names[i]] = { error: r.reason.detail };
     else error = error || r.reason;
   });
   try { render(); } catch (e) { console.error(e); error = error || e; }
@@ -204,6 +215,7 @@ function render() {
   if (last.ruleErrors) renderRuleErrors(last.ruleErrors);
   if (last.clients) renderClients();
   if (last.xds) renderXdsClients();
+  renderSplit();
   renderCanaries();
 }
 
@@ -397,6 +409,43 @@ function renderXdsClients() {
   $('#xds-next').disabled = !x.truncated;
 }
 
+function splitPath() {
+  const service = $('#split-service').value.trim();
+  if (!service) return null;
+  const q = new URLSearchParams({ service, namespace: $('#split-namespace').value.trim() || 'default' });
+  const header = $('#split-header').value.trim();
+  if (header) q.append('header', header);
+  return `/debug/xds/split?${q}`;
+}
+
+// One bar per endpoint, as wide as its share of calls, in the order the server gives them.
+function renderSplit() {
+  const section = $('#split');
+  section.hidden = !last.xds || last.xds.enabled === false;
+  const named = splitPath() !== null;
+  const answer = named ? last.split : null;
+  const split = answer && answer.split;
+  setText($('#split-route'), answer && answer.error ? answer.error
+    : split ? `route ${split.route}: ${split.matched} · version ${split.version}${(split.notes || []).map((n) => ` · ${n}`).join('')}` : '');
+  $('#split-route').classList.toggle('error', Boolean(answer && answer.error));
+  const rows = split ? split.endpoints : [];
+  reconcile($('.split-bars', section), rows, (e) => keyStr([e.cluster, e.address]), () => {
+    const row = el('div', { class: 'split-row' });
+    const bar = el('div', { class: 'split-bar' });
+    bar.append(el('div', { class: 'split-fill' }));
+    row.append(el('span', { class: 'split-who mono' }), bar, el('span', { class: 'split-share num mono' }));
+    return row;
+  }, (row, e) => {
+    setAttr(row, 'data-address', e.address);
+    setAttr(row, 'data-share', e.share.toFixed(1));
+    setText($('.split-who', row), e.address);
+    row.title = `${e.cluster}\n${e.locality}`;
+    $('.split-fill', row).style.width = `${Math.max(0, Math.min(100, e.share))}%`;
+    setText($('.split-share', row), `${e.share.toFixed(1)}%`);
+  });
+  $('.empty', section).hidden = named;
+}
+
 const SVG = 'http://www.w3.org/2000/svg';
 
 function svg(tag, attrs = {}) {
@@ -522,6 +571,7 @@ $('#stale-only').addEventListener('change', () => {
   poll(); // the server filters the stale ones
 });
 $('#xds-stale-only').addEventListener('change', () => { xdsOffset = 0; poll(); });
+$('#split-form').addEventListener('submit', (e) => { e.preventDefault(); last.split = null; poll(); });
 $('#xds-prev').addEventListener('click', () => { xdsOffset = Math.max(0, xdsOffset - CLIENT_ROWS); poll(); });
 $('#xds-next').addEventListener('click', () => { xdsOffset += CLIENT_ROWS; poll(); });
 // Coming back to the tab should show fresh data at once instead of after the slow interval.
