@@ -666,6 +666,19 @@ async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
         browser.evaluate("document.querySelector('#xds-clients').scrollIntoView()");
         browser.screenshot(&shot_path);
 
+        // The ServiceEntry among the rules, as applied.
+        browser.wait_for(
+            "!!document.querySelector('#rules details[data-kind=\"ServiceEntry\"] .rule[data-name=\"greeter\"]')",
+        );
+        // The services view: greeter from its ServiceEntry, each endpoint with its weight.
+        for (address, weight) in [(&address_a, "80"), (&address_b, "20")] {
+            let port = address.rsplit(':').next().unwrap();
+            browser.wait_for(&format!(
+                "[...document.querySelectorAll('tr.service-endpoint[data-service=\"greeter\"]')]\
+                 .some(r => r.cells[4].textContent.includes('{port}') && r.cells[5].textContent === '{weight}' \
+                 && r.cells[3].textContent === 'ServiceEntry greeter/shop' && r.cells[8].textContent === 'serving')"
+            ));
+        }
         // The split drawn for what dash-one dials, against what it measured over 2,000 calls.
         let show = |browser: &mut common::browser::Browser, service: &str| {
             browser.evaluate(&format!(
@@ -693,7 +706,7 @@ async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
         );
         show(&mut browser, "greeter:7070");
         browser.wait_for("document.querySelectorAll('#split .split-row').length === 2");
-        browser.evaluate("document.querySelector('#split').scrollIntoView()");
+        browser.evaluate("document.querySelector('#services').scrollIntoView()");
         browser.screenshot(&split_path);
     })
     .await
@@ -709,6 +722,25 @@ async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
     }
     assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000));
     assert!(std::fs::metadata(&split_shot).is_ok_and(|m| m.len() > 10_000));
+
+    // The services, a page at a time.
+    let (status, body) = http_get(server.admin_addr, "/debug/services?limit=1&q=greet").await;
+    assert_eq!(status, 200, "{body}");
+    let services: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(services["matched"], 1, "{services}");
+    assert_eq!(
+        services["services"][0]["hosts"][1],
+        "greeter.shop.svc.cluster.local"
+    );
+    assert_eq!(
+        services["services"][0]["endpoints"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    let (status, _) = http_get(server.admin_addr, "/debug/services?limit=5000").await;
+    assert_eq!(status, 400, "a page is bounded");
 
     // The CLI prints the same split.
     let split_cli = |service: &'static str| {

@@ -21,12 +21,14 @@ use dubbo_cp_zookeeper as zookeeper;
 
 mod ca_api;
 mod rule_api;
+mod services_view;
 pub mod ui;
 mod views;
 mod xds_split;
 
 use ca_api::*;
 use rule_api::*;
+use services_view::*;
 use views::*;
 pub use views::{ApplicationView, MappingView, OutboxView, SourceView, applications};
 use xds_split::*;
@@ -171,6 +173,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/debug/xds", get(list_xds_clients))
         .route("/debug/xds/config_dump", get(xds_config_dump))
         .route("/debug/xds/split", get(xds_split))
+        .route("/debug/services", get(list_services))
         .route("/debug/digest", get(digest))
         .route("/debug/canaries", get(list_canaries))
         .route("/api/v1/unregister", post(unregister))

@@ -138,12 +138,34 @@ fn rules<T>(state: &KindSnapshot, pick: impl Fn(&RuleSpec) -> Option<T>) -> Vec<
 /// declare, and the hosts declared twice (`namespace/name`, or a DNS name declared in any two
 /// namespaces -> the entries not served: a registry's service comes first, then the oldest
 /// entry, by the creation time its store keeps, which every replica agrees on).
-pub fn services(
+pub fn services(registered: &KindSnapshot, entries: &KindSnapshot) -> (Vec<Service>, Shadowed) {
+    let (services, shadowed) = services_by_origin(registered, entries);
+    (
+        services.into_iter().map(|(service, _)| service).collect(),
+        shadowed,
+    )
+}
+
+/// Where a served service comes from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum Origin {
+    /// A registry's (Kubernetes Services with their EndpointSlices, ZooKeeper's providers).
+    Service,
+    /// A ServiceEntry's, by its key (`name/namespace`).
+    ServiceEntry { entry: String },
+}
+
+/// Hosts declared twice -> the entries not served for them.
+pub type Shadowed = BTreeMap<String, Vec<String>>;
+
+/// [`services`], each with where it comes from (operators' views).
+pub fn services_by_origin(
     registered: &KindSnapshot,
     entries: &KindSnapshot,
-) -> (Vec<Service>, BTreeMap<String, Vec<String>>) {
+) -> (Vec<(Service, Origin)>, Shadowed) {
     let mut seen: BTreeMap<(String, String), String> = BTreeMap::new();
-    let mut shadowed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut shadowed = Shadowed::new();
     let mut services = Vec::new();
     // A DNS name is one service whichever namespace declares it.
     let host_of = |service: &Service| match service.is_dns_host() {
@@ -162,7 +184,7 @@ pub fn services(
             .insert(host_of(service), "Service".to_owned())
             .is_none()
         {
-            services.push(service.clone());
+            services.push((service.clone(), Origin::Service));
         }
     }
     // Oldest first, then by name and namespace (the key's order), as Istio orders services
@@ -187,7 +209,7 @@ pub fn services(
                 continue;
             }
             seen.insert(host, key.clone());
-            services.push(service);
+            services.push((service, Origin::ServiceEntry { entry: key.clone() }));
         }
     }
     (services, shadowed)

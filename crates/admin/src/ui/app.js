@@ -3,12 +3,13 @@
 // untrusted registrations, so nothing from JSON ever reaches innerHTML.
 'use strict';
 
-const RULE_KINDS = ['TagRoute', 'ConditionRoute', 'DynamicConfig', 'AuthenticationPolicy', 'AuthorizationPolicy'];
+const RULE_KINDS = ['TagRoute', 'ConditionRoute', 'DynamicConfig', 'AuthenticationPolicy', 'AuthorizationPolicy', 'ServiceEntry'];
 const TOKEN_KEY = 'dubbo-cp-token';
 const FAST_MS = 1000;
 const SLOW_MS = 5000; // background tabs poll less so they do not load the control plane
 const TIMEOUT_MS = 10000; // a hung request must not stall the setTimeout chain forever
 const CLIENT_ROWS = 500;
+const SERVICE_ROWS = 100;
 
 const ENDPOINTS = {
   digest: '/debug/digest',
@@ -24,6 +25,8 @@ const ENDPOINTS = {
   // The split of the service named in the form, computed by the server from what it serves;
   // not fetched until a service is named.
   split: () => splitPath(),
+  // A page of the services xDS serves, with their endpoints; the filter is the server's.
+  services: () => `/debug/services?limit=${SERVICE_ROWS}&offset=${servicesOffset}${$('#service-search').value.trim() ? `&q=${encodeURIComponent($('#service-search').value.trim())}` : ''}`,
   ...Object.fromEntries(RULE_KINDS.map((k) => [k, `/api/v1/rules/${k}`])),
   canaries: '/debug/canaries',
   // Objects the watch skipped and rules-directory files that failed, with their errors.
@@ -42,6 +45,7 @@ const last = {}; // latest good payload per endpoint; filters re-render from it 
 let timer = null;
 let inFlight = false;
 let xdsOffset = 0;
+let servicesOffset = 0;
 let again = false; // a poll was requested while one was running
 
 // ---------- token ----------
@@ -216,6 +220,7 @@ function render() {
   if (last.clients) renderClients();
   if (last.xds) renderXdsClients();
   renderSplit();
+  if (last.services) renderServices();
   renderCanaries();
 }
 
@@ -409,6 +414,45 @@ function renderXdsClients() {
   $('#xds-next').disabled = !x.truncated;
 }
 
+// One row per endpoint, grouped by service (a service without endpoints has a row of its own).
+function renderServices() {
+  const x = last.services;
+  const section = $('#services');
+  section.hidden = !last.xds || last.xds.enabled === false;
+  const rows = (x.services || []).flatMap((s) => {
+    const endpoints = s.endpoints && s.endpoints.length ? s.endpoints : [null];
+    return endpoints.map((e, j) => ({ s, e, rep: j > 0 }));
+  });
+  const sourceOf = (s) => (s.source.kind === 'serviceEntry' ? `ServiceEntry ${s.source.entry}` : 'registry');
+  syncRows(section, rows, ({ s, e, rep }) => {
+    const dim = rep ? 'rep' : '';
+    const port = e && Object.keys(e.ports || {}).length
+      ? Object.entries(e.ports).map(([n, p]) => `${n}:${p}`).join(',')
+      : null;
+    return {
+      key: keyStr([s.namespace, s.name, e && e.address, port]),
+      cls: e && e.state === 'held' ? 'service-endpoint stale' : 'service-endpoint',
+      data: { service: s.name, namespace: s.namespace, address: e ? e.address : '' },
+      cells: [
+        { text: s.name, title: (s.hosts || []).join('\n'), cls: `mono ${dim}`.trim() },
+        { text: s.namespace, cls: dim },
+        { text: s.application, cls: dim },
+        { text: sourceOf(s), title: (s.ports || []).join('\n'), cls: dim },
+        { text: e ? e.address + (port ? ` (${port})` : '') : null, cls: 'mono', title: e ? Object.entries(e.labels || {}).map(([k, v]) => `${k}=${v}`).join('\n') : null },
+        num(e && e.weight),
+        e && e.tag,
+        { text: e && e.locality, cls: 'mono' },
+        e ? { text: e.state, cls: e.state === 'held' ? 'bad' : 'ok' } : null,
+      ],
+    };
+  });
+  const shown = (x.services || []).length;
+  const page = x.truncated || x.offset > 0 ? ` · ${x.offset + 1}-${x.offset + shown} shown` : '';
+  setText($('#services-count'), `${x.matched}${page}`);
+  $('#services-prev').disabled = x.offset === 0;
+  $('#services-next').disabled = !x.truncated;
+}
+
 function splitPath() {
   const service = $('#split-service').value.trim();
   if (!service) return null;
@@ -571,6 +615,9 @@ $('#stale-only').addEventListener('change', () => {
   poll(); // the server filters the stale ones
 });
 $('#xds-stale-only').addEventListener('change', () => { xdsOffset = 0; poll(); });
+$('#service-search').addEventListener('input', () => { servicesOffset = 0; poll(); });
+$('#services-prev').addEventListener('click', () => { servicesOffset = Math.max(0, servicesOffset - SERVICE_ROWS); poll(); });
+$('#services-next').addEventListener('click', () => { servicesOffset += SERVICE_ROWS; poll(); });
 $('#split-form').addEventListener('submit', (e) => { e.preventDefault(); last.split = null; poll(); });
 $('#xds-prev').addEventListener('click', () => { xdsOffset = Math.max(0, xdsOffset - CLIENT_ROWS); poll(); });
 $('#xds-next').addEventListener('click', () => { xdsOffset += CLIENT_ROWS; poll(); });
