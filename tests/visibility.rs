@@ -563,3 +563,100 @@ async fn the_dashboard_shows_objects_the_watch_skipped() {
     .unwrap();
     assert!(server.stop().await.is_ok());
 }
+
+/// With a long debounce window: `get mappings` right after a `success` says the registration is
+/// not served yet instead of looking like a lost write, and `register --wait` returns once it
+/// is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_right_after_a_write_says_it_is_merging_and_register_wait_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::test_config(dir.path());
+    // Long enough that the read below lands inside the window on a loaded machine.
+    config.debounce.after = std::time::Duration::from_secs(5);
+    config.debounce.max = std::time::Duration::from_secs(5);
+    let server = dubbo_cp::server::start(config).await.unwrap();
+    common::wait_ready(server.admin_addr).await;
+    let grpc = server.grpc_addr.to_string();
+    let admin = server.admin_addr.to_string();
+
+    let registered = run_client(&[
+        "register",
+        "--server",
+        &grpc,
+        "-n",
+        "demo",
+        "-a",
+        "merging-app",
+        "org.example.Merging",
+    ])
+    .await;
+    assert!(registered.status.success(), "{}", text(&registered));
+    let read = run_client(&["get", "mappings", "--server", &grpc, "--admin", &admin]).await;
+    assert!(read.status.success(), "{}", text(&read));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&read.stdout),
+        String::from_utf8_lossy(&read.stderr),
+    );
+    assert!(!stdout.contains("org.example.Merging"), "{stdout}");
+    assert!(
+        stderr.contains("1 registration(s) acknowledged are not served yet")
+            && stderr.contains("demo/org.example.Merging: merging-app")
+            && stderr.contains("--wait"),
+        "{stderr}"
+    );
+
+    // --wait returns once a data-plane client would see it; the read after it is complete.
+    let waited = run_client(&[
+        "register",
+        "--server",
+        &grpc,
+        "-n",
+        "demo",
+        "-a",
+        "merging-app",
+        "org.example.Merging",
+        "--wait",
+    ])
+    .await;
+    assert!(waited.status.success(), "{}", text(&waited));
+    assert!(
+        String::from_utf8_lossy(&waited.stdout).contains("served after"),
+        "{}",
+        text(&waited)
+    );
+    let read = run_client(&["get", "mappings", "--server", &grpc, "--admin", &admin]).await;
+    assert!(
+        String::from_utf8_lossy(&read.stdout).contains("org.example.Merging"),
+        "{}",
+        text(&read)
+    );
+    assert!(
+        !String::from_utf8_lossy(&read.stderr).contains("not served yet"),
+        "{}",
+        text(&read)
+    );
+
+    // A wait that cannot end in time says what is missing and why.
+    let timed_out = run_client(&[
+        "register",
+        "--server",
+        &grpc,
+        "-n",
+        "demo",
+        "-a",
+        "late-app",
+        "org.example.Late",
+        "--wait",
+        "--wait-timeout",
+        "1s",
+    ])
+    .await;
+    assert!(!timed_out.status.success());
+    let message = text(&timed_out);
+    assert!(
+        message.contains("org.example.Late not served with late-app in demo within 1s")
+            && message.contains("debounce"),
+        "{message}"
+    );
+    assert!(server.stop().await.is_ok());
+}

@@ -56,6 +56,14 @@ pub enum Command {
         /// Interfaces the application serves.
         #[arg(required = true)]
         interfaces: Vec<String>,
+        /// After `success`, wait until the discovery stream serves every interface with the
+        /// application (registrations are durable at once and merged into mappings within a
+        /// debounce window).
+        #[arg(long)]
+        wait: bool,
+        /// How long `--wait` waits.
+        #[arg(long, default_value = "30s", value_parser = crate::duration::DurationArg)]
+        wait_timeout: std::time::Duration,
     },
     /// Remove an application from mappings (standalone; an admin identity when authentication
     /// is configured): from the interfaces given, or from every one it serves.
@@ -179,9 +187,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             namespace,
             application,
             interfaces,
+            wait,
+            wait_timeout,
         } => {
             server.token = token.token;
-            register(&server, namespace, application, interfaces).await
+            register(&server, &namespace, &application, &interfaces).await?;
+            if wait {
+                let took = watch::wait_served(
+                    &server,
+                    &namespace,
+                    &application,
+                    &interfaces,
+                    wait_timeout,
+                )
+                .await?;
+                println!("served after {} ms", took.as_millis());
+            }
+            Ok(())
         }
         Command::Unregister {
             admin,
@@ -227,7 +249,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     RuleOutput::Json => Output::Json,
                     RuleOutput::Yaml => Output::Yaml,
                 };
-                watch::get_mappings(&server, namespace.as_deref(), output).await
+                watch::get_mappings(&server, namespace.as_deref(), output).await?;
+                status::say_pending(&admin).await;
+                Ok(())
             } else {
                 rules::get(&admin, &what, namespace.as_deref(), output).await
             }
@@ -276,14 +300,14 @@ async fn shutdown_signal() -> anyhow::Result<()> {
 
 async fn register(
     server: &ServerArg,
-    namespace: String,
-    application: String,
-    interfaces: Vec<String>,
+    namespace: &str,
+    application: &str,
+    interfaces: &[String],
 ) -> anyhow::Result<()> {
     let request = server.request(ServiceMappingRequest {
-        namespace,
-        application_name: application,
-        interface_names: interfaces,
+        namespace: namespace.to_owned(),
+        application_name: application.to_owned(),
+        interface_names: interfaces.to_vec(),
     })?;
     let response = server
         .within("registration", async {

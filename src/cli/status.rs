@@ -77,6 +77,34 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// After `get mappings`: says on stderr when registrations acknowledged are not served yet
+/// (merged every debounce window), so a read right after a write is not taken for a lost one.
+/// Silent when the admin port does not answer: `get mappings` itself needs only --server.
+pub async fn say_pending(admin: &AdminArg) {
+    let Ok(answer) = request(admin, "GET", "/debug/mappings/pending", None).await else {
+        return;
+    };
+    let pending = answer["pending"].as_u64().unwrap_or(0);
+    if pending == 0 {
+        return;
+    }
+    let examples: Vec<&str> = answer["examples"]
+        .as_array()
+        .map(|e| e.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    eprintln!(
+        "note: {pending} registration(s) acknowledged are not served yet ({}{}): writes are \
+         merged every debounce window (--debounce-after, --debounce-max) before clients see \
+         them; run again in a moment, or register with --wait",
+        examples.join("; "),
+        if pending as usize > examples.len() {
+            "; ..."
+        } else {
+            ""
+        }
+    );
+}
+
 /// Whether `client` is in the namespace asked for (all without one).
 fn in_namespace(client: &XdsClientView, args: &StatusArgs) -> bool {
     args.namespace

@@ -226,6 +226,43 @@ pub async fn watch(server: &ServerArg, kind: &str, output: Output) -> anyhow::Re
     .await
 }
 
+/// Waits until the discovery stream serves each of `interfaces` in `namespace` with
+/// `application` among its applications; how long that took, or an error after `timeout`.
+pub async fn wait_served(
+    server: &ServerArg,
+    namespace: &str,
+    application: &str,
+    interfaces: &[String],
+    timeout: std::time::Duration,
+) -> anyhow::Result<std::time::Duration> {
+    let kind = Kind::ServiceNameMapping;
+    let started = std::time::Instant::now();
+    let mut missing: Vec<String> = interfaces.to_vec();
+    let served = observe(server, kind, true, |response| {
+        let state = view(kind, response, Some(namespace))?;
+        missing.retain(|interface| {
+            !state.objects.iter().any(|object| {
+                object.interface_name.as_deref() == Some(interface.as_str())
+                    && object
+                        .application_names
+                        .as_ref()
+                        .is_some_and(|apps| apps.iter().any(|a| a == application))
+            })
+        });
+        Ok(!missing.is_empty())
+    });
+    match tokio::time::timeout(timeout, served).await {
+        Ok(result) => result.map(|()| started.elapsed()),
+        Err(_) => anyhow::bail!(
+            "registered, but {} not served with {application} in {namespace} within {}: \
+             registrations are merged into mappings every debounce window (--debounce-after, \
+             --debounce-max); `dubbo-cp status` shows a source that is not synced",
+            missing.join(", "),
+            humantime::format_duration(timeout)
+        ),
+    }
+}
+
 pub async fn get_mappings(
     server: &ServerArg,
     namespace: Option<&str>,

@@ -98,8 +98,15 @@ fn xds_service(
             .to_owned(),
         root_namespace: config.rules.root_namespace.clone(),
     };
+    // Ends with the server: operators' views (the clients' "behind", the split) keep a
+    // receiver of the snapshots for the server's life, so the last receiver going is not a
+    // shutdown signal.
+    let mut shutdown = wiring.shutdown_rx.clone();
     wiring.tasks.spawn("xDS snapshots", async move {
-        source::run(index, snapshots, window, encodes, settings).await;
+        tokio::select! {
+            () = source::run(index, snapshots, window, encodes, settings) => {}
+            _ = shutdown.wait_for(|stop| *stop) => {}
+        }
         Ok(())
     });
     ads.stats()

@@ -20,6 +20,7 @@ use dubbo_cp_store as store;
 use dubbo_cp_zookeeper as zookeeper;
 
 mod ca_api;
+mod pending;
 mod rule_api;
 mod services_view;
 pub mod ui;
@@ -27,6 +28,7 @@ mod views;
 mod xds_split;
 
 use ca_api::*;
+use pending::*;
 use rule_api::*;
 use services_view::*;
 use views::*;
@@ -166,6 +168,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/debug/sources", get(debug_sources))
         .route("/metrics", get(metrics))
         .route("/debug/mappings", get(list_mappings))
+        .route("/debug/mappings/pending", get(pending_mappings))
         .route("/debug/applications", get(list_applications))
         .route("/debug/outbox", get(list_outbox))
         .route("/debug/rules", get(debug_rules))
