@@ -572,8 +572,8 @@ async fn a_read_right_after_a_write_says_it_is_merging_and_register_wait_waits_f
     let dir = tempfile::tempdir().unwrap();
     let mut config = common::test_config(dir.path());
     // Long enough that the read below lands inside the window on a loaded machine.
-    config.debounce.after = std::time::Duration::from_secs(5);
-    config.debounce.max = std::time::Duration::from_secs(5);
+    config.debounce.after = std::time::Duration::from_secs(10);
+    config.debounce.max = std::time::Duration::from_secs(10);
     let server = dubbo_cp::server::start(config).await.unwrap();
     common::wait_ready(server.admin_addr).await;
     let grpc = server.grpc_addr.to_string();
@@ -605,7 +605,7 @@ async fn a_read_right_after_a_write_says_it_is_merging_and_register_wait_waits_f
         "{stderr}"
     );
 
-    // --wait returns once a data-plane client would see it; the read after it is complete.
+    // --wait returns once the discovery stream serves it; the read after it is complete.
     let waited = run_client(&[
         "register",
         "--server",

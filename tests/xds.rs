@@ -619,6 +619,20 @@ async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
         clients.push(client);
     }
     let _nacker = nacking_stream(xds).await;
+    // Enough services for the services view to page (100 a page), after greeter's namespace.
+    let fleet: Vec<String> = (0..150)
+        .map(|i| {
+            format!(
+                "apiVersion: dubbo.apache.org/v1alpha1\nkind: ServiceEntry\n\
+                 metadata: {{name: svc-{i}, namespace: zoo}}\n\
+                 spec: {{hosts: [svc-{i}], ports: [{{number: 7070, name: grpc}}], \
+                 endpoints: [{{address: 10.9.{}.{}}}]}}\n",
+                i / 200,
+                i % 200 + 1
+            )
+        })
+        .collect();
+    apply(server.admin_addr, &fleet.join("---\n")).await;
     // What a released client measures, to hold the drawn split against.
     let counts = count(&mut clients[0], 2000).await;
     let measured = |who: &str| answers(&counts, who) as f64 / 20.0;
@@ -636,9 +650,9 @@ async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
         let (address_a, address_b) = (expect_a, expect_b);
         let mut browser = common::browser::Browser::open(&url);
         browser.wait_for("document.body.dataset.loaded === 'true'");
-        // Every kind the index serves, ServiceEntry with its one object.
+        // Every kind the index serves, ServiceEntry with its 151 objects.
         browser.wait_for(
-            "(document.querySelector('tr.kind[data-kind=\"ServiceEntry\"]')?.cells[1].textContent) === '1'",
+            "(document.querySelector('tr.kind[data-kind=\"ServiceEntry\"]')?.cells[1].textContent) === '151'",
         );
         // Both released clients, each with its four types in step, and their protocol.
         for node in ["dash-one", "dash-two"] {
@@ -708,6 +722,30 @@ async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
         browser.wait_for("document.querySelectorAll('#split .split-row').length === 2");
         browser.evaluate("document.querySelector('#services').scrollIntoView()");
         browser.screenshot(&split_path);
+
+        // The services view pages: greeter and 99 of the fleet, then the other 51.
+        browser.wait_for("document.querySelector('#services-count').textContent === '151 · 1-100 shown'");
+        browser.evaluate("document.querySelector('#services-next').click()");
+        browser.wait_for(
+            "document.querySelector('#services-count').textContent === '151 · 101-151 shown' && \
+             document.querySelectorAll('tr.service-endpoint').length === 51 && \
+             !document.querySelector('tr.service-endpoint[data-service=\"greeter\"]')",
+        );
+        assert_eq!(
+            browser.evaluate("document.querySelector('#services-next').disabled"),
+            serde_json::json!(true)
+        );
+        browser.evaluate("document.querySelector('#services-prev').click()");
+        browser.wait_for("!!document.querySelector('tr.service-endpoint[data-service=\"greeter\"]')");
+        // The filter is the server's: one service of the 151.
+        browser.evaluate(
+            "const q = document.querySelector('#service-search'); q.value = 'svc-149';\
+             q.dispatchEvent(new Event('input'))",
+        );
+        browser.wait_for(
+            "document.querySelector('#services-count').textContent === '1' && \
+             document.querySelectorAll('tr.service-endpoint').length === 1",
+        );
     })
     .await
     .unwrap();
@@ -725,6 +763,7 @@ async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
 
     // The services, a page at a time.
     let (status, body) = http_get(server.admin_addr, "/debug/services?limit=1&q=greet").await;
+    // (151 services in all: greeter and the fleet.)
     assert_eq!(status, 200, "{body}");
     let services: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(services["matched"], 1, "{services}");

@@ -16,7 +16,7 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where the rule commands find the control plane's admin API.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct AdminArg {
     /// The control plane's admin address: `host:port` or `http://host:port` (plain HTTP/1.1).
     #[arg(

@@ -57,6 +57,11 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     if let Some(namespace) = &args.namespace {
         query.append_pair("namespace", namespace);
     }
+    if args.stale {
+        query.append_pair("stale", "true");
+    }
+    // A page: the server answers at most that many.
+    query.append_pair("limit", "1000");
     let xds = request(
         &args.admin,
         "GET",
@@ -70,6 +75,13 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     if !clients.is_empty() {
         print!("\n{}", xds_table(&clients, &args));
     }
+    let matched = xds["matched"].as_u64().unwrap_or(0);
+    if matched > clients.len() as u64 {
+        println!(
+            "... and {} more xDS clients (narrow with -n or --stale; /debug/xds pages with offset)",
+            matched - clients.len() as u64
+        );
+    }
     let servers = servers_table(&clients, &args);
     if servers.lines().count() > 1 {
         print!("\n{servers}");
@@ -79,12 +91,28 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
 
 /// After `get mappings`: says on stderr when registrations acknowledged are not served yet
 /// (merged every debounce window), so a read right after a write is not taken for a lost one.
-/// Silent when the admin port does not answer: `get mappings` itself needs only --server.
+/// Only when the admin port was named (`--admin`, `DUBBO_CP_ADMIN`): `get mappings` itself
+/// needs only --server, and a default admin address may be another control plane's or nobody's.
+/// Silent when it does not answer within a few seconds.
 pub async fn say_pending(admin: &AdminArg) {
-    let Ok(answer) = request(admin, "GET", "/debug/mappings/pending", None).await else {
+    let named = std::env::var_os("DUBBO_CP_ADMIN").is_some()
+        || std::env::args().any(|a| a == "--admin" || a.starts_with("--admin="));
+    if !named {
+        return;
+    }
+    let mut admin = admin.clone();
+    admin.timeout = admin.timeout.min(std::time::Duration::from_secs(3));
+    let Ok(answer) = request(&admin, "GET", "/debug/mappings/pending", None).await else {
         return;
     };
     let pending = answer["pending"].as_u64().unwrap_or(0);
+    let parked = answer["parked"].as_u64().unwrap_or(0);
+    if parked > 0 {
+        eprintln!(
+            "note: {parked} mapping(s) whose write failed for good are not served; \
+             /debug/outbox says why"
+        );
+    }
     if pending == 0 {
         return;
     }
@@ -157,7 +185,7 @@ fn servers_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
 
 /// Client-supplied text as one printable line: control characters (a terminal's escape
 /// sequences, newlines) escaped.
-fn printable(text: &str) -> String {
+pub(super) fn printable(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
             let escaped: Vec<char> = if c.is_control() {
@@ -176,8 +204,8 @@ fn xds_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
     // The columns of the discovery-stream table where they mean the same: SENT and ACKED are
     // versions, SYNCED says the type is in step (acknowledged, not rejected, not behind).
     let mut out = format!(
-        "{:<40} {:<20} {:<8} {:<9} {:>6} {:>8} {:>8} {:<6} NACK\n",
-        "XDS CLIENT", "NAMESPACE", "PROTOCOL", "TYPE", "NAMES", "SENT", "ACKED", "SYNCED"
+        "{:<40} {:<20} {:<8} {:<9} {:>6} {:>8} {:>8} {:>9} {:<6} NACK\n",
+        "XDS CLIENT", "NAMESPACE", "PROTOCOL", "TYPE", "NAMES", "SENT", "ACKED", "LAG", "SYNCED"
     );
     let version = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_owned());
     for client in clients {
@@ -206,7 +234,7 @@ fn xds_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
                 )
             });
             out.push_str(&format!(
-                "{:<40} {:<20} {:<8} {:<9} {:>6} {:>8} {:>8} {:<6} {nack}\n",
+                "{:<40} {:<20} {:<8} {:<9} {:>6} {:>8} {:>8} {:>9} {:<6} {nack}\n",
                 printable(&client.node_id),
                 printable(&client.namespace),
                 client.protocol,
@@ -214,6 +242,9 @@ fn xds_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
                 names,
                 version(&status.sent),
                 version(&status.acked),
+                status
+                    .lag_seconds
+                    .map_or("-".to_owned(), |lag| format!("{lag:.1}s")),
                 if synced { "yes" } else { "no" },
             ));
         }
@@ -553,6 +584,7 @@ mod tests {
             names: 2,
             wildcard: false,
             subscribed: vec!["a".into(), "b".into()],
+            lag_seconds: (sent != acked || nack.is_some()).then_some(2.5),
             sent: Some(sent.into()),
             acked: Some(acked.into()),
             nack,
@@ -605,15 +637,15 @@ mod tests {
                 .unwrap_or_default()
         };
         assert_eq!(
-            row("steady", "cluster")[2..8],
-            ["sotw", "cluster", "2", "7", "7", "yes"]
+            row("steady", "cluster")[2..9],
+            ["sotw", "cluster", "2", "7", "7", "-", "yes"]
         );
         assert_eq!(
-            row("rejects", "cluster")[2..9],
-            ["delta", "cluster", "2", "7", "6", "no", "version"]
+            row("rejects", "cluster")[2..10],
+            ["delta", "cluster", "2", "7", "6", "2.5s", "no", "version"]
         );
-        assert_eq!(row("rejects", "endpoint")[7], "yes", "{table}");
-        assert_eq!(row("slow", "listener")[7], "no", "behind: {table}");
+        assert_eq!(row("rejects", "endpoint")[8], "yes", "{table}");
+        assert_eq!(row("slow", "listener")[8], "no", "behind: {table}");
         let stale = xds_table(&clients, &args(None, None, true));
         assert_eq!(
             stale.lines().count(),

@@ -252,7 +252,13 @@ pub async fn wait_served(
         Ok(!missing.is_empty())
     });
     match tokio::time::timeout(timeout, served).await {
-        Ok(result) => result.map(|()| started.elapsed()),
+        Ok(Ok(())) if missing.is_empty() => Ok(started.elapsed()),
+        // The stream ended before every interface was served (the server going away).
+        Ok(Ok(())) => anyhow::bail!(
+            "registered, but the discovery stream ended before {} was served with {application}",
+            missing.join(", ")
+        ),
+        Ok(Err(error)) => Err(error),
         Err(_) => anyhow::bail!(
             "registered, but {} not served with {application} in {namespace} within {}: \
              registrations are merged into mappings every debounce window (--debounce-after, \

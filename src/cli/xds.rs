@@ -5,6 +5,7 @@
 use anyhow::Context;
 
 use super::rules::{AdminArg, request};
+use super::status::printable;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum XdsCommand {
@@ -71,16 +72,16 @@ fn table(answer: &serde_json::Value) -> Option<String> {
         .collect();
     let mut out = format!(
         "{} from namespace {}{}, version {}\nroute {}: {}\n",
-        answer["service"].as_str()?,
-        answer["namespace"].as_str()?,
+        printable(answer["service"].as_str()?),
+        printable(answer["namespace"].as_str()?),
         if headers.is_empty() {
             String::new()
         } else {
-            format!(" with {}", headers.join(", "))
+            format!(" with {}", printable(&headers.join(", ")))
         },
         split["version"].as_str()?,
         split["route"].as_u64()?,
-        split["matched"].as_str()?,
+        printable(split["matched"].as_str()?),
     );
     out.push_str(&format!(
         "{:<64} {:<12} {:>7}\n",
@@ -89,8 +90,8 @@ fn table(answer: &serde_json::Value) -> Option<String> {
     for cluster in split["clusters"].as_array()? {
         out.push_str(&format!(
             "{:<64} {:<12} {:>6.1}%\n",
-            cluster["name"].as_str()?,
-            cluster["policy"].as_str()?,
+            printable(cluster["name"].as_str()?),
+            printable(cluster["policy"].as_str()?),
             cluster["share"].as_f64()?
         ));
     }
@@ -102,15 +103,15 @@ fn table(answer: &serde_json::Value) -> Option<String> {
         let share = endpoint["share"].as_f64()?;
         out.push_str(&format!(
             "{:<24} {:<28} {:>6.1}%  {} {}\n",
-            endpoint["address"].as_str()?,
-            endpoint["locality"].as_str()?,
+            printable(endpoint["address"].as_str()?),
+            printable(endpoint["locality"].as_str()?),
             share,
-            endpoint["cluster"].as_str()?,
-            "#".repeat((share / 2.0).round() as usize),
+            printable(endpoint["cluster"].as_str()?),
+            "#".repeat((share / 2.0).round().clamp(0.0, 50.0) as usize),
         ));
     }
     for note in split["notes"].as_array()? {
-        out.push_str(&format!("note: {}\n", note.as_str()?));
+        out.push_str(&format!("note: {}\n", printable(note.as_str()?)));
     }
     Some(out)
 }

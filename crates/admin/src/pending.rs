@@ -18,11 +18,17 @@ pub(super) async fn pending_mappings(
     let pending = tokio::task::spawn_blocking(move || {
         // Acknowledged and waiting to be written (Kubernetes and ZooKeeper modes), and written
         // (standalone: the store; Kubernetes: the watched objects) but not yet in the index.
-        let mut durable = match (&state.zookeeper, &state.outbox) {
-            (Some(zk), _) => zk.outbox.pending(),
-            (None, Some((_, outbox))) => outbox.pending(),
-            (None, None) => BTreeMap::new(),
+        let (mut durable, parked) = match (&state.zookeeper, &state.outbox) {
+            (Some(zk), _) => (zk.outbox.pending(), zk.writer.parked()),
+            (None, Some((writer, outbox))) => (outbox.pending(), writer.parked()),
+            (None, None) => (BTreeMap::new(), Vec::new()),
         };
+        // A key whose write failed for good is not merging: `/debug/outbox` says why.
+        let parked: BTreeSet<(String, String)> = parked
+            .into_iter()
+            .map(|p| (p.namespace, p.interface_name))
+            .collect();
+        durable.retain(|key, _| !parked.contains(&(key.namespace.clone(), key.interface.clone())));
         for (key, applications) in state.mappings.snapshot() {
             durable.entry(key).or_default().extend(applications);
         }
@@ -39,12 +45,15 @@ pub(super) async fn pending_mappings(
                 }
             }
         }
-        pairs
+        (pairs, parked.len())
     })
     .await
     .map_err(|_| api_error(StatusCode::INTERNAL_SERVER_ERROR, "pending failed"))?;
+    let (pending, parked) = pending;
     Ok(Json(serde_json::json!({
         "pending": pending.len(),
         "examples": pending.iter().take(EXAMPLES).collect::<Vec<_>>(),
+        // Keys whose write failed for good (see /debug/outbox), left out of `pending`.
+        "parked": parked,
     })))
 }

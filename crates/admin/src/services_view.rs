@@ -10,6 +10,9 @@ use dubbo_cp_xds::source::Origin;
 /// Services a page holds unless `limit` says otherwise, and the most it may.
 const PAGE: usize = 100;
 const PAGE_MAX: usize = 1000;
+/// Endpoints listed per service (`endpointCount` counts all), and conflicting hosts per answer.
+const ENDPOINTS_SHOWN: usize = 100;
+const SHADOWED_SHOWN: usize = 20;
 
 #[derive(serde::Deserialize)]
 pub(super) struct ServiceQuery {
@@ -31,7 +34,9 @@ struct ServiceView {
     application: String,
     source: Origin,
     ports: Vec<String>,
+    /// Its endpoints, the first [`ENDPOINTS_SHOWN`].
     endpoints: Vec<EndpointView>,
+    endpoint_count: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -66,9 +71,11 @@ fn view(service: Service, origin: Origin) -> ServiceView {
             .iter()
             .map(|p| format!("{} {}/{}", p.number, p.name, p.protocol))
             .collect(),
+        endpoint_count: service.endpoints.len(),
         endpoints: service
             .endpoints
             .into_iter()
+            .take(ENDPOINTS_SHOWN)
             .map(|e| EndpointView {
                 address: e.address.to_string(),
                 ports: e.ports,
@@ -96,33 +103,42 @@ pub(super) async fn list_services(
             format!("limit {limit} is over {PAGE_MAX}; page with offset"),
         ));
     }
-    let (services, shadowed) = dubbo_cp_xds::source::services_by_origin(
-        &state.index.current(index::Kind::Service),
-        &state.index.current(index::Kind::ServiceEntry),
-    );
-    let needle = query.q.as_deref().map(str::to_lowercase);
-    let mut matching: Vec<(Service, Origin)> = services
-        .into_iter()
-        .filter(|(s, _)| query.namespace.as_ref().is_none_or(|ns| &s.namespace == ns))
-        .filter(|(s, _)| {
-            needle.as_ref().is_none_or(|needle| {
-                s.name.to_lowercase().contains(needle)
-                    || s.application().to_lowercase().contains(needle)
+    let index = state.index.clone();
+    // Every service is read and sorted: off the async threads.
+    let answer = tokio::task::spawn_blocking(move || {
+        let (services, shadowed) = dubbo_cp_xds::source::services_by_origin(
+            &index.current(index::Kind::Service),
+            &index.current(index::Kind::ServiceEntry),
+        );
+        let needle = query.q.as_deref().map(str::to_lowercase);
+        let mut matching: Vec<(Service, Origin)> = services
+            .into_iter()
+            .filter(|(s, _)| query.namespace.as_ref().is_none_or(|ns| &s.namespace == ns))
+            .filter(|(s, _)| {
+                needle.as_ref().is_none_or(|needle| {
+                    s.name.to_lowercase().contains(needle)
+                        || s.application().to_lowercase().contains(needle)
+                })
             })
+            .collect();
+        matching.sort_by(|(a, _), (b, _)| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        let matched = matching.len();
+        let page: Vec<ServiceView> = matching
+            .into_iter()
+            .skip(query.offset)
+            .take(limit)
+            .map(|(service, origin)| view(service, origin))
+            .collect();
+        let truncated = query.offset + page.len() < matched;
+        let shadowed_count = shadowed.len();
+        serde_json::json!({
+            "services": page, "matched": matched, "offset": query.offset, "truncated": truncated,
+            // Hosts two sources declare, and the entries not served for them.
+            "shadowed": shadowed.into_iter().take(SHADOWED_SHOWN).collect::<BTreeMap<_, _>>(),
+            "shadowedCount": shadowed_count,
         })
-        .collect();
-    matching.sort_by(|(a, _), (b, _)| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    let matched = matching.len();
-    let page: Vec<ServiceView> = matching
-        .into_iter()
-        .skip(query.offset)
-        .take(limit)
-        .map(|(service, origin)| view(service, origin))
-        .collect();
-    let truncated = query.offset + page.len() < matched;
-    Ok(Json(serde_json::json!({
-        "services": page, "matched": matched, "offset": query.offset, "truncated": truncated,
-        // Hosts two sources declare: the entries not served for them.
-        "shadowed": shadowed,
-    })))
+    })
+    .await
+    .map_err(|_| api_error(StatusCode::INTERNAL_SERVER_ERROR, "listing services failed"))?;
+    Ok(Json(answer))
 }

@@ -261,6 +261,10 @@ pub(super) async fn list_clients(
     })))
 }
 
+/// xDS streams a `/debug/xds` answer holds at most (and unless `limit` says fewer): each is about
+/// a kilobyte with its names.
+const XDS_PAGE_MAX: usize = 1000;
+
 /// `/debug/xds[?namespace=][&stale=true][&offset=N][&limit=N]`: open xDS streams: node,
 /// namespace, protocol, per type the names subscribed, the versions sent and acknowledged and
 /// the last rejection (NACK), and why a stream is not in step (`stale`). `total` and `stale`
@@ -275,29 +279,35 @@ pub(super) async fn list_xds_clients(
     let Some(clients) = &state.xds_clients else {
         return Ok(Json(serde_json::json!({"enabled": false, "clients": []})));
     };
-    let current = clients.current();
-    let in_namespace: Vec<_> = clients
-        .views()
-        .into_iter()
-        .filter(|c| query.namespace.as_ref().is_none_or(|ns| &c.namespace == ns))
-        .collect();
-    let total = in_namespace.len();
-    let stale = in_namespace.iter().filter(|c| !c.stale.is_empty()).count();
-    let matching: Vec<_> = in_namespace
-        .into_iter()
-        .filter(|c| !query.stale || !c.stale.is_empty())
-        .collect();
-    let matched = matching.len();
-    let page: Vec<_> = matching
-        .into_iter()
-        .skip(query.offset)
-        .take(query.limit.unwrap_or(usize::MAX))
-        .collect();
-    let truncated = query.offset + page.len() < matched;
+    let limit = query.limit.unwrap_or(XDS_PAGE_MAX);
+    if limit > XDS_PAGE_MAX {
+        return Err(api_error(
+            StatusCode::BAD_REQUEST,
+            format!("limit {limit} is over {XDS_PAGE_MAX}; page with offset"),
+        ));
+    }
+    let clients = clients.clone();
+    // Every stream's state is read (each under its own lock): off the async threads.
+    let page = tokio::task::spawn_blocking(move || {
+        clients.page(
+            |c| query.namespace.as_ref().is_none_or(|ns| &c.namespace == ns),
+            |c| !query.stale || !c.stale.is_empty(),
+            query.offset,
+            limit,
+        )
+    })
+    .await
+    .map_err(|_| {
+        api_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "listing xDS clients failed",
+        )
+    })?;
+    let truncated = query.offset + page.clients.len() < page.matched;
     Ok(Json(serde_json::json!({
-        "enabled": true, "clients": page, "total": total, "stale": stale, "matched": matched,
-        "offset": query.offset, "truncated": truncated,
-        "current": current.map(|v| v.to_string()),
+        "enabled": true, "clients": page.clients, "total": page.total, "stale": page.stale,
+        "matched": page.matched, "offset": query.offset, "truncated": truncated,
+        "current": state.xds_clients.as_ref().and_then(|c| c.current()).map(|v| v.to_string()),
     })))
 }
 

@@ -47,7 +47,36 @@ fn call_of(query: Option<&str>) -> Result<dubbo_cp_xds::split::Call, ApiError> {
             "service is required: the name a client dials (xds:///NAME)".to_owned(),
         ));
     }
+    // Each namespace asked about may cache a listener and a route in the served version: only
+    // names a client could have.
+    if !is_dns_label(&call.namespace) {
+        return Err(bad(format!(
+            "namespace {:?}: must be a DNS label (lower-case letters, digits and '-', 1-63 characters)",
+            call.namespace.chars().take(70).collect::<String>()
+        )));
+    }
+    for (what, value) in [
+        ("service", Some(&call.target)),
+        ("path", call.path.as_ref()),
+    ] {
+        if let Some(value) = value.filter(|v| v.len() > MAX_HEADER_BYTES) {
+            return Err(bad(format!(
+                "{what}: {} bytes, over the {MAX_HEADER_BYTES} a split reads",
+                value.len()
+            )));
+        }
+    }
     Ok(call)
+}
+
+/// Kubernetes' namespace form (RFC 1123 label).
+fn is_dns_label(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
 }
 
 pub(super) async fn xds_split(

@@ -10,6 +10,7 @@
 //                          subscribed, endpoint (ACKs), or reconnected (streams whose stream
 //                          opened after a failure has ACKed a load assignment and not failed)
 //   errors                 {"codes": {"CODE[ reconnecting]": n}, "first": {code: message}}
+//   version                {"version": grpc-js's version, as installed}
 //   finish                 streams ending from now on are not counted; exits at end of input
 'use strict';
 const path = require('path');
@@ -140,6 +141,8 @@ lines.on('line', (line) => {
       },
     };
     if (counts[what] >= wanted) waiter.done(true);
+  } else if (words[0] === 'version') {
+    answer({ version: require('@grpc/grpc-js/package.json').version });
   } else if (words[0] === 'errors') {
     answer({ codes, first });
   } else if (words[0] === 'finish') {

@@ -243,13 +243,7 @@ pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
             "state-of-the-world"
         },
         args.streams_per_connection,
-        match &args.grpc_js {
-            Some(_) => format!(
-                "grpc-js 1.14.7 ({} Node.js processes)",
-                args.grpc_js_processes
-            ),
-            None => "tonic".to_owned(),
-        },
+        load.describe().await?,
         args.services,
         args.endpoints,
         args.rounds

@@ -181,6 +181,24 @@ impl Load {
         Ok(())
     }
 
+    /// The load generator as the report names it: tonic, or grpc-js with the version installed.
+    pub async fn describe(&mut self) -> anyhow::Result<String> {
+        match self {
+            Load::Tonic { .. } => Ok("tonic".to_owned()),
+            Load::GrpcJs(processes) => {
+                let count = processes.len();
+                let Some(js) = processes.first_mut() else {
+                    bail!("no grpc-js process");
+                };
+                let version = js.ask("version").await?["version"]
+                    .as_str()
+                    .unwrap_or("?")
+                    .to_owned();
+                Ok(format!("grpc-js {version} ({count} Node.js processes)"))
+            }
+        }
+    }
+
     /// The processes whose CPU and memory the load costs: this one, or Node's.
     pub fn pids(&self) -> Vec<u32> {
         match self {

@@ -69,6 +69,8 @@ pub struct TypeStatus {
     pub accepted: HeldResources,
     /// Names subscribed to that do not exist (the client was told so).
     pub absent: imbl::OrdSet<String>,
+    /// When the last response was sent.
+    pub sent_at: Option<std::time::Instant>,
 }
 
 /// One client (one stream).
@@ -116,6 +118,9 @@ impl ClientStatus {
 /// tenth of the server's time per push, and a second copy of every stream's status in memory).
 pub(crate) trait Report: Send + Sync {
     fn status(&self) -> ClientStatus;
+    /// Per type the first [`NAMES_SHOWN`] names subscribed to: asked for only for the clients
+    /// an operator's page shows (a copy of names per stream is too much for every stream).
+    fn subscribed(&self) -> BTreeMap<&'static str, Vec<String>>;
     /// The server listeners it was sent for which `holds` is true.
     fn count_servers(&self, holds: fn(&ServerView) -> bool) -> usize;
 }
@@ -234,13 +239,50 @@ impl Clients {
         self.published.as_ref().map(|published| published())
     }
 
-    /// Every open stream as `/debug/xds` and `dubbo-cp status` show it.
+    /// Every open stream as `/debug/xds` and `dubbo-cp status` show it, names included.
     pub fn views(&self) -> Vec<ClientView> {
         let current = self.current();
-        self.list()
-            .into_iter()
-            .map(|client| ClientView::of(client, current))
+        self.reports()
+            .iter()
+            .map(|report| {
+                let mut status = report.status();
+                status.subscribed = report.subscribed();
+                ClientView::of(status, current)
+            })
             .collect()
+    }
+
+    /// The streams `keep` keeps of those `in_scope` takes, from the `offset`-th, at most
+    /// `limit`, with the counts an operator's page shows. The names subscribed to are read for
+    /// the page's streams alone.
+    pub fn page(
+        &self,
+        in_scope: impl Fn(&ClientView) -> bool,
+        keep: impl Fn(&ClientView) -> bool,
+        offset: usize,
+        limit: usize,
+    ) -> ClientPage {
+        let current = self.current();
+        let mut page = ClientPage::default();
+        for report in self.reports() {
+            let view = ClientView::of(report.status(), current);
+            if !in_scope(&view) {
+                continue;
+            }
+            page.total += 1;
+            page.stale += usize::from(!view.stale.is_empty());
+            if !keep(&view) {
+                continue;
+            }
+            page.matched += 1;
+            if page.matched > offset && page.clients.len() < limit {
+                // Read again with its names: the view above may be a moment older.
+                let mut status = report.status();
+                status.subscribed = report.subscribed();
+                page.clients.push(ClientView::of(status, current));
+            }
+        }
+        page
     }
 
     /// Waits until `done` holds for the list of clients.
@@ -257,8 +299,20 @@ impl Clients {
     }
 }
 
+/// A page of clients and the counts around it.
+#[derive(Debug, Default)]
+pub struct ClientPage {
+    pub clients: Vec<ClientView>,
+    /// Streams in scope.
+    pub total: usize,
+    /// Of those, the ones not in step.
+    pub stale: usize,
+    /// Of those in scope, the ones kept.
+    pub matched: usize,
+}
+
 /// One client as operators read it (`/debug/xds`, `dubbo-cp status`, the dashboard).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ClientView {
     pub node_id: String,
     pub namespace: String,
@@ -292,6 +346,12 @@ impl ClientView {
                 names: status.names,
                 wildcard: status.wildcard,
                 subscribed: client.subscribed.remove(type_url).unwrap_or_default(),
+                // As the discovery stream's lag: how long the client has left the last
+                // response unacknowledged (or rejected); none when it is in step.
+                lag_seconds: status
+                    .sent_at
+                    .filter(|_| status.nack.is_some() || status.sent != status.acked)
+                    .map(|at| at.elapsed().as_secs_f64()),
                 sent: status.sent,
                 acked: status.acked,
                 nack: status.nack,
@@ -393,7 +453,7 @@ impl ServerView {
 }
 
 /// One type of one client, as operators read it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TypeView {
     /// `cluster`, `endpoint`, `listener` or `route`.
     pub r#type: String,
@@ -403,6 +463,10 @@ pub struct TypeView {
     /// The first `NAMES_SHOWN` of them.
     #[serde(default)]
     pub subscribed: Vec<String>,
+    /// Seconds the last response has waited for an acknowledgement (or since it was rejected);
+    /// none when the type is in step.
+    #[serde(default)]
+    pub lag_seconds: Option<f64>,
     pub sent: Option<String>,
     pub acked: Option<String>,
     /// The last rejection, until a later version is acknowledged.
@@ -428,6 +492,7 @@ mod tests {
     fn status(sent: &str, acked: Option<&str>, nack: Option<&str>) -> TypeStatus {
         TypeStatus {
             names: 1,
+            sent_at: Some(std::time::Instant::now()),
             sent: Some(sent.into()),
             acked: acked.map(str::to_owned),
             nack: nack.map(|message| Nack {
@@ -449,6 +514,7 @@ mod tests {
             Some(4),
         );
         assert!(steady.stale.is_empty(), "{steady:?}");
+        assert_eq!(steady.types[0].lag_seconds, None, "in step");
         assert_eq!(steady.protocol, "delta");
         assert_eq!(steady.types[0].subscribed, ["a"]);
 
@@ -464,6 +530,10 @@ mod tests {
                 Some("3"),
             ),
             Some(4),
+        );
+        assert!(
+            view.types.iter().all(|t| t.lag_seconds.is_some()),
+            "a rejected and an unacknowledged response lag: {view:?}"
         );
         assert_eq!(
             view.stale,

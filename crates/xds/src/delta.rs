@@ -30,6 +30,8 @@ struct DeltaType {
     /// The last response sent for the type (the stream's count of responses then).
     nonce: Option<u64>,
     sent: Option<String>,
+    /// When the last response was sent: how long a client has left it unacknowledged.
+    sent_at: Option<std::time::Instant>,
     acked: Option<String>,
     acked_nonce: u64,
     nack: Option<Nack>,
@@ -230,6 +232,7 @@ impl DeltaStream {
         let nonce = number.to_string();
         state.nonce = Some(number);
         state.sent = Some(version.to_owned());
+        state.sent_at = Some(std::time::Instant::now());
         Some(DeltaDiscoveryResponse {
             system_version_info: version.to_owned(),
             resources: changed,
@@ -259,6 +262,7 @@ impl DeltaStream {
                 // A delta client keeps what each accepted response carried: `held`.
                 accepted: HeldResources::default(),
                 absent: state.absent.clone(),
+                sent_at: state.sent_at,
             };
             (*type_url, status)
         })

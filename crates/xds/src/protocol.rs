@@ -53,6 +53,8 @@ pub struct Sent {
     held: HeldResources,
     /// Names subscribed to that the response left out (they do not exist).
     absent: imbl::OrdSet<String>,
+    /// When it was sent: how long a client has left it unacknowledged.
+    at: std::time::Instant,
 }
 
 /// One type's state on one stream.
@@ -281,6 +283,7 @@ impl Stream {
                 acked_nonce: state.acked_nonce,
                 accepted: state.accepted.clone(),
                 absent: sent.map(|s| s.absent.clone()).unwrap_or_default(),
+                sent_at: sent.map(|s| s.at),
             };
             (*type_url, status)
         })
@@ -395,6 +398,7 @@ impl Stream {
             number,
             held,
             absent,
+            at: std::time::Instant::now(),
         }));
         Some(DiscoveryResponse {
             version_info: version.to_owned(),

@@ -2,7 +2,7 @@
 //! current [`Snapshot`], answering requests and pushing every version that changes what the
 //! stream subscribed to, types in push order.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -521,9 +521,15 @@ impl<S: AdsStream> crate::clients::Report for Locked<S> {
         status.protocol = S::PROTOCOL;
         status.identity = shared.identity_namespace.clone();
         status.connected = Some(shared.connected);
-        status.subscribed = status
-            .types
-            .keys()
+        status
+    }
+
+    fn subscribed(&self) -> BTreeMap<&'static str, Vec<String>> {
+        let shared = lock(self);
+        let stream = &shared.stream;
+        stream
+            .types()
+            .into_iter()
             .map(|type_url| {
                 let names = stream.names(type_url).map(|(names, _)| {
                     names
@@ -532,10 +538,9 @@ impl<S: AdsStream> crate::clients::Report for Locked<S> {
                         .cloned()
                         .collect()
                 });
-                (*type_url, names.unwrap_or_default())
+                (type_url, names.unwrap_or_default())
             })
-            .collect();
-        status
+            .collect()
     }
 
     fn count_servers(&self, holds: fn(&ServerView) -> bool) -> usize {

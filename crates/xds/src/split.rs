@@ -399,7 +399,8 @@ fn header_matches(matcher: &HeaderMatcher, headers: &[(String, String)]) -> bool
         (Some(header_matcher::HeaderMatchSpecifier::PresentMatch(present)), v) => {
             v.is_some() == *present
         }
-        (_, None) => false,
+        // An absent header matches no value matcher, inverted or not, as gRPC clients read it.
+        (_, None) => return false,
         // The deprecated forms (exact_match, safe_regex_match, ...) are never generated here.
         (Some(header_matcher::HeaderMatchSpecifier::StringMatch(s)), Some(v)) => {
             string_matches(s, v)

@@ -22,11 +22,19 @@ const ENDPOINTS = {
   clients: () => `/debug/clients?limit=${CLIENT_ROWS}${$('#stale-only').checked ? '&stale=true' : ''}`,
   // xDS streams a page at a time; "stale or NACKing only" asks the server for those alone.
   xds: () => `/debug/xds?limit=${CLIENT_ROWS}&offset=${xdsOffset}${$('#xds-stale-only').checked ? '&stale=true' : ''}`,
-  // The split of the service named in the form, computed by the server from what it serves;
-  // not fetched until a service is named.
-  split: () => splitPath(),
-  // A page of the services xDS serves, with their endpoints; the filter is the server's.
-  services: () => `/debug/services?limit=${SERVICE_ROWS}&offset=${servicesOffset}${$('#service-search').value.trim() ? `&q=${encodeURIComponent($('#service-search').value.trim())}` : ''}`,
+  // The split of the service last submitted in the form, computed by the server from what it
+  // serves; nothing until one is.
+  split: () => splitAsked,
+  // A page of the services xDS serves, with their endpoints; the filter is the server's. Every
+  // SLOW_MS (the server reads every service for it), at once when the filter or page moves.
+  services: () => {
+    if (last.xds && last.xds.enabled === false) return null;
+    if (!servicesForced && Date.now() - servicesFetched < SLOW_MS) return null;
+    servicesForced = false;
+    servicesFetched = Date.now();
+    const q = $('#service-search').value.trim();
+    return `/debug/services?limit=${SERVICE_ROWS}&offset=${servicesOffset}${q ? `&q=${encodeURIComponent(q)}` : ''}`;
+  },
   ...Object.fromEntries(RULE_KINDS.map((k) => [k, `/api/v1/rules/${k}`])),
   canaries: '/debug/canaries',
   // Objects the watch skipped and rules-directory files that failed, with their errors.
@@ -46,6 +54,9 @@ let timer = null;
 let inFlight = false;
 let xdsOffset = 0;
 let servicesOffset = 0;
+let servicesFetched = 0;
+let servicesForced = true;
+let splitAsked = null; // the split path last submitted
 let again = false; // a poll was requested while one was running
 
 // ---------- token ----------
@@ -118,10 +129,11 @@ async function poll() {
   timer = null;
   if (inFlight) { again = true; return; }
   inFlight = true;
-  const path = (n) => (typeof ENDPOINTS[n] === 'function' ? ENDPOINTS[n]() : ENDPOINTS[n]);
-  const names = Object.keys(ENDPOINTS).filter((n) => path(n) !== null);
+  // Each path once: some endpoints decide per poll whether they are due.
+  const paths = Object.fromEntries(Object.keys(ENDPOINTS).map((n) => [n, typeof ENDPOINTS[n] === 'function' ? ENDPOINTS[n]() : ENDPOINTS[n]]));
+  const names = Object.keys(paths).filter((n) => paths[n] !== null);
   // allSettled: one failing endpoint should not blank the sections that did load.
-  const results = await Promise.allSettled(names.map((n) => fetchJson(path(n))));
+  const results = await Promise.allSettled(names.map((n) => fetchJson(paths[n])));
   let error = null;
   results.forEach((r, i) => {
     if (r.status === 'fulfilled') last[names[i]] = r.value;
@@ -401,6 +413,7 @@ function renderXdsClients() {
         { text: names, title: shown.join('\n') + (t && t.names > shown.length ? `\n… ${t.names - shown.length} more` : ''), cls: 'num mono' },
         num(t && t.sent),
         num(t && t.acked, t && t.sent !== t.acked ? 'bad' : ''),
+        num(t && t.lag_seconds != null ? Number(t.lag_seconds).toFixed(1) : null, t && t.lag_seconds >= 10 ? 'bad' : ''),
         { text: nack ? `v${nack.version}: ${nack.message}` : null, title: nack ? nack.message : null, cls: nack ? 'mono bad' : 'mono' },
         { text: stale ? 'no' : 'yes', title: (c.stale || []).join('\n'), cls: stale ? 'bad' : 'ok' },
       ],
@@ -434,7 +447,7 @@ function renderServices() {
       cls: e && e.state === 'held' ? 'service-endpoint stale' : 'service-endpoint',
       data: { service: s.name, namespace: s.namespace, address: e ? e.address : '' },
       cells: [
-        { text: s.name, title: (s.hosts || []).join('\n'), cls: `mono ${dim}`.trim() },
+        { text: s.name, title: [...(s.hosts || []), s.endpointCount > (s.endpoints || []).length ? `first ${s.endpoints.length} of ${s.endpointCount} endpoints` : ''].join('\n').trim(), cls: `mono ${dim}`.trim() },
         { text: s.namespace, cls: dim },
         { text: s.application, cls: dim },
         { text: sourceOf(s), title: (s.ports || []).join('\n'), cls: dim },
@@ -466,7 +479,7 @@ function splitPath() {
 function renderSplit() {
   const section = $('#split');
   section.hidden = !last.xds || last.xds.enabled === false;
-  const named = splitPath() !== null;
+  const named = splitAsked !== null;
   const answer = named ? last.split : null;
   const split = answer && answer.split;
   setText($('#split-route'), answer && answer.error ? answer.error
@@ -615,10 +628,10 @@ $('#stale-only').addEventListener('change', () => {
   poll(); // the server filters the stale ones
 });
 $('#xds-stale-only').addEventListener('change', () => { xdsOffset = 0; poll(); });
-$('#service-search').addEventListener('input', () => { servicesOffset = 0; poll(); });
-$('#services-prev').addEventListener('click', () => { servicesOffset = Math.max(0, servicesOffset - SERVICE_ROWS); poll(); });
-$('#services-next').addEventListener('click', () => { servicesOffset += SERVICE_ROWS; poll(); });
-$('#split-form').addEventListener('submit', (e) => { e.preventDefault(); last.split = null; poll(); });
+$('#service-search').addEventListener('input', () => { servicesOffset = 0; servicesForced = true; poll(); });
+$('#services-prev').addEventListener('click', () => { servicesOffset = Math.max(0, servicesOffset - SERVICE_ROWS); servicesForced = true; poll(); });
+$('#services-next').addEventListener('click', () => { servicesOffset += SERVICE_ROWS; servicesForced = true; poll(); });
+$('#split-form').addEventListener('submit', (e) => { e.preventDefault(); splitAsked = splitPath(); last.split = null; poll(); });
 $('#xds-prev').addEventListener('click', () => { xdsOffset = Math.max(0, xdsOffset - CLIENT_ROWS); poll(); });
 $('#xds-next').addEventListener('click', () => { xdsOffset += CLIENT_ROWS; poll(); });
 // Coming back to the tab should show fresh data at once instead of after the slow interval.

@@ -147,6 +147,14 @@ fn matchers_read_headers_as_grpc_does() {
         &header(exact("ann", false), true),
         &headers("ann")
     ));
+    assert!(header_matches(
+        &header(exact("bob", false), true),
+        &headers("ann")
+    ));
+    assert!(
+        !header_matches(&header(exact("bob", false), true), &[]),
+        "an inverted value matcher does not match an absent header"
+    );
     let present = header_matcher::HeaderMatchSpecifier::PresentMatch(true);
     assert!(header_matches(
         &header(present.clone(), false),
