@@ -579,17 +579,26 @@ async fn a_read_right_after_a_write_says_it_is_merging_and_register_wait_waits_f
     let grpc = server.grpc_addr.to_string();
     let admin = server.admin_addr.to_string();
 
-    let registered = run_client(&[
-        "register",
-        "--server",
-        &grpc,
-        "-n",
-        "demo",
-        "-a",
-        "merging-app",
-        "org.example.Merging",
-    ])
-    .await;
+    // `dubbo-cp register -n demo -a APP INTERFACE EXTRA...`
+    let register = |application: &'static str, interface: &'static str, extra: &[&'static str]| {
+        let mut args = vec![
+            "register",
+            "--server",
+            &grpc,
+            "-n",
+            "demo",
+            "-a",
+            application,
+            interface,
+        ];
+        args.extend_from_slice(extra);
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_client(&args).await
+        }
+    };
+    let registered = register("merging-app", "org.example.Merging", &[]).await;
     assert!(registered.status.success(), "{}", text(&registered));
     let read = run_client(&["get", "mappings", "--server", &grpc, "--admin", &admin]).await;
     assert!(read.status.success(), "{}", text(&read));
@@ -606,18 +615,7 @@ async fn a_read_right_after_a_write_says_it_is_merging_and_register_wait_waits_f
     );
 
     // --wait returns once the discovery stream serves it; the read after it is complete.
-    let waited = run_client(&[
-        "register",
-        "--server",
-        &grpc,
-        "-n",
-        "demo",
-        "-a",
-        "merging-app",
-        "org.example.Merging",
-        "--wait",
-    ])
-    .await;
+    let waited = register("merging-app", "org.example.Merging", &["--wait"]).await;
     assert!(waited.status.success(), "{}", text(&waited));
     assert!(
         String::from_utf8_lossy(&waited.stdout).contains("served after"),
@@ -637,19 +635,11 @@ async fn a_read_right_after_a_write_says_it_is_merging_and_register_wait_waits_f
     );
 
     // A wait that cannot end in time says what is missing and why.
-    let timed_out = run_client(&[
-        "register",
-        "--server",
-        &grpc,
-        "-n",
-        "demo",
-        "-a",
+    let timed_out = register(
         "late-app",
         "org.example.Late",
-        "--wait",
-        "--wait-timeout",
-        "1s",
-    ])
+        &["--wait", "--wait-timeout", "1s"],
+    )
     .await;
     assert!(!timed_out.status.success());
     let message = text(&timed_out);
