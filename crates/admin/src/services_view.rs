@@ -32,7 +32,8 @@ struct ServiceView {
     /// What clients dial: the name (in its namespace) or the DNS name, and the FQDN.
     hosts: Vec<String>,
     application: String,
-    source: Origin,
+    /// `Kubernetes` or `ZooKeeper` (the registry this mode watches), or `ServiceEntry NAME/NS`.
+    source: String,
     ports: Vec<String>,
     /// Its endpoints, the first [`ENDPOINTS_SHOWN`].
     endpoints: Vec<EndpointView>,
@@ -55,7 +56,7 @@ struct EndpointView {
     state: &'static str,
 }
 
-fn view(service: Service, origin: Origin) -> ServiceView {
+fn view(service: Service, origin: Origin, registry: &str) -> ServiceView {
     let mut hosts = vec![service.name.clone()];
     if !service.is_dns_host() {
         hosts.push(service.fqdn());
@@ -65,7 +66,10 @@ fn view(service: Service, origin: Origin) -> ServiceView {
         namespace: service.namespace,
         name: service.name,
         hosts,
-        source: origin,
+        source: match origin {
+            Origin::Service => registry.to_owned(),
+            Origin::ServiceEntry { entry } => format!("ServiceEntry {entry}"),
+        },
         ports: service
             .ports
             .iter()
@@ -104,6 +108,12 @@ pub(super) async fn list_services(
         ));
     }
     let index = state.index.clone();
+    // Services of the `Service` kind come from the registry the mode watches.
+    let registry = match (&state.zookeeper, &state.outbox) {
+        (Some(_), _) => "ZooKeeper",
+        (None, Some(_)) => "Kubernetes",
+        (None, None) => "registry",
+    };
     // Every service is read and sorted: off the async threads.
     let answer = tokio::task::spawn_blocking(move || {
         let (services, shadowed) = dubbo_cp_xds::source::services_by_origin(
@@ -127,7 +137,7 @@ pub(super) async fn list_services(
             .into_iter()
             .skip(query.offset)
             .take(limit)
-            .map(|(service, origin)| view(service, origin))
+            .map(|(service, origin)| view(service, origin, registry))
             .collect();
         let truncated = query.offset + page.len() < matched;
         let shadowed_count = shadowed.len();

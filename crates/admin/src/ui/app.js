@@ -436,7 +436,6 @@ function renderServices() {
     const endpoints = s.endpoints && s.endpoints.length ? s.endpoints : [null];
     return endpoints.map((e, j) => ({ s, e, rep: j > 0 }));
   });
-  const sourceOf = (s) => (s.source.kind === 'serviceEntry' ? `ServiceEntry ${s.source.entry}` : 'registry');
   syncRows(section, rows, ({ s, e, rep }) => {
     const dim = rep ? 'rep' : '';
     const port = e && Object.keys(e.ports || {}).length
@@ -450,7 +449,7 @@ function renderServices() {
         { text: s.name, title: [...(s.hosts || []), s.endpointCount > (s.endpoints || []).length ? `first ${s.endpoints.length} of ${s.endpointCount} endpoints` : ''].join('\n').trim(), cls: `mono ${dim}`.trim() },
         { text: s.namespace, cls: dim },
         { text: s.application, cls: dim },
-        { text: sourceOf(s), title: (s.ports || []).join('\n'), cls: dim },
+        { text: s.source, title: (s.ports || []).join('\n'), cls: dim },
         { text: e ? e.address + (port ? ` (${port})` : '') : null, cls: 'mono', title: e ? Object.entries(e.labels || {}).map(([k, v]) => `${k}=${v}`).join('\n') : null },
         num(e && e.weight),
         e && e.tag,
