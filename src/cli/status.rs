@@ -75,6 +75,10 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     if !clients.is_empty() {
         print!("\n{}", xds_table(&clients, &args));
     }
+    let missing = not_found_table(&clients, &args);
+    if missing.lines().count() > 1 {
+        print!("\n{missing}");
+    }
     let matched = xds["matched"].as_u64().unwrap_or(0);
     if matched > clients.len() as u64 {
         println!(
@@ -138,6 +142,36 @@ fn in_namespace(client: &XdsClientView, args: &StatusArgs) -> bool {
     args.namespace
         .as_ref()
         .is_none_or(|ns| &client.namespace == ns)
+}
+
+/// Names xDS clients subscribed to that resolve to nothing (a typo, a missing registration or
+/// ServiceEntry, a bootstrap's wrong namespace): the clients are told they do not exist, and
+/// their calls fail or hang until gRPC's timer says so.
+fn not_found_table(clients: &[XdsClientView], args: &StatusArgs) -> String {
+    let mut out = format!(
+        "{:<40} {:<20} {:<9} NOT FOUND (resolves to nothing)\n",
+        "XDS CLIENT", "NAMESPACE", "TYPE"
+    );
+    for client in clients.iter().filter(|c| in_namespace(c, args)) {
+        for status in client.types.iter().filter(|t| t.not_found_count > 0) {
+            let more = status
+                .not_found_count
+                .saturating_sub(status.not_found.len());
+            out.push_str(&format!(
+                "{:<40} {:<20} {:<9} {}{}\n",
+                printable(&client.node_id),
+                printable(&client.namespace),
+                status.r#type,
+                printable(&status.not_found.join(", ")),
+                if more > 0 {
+                    format!(" (+{more})")
+                } else {
+                    String::new()
+                },
+            ));
+        }
+    }
+    out
 }
 
 /// The xDS-enabled servers among the clients: where they listen, the TLS their listener
@@ -585,6 +619,8 @@ mod tests {
             wildcard: false,
             subscribed: vec!["a".into(), "b".into()],
             lag_seconds: (sent != acked || nack.is_some()).then_some(2.5),
+            not_found: Vec::new(),
+            not_found_count: 0,
             sent: Some(sent.into()),
             acked: Some(acked.into()),
             nack,

@@ -95,6 +95,41 @@ pub struct ClientStatus {
 /// Names of a type an operator's view lists per client; a client may subscribe to thousands.
 pub const NAMES_SHOWN: usize = 20;
 
+/// Names one log line names; the rest are counted.
+const NAMES_LOGGED: usize = 5;
+
+/// Says once, when a client is first told so, that names it subscribed to resolve to nothing:
+/// otherwise a typo in `xds:///NAME`, a missing registration or a bootstrap's wrong namespace
+/// looks like a hang on the client (gRPC reports "does not exist" only after its timer). One
+/// line per response, at most [`NAMES_LOGGED`] names in it.
+pub(crate) fn log_not_found<'a>(
+    node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,
+    type_url: &str,
+    names: impl Iterator<Item = &'a String>,
+) {
+    let mut shown = Vec::new();
+    let mut more = 0usize;
+    for name in names {
+        if shown.len() < NAMES_LOGGED {
+            shown.push(name.as_str());
+        } else {
+            more += 1;
+        }
+    }
+    if shown.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        node = node.map_or("", |n| n.id.as_str()),
+        r#type = crate::short_type(type_url),
+        names = %shown.join(", "),
+        more,
+        "an xDS client subscribed to names that resolve to nothing; it is told they do not \
+         exist (a typo, a missing registration or ServiceEntry, or the wrong namespace in its \
+         bootstrap; `dubbo-cp status` lists them)"
+    );
+}
+
 impl ClientStatus {
     /// The status of a stream of `node` whose client is in `namespace`, with its types'.
     pub(crate) fn of(
@@ -348,6 +383,8 @@ impl ClientView {
                 subscribed: client.subscribed.remove(type_url).unwrap_or_default(),
                 // As the discovery stream's lag: how long the client has left the last
                 // response unacknowledged (or rejected); none when it is in step.
+                not_found: status.absent.iter().take(NAMES_SHOWN).cloned().collect(),
+                not_found_count: status.absent.len(),
                 lag_seconds: status
                     .sent_at
                     .filter(|_| status.nack.is_some() || status.sent != status.acked)
@@ -467,6 +504,12 @@ pub struct TypeView {
     /// none when the type is in step.
     #[serde(default)]
     pub lag_seconds: Option<f64>,
+    /// Names subscribed to that resolve to nothing (the client was told they do not exist), the
+    /// first `NAMES_SHOWN`; `not_found_count` counts all.
+    #[serde(default)]
+    pub not_found: Vec<String>,
+    #[serde(default)]
+    pub not_found_count: usize,
     pub sent: Option<String>,
     pub acked: Option<String>,
     /// The last rejection, until a later version is acknowledged.

@@ -207,12 +207,14 @@ impl DeltaStream {
         }
         self.nonces += 1;
         let number = self.nonces;
+        let mut newly_absent = Vec::new();
         for name in &removed {
             state.known.remove(name);
-            if state.subscribed.contains(name) {
-                state.absent.insert(name.clone());
+            if state.subscribed.contains(name) && state.absent.insert(name.clone()).is_none() {
+                newly_absent.push(name);
             }
         }
+        crate::clients::log_not_found(self.node.as_ref(), type_url, newly_absent.into_iter());
         let known = &mut state.known;
         let changed: Vec<Resource> = changed
             .into_iter()

@@ -386,12 +386,20 @@ impl Stream {
                 (name.clone(), held)
             })
             .collect();
-        let absent = state
+        let absent: imbl::OrdSet<String> = state
             .names
             .iter()
             .filter(|name| !held.contains_key(name.as_str()))
             .cloned()
             .collect();
+        let before = state.sent.as_ref().map(|sent| &sent.absent);
+        crate::clients::log_not_found(
+            self.node.as_ref(),
+            type_url,
+            absent
+                .iter()
+                .filter(|name| before.is_none_or(|before| !before.contains(*name))),
+        );
         state.sent = Some(Box::new(Sent {
             version: version.to_owned(),
             nonce: nonce.clone(),

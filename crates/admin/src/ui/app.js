@@ -414,6 +414,9 @@ function renderXdsClients() {
         num(t && t.sent),
         num(t && t.acked, t && t.sent !== t.acked ? 'bad' : ''),
         num(t && t.lag_seconds != null ? Number(t.lag_seconds).toFixed(1) : null, t && t.lag_seconds >= 10 ? 'bad' : ''),
+        t && t.not_found_count
+          ? { text: `${t.not_found.join(', ')}${t.not_found_count > t.not_found.length ? ` (+${t.not_found_count - t.not_found.length})` : ''}`, title: 'subscribed, but resolves to nothing: the client is told it does not exist', cls: 'mono bad not-found' }
+          : null,
         { text: nack ? `v${nack.version}: ${nack.message}` : null, title: nack ? nack.message : null, cls: nack ? 'mono bad' : 'mono' },
         { text: stale ? 'no' : 'yes', title: (c.stale || []).join('\n'), cls: stale ? 'bad' : 'ok' },
       ],
