@@ -359,29 +359,84 @@ struct Addrs {
     xds: Option<SocketAddr>,
 }
 
+/// A port `serve` listens on, and how a user moves it.
+#[derive(Clone, Copy)]
+struct Port {
+    what: &'static str,
+    flag: &'static str,
+    env: &'static str,
+    key: &'static str,
+}
+
+const GRPC_PORT: Port = Port {
+    what: "gRPC port",
+    flag: "grpc-addr",
+    env: "DUBBO_CP_GRPC_ADDR",
+    key: "grpcAddr",
+};
+const ADMIN_PORT: Port = Port {
+    what: "admin port",
+    flag: "admin-addr",
+    env: "DUBBO_CP_ADMIN_ADDR",
+    key: "adminAddr",
+};
+const WEBHOOK_PORT: Port = Port {
+    what: "webhook port",
+    flag: "webhook-addr",
+    env: "DUBBO_CP_WEBHOOK_ADDR",
+    key: "webhook.addr",
+};
+const XDS_PORT: Port = Port {
+    what: "xDS port",
+    flag: "xds-addr",
+    env: "DUBBO_CP_XDS_ADDR",
+    key: "xds.addr",
+};
+const TLS_PORT: Port = Port {
+    what: "TLS gRPC port",
+    flag: "tls-addr",
+    env: "DUBBO_CP_TLS_ADDR",
+    key: "tls.addr",
+};
+
 impl Listeners {
     async fn bind(config: &Config) -> anyhow::Result<Listeners> {
-        let bind = |addr: SocketAddr, what: &'static str| async move {
-            TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot bind the {what} {addr}"))
+        // Every port is tried, and every one that cannot be had is named with the flag, the
+        // variable and the file's key that move it: a second `serve` on one machine learns all
+        // it must change at once, not one port per attempt.
+        let mut failures = Vec::new();
+        let mut bind = async |addr: SocketAddr, port: Port| match TcpListener::bind(addr).await {
+            Ok(listener) => Some(listener),
+            Err(err) => {
+                failures.push(format!(
+                    "cannot listen on {addr} for the {}: {err}; move it with --{} ({}, `{}` in the config file)",
+                    port.what, port.flag, port.env, port.key
+                ));
+                None
+            }
         };
-        let grpc = bind(config.grpc_addr, "gRPC port").await?;
-        let admin = bind(config.admin_addr, "admin port").await?;
+        let grpc = bind(config.grpc_addr, GRPC_PORT).await;
+        let admin = bind(config.admin_addr, ADMIN_PORT).await;
         let webhook =
             if config.mode == Mode::Kubernetes && config.webhook.enabled && config.ca.enabled {
-                Some(bind(config.webhook.addr, "webhook port").await?)
+                bind(config.webhook.addr, WEBHOOK_PORT).await
             } else {
                 None
             };
         let xds = if config.xds.enabled {
-            Some(bind(config.xds.addr, "xDS port").await?)
+            bind(config.xds.addr, XDS_PORT).await
         } else {
             None
         };
         let tls = match serving_identity(config)? {
-            Some(tls) => Some((bind(config.tls.addr, "TLS gRPC port").await?, tls)),
+            Some(tls) => bind(config.tls.addr, TLS_PORT).await.map(|l| (l, tls)),
             None => None,
+        };
+        if !failures.is_empty() {
+            anyhow::bail!("{}", failures.join("\n"));
+        }
+        let (Some(grpc), Some(admin)) = (grpc, admin) else {
+            anyhow::bail!("the gRPC and admin ports were not bound");
         };
         Ok(Listeners {
             xds,
