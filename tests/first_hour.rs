@@ -36,3 +36,33 @@ fn a_busy_port_is_named_with_the_flag_and_variable_that_move_it_all_at_once() {
     }
     drop(first);
 }
+
+/// A Canary applied without Kubernetes is refused as Kubernetes-only, naming the standalone way
+/// (a DynamicConfig weight), and the example docs/canary.md gives for it applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_in_standalone_says_it_is_kubernetes_only_and_what_to_use_instead() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::start(common::test_config(dir.path())).await;
+    let canary = "apiVersion: dubbo.apache.org/v1alpha1\nkind: Canary\n\
+                  metadata: {name: shop, namespace: demo}\nspec: {}\n";
+    let (status, body) =
+        common::http_send(server.admin_addr, "POST", "/api/v1/apply", canary, None).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("Kubernetes-only") && body.contains("DynamicConfig"),
+        "{body}"
+    );
+    // The example of docs/canary.md "Without Kubernetes", as written there.
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/canary.md")).unwrap();
+    let section = docs.split("## Without Kubernetes").nth(1).unwrap();
+    let example = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .unwrap();
+    let (status, body) =
+        common::http_send(server.admin_addr, "POST", "/api/v1/apply", example, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(server.stop().await.is_ok());
+}

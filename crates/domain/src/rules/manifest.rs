@@ -131,6 +131,17 @@ fn parse_object(value: &Value, default_namespace: &str) -> Result<Rule, ObjectEr
         )));
     }
     let kind_name = string(object.get("kind"), "kind").map_err(plain)?;
+    // The Kubernetes-only kinds, said as such with the standalone way to the same end.
+    if kind_name == "Canary" {
+        return Err(plain(FieldError::value(
+            "kind",
+            "is Kubernetes-only: the canary controller runs in `serve --mode kubernetes` and \
+             moves a Deployment's traffic (apply it with kubectl); here, shift weight with a \
+             DynamicConfig's `weight` override, served over xDS and the discovery stream \
+             (docs/canary.md \"Without Kubernetes\")",
+            kind_name,
+        )));
+    }
     let kind = Kind::from_name(kind_name)
         .filter(|kind| RULE_KINDS.contains(kind))
         .ok_or_else(|| {
