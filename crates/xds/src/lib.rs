@@ -3,9 +3,10 @@
 //!
 //! # Layout
 //! - [`generate`]: a listener, route configuration, cluster and load assignment per name a
-//!   client asks for, from the domain's services (`dubbo_cp_domain::service`). What released
-//!   clients accept and silently drop is in `shared/spec/xds.md`; each rule it imposes is kept
-//!   here and named in a comment.
+//!   client asks for, from the domain's services (`dubbo_cp_domain::service`). Each rule released
+//!   clients impose (what they accept, and what they silently drop) is kept here and named in
+//!   a comment; docs/xds.md says what reaches them.
+//! - [`split`]: the share of calls each endpoint gets, read from what a client is served.
 //! - [`protocol`]: one stream's state of the world per type: subscriptions, versions, nonces,
 //!   ACKs and NACKs, and what to answer. No I/O.
 //! - [`delta`]: the same for incremental streams (Envoy's): only changes and removals are sent.
