@@ -66,3 +66,36 @@ async fn a_canary_in_standalone_says_it_is_kubernetes_only_and_what_to_use_inste
     assert_eq!(status, 200, "{body}");
     assert!(server.stop().await.is_ok());
 }
+
+/// `--server` names the gRPC port in every command; the bootstrap's xDS address is
+/// `--xds-server` (`DUBBO_CP_XDS_SERVER`), and its old spelling still works with a warning.
+#[test]
+fn the_bootstraps_xds_address_has_its_own_flag_and_the_old_spelling_warns() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+            .arg("bootstrap")
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let bootstrap: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        (
+            bootstrap["xds_servers"][0]["server_uri"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (uri, warned) = run(&["--xds-server", "10.0.0.5:15010"], &[]);
+    assert_eq!((uri.as_str(), warned.as_str()), ("10.0.0.5:15010", ""));
+    let (uri, _) = run(&[], &[("DUBBO_CP_XDS_SERVER", "10.0.0.6:15010")]);
+    assert_eq!(uri, "10.0.0.6:15010");
+    let (uri, warned) = run(&["--server", "10.0.0.7:15010"], &[]);
+    assert_eq!(uri, "10.0.0.7:15010");
+    assert!(
+        warned.contains("deprecated") && warned.contains("--xds-server"),
+        "{warned}"
+    );
+}

@@ -20,7 +20,7 @@ const NODE_ID: &str = "xds-binary-test";
 
 async fn bootstrap(xds: SocketAddr) -> String {
     let server = xds.to_string();
-    cli_bootstrap(&["--server", &server, "-n", "shop", "--node-id", NODE_ID]).await
+    cli_bootstrap(&["--xds-server", &server, "-n", "shop", "--node-id", NODE_ID]).await
 }
 
 /// Deletes the rule at `/api/v1/rules/<path>` (`<Kind>/<namespace>/<name>`).
@@ -314,7 +314,7 @@ async fn tls_bootstrap_credentials_reach_the_tls_port_with_a_certificate_or_a_to
     // A bearer token from a file (gRFC A97's call credentials), as `dubbo-cp bootstrap`
     // writes it and the webhook injects it with a projected service-account token.
     let by_token = cli_bootstrap(&[
-        "--server",
+        "--xds-server",
         &server_uri,
         "-n",
         "shop",

@@ -77,7 +77,7 @@ async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
     for node in ["dash-one", "dash-two"] {
         let server = xds.to_string();
         let bootstrap =
-            cli_bootstrap(&["--server", &server, "-n", "shop", "--node-id", node]).await;
+            cli_bootstrap(&["--xds-server", &server, "-n", "shop", "--node-id", node]).await;
         let mut client = released::client_with(kind, "xds:///greeter:7070", bootstrap);
         settle(&mut client, "a", 1, "").await;
         clients.push(client);
@@ -318,8 +318,15 @@ async fn a_name_that_resolves_to_nothing_is_logged_once_and_shown_as_not_found()
     let process = common::spawn_binary(dir.path(), &["--xds-addr", &xds]);
     let admin = process.admin_addr;
     apply(admin, &greeter_entry(&[(7071, 1)])).await;
-    let bootstrap =
-        cli_bootstrap(&["--server", &xds, "-n", "shop", "--node-id", "typo-client"]).await;
+    let bootstrap = cli_bootstrap(&[
+        "--xds-server",
+        &xds,
+        "-n",
+        "shop",
+        "--node-id",
+        "typo-client",
+    ])
+    .await;
     let mut client = released::client_with(Released::Grpcio, "xds:///greter:7070", bootstrap);
     // One call makes the client subscribe; it fails, as it should.
     use tokio::io::AsyncWriteExt;

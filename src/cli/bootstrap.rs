@@ -7,8 +7,11 @@ use crate::xds::bootstrap::{Bootstrap, CALL_CREDS_ENV, Credentials};
 pub struct BootstrapArgs {
     /// The xDS server as clients reach it: `host:port` (the xDS port, or the TLS port with
     /// `--ca-file`).
-    #[arg(long, default_value = "127.0.0.1:15010")]
-    pub server: String,
+    #[arg(long, env = "DUBBO_CP_XDS_SERVER", default_value = "127.0.0.1:15010")]
+    pub xds_server: String,
+    /// Deprecated spelling of `--xds-server` (everywhere else `--server` names the gRPC port).
+    #[arg(long, hide = true, conflicts_with = "xds_server")]
+    pub server: Option<String>,
     /// The client's namespace: names resolve in it.
     #[arg(short, long, default_value = "default")]
     pub namespace: String,
@@ -73,8 +76,19 @@ impl BootstrapArgs {
                 self.namespace
             )
         });
+        let server = match &self.server {
+            Some(server) => {
+                eprintln!(
+                    "warning: `bootstrap --server` is deprecated: it names the xDS port here, where \
+                     --server names the gRPC port everywhere else; use --xds-server \
+                     (DUBBO_CP_XDS_SERVER)"
+                );
+                server.clone()
+            }
+            None => self.xds_server.clone(),
+        };
         Ok(Bootstrap {
-            server: self.server.clone(),
+            server,
             credentials,
             token_file: self.token_file.clone(),
             node_id,

@@ -91,7 +91,7 @@ pub fn bootstrap(xds: &str, namespace: &str, node: &str) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
         .args([
             "bootstrap",
-            "--server",
+            "--xds-server",
             xds,
             "-n",
             namespace,

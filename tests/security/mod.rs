@@ -97,7 +97,7 @@ impl Workload {
         let file = |name: &str| self.dir.join(name).to_str().unwrap().to_owned();
         self.bootstrap_with(
             &[
-                "--server",
+                "--xds-server",
                 &format!("localhost:{}", tls.port()),
                 "--ca-file",
                 &file(ROOT_CERT),
@@ -114,7 +114,7 @@ impl Workload {
     /// The same, reaching the plain xDS port (the agent's proxy) at `xds` with no credentials
     /// (grpc-js reads no other channel credentials).
     pub fn plain_bootstrap(&self, xds: std::net::SocketAddr, node: &str, refresh: &str) -> String {
-        self.bootstrap_with(&["--server", &xds.to_string()], node, refresh)
+        self.bootstrap_with(&["--xds-server", &xds.to_string()], node, refresh)
     }
 
     fn bootstrap_with(&self, server: &[&str], node: &str, refresh: &str) -> String {
