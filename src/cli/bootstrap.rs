@@ -9,8 +9,10 @@ pub struct BootstrapArgs {
     /// `--ca-file`).
     #[arg(long, env = "DUBBO_CP_XDS_SERVER", default_value = "127.0.0.1:15010")]
     pub xds_server: String,
-    /// Deprecated spelling of `--xds-server` (everywhere else `--server` names the gRPC port).
-    #[arg(long, hide = true, conflicts_with = "xds_server")]
+    /// Deprecated spelling of `--xds-server` (everywhere else `--server` names the gRPC port);
+    /// it wins, with a warning, so old scripts keep their address even where
+    /// `DUBBO_CP_XDS_SERVER` is set.
+    #[arg(long, hide = true)]
     pub server: Option<String>,
     /// The client's namespace: names resolve in it.
     #[arg(short, long, default_value = "default")]

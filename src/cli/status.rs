@@ -57,10 +57,8 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     if let Some(namespace) = &args.namespace {
         query.append_pair("namespace", namespace);
     }
-    if args.stale {
-        query.append_pair("stale", "true");
-    }
-    // A page: the server answers at most that many.
+    // A page (the server answers at most that many); `--stale` filters the xDS table here, not
+    // the servers and not-found tables.
     query.append_pair("limit", "1000");
     let xds = request(
         &args.admin,

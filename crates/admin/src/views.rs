@@ -307,7 +307,7 @@ pub(super) async fn list_xds_clients(
     Ok(Json(serde_json::json!({
         "enabled": true, "clients": page.clients, "total": page.total, "stale": page.stale,
         "matched": page.matched, "offset": query.offset, "truncated": truncated,
-        "current": state.xds_clients.as_ref().and_then(|c| c.current()).map(|v| v.to_string()),
+        "current": page.current.map(|v| v.to_string()),
     })))
 }
 

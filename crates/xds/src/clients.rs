@@ -69,8 +69,9 @@ pub struct TypeStatus {
     pub accepted: HeldResources,
     /// Names subscribed to that do not exist (the client was told so).
     pub absent: imbl::OrdSet<String>,
-    /// When the last response was sent.
+    /// When the last response was sent, and its number on the stream (0: none).
     pub sent_at: Option<std::time::Instant>,
+    pub sent_nonce: u64,
 }
 
 /// One client (one stream).
@@ -95,39 +96,87 @@ pub struct ClientStatus {
 /// Names of a type an operator's view lists per client; a client may subscribe to thousands.
 pub const NAMES_SHOWN: usize = 20;
 
-/// Names one log line names; the rest are counted.
+/// Names one log line names (the rest are counted), and the bytes of each it keeps.
 const NAMES_LOGGED: usize = 5;
+const NAME_BYTES_LOGGED: usize = 200;
 
-/// Says once, when a client is first told so, that names it subscribed to resolve to nothing:
+/// Lines about names that resolve to nothing, at most, per minute for the whole process: a
+/// client that keeps asking for made-up names, or many clients of a deleted service, cannot fill
+/// the log. The next line allowed says how many were left out.
+const NOT_FOUND_LINES_PER_MINUTE: u64 = 20;
+
+/// The minute (since the epoch) the budget is for, the lines taken in it, and lines left out.
+static NOT_FOUND_MINUTE: AtomicU64 = AtomicU64::new(0);
+static NOT_FOUND_LINES: AtomicU64 = AtomicU64::new(0);
+static NOT_FOUND_SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a line may be logged now; `Some(lines left out before it)` when it may.
+fn not_found_budget() -> Option<u64> {
+    let minute = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 60);
+    if NOT_FOUND_MINUTE.swap(minute, Ordering::Relaxed) != minute {
+        NOT_FOUND_LINES.store(0, Ordering::Relaxed);
+    }
+    if NOT_FOUND_LINES.fetch_add(1, Ordering::Relaxed) < NOT_FOUND_LINES_PER_MINUTE {
+        Some(NOT_FOUND_SUPPRESSED.swap(0, Ordering::Relaxed))
+    } else {
+        NOT_FOUND_SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+/// The names of `now` the client was not told of in `before` (its previous response): those it
+/// is told do not exist for the first time.
+pub(crate) fn newly_absent<'a>(
+    before: Option<&'a imbl::OrdSet<String>>,
+    now: &'a imbl::OrdSet<String>,
+) -> impl Iterator<Item = &'a String> {
+    now.iter()
+        .filter(move |name| before.is_none_or(|before| !before.contains(*name)))
+}
+
+/// Says, when a client is first told so, that names it subscribed to resolve to nothing:
 /// otherwise a typo in `xds:///NAME`, a missing registration or a bootstrap's wrong namespace
 /// looks like a hang on the client (gRPC reports "does not exist" only after its timer). One
-/// line per response, at most [`NAMES_LOGGED`] names in it.
+/// line per response at most [`NAMES_LOGGED`] names in it, within the process's budget;
+/// `true` when a line was logged.
 pub(crate) fn log_not_found<'a>(
     node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,
     type_url: &str,
     names: impl Iterator<Item = &'a String>,
-) {
-    let mut shown = Vec::new();
+) -> bool {
+    let mut shown: Vec<&str> = Vec::new();
     let mut more = 0usize;
     for name in names {
         if shown.len() < NAMES_LOGGED {
-            shown.push(name.as_str());
+            let mut end = name.len().min(NAME_BYTES_LOGGED);
+            while !name.is_char_boundary(end) {
+                end -= 1;
+            }
+            shown.push(&name[..end]);
         } else {
             more += 1;
         }
     }
     if shown.is_empty() {
-        return;
+        return false;
     }
+    let Some(suppressed) = not_found_budget() else {
+        return false;
+    };
+    // Debug-formatted: a name is the client's text, and must not make lines of its own.
     tracing::warn!(
         node = node.map_or("", |n| n.id.as_str()),
         r#type = crate::short_type(type_url),
-        names = %shown.join(", "),
+        names = ?shown,
         more,
+        suppressed_before = suppressed,
         "an xDS client subscribed to names that resolve to nothing; it is told they do not \
          exist (a typo, a missing registration or ServiceEntry, or the wrong namespace in its \
          bootstrap; `dubbo-cp status` lists them)"
     );
+    true
 }
 
 impl ClientStatus {
@@ -298,7 +347,10 @@ impl Clients {
         limit: usize,
     ) -> ClientPage {
         let current = self.current();
-        let mut page = ClientPage::default();
+        let mut page = ClientPage {
+            current,
+            ..ClientPage::default()
+        };
         for report in self.reports() {
             let view = ClientView::of(report.status(), current);
             if !in_scope(&view) {
@@ -311,10 +363,15 @@ impl Clients {
             }
             page.matched += 1;
             if page.matched > offset && page.clients.len() < limit {
-                // Read again with its names: the view above may be a moment older.
-                let mut status = report.status();
-                status.subscribed = report.subscribed();
-                page.clients.push(ClientView::of(status, current));
+                // The view counted, with its names added: a second read could disagree with
+                // the counts and the filter.
+                let mut view = view;
+                let mut names = report.subscribed();
+                for t in &mut view.types {
+                    let type_url = crate::type_url_of(&t.r#type);
+                    t.subscribed = type_url.and_then(|u| names.remove(u)).unwrap_or_default();
+                }
+                page.clients.push(view);
             }
         }
         page
@@ -344,6 +401,8 @@ pub struct ClientPage {
     pub stale: usize,
     /// Of those in scope, the ones kept.
     pub matched: usize,
+    /// The version published when the page was read: what `stale`'s "behind" compares with.
+    pub current: Option<u64>,
 }
 
 /// One client as operators read it (`/debug/xds`, `dubbo-cp status`, the dashboard).
@@ -387,7 +446,7 @@ impl ClientView {
                 not_found_count: status.absent.len(),
                 lag_seconds: status
                     .sent_at
-                    .filter(|_| status.nack.is_some() || status.sent != status.acked)
+                    .filter(|_| status.acked_nonce < status.sent_nonce)
                     .map(|at| at.elapsed().as_secs_f64()),
                 sent: status.sent,
                 acked: status.acked,
@@ -401,7 +460,7 @@ impl ClientView {
                     "{} NACKed version {}: {}",
                     view.r#type, nack.version, nack.message
                 ));
-            } else if view.sent.is_some() && view.sent != view.acked {
+            } else if view.lag_seconds.is_some() {
                 stale.push(format!(
                     "{} version {} sent, not acknowledged",
                     view.r#type,
@@ -536,6 +595,8 @@ mod tests {
         TypeStatus {
             names: 1,
             sent_at: Some(std::time::Instant::now()),
+            sent_nonce: 2,
+            acked_nonce: if acked == Some(sent) { 2 } else { 1 },
             sent: Some(sent.into()),
             acked: acked.map(str::to_owned),
             nack: nack.map(|message| Nack {
@@ -545,6 +606,28 @@ mod tests {
             }),
             ..TypeStatus::default()
         }
+    }
+
+    #[test]
+    fn a_name_is_newly_absent_once_and_the_log_has_a_budget() {
+        let set = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect();
+        let first: imbl::OrdSet<String> = set(&["a", "b"]);
+        let again: Vec<&String> = newly_absent(Some(&first), &first).collect();
+        assert!(again.is_empty(), "told before: not again");
+        let news: Vec<&String> = newly_absent(None, &first).collect();
+        assert_eq!(news, ["a", "b"], "the first response");
+        let more: imbl::OrdSet<String> = set(&["a", "c"]);
+        let news: Vec<&String> = newly_absent(Some(&first), &more).collect();
+        assert_eq!(news, ["c"]);
+        // Other tests may have taken some of this minute's budget: never more than it.
+        let allowed = (0..NOT_FOUND_LINES_PER_MINUTE + 5)
+            .filter(|_| not_found_budget().is_some())
+            .count();
+        assert!(allowed as u64 <= NOT_FOUND_LINES_PER_MINUTE, "{allowed}");
+        assert!(not_found_budget().is_none(), "spent");
+        // A long name is cut; the call says whether it logged (here the budget is spent).
+        let long = "x".repeat(10_000);
+        assert!(!log_not_found(None, crate::LISTENER, [&long].into_iter()));
     }
 
     #[test]

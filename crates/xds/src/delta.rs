@@ -265,6 +265,7 @@ impl DeltaStream {
                 accepted: HeldResources::default(),
                 absent: state.absent.clone(),
                 sent_at: state.sent_at,
+                sent_nonce: state.nonce.unwrap_or(0),
             };
             (*type_url, status)
         })

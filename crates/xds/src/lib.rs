@@ -67,3 +67,10 @@ pub fn short_type(type_url: &str) -> &'static str {
         _ => "other",
     }
 }
+
+/// The type URL of a [`short_type`] name.
+pub fn type_url_of(short: &str) -> Option<&'static str> {
+    [CLUSTER, ENDPOINT, LISTENER, ROUTE]
+        .into_iter()
+        .find(|type_url| short_type(type_url) == short)
+}

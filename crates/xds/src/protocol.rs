@@ -284,6 +284,7 @@ impl Stream {
                 accepted: state.accepted.clone(),
                 absent: sent.map(|s| s.absent.clone()).unwrap_or_default(),
                 sent_at: sent.map(|s| s.at),
+                sent_nonce: sent.map_or(0, |s| s.number),
             };
             (*type_url, status)
         })
@@ -396,9 +397,7 @@ impl Stream {
         crate::clients::log_not_found(
             self.node.as_ref(),
             type_url,
-            absent
-                .iter()
-                .filter(|name| before.is_none_or(|before| !before.contains(*name))),
+            crate::clients::newly_absent(before, &absent),
         );
         state.sent = Some(Box::new(Sent {
             version: version.to_owned(),

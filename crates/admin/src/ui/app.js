@@ -31,7 +31,6 @@ const ENDPOINTS = {
     if (last.xds && last.xds.enabled === false) return null;
     if (!servicesForced && Date.now() - servicesFetched < SLOW_MS) return null;
     servicesForced = false;
-    servicesFetched = Date.now();
     const q = $('#service-search').value.trim();
     return `/debug/services?limit=${SERVICE_ROWS}&offset=${servicesOffset}${q ? `&q=${encodeURIComponent(q)}` : ''}`;
   },
@@ -136,7 +135,11 @@ async function poll() {
   const results = await Promise.allSettled(names.map((n) => fetchJson(paths[n])));
   let error = null;
   results.forEach((r, i) => {
-    if (r.status === 'fulfilled') last[names[i]] = r.value;
+    if (r.status === 'fulfilled') {
+      last[names[i]] = r.value;
+      // Only an answer waits out the interval: a failed fetch is tried at the next poll.
+      if (names[i] === 'services') servicesFetched = Date.now();
+    }
     else if (OPTIONAL.has(names[i]) && r.reason && r.reason.status === 404) last[names[i]] = null;
     else if (EXPLAINED.has(names[i]) && r.reason && [400, 404].includes(r.reason.status)) last[names[i]] = { error: r.reason.detail };
     else error = error || r.reason;
