@@ -11,7 +11,7 @@ mod released;
 
 use std::net::SocketAddr;
 
-use common::xds::{apply, cli_bootstrap, greeter_entry};
+use common::xds::{apply, cli_bootstrap, greeter_entry, greeter_entry_of};
 use common::{http_get, http_send, start, test_config};
 use released::{Released, answers, assert_split, backend, count, settle};
 use tokio::io::AsyncWriteExt;
@@ -463,17 +463,8 @@ async fn overrides_select_endpoints_by_match_and_reach_an_interfaces_application
         let (_a, port_a) = backend(kind, "a").await;
         let (_b, port_b) = backend(kind, "b").await;
         let endpoint = |port: u16, version: &str| serde_json::json!({"address": "127.0.0.1", "ports": {"grpc": port}, "labels": {"version": version}});
-        let entry = serde_json::json!({
-            "apiVersion": "dubbo.apache.org/v1alpha1",
-            "kind": "ServiceEntry",
-            "metadata": {"name": "greeter", "namespace": "shop"},
-            "spec": {
-                "hosts": ["greeter"],
-                "ports": [{"number": 7070, "name": "grpc", "protocol": "GRPC"}],
-                "endpoints": [endpoint(port_a, "v1"), endpoint(port_b, "v2")],
-            },
-        });
-        apply(server.admin_addr, &entry.to_string()).await;
+        let entry = greeter_entry_of(vec![endpoint(port_a, "v1"), endpoint(port_b, "v2")]);
+        apply(server.admin_addr, &entry).await;
         // The application's override selects its v1 endpoint by label: no call reaches a.
         let version =
             |v: &str| serde_json::json!({"param": [{"key": "version", "value": {"exact": v}}]});

@@ -17,12 +17,18 @@ pub async fn cli_bootstrap(args: &[&str]) -> String {
 
 /// The ServiceEntry of application `greeter` in `shop`: one endpoint per (port, weight).
 pub fn greeter_entry(endpoints: &[(u16, u32)]) -> String {
-    let endpoints: Vec<serde_json::Value> = endpoints
-        .iter()
-        .map(|(port, weight)| {
-            serde_json::json!({"address": "127.0.0.1", "ports": {"grpc": port}, "weight": weight})
-        })
-        .collect();
+    greeter_entry_of(
+        endpoints
+            .iter()
+            .map(|(port, weight)| {
+                serde_json::json!({"address": "127.0.0.1", "ports": {"grpc": port}, "weight": weight})
+            })
+            .collect(),
+    )
+}
+
+/// The ServiceEntry of application `greeter` in `shop` with these endpoints.
+pub fn greeter_entry_of(endpoints: Vec<serde_json::Value>) -> String {
     serde_json::json!({
         "apiVersion": "dubbo.apache.org/v1alpha1",
         "kind": "ServiceEntry",

@@ -147,8 +147,7 @@ pub fn services(registered: &KindSnapshot, entries: &KindSnapshot) -> (Vec<Servi
 }
 
 /// Where a served service comes from.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase", tag = "kind")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
     /// A registry's (Kubernetes Services with their EndpointSlices, ZooKeeper's providers).
     Service,
