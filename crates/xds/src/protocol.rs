@@ -230,13 +230,30 @@ impl Stream {
         {
             return Ok(Verdict::Stale);
         }
-        let mut names: BTreeSet<String> = request.resource_names.iter().cloned().collect();
+        // Compared before anything is copied: an ACK names what the stream holds already, and
+        // building a set of copies of its names at every ACK was a tenth of the stream's time.
+        let wildcard_types = type_url == LISTENER || type_url == CLUSTER;
+        let mut asked: Vec<&str> = request
+            .resource_names
+            .iter()
+            .map(String::as_str)
+            .filter(|name| !(wildcard_types && *name == "*"))
+            .collect();
+        let star = asked.len() < request.resource_names.len();
+        asked.sort_unstable();
+        asked.dedup();
         // Wildcard exists for listeners and clusters only: `*`, or no names in the first request
         // (and after it, for as long as the client keeps sending none).
-        let wildcard = (type_url == LISTENER || type_url == CLUSTER)
-            && (names.remove("*") || (names.is_empty() && (first || state.wildcard)));
-        let changed = names != state.names || wildcard != state.wildcard;
-        state.names = names;
+        let wildcard = wildcard_types && (star || (asked.is_empty() && (first || state.wildcard)));
+        let same_names = asked.len() == state.names.len()
+            && asked
+                .iter()
+                .zip(&state.names)
+                .all(|(a, b)| *a == b.as_str());
+        let changed = !same_names || wildcard != state.wildcard;
+        if !same_names {
+            state.names = asked.into_iter().map(str::to_owned).collect();
+        }
         state.wildcard = wildcard;
         if request.response_nonce.is_empty() {
             // A first request, or a reconnect (which carries the last version it had): answered
