@@ -298,3 +298,66 @@ async fn each_bound_is_a_clear_status_and_a_metric() {
     );
     assert!(server.stop().await.is_ok());
 }
+
+/// `dubbo-cp get` of an auth kind names each policy's audience and how many open discovery
+/// streams receive it, and warns while none does: a client receives only its own namespace's
+/// and the root namespace's policies, so an applied policy can look served and reach nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_of_an_auth_policy_says_who_receives_it_and_warns_while_nobody_connected_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(auth_config(dir.path(), TOKENS)).await;
+    let admin = server.admin_addr.to_string();
+    let manifest = dir.path().join("policy.yaml");
+    std::fs::write(
+        &manifest,
+        include_str!("../examples/rules/authentication-policy.yaml"),
+    )
+    .unwrap();
+    let cli = |args: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"));
+        command
+            .args(args)
+            .args(["--admin", &admin, "--token", "ops-token"]);
+        let output = command.output().unwrap();
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        (
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    cli(&["apply", "-f", manifest.to_str().unwrap()]);
+
+    // Only a client of another namespace is connected: it does not receive demo's policy.
+    let mut ops = Observer::connect_as(channel(server.grpc_addr).await, Some("ops-token"))
+        .await
+        .unwrap();
+    let get = || cli(&["get", "authenticationpolicies", "-n", "demo"]);
+    let (stdout, stderr) = get();
+    assert!(
+        stdout.contains("RECEIVING") && stdout.contains("AUDIENCE"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0/1"), "{stdout}");
+    assert!(stdout.contains("clients of namespace demo"), "{stdout}");
+    assert!(
+        stderr.contains(
+            "warning: demo/strict-mtls: none of the 1 open discovery streams receives it"
+        ) && stderr.contains("only the policies of namespace \"dubbo-system\""),
+        "{stderr}"
+    );
+
+    // A client authenticated in `demo` receives it: counted, and no warning.
+    let mut demo = Observer::connect_as(channel(server.grpc_addr).await, Some("demo-token"))
+        .await
+        .unwrap();
+    let (stdout, stderr) = get();
+    assert!(stdout.contains("1/2"), "{stdout}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    // What the two clients are sent agrees with the count.
+    let kind = "dubbo.apache.org/v1alpha1/AuthenticationPolicy";
+    for (observer, objects) in [(&mut ops, 0), (&mut demo, 1)] {
+        observer.subscribe(kind).await;
+        let state = observer.next().await;
+        assert_eq!(state.data.decode().unwrap().len(), objects);
+    }
+}

@@ -30,17 +30,31 @@ pub fn table(what: &str, list: &Value) -> anyhow::Result<String> {
         .filter(|c| c.priority.unwrap_or(0) == 0 && c.type_ != "date")
         .map(|c| (c.name.to_ascii_uppercase(), c.json_path))
         .collect();
-    let mut rows = vec![
-        ["NAMESPACE", "NAME"]
-            .into_iter()
-            .map(str::to_owned)
-            .chain(columns.iter().map(|(name, _)| name.clone()))
-            .collect::<Vec<String>>(),
-    ];
+    // The auth kinds: who receives each policy, and how many open discovery streams do now.
+    let audiences = list["audiences"].as_object();
+    let mut header: Vec<String> = ["NAMESPACE", "NAME"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(columns.iter().map(|(name, _)| name.clone()))
+        .collect();
+    if audiences.is_some() {
+        header.extend(["RECEIVING".to_owned(), "AUDIENCE".to_owned()]);
+    }
+    let mut rows = vec![header];
     for item in list["items"].as_array().into_iter().flatten() {
         let meta = &item["metadata"];
         let mut row = vec![text(&meta["namespace"]), text(&meta["name"])];
         row.extend(columns.iter().map(|(_, path)| cell(item, path)));
+        if let Some(audiences) = audiences {
+            let key = format!("{}/{}", text(&meta["namespace"]), text(&meta["name"]));
+            let audience = &audiences.get(&key).cloned().unwrap_or_default();
+            row.push(format!(
+                "{}/{}",
+                text(&audience["receiving"]),
+                text(&audience["open"])
+            ));
+            row.push(text(&audience["receivers"]));
+        }
         rows.push(row);
     }
     Ok(aligned(&rows))

@@ -206,7 +206,28 @@ pub async fn get(
         },
         RuleOutput::Text => print!("{}", columns::table(kind, &list)?),
     }
+    warn_unreceived(&list);
     Ok(())
+}
+
+/// On standard error, each auth policy no open discovery stream receives: `get` shows what is
+/// stored, and a policy that selects nobody connected looks served when it is not.
+fn warn_unreceived(list: &serde_json::Value) {
+    let Some(audiences) = list["audiences"].as_object() else {
+        return;
+    };
+    for (key, audience) in audiences {
+        if audience["receiving"].as_u64() != Some(0) {
+            continue;
+        }
+        let root = audience["rootNamespace"].as_str().unwrap_or_default();
+        eprintln!(
+            "warning: {key}: none of the {} open discovery streams receives it; it is served to {} \
+             (a client without an identity receives only the policies of namespace {root:?})",
+            audience["open"],
+            audience["receivers"].as_str().unwrap_or_default(),
+        );
+    }
 }
 
 fn print_report(report: &serde_json::Value, sections: &[(&str, &str)]) {

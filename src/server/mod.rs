@@ -301,6 +301,7 @@ fn serve_admin(
             standalone: source.standalone_rules.clone(),
             zookeeper: source.zookeeper.as_ref().map(|zk| zk.rules.clone()),
             policy: security.policy.clone(),
+            root_namespace: config.rules.root_namespace.clone(),
         },
         ca: security.authority.clone(),
         clients: edges.clients.clone(),

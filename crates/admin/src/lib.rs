@@ -159,6 +159,8 @@ pub struct RuleAdmin {
     pub zookeeper: Option<Arc<crate::zookeeper::ZkRules>>,
     /// Who may use the API: an admin identity whenever authentication is configured.
     pub policy: Policy,
+    /// Policies here reach every namespace (`rules.rootNamespace`).
+    pub root_namespace: String,
 }
 
 pub fn router(state: AdminState) -> Router {

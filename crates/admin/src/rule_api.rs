@@ -146,18 +146,52 @@ pub(super) async fn get_rules(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     require_admin(&state.rules.policy, &headers, peer).await?;
     let kind = rule_kind(&kind)?;
-    let items: Vec<serde_json::Value> = state
-        .rules
-        .catalog
-        .list(kind, query.namespace.as_deref())
-        .iter()
-        .map(crate::rules::Rule::to_manifest)
-        .collect();
-    Ok(Json(serde_json::json!({
+    let rules = state.rules.catalog.list(kind, query.namespace.as_deref());
+    let items: Vec<serde_json::Value> = rules.iter().map(crate::rules::Rule::to_manifest).collect();
+    let mut list = serde_json::json!({
         "apiVersion": "v1", "kind": "List",
         "revision": state.index.current(kind).revision,
         "items": items,
-    })))
+    });
+    // Beside the items, not in them: an item stays a manifest `apply` takes back.
+    let audiences: serde_json::Map<String, serde_json::Value> = rules
+        .iter()
+        .filter_map(|rule| {
+            audience(&state, rule).map(|a| (format!("{}/{}", rule.namespace, rule.name), a))
+        })
+        .collect();
+    if !audiences.is_empty() {
+        list["audiences"] = serde_json::Value::Object(audiences);
+    }
+    Ok(Json(list))
+}
+
+/// Who receives an auth policy (a client of the discovery stream receives only the policies
+/// that select it), and how many of the open discovery streams do now.
+fn audience(state: &AdminState, rule: &crate::rules::Rule) -> Option<serde_json::Value> {
+    use crate::rules::RuleSpec;
+    use crate::rules::scope::Audience;
+    let root = state.rules.root_namespace.as_str();
+    let (audience, selectors) = match &rule.spec {
+        RuleSpec::AuthenticationPolicy(spec) => (
+            Audience::of_authentication(spec, &rule.namespace, root),
+            "selector",
+        ),
+        RuleSpec::AuthorizationPolicy(spec) => (
+            Audience::of_authorization(spec, &rule.namespace, root),
+            "rule's `to`",
+        ),
+        _ => return None,
+    };
+    let (receiving, open) = state
+        .clients
+        .receiving(|endpoint| audience.includes(endpoint));
+    Some(serde_json::json!({
+        "receivers": audience.describe(selectors),
+        "receiving": receiving,
+        "open": open,
+        "rootNamespace": root,
+    }))
 }
 
 /// Objects skipped by a watch (do not deserialize or validate), with why.

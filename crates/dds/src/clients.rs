@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use dubbo_cp_domain::rules::scope::Endpoint;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -67,6 +68,8 @@ pub struct Client {
     identity: Option<String>,
     namespace: Option<String>,
     peer: Option<SocketAddr>,
+    /// What auth policies select it by (kept so operators can ask who receives a policy).
+    pub endpoint: Arc<Endpoint>,
     connected: SystemTime,
     kinds: Mutex<Subscribed>,
     /// Where ACK delays are counted (shared by every client).
@@ -262,6 +265,7 @@ impl Clients {
             identity: identity.map(|i| i.spiffe_id.clone().unwrap_or_else(|| i.name.clone())),
             namespace: identity.map(|i| i.namespace.clone()),
             peer,
+            endpoint: Arc::new(crate::auth::endpoint(identity, peer.map(|addr| addr.ip()))),
             connected: SystemTime::now(),
             kinds: Mutex::new(Subscribed::default()),
             ack_delay: self.ack_delay.clone(),
@@ -275,6 +279,13 @@ impl Clients {
 
     fn all(&self) -> Vec<Arc<Client>> {
         self.lock().values().cloned().collect()
+    }
+
+    /// Of the open streams, how many `receives` holds for, and how many there are.
+    pub fn receiving(&self, receives: impl Fn(&Endpoint) -> bool) -> (usize, usize) {
+        let open = self.lock();
+        let receiving = open.values().filter(|c| receives(&c.endpoint)).count();
+        (receiving, open.len())
     }
 
     /// Every open stream against the index's current revisions, oldest first.

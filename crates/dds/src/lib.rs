@@ -258,11 +258,6 @@ impl RuleService {
         // that one (plus what the transport buffers), and its next send times out.
         let (responses, rx) = mpsc::channel(1);
         let (end_tx, end_rx) = oneshot::channel();
-        // What the auth-policy kinds are filtered by.
-        let endpoint = Arc::new(crate::auth::endpoint(
-            identity.as_ref(),
-            peer.map(|addr| addr.ip()),
-        ));
         let index = self.index.clone();
         let encoder = self.encoder.clone();
         let config = self.config;
@@ -270,6 +265,8 @@ impl RuleService {
         let stats = self.stats.clone();
         let metrics = self.metrics.clone();
         let entry = self.clients.open(identity.as_ref(), peer);
+        // What the auth-policy kinds are filtered by.
+        let endpoint = entry.client.endpoint.clone();
         tokio::spawn(async move {
             stats.streams_open.fetch_add(1, Ordering::Relaxed);
             let result = stream::run(

@@ -67,6 +67,20 @@ impl Audience {
         }
     }
 
+    /// Who receives the policy, in words for operators: `namespace demo` or `every namespace`,
+    /// then what else must match (`selectors` names them: "selector", "rule's to").
+    pub fn describe(&self, selectors: &str) -> String {
+        let scope = match &self.namespace {
+            Some(namespace) => format!("clients of namespace {namespace}"),
+            None => "clients of every namespace".to_owned(),
+        };
+        match self.selectors.len() {
+            0 => scope,
+            1 => format!("{scope} its {selectors} matches"),
+            n => format!("{scope} all {n} of its {selectors}s match"),
+        }
+    }
+
     pub fn includes(&self, endpoint: &Endpoint) -> bool {
         self.namespace
             .as_ref()
