@@ -26,11 +26,21 @@ pub struct StatusArgs {
     /// Instead: read these replicas' admin ports (host:port) and say which kinds agree.
     #[arg(long, num_args = 1..)]
     pub compare: Vec<String>,
+    /// Instead: wait until the control plane answers ready (`/readyz`), as a script does after
+    /// starting `serve` in the background; fails after `--wait-timeout` saying what is missing.
+    #[arg(long)]
+    pub wait_ready: bool,
+    /// How long `--wait-ready` waits.
+    #[arg(long, default_value = "30s", value_parser = crate::duration::DurationArg)]
+    pub wait_timeout: std::time::Duration,
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     if !args.compare.is_empty() {
         return compare_replicas(&args.admin, &args.compare).await;
+    }
+    if args.wait_ready {
+        return wait_ready(&args.admin, args.wait_timeout).await;
     }
     // Filtered by the server too, so a large fleet's answer stays small.
     let mut query = form_urlencoded::Serializer::new(String::new());
@@ -497,6 +507,29 @@ pub async fn unregister(
     Ok(())
 }
 
+/// Polls `/readyz` until it answers 200: a port not listening yet and a 503 (sources still
+/// loading) are waited through; the last of them is the error when time runs out.
+async fn wait_ready(admin: &AdminArg, timeout: std::time::Duration) -> anyhow::Result<()> {
+    let started = tokio::time::Instant::now();
+    loop {
+        let error = match request(admin, "GET", "/readyz", None).await {
+            Ok(_) => {
+                println!("ready after {} ms", started.elapsed().as_millis());
+                return Ok(());
+            }
+            Err(error) => error,
+        };
+        if started.elapsed() >= timeout {
+            anyhow::bail!(
+                "not ready within {}: {error:#}",
+                humantime::format_duration(timeout)
+            );
+        }
+        // A CLI's poll of a server starting up, not a test's wait.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,6 +546,8 @@ mod tests {
             namespace: namespace.map(Into::into),
             stale,
             compare: vec![],
+            wait_ready: false,
+            wait_timeout: std::time::Duration::from_secs(1),
         }
     }
 
