@@ -9,14 +9,14 @@
 //!   flag and a `DUBBO_CP_*` variable. [`Config::load`] lays what clap matched (flags, then
 //!   variables; clap keeps that order) over the file: flags > environment > file > defaults.
 //!   No default value is given to clap, so an absent flag leaves the file's value alone.
-//! - The field's doc comment is its `--help` and its row in the README's settings table; a test
+//! - The field's doc comment is its `--help` and its row in docs/configuration.md's settings table; a test
 //!   keeps that table equal to what it generates from these declarations.
 //!
 //! A new setting is one field with its doc comment, its default (`#[default(...)]`, smart-default;
 //! none for the type's own default), and
 //! `#[arg(id = "<section>.<key>", long = "<section>-<key>", env = "DUBBO_CP_<SECTION>_<KEY>")]`
 //! (durations add `value_parser = DurationArg` and `#[serde(with = "duration")]`). A field
-//! without `#[arg]` would be a positional argument: the tests refuse that, and a README table
+//! without `#[arg]` would be a positional argument: the tests refuse that, and a settings table
 //! that does not list the new key.
 //! Durations carry their unit (`100ms`, `10s`) everywhere; a YAML integer is nanoseconds, the way
 //! the reference control plane writes them (`dubbo_cp_kit::duration`).
@@ -581,7 +581,7 @@ mod tests {
         }
     }
 
-    /// The README's settings table, generated from the declarations above: key, flag, environment
+    /// docs/configuration.md's settings table, generated from the declarations above: key, flag, environment
     /// variable, default and meaning (the field's doc comment) of every setting.
     fn settings_table() -> String {
         let defaults = flatten_keys(&Config::default());
@@ -876,14 +876,15 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_table_is_the_generated_one() {
-        let readme =
-            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-                .unwrap();
+    fn the_documented_table_is_the_generated_one() {
+        let readme = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"),
+        )
+        .unwrap();
         let table = settings_table();
         assert!(
             readme.contains(&table),
-            "README.md's settings table is out of date; replace it with:\n\n{table}"
+            "docs/configuration.md's settings table is out of date; replace it with:\n\n{table}"
         );
         for key in flatten_keys(&Config::default()).keys() {
             assert!(table.contains(&format!("| `{key}` |")), "{key} missing");

@@ -311,6 +311,8 @@ async fn every_yaml_example_in_the_docs_is_accepted_by_the_api_server_and_by_app
     for (file, text) in [
         ("README.md", include_str!("../README.md")),
         ("docs/rules.md", include_str!("../docs/rules.md")),
+        ("docs/kubernetes.md", include_str!("../docs/kubernetes.md")),
+        ("docs/security.md", include_str!("../docs/security.md")),
     ] {
         for (i, block) in text.split("```yaml\n").skip(1).enumerate() {
             let body = block.split("```").next().unwrap();
@@ -320,7 +322,18 @@ async fn every_yaml_example_in_the_docs_is_accepted_by_the_api_server_and_by_app
             examples.push((format!("{file} yaml block {}", i + 1), body.to_owned()));
         }
     }
-    assert!(examples.len() >= 6, "{examples:?}");
+    // And every manifest of examples/ (the rules and the Kubernetes objects the docs use).
+    for dir in ["examples/rules", "examples/kubernetes", "examples/xds"] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let body = std::fs::read_to_string(&path).unwrap();
+                examples.push((path.display().to_string(), body));
+            }
+        }
+    }
+    assert!(examples.len() >= 16, "{examples:?}");
     for (name, body) in &examples {
         // Namespaces the examples use.
         for document in serde_yaml::Deserializer::from_str(body) {

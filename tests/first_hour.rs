@@ -1,10 +1,208 @@
-//! What a newcomer meets in the first hour, on the real binary: a second `serve` on a machine
-//! whose ports are taken says every port it cannot have and how to move each.
+//! What a newcomer meets in the first hour, on the real binary: the README's quick start run as
+//! written, the examples the docs use, and a second `serve` on a machine whose ports are taken
+//! saying every port it cannot have and how to move each.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "../crates/xds/tests/support/released.rs"]
+mod released;
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+fn repository() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repository().join(path)).unwrap()
+}
+
+/// The `n`th (from 0) ```sh block of `text`.
+fn sh_block(text: &str, n: usize) -> &str {
+    let block = text.split("```sh\n").nth(n + 1).expect("no such sh block");
+    block.split("```").next().unwrap()
+}
+
+/// A port nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The README's quick start, run by bash from the repository's root as a newcomer runs it: the
+/// commands as written, on ports moved away from the defaults by the quick start's own `export`
+/// (each port it names replaced by a free one), with a fresh data directory
+/// (`DUBBO_CP_DATA_DIR`). The one line not run is the build: the binary under test is put on the
+/// `PATH` instead (the test asserts the line is there, as written).
+#[test]
+fn the_readme_quick_start_runs_as_written_on_moved_ports() {
+    let readme = read("README.md");
+    let section = readme
+        .split("## Quick start")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let commands = sh_block(section, 0);
+    let build = r#"cargo build --release && export PATH="$PWD/target/release:$PATH""#;
+    assert!(
+        commands.contains(build),
+        "the build line changed:\n{commands}"
+    );
+    // The quick start's way to move every port, with free ports for the ones it names.
+    let mut moves = sh_block(section, 1).to_owned();
+    let ports: std::collections::BTreeSet<String> = moves
+        .split("127.0.0.1:")
+        .skip(1)
+        .map(|rest| rest.chars().take_while(char::is_ascii_digit).collect())
+        .collect();
+    assert_eq!(ports.len(), 4, "four ports moved:\n{moves}");
+    for port in &ports {
+        moves = moves.replace(
+            &format!("127.0.0.1:{port}"),
+            &format!("127.0.0.1:{}", free_port()),
+        );
+    }
+    for variable in [
+        "DUBBO_CP_GRPC_ADDR",
+        "DUBBO_CP_ADMIN_ADDR",
+        "DUBBO_CP_XDS_ADDR",
+        "DUBBO_CP_TLS_ADDR",
+        "DUBBO_CP_SERVER",
+        "DUBBO_CP_ADMIN",
+        "DUBBO_CP_XDS_SERVER",
+    ] {
+        assert!(
+            moves.contains(&format!("{variable}=")),
+            "{variable} not moved:\n{moves}"
+        );
+    }
+    let data = tempfile::tempdir().unwrap();
+    let binaries = PathBuf::from(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .parent()
+        .unwrap()
+        .to_owned();
+    let path = format!("{}:{}", binaries.display(), std::env::var("PATH").unwrap());
+    // What runs: the moves, then the commands; whatever the script left running is stopped.
+    let script = format!(
+        "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null; wait' EXIT\n{moves}\n{}",
+        commands.replace(build, "")
+    );
+    let output = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(repository())
+        .env("PATH", path)
+        .env("DUBBO_CP_DATA_DIR", data.path().join("data"))
+        .env("PYTHON", released::python())
+        .env("GREETER_PORTS", format!("{} {}", free_port(), free_port()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    assert!(stdout.contains("ready after"), "{stdout}");
+    assert!(
+        stdout.contains("registered 1 new interface mapping"),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("org.example.Greeter") && l.contains("greeter")),
+        "get mappings:\n{stdout}"
+    );
+    assert!(
+        data.path().join("data").exists(),
+        "the data directory was not used"
+    );
+    // The walk-through's split: 80/20 over 1,000 calls, within 6 points.
+    for (who, share) in [("a", 80), ("b", 20)] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{who} answered ")))
+            .unwrap_or_else(|| panic!("{who} answered nothing:\n{stdout}"));
+        let count: i64 = line.split(' ').nth(2).unwrap().parse().unwrap();
+        assert!((count / 10 - share).abs() <= 6, "{line}");
+    }
+}
+
+/// Every manifest of examples/ is shown by a doc as it is in the file, with the file's path
+/// beside it (the docs run the examples, they do not copy them); the rules apply in standalone
+/// with `dubbo-cp apply -f examples/rules` and `get` lists every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_is_in_the_docs_and_the_rules_apply() {
+    let mut docs = vec![("README.md".to_owned(), read("README.md"))];
+    for entry in std::fs::read_dir(repository().join("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            let name = format!("docs/{}", path.file_name().unwrap().to_string_lossy());
+            docs.push((name.clone(), read(&name)));
+        }
+    }
+    let mut manifests = 0;
+    for dir in ["examples/rules", "examples/kubernetes", "examples/xds"] {
+        for entry in std::fs::read_dir(repository().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "yaml") {
+                continue;
+            }
+            manifests += 1;
+            let file = format!("{dir}/{}", path.file_name().unwrap().to_string_lossy());
+            let body = read(&file);
+            let shown = docs
+                .iter()
+                .find(|(_, text)| text.contains(&body))
+                .unwrap_or_else(|| panic!("no doc shows {file} as it is"));
+            assert!(
+                shown.1.contains(&file),
+                "{} shows {file} without naming it",
+                shown.0
+            );
+        }
+    }
+    assert!(manifests >= 11, "{manifests} manifests");
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::start(common::test_config(dir.path())).await;
+    let admin = server.admin_addr.to_string();
+    let cli = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+            .args(args)
+            .args(["--admin", &admin])
+            .current_dir(repository())
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let applied = cli(&["apply", "-f", "examples/rules"]);
+    for (kind, names) in [
+        ("tagroutes", &["shop-grey"][..]),
+        ("conditionroutes", &["comment-route"]),
+        ("dynamicconfigs", &["shop-weight"]),
+        ("authenticationpolicies", &["strict-mtls", "strict"]),
+        (
+            "authorizationpolicies",
+            &["shop-callers", "callers", "no-delete"],
+        ),
+        ("serviceentries", &["greeter"]),
+    ] {
+        let listed = cli(&["get", kind]);
+        for name in names {
+            assert!(applied.contains(name), "{name} not applied:\n{applied}");
+            assert!(listed.contains(name), "{kind} {name} not listed:\n{listed}");
+        }
+    }
+}
 
 #[test]
 fn a_busy_port_is_named_with_the_flag_and_variable_that_move_it_all_at_once() {
