@@ -327,11 +327,22 @@ async fn get_of_an_auth_policy_says_who_receives_it_and_warns_while_nobody_conne
     };
     cli(&["apply", "-f", manifest.to_str().unwrap()]);
 
-    // Only a client of another namespace is connected: it does not receive demo's policy.
+    let get = || cli(&["get", "authenticationpolicies", "-n", "demo"]);
+    // Nobody subscribed to the kind: one note, not a warning per policy.
+    let (stdout, stderr) = get();
+    assert!(stdout.contains("0/0"), "{stdout}");
+    assert!(
+        stderr.contains("note: no discovery-stream client subscribes"),
+        "{stderr}"
+    );
+
+    // Only a client of another namespace subscribes: it does not receive demo's policy.
+    let kind = "dubbo.apache.org/v1alpha1/AuthenticationPolicy";
     let mut ops = Observer::connect_as(channel(server.grpc_addr).await, Some("ops-token"))
         .await
         .unwrap();
-    let get = || cli(&["get", "authenticationpolicies", "-n", "demo"]);
+    ops.subscribe(kind).await;
+    assert_eq!(ops.next().await.data.decode().unwrap().len(), 0);
     let (stdout, stderr) = get();
     assert!(
         stdout.contains("RECEIVING") && stdout.contains("AUDIENCE"),
@@ -341,7 +352,8 @@ async fn get_of_an_auth_policy_says_who_receives_it_and_warns_while_nobody_conne
     assert!(stdout.contains("clients of namespace demo"), "{stdout}");
     assert!(
         stderr.contains(
-            "warning: demo/strict-mtls: none of the 1 open discovery streams receives it"
+            "warning: demo/strict-mtls: none of the 1 discovery streams subscribed to its kind \
+             receives it"
         ) && stderr.contains("only the policies of namespace \"dubbo-system\""),
         "{stderr}"
     );
@@ -350,14 +362,9 @@ async fn get_of_an_auth_policy_says_who_receives_it_and_warns_while_nobody_conne
     let mut demo = Observer::connect_as(channel(server.grpc_addr).await, Some("demo-token"))
         .await
         .unwrap();
+    demo.subscribe(kind).await;
+    assert_eq!(demo.next().await.data.decode().unwrap().len(), 1);
     let (stdout, stderr) = get();
     assert!(stdout.contains("1/2"), "{stdout}");
     assert!(!stderr.contains("warning"), "{stderr}");
-    // What the two clients are sent agrees with the count.
-    let kind = "dubbo.apache.org/v1alpha1/AuthenticationPolicy";
-    for (observer, objects) in [(&mut ops, 0), (&mut demo, 1)] {
-        observer.subscribe(kind).await;
-        let state = observer.next().await;
-        assert_eq!(state.data.decode().unwrap().len(), objects);
-    }
 }

@@ -5,8 +5,9 @@
 # Needs a running control plane (`dubbo-cp serve`), `dubbo-cp` on PATH and python3. The CLI
 # finds the control plane as every command does (DUBBO_CP_ADMIN, DUBBO_CP_SERVER and
 # DUBBO_CP_XDS_SERVER, defaults 127.0.0.1:30070, :30060 and :15010). grpcio comes from PYTHON
-# when it names a Python that has it, else from python3, else it is installed once in a virtual
-# environment under ~/.cache/dubbo-cp-examples. GREETER_PORTS moves the two backends (default
+# when it names a Python that has it, else from python3, else it is installed once (the release
+# the tests use) in a virtual environment under ~/.cache/dubbo-cp-examples (Debian and Ubuntu:
+# `apt-get install python3-venv` first). GREETER_PORTS moves the two backends (default
 # "50051 50052"), CALLS sets the number of calls (1000).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,7 +20,7 @@ if ! "$python" -c 'import grpc' 2>/dev/null; then
     if ! "$venv/bin/python" -c 'import grpc' 2>/dev/null; then
         echo "installing grpcio in $venv" >&2
         python3 -m venv "$venv"
-        "$venv/bin/pip" install --quiet --disable-pip-version-check grpcio
+        "$venv/bin/pip" install --quiet --disable-pip-version-check grpcio==1.85.3
     fi
     python="$venv/bin/python"
 fi

@@ -51,7 +51,7 @@ pub fn table(what: &str, list: &Value) -> anyhow::Result<String> {
             row.push(format!(
                 "{}/{}",
                 text(&audience["receiving"]),
-                text(&audience["open"])
+                text(&list["subscribers"])
             ));
             row.push(text(&audience["receivers"]));
         }

@@ -186,14 +186,23 @@ pub async fn get(
     namespace: Option<&str>,
     output: RuleOutput,
 ) -> anyhow::Result<()> {
-    let plural = rule_kind("get", kind)?.plural();
-    let path = match namespace {
+    let rule_kind = rule_kind("get", kind)?;
+    let plural = rule_kind.plural();
+    let mut path = match namespace {
         Some(namespace) => {
             object_name("namespace", namespace)?;
             format!("/api/v1/rules/{plural}?namespace={namespace}")
         }
         None => format!("/api/v1/rules/{plural}"),
     };
+    // The auth kinds: ask who receives each policy.
+    if matches!(
+        rule_kind,
+        crate::index::Kind::AuthenticationPolicy | crate::index::Kind::AuthorizationPolicy
+    ) {
+        path.push(if namespace.is_some() { '&' } else { '?' });
+        path.push_str("audience=true");
+    }
     let list = request(admin, "GET", &path, None).await?;
     match output {
         RuleOutput::Json => println!("{}", serde_json::to_string_pretty(&list)?),
@@ -210,21 +219,32 @@ pub async fn get(
     Ok(())
 }
 
-/// On standard error, each auth policy no open discovery stream receives: `get` shows what is
-/// stored, and a policy that selects nobody connected looks served when it is not.
+/// On standard error, the auth policies no discovery stream subscribed to their kind receives:
+/// `get` shows what is stored, and a policy that selects nobody connected looks served when it
+/// is not.
 fn warn_unreceived(list: &serde_json::Value) {
     let Some(audiences) = list["audiences"].as_object() else {
         return;
     };
+    let root = list["rootNamespace"].as_str().unwrap_or_default();
+    let subscribers = list["subscribers"].as_u64().unwrap_or_default();
+    if subscribers == 0 {
+        if !audiences.is_empty() {
+            eprintln!(
+                "note: no discovery-stream client subscribes to this kind now, so none receives \
+                 these policies (what xDS servers enforce: `dubbo-cp status`, XDS SERVER)"
+            );
+        }
+        return;
+    }
     for (key, audience) in audiences {
         if audience["receiving"].as_u64() != Some(0) {
             continue;
         }
-        let root = audience["rootNamespace"].as_str().unwrap_or_default();
         eprintln!(
-            "warning: {key}: none of the {} open discovery streams receives it; it is served to {} \
-             (a client without an identity receives only the policies of namespace {root:?})",
-            audience["open"],
+            "warning: {key}: none of the {subscribers} discovery streams subscribed to its kind \
+             receives it; it is served to {} (a client without an identity receives only the \
+             policies of namespace {root:?})",
             audience["receivers"].as_str().unwrap_or_default(),
         );
     }

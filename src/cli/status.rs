@@ -507,21 +507,32 @@ pub async fn unregister(
     Ok(())
 }
 
-/// Polls `/readyz` until it answers 200: a port not listening yet and a 503 (sources still
-/// loading) are waited through; the last of them is the error when time runs out.
+/// Polls `/readyz` until it answers 200: a port not listening yet, one that does not answer yet
+/// and a 503 (sources still loading) are waited through, the last of them the error when time
+/// runs out; any other answer (a wrong port, a refused token) is an error at once.
 async fn wait_ready(admin: &AdminArg, timeout: std::time::Duration) -> anyhow::Result<()> {
     let started = tokio::time::Instant::now();
+    let deadline = started + timeout;
     loop {
-        let error = match request(admin, "GET", "/readyz", None).await {
-            Ok(_) => {
+        let attempt = request(admin, "GET", "/readyz", None);
+        let error = match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(Ok(_)) => {
                 println!("ready after {} ms", started.elapsed().as_millis());
                 return Ok(());
             }
-            Err(error) => error,
+            Ok(Err(error)) => error,
+            Err(_) => anyhow::anyhow!("GET /readyz: no answer"),
         };
-        if started.elapsed() >= timeout {
+        let message = format!("{error:#}");
+        let passing = ["cannot connect", "no answer", "not ready"]
+            .iter()
+            .any(|m| message.contains(m));
+        if !passing {
+            return Err(error);
+        }
+        if tokio::time::Instant::now() >= deadline {
             anyhow::bail!(
-                "not ready within {}: {error:#}",
+                "not ready within {}: {message}",
                 humantime::format_duration(timeout)
             );
         }

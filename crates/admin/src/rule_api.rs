@@ -134,6 +134,9 @@ pub(super) async fn delete_rule(
 #[derive(serde::Deserialize)]
 pub(super) struct NamespaceQuery {
     namespace: Option<String>,
+    /// The auth kinds: who receives each policy (`audiences`, beside the items).
+    #[serde(default)]
+    audience: bool,
 }
 
 /// The rules of a kind as clients are served them (in Kubernetes mode: as the watch sees them).
@@ -153,25 +156,33 @@ pub(super) async fn get_rules(
         "revision": state.index.current(kind).revision,
         "items": items,
     });
-    // Beside the items, not in them: an item stays a manifest `apply` takes back.
-    let audiences: serde_json::Map<String, serde_json::Value> = rules
-        .iter()
-        .filter_map(|rule| {
-            audience(&state, rule).map(|a| (format!("{}/{}", rule.namespace, rule.name), a))
-        })
-        .collect();
-    if !audiences.is_empty() {
+    // Asked for (the dashboard polls this list every second and does not show it), and beside
+    // the items, not in them: an item stays a manifest `apply` takes back.
+    if query.audience && matches!(kind, Kind::AuthenticationPolicy | Kind::AuthorizationPolicy) {
+        let subscribers = state.clients.subscribers(kind);
+        let audiences: serde_json::Map<String, serde_json::Value> = rules
+            .iter()
+            .filter_map(|rule| {
+                let audience = audience(&state.rules.root_namespace, &subscribers, rule)?;
+                Some((format!("{}/{}", rule.namespace, rule.name), audience))
+            })
+            .collect();
         list["audiences"] = serde_json::Value::Object(audiences);
+        list["subscribers"] = subscribers.len().into();
+        list["rootNamespace"] = state.rules.root_namespace.clone().into();
     }
     Ok(Json(list))
 }
 
 /// Who receives an auth policy (a client of the discovery stream receives only the policies
-/// that select it), and how many of the open discovery streams do now.
-fn audience(state: &AdminState, rule: &crate::rules::Rule) -> Option<serde_json::Value> {
+/// that select it), and how many of the streams subscribed to its kind do now.
+fn audience(
+    root: &str,
+    subscribers: &[Arc<crate::rules::scope::Endpoint>],
+    rule: &crate::rules::Rule,
+) -> Option<serde_json::Value> {
     use crate::rules::RuleSpec;
     use crate::rules::scope::Audience;
-    let root = state.rules.root_namespace.as_str();
     let (audience, selectors) = match &rule.spec {
         RuleSpec::AuthenticationPolicy(spec) => (
             Audience::of_authentication(spec, &rule.namespace, root),
@@ -183,14 +194,10 @@ fn audience(state: &AdminState, rule: &crate::rules::Rule) -> Option<serde_json:
         ),
         _ => return None,
     };
-    let (receiving, open) = state
-        .clients
-        .receiving(|endpoint| audience.includes(endpoint));
+    let receiving = subscribers.iter().filter(|e| audience.includes(e)).count();
     Some(serde_json::json!({
         "receivers": audience.describe(selectors),
         "receiving": receiving,
-        "open": open,
-        "rootNamespace": root,
     }))
 }
 

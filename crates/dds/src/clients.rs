@@ -281,11 +281,14 @@ impl Clients {
         self.lock().values().cloned().collect()
     }
 
-    /// Of the open streams, how many `receives` holds for, and how many there are.
-    pub fn receiving(&self, receives: impl Fn(&Endpoint) -> bool) -> (usize, usize) {
-        let open = self.lock();
-        let receiving = open.values().filter(|c| receives(&c.endpoint)).count();
-        (receiving, open.len())
+    /// The endpoints of the open streams subscribed to `kind` (read under the lock, looked at
+    /// after it: opening and closing streams do not wait on a caller's checks).
+    pub fn subscribers(&self, kind: Kind) -> Vec<Arc<Endpoint>> {
+        self.all()
+            .into_iter()
+            .filter(|client| client.kinds().0.iter().any(|(k, _)| *k == kind))
+            .map(|client| client.endpoint.clone())
+            .collect()
     }
 
     /// Every open stream against the index's current revisions, oldest first.

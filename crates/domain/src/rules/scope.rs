@@ -76,8 +76,8 @@ impl Audience {
         };
         match self.selectors.len() {
             0 => scope,
-            1 => format!("{scope} its {selectors} matches"),
-            n => format!("{scope} all {n} of its {selectors}s match"),
+            1 => format!("{scope} that its {selectors} matches"),
+            n => format!("{scope} that all {n} of its {selectors}s match"),
         }
     }
 
