@@ -357,6 +357,12 @@ async fn get_of_an_auth_policy_says_who_receives_it_and_warns_while_nobody_conne
         ) && stderr.contains("only the policies of namespace \"dubbo-system\""),
         "{stderr}"
     );
+    // docs/rules.md quotes the line as it is printed.
+    let warning = stderr.lines().find(|l| l.starts_with("warning:")).unwrap();
+    assert!(
+        include_str!("../docs/rules.md").contains(warning),
+        "docs/rules.md does not quote: {warning}"
+    );
 
     // A client authenticated in `demo` receives it: counted, and no warning.
     let mut demo = Observer::connect_as(channel(server.grpc_addr).await, Some("demo-token"))

@@ -204,6 +204,19 @@ async fn grpcio_servers_enforce_mtls_and_rbac_from_policies_on_live_traffic() {
     );
     assert_eq!(greeter["service"], "shop/greeter", "{greeter}");
     assert_eq!(greeter["notEnforced"], serde_json::json!([]), "{greeter}");
+    // `dubbo-cp get` counts the servers enforcing each policy (no discovery-stream client here).
+    for (kind, policy) in [
+        ("authenticationpolicies", "shop/strict"),
+        ("authorizationpolicies", "shop/callers"),
+        ("authorizationpolicies", "shop/no-delete"),
+    ] {
+        let path = format!("/api/v1/rules/{kind}?audience=true");
+        let (status, body) = http_send(admin, "GET", &path, "", Some(ADMIN)).await;
+        assert_eq!(status, 200, "{body}");
+        let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(list["audiences"][policy]["xdsServers"], 1, "{body}");
+        assert_eq!(list["subscribers"], 0, "{body}");
+    }
     assert_eq!(
         common::metric(admin, "dubbo_cp_xds_servers_mtls").await,
         1.0

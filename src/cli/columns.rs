@@ -38,7 +38,11 @@ pub fn table(what: &str, list: &Value) -> anyhow::Result<String> {
         .chain(columns.iter().map(|(name, _)| name.clone()))
         .collect();
     if audiences.is_some() {
-        header.extend(["RECEIVING".to_owned(), "AUDIENCE".to_owned()]);
+        header.extend([
+            "RECEIVING".to_owned(),
+            "XDS SERVERS".to_owned(),
+            "AUDIENCE".to_owned(),
+        ]);
     }
     let mut rows = vec![header];
     for item in list["items"].as_array().into_iter().flatten() {
@@ -53,6 +57,7 @@ pub fn table(what: &str, list: &Value) -> anyhow::Result<String> {
                 text(&audience["receiving"]),
                 text(&list["subscribers"])
             ));
+            row.push(text(&audience["xdsServers"]));
             row.push(text(&audience["receivers"]));
         }
         rows.push(row);

@@ -228,23 +228,30 @@ fn warn_unreceived(list: &serde_json::Value) {
     };
     let root = list["rootNamespace"].as_str().unwrap_or_default();
     let subscribers = list["subscribers"].as_u64().unwrap_or_default();
+    // Policies neither a discovery-stream client receives nor an xDS server enforces.
+    let unreceived: Vec<(&String, &serde_json::Value)> = audiences
+        .iter()
+        .filter(|(_, a)| a["receiving"].as_u64() == Some(0) && a["xdsServers"].as_u64() == Some(0))
+        .collect();
     if subscribers == 0 {
-        if !audiences.is_empty() {
+        if !unreceived.is_empty() {
             eprintln!(
-                "note: no discovery-stream client subscribes to this kind now, so none receives \
-                 these policies (what xDS servers enforce: `dubbo-cp status`, XDS SERVER)"
+                "note: no discovery-stream client subscribes to this kind now, and no xDS server \
+                 enforces {} of these policies",
+                unreceived
+                    .iter()
+                    .map(|(key, _)| key.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
         return;
     }
-    for (key, audience) in audiences {
-        if audience["receiving"].as_u64() != Some(0) {
-            continue;
-        }
+    for (key, audience) in unreceived {
         eprintln!(
             "warning: {key}: none of the {subscribers} discovery streams subscribed to its kind \
-             receives it; it is served to {} (a client without an identity receives only the \
-             policies of namespace {root:?})",
+             receives it, and no xDS server enforces it; it is served to {} (a client without an \
+             identity receives only the policies of namespace {root:?})",
             audience["receivers"].as_str().unwrap_or_default(),
         );
     }

@@ -160,11 +160,21 @@ pub(super) async fn get_rules(
     // the items, not in them: an item stays a manifest `apply` takes back.
     if query.audience && matches!(kind, Kind::AuthenticationPolicy | Kind::AuthorizationPolicy) {
         let subscribers = state.clients.subscribers(kind);
+        // xDS servers enforce the policies too: which, read off the async threads (one lock per
+        // open xDS stream).
+        let enforcing = match state.xds_clients.clone() {
+            Some(xds) => tokio::task::spawn_blocking(move || xds.servers_enforcing())
+                .await
+                .unwrap_or_default(),
+            None => Default::default(),
+        };
         let audiences: serde_json::Map<String, serde_json::Value> = rules
             .iter()
             .filter_map(|rule| {
-                let audience = audience(&state.rules.root_namespace, &subscribers, rule)?;
-                Some((format!("{}/{}", rule.namespace, rule.name), audience))
+                let key = format!("{}/{}", rule.namespace, rule.name);
+                let mut audience = audience(&state.rules.root_namespace, &subscribers, rule)?;
+                audience["xdsServers"] = enforcing.get(&key).copied().unwrap_or(0).into();
+                Some((key, audience))
             })
             .collect();
         list["audiences"] = serde_json::Value::Object(audiences);

@@ -204,8 +204,8 @@ pub(crate) trait Report: Send + Sync {
     /// Per type the first [`NAMES_SHOWN`] names subscribed to: asked for only for the clients
     /// an operator's page shows (a copy of names per stream is too much for every stream).
     fn subscribed(&self) -> BTreeMap<&'static str, Vec<String>>;
-    /// The server listeners it was sent for which `holds` is true.
-    fn count_servers(&self, holds: fn(&ServerView) -> bool) -> usize;
+    /// Each server listener it was sent, as operators see it.
+    fn each_server(&self, visit: &mut dyn FnMut(&ServerView));
 }
 
 /// Every open stream's status, and a counter that moves on every change to wait on.
@@ -301,12 +301,30 @@ impl Clients {
     /// Server listeners held by open streams for which `holds` is true (for the metrics of what
     /// servers were told to enforce).
     pub fn count_servers(&self, holds: fn(&ServerView) -> bool) -> i64 {
-        let count: usize = self
-            .reports()
-            .iter()
-            .map(|report| report.count_servers(holds))
-            .sum();
-        i64::try_from(count).unwrap_or(i64::MAX)
+        let mut count = 0i64;
+        for report in self.reports() {
+            report.each_server(&mut |server| count += i64::from(holds(server)));
+        }
+        count
+    }
+
+    /// Per auth policy (`namespace/name`), the server listeners open streams were sent that
+    /// enforce it: the policy decided their TLS mode, or their RBAC allows or denies by it.
+    pub fn servers_enforcing(&self) -> BTreeMap<String, usize> {
+        let mut enforcing = BTreeMap::new();
+        for report in self.reports() {
+            report.each_server(&mut |server| {
+                for policy in server
+                    .tls_policy
+                    .iter()
+                    .chain(&server.allow)
+                    .chain(&server.deny)
+                {
+                    *enforcing.entry(policy.clone()).or_default() += 1;
+                }
+            });
+        }
+        enforcing
     }
 
     /// Every open stream, by the order they opened.

@@ -543,8 +543,8 @@ impl<S: AdsStream> crate::clients::Report for Locked<S> {
             .collect()
     }
 
-    fn count_servers(&self, holds: fn(&ServerView) -> bool) -> usize {
-        lock(self).servers.iter().filter(|s| holds(s)).count()
+    fn each_server(&self, visit: &mut dyn FnMut(&ServerView)) {
+        lock(self).servers.iter().for_each(visit);
     }
 }
 
