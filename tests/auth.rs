@@ -338,11 +338,17 @@ async fn get_of_an_auth_policy_says_who_receives_it_and_warns_while_nobody_conne
 
     // Only a client of another namespace subscribes: it does not receive demo's policy.
     let kind = "dubbo.apache.org/v1alpha1/AuthenticationPolicy";
-    let mut ops = Observer::connect_as(channel(server.grpc_addr).await, Some("ops-token"))
-        .await
-        .unwrap();
-    ops.subscribe(kind).await;
-    assert_eq!(ops.next().await.data.decode().unwrap().len(), 0);
+    // A client subscribed with `token`, and how many policies it was sent.
+    let subscribed = async |token: &str| {
+        let mut observer = Observer::connect_as(channel(server.grpc_addr).await, Some(token))
+            .await
+            .unwrap();
+        observer.subscribe(kind).await;
+        let objects = observer.next().await.data.decode().unwrap().len();
+        (observer, objects)
+    };
+    let (_ops, objects) = subscribed("ops-token").await;
+    assert_eq!(objects, 0);
     let (stdout, stderr) = get();
     assert!(
         stdout.contains("RECEIVING") && stdout.contains("AUDIENCE"),
@@ -365,11 +371,8 @@ async fn get_of_an_auth_policy_says_who_receives_it_and_warns_while_nobody_conne
     );
 
     // A client authenticated in `demo` receives it: counted, and no warning.
-    let mut demo = Observer::connect_as(channel(server.grpc_addr).await, Some("demo-token"))
-        .await
-        .unwrap();
-    demo.subscribe(kind).await;
-    assert_eq!(demo.next().await.data.decode().unwrap().len(), 1);
+    let (_demo, objects) = subscribed("demo-token").await;
+    assert_eq!(objects, 1);
     let (stdout, stderr) = get();
     assert!(stdout.contains("1/2"), "{stdout}");
     assert!(!stderr.contains("warning"), "{stderr}");

@@ -24,15 +24,6 @@ fn sh_block(text: &str, n: usize) -> &str {
     block.split("```").next().unwrap()
 }
 
-/// A port nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The README's quick start, run by bash from the repository's root as a newcomer runs it: the
 /// commands as written, on ports moved away from the defaults by the quick start's own `export`
 /// (each port it names replaced by a free one), with a fresh data directory
@@ -65,7 +56,7 @@ fn the_readme_quick_start_runs_as_written_on_moved_ports() {
     for port in &ports {
         moves = moves.replace(
             &format!("127.0.0.1:{port}"),
-            &format!("127.0.0.1:{}", free_port()),
+            &format!("127.0.0.1:{}", common::kube_local::free_port()),
         );
     }
     for variable in [
@@ -100,7 +91,14 @@ fn the_readme_quick_start_runs_as_written_on_moved_ports() {
         .env("PATH", path)
         .env("DUBBO_CP_DATA_DIR", data.path().join("data"))
         .env("PYTHON", released::python())
-        .env("GREETER_PORTS", format!("{} {}", free_port(), free_port()))
+        .env(
+            "GREETER_PORTS",
+            format!(
+                "{} {}",
+                common::kube_local::free_port(),
+                common::kube_local::free_port()
+            ),
+        )
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -157,15 +157,6 @@ fn weight_of(port: u16, weight: u32) -> String {
     )
 }
 
-/// A free loopback port.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_replica_fails_no_call_of_clients_that_reconnect_to_another() {
     let zk = ZooKeeper::start().await;
@@ -173,7 +164,7 @@ async fn a_sigkilled_replica_fails_no_call_of_clients_that_reconnect_to_another(
     let (_b, port_b) = provider(&zk, "b").await;
     // Two replicas behind one address, as behind a Service: the second takes the port once
     // the first is gone.
-    let xds = format!("127.0.0.1:{}", free_port());
+    let xds = format!("127.0.0.1:{}", common::kube_local::free_port());
     let address = zk.address();
     let args = ["--zookeeper", address.as_str(), "--xds-addr", xds.as_str()];
     let (dir_1, dir_2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
