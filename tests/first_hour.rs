@@ -53,12 +53,17 @@ fn the_readme_quick_start_runs_as_written_on_moved_ports() {
         .map(|rest| rest.chars().take_while(char::is_ascii_digit).collect())
         .collect();
     assert_eq!(ports.len(), 4, "four ports moved:\n{moves}");
+    // Six free ports, held together while they are picked so that none comes twice.
+    let held: Vec<std::net::TcpListener> = (0..6)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let mut free = held.iter().map(|l| l.local_addr().unwrap().port());
     for port in &ports {
-        moves = moves.replace(
-            &format!("127.0.0.1:{port}"),
-            &format!("127.0.0.1:{}", common::kube_local::free_port()),
-        );
+        let free = free.next().unwrap();
+        moves = moves.replace(&format!("127.0.0.1:{port}"), &format!("127.0.0.1:{free}"));
     }
+    let greeter_ports = format!("{} {}", free.next().unwrap(), free.next().unwrap());
+    drop(held);
     for variable in [
         "DUBBO_CP_GRPC_ADDR",
         "DUBBO_CP_ADMIN_ADDR",
@@ -91,14 +96,7 @@ fn the_readme_quick_start_runs_as_written_on_moved_ports() {
         .env("PATH", path)
         .env("DUBBO_CP_DATA_DIR", data.path().join("data"))
         .env("PYTHON", released::python())
-        .env(
-            "GREETER_PORTS",
-            format!(
-                "{} {}",
-                common::kube_local::free_port(),
-                common::kube_local::free_port()
-            ),
-        )
+        .env("GREETER_PORTS", greeter_ports)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);

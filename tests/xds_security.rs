@@ -217,6 +217,26 @@ async fn grpcio_servers_enforce_mtls_and_rbac_from_policies_on_live_traffic() {
         assert_eq!(list["audiences"][policy]["xdsServers"], 1, "{body}");
         assert_eq!(list["subscribers"], 0, "{body}");
     }
+    // The same through the CLI: enforced, so neither a warning nor a note.
+    for kind in ["authenticationpolicies", "authorizationpolicies"] {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+            .args(["get", kind, "-n", "shop", "--token", ADMIN])
+            .arg("--admin")
+            .arg(admin.to_string())
+            .output()
+            .await
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+        );
+        assert!(output.status.success(), "{stderr}");
+        assert!(stdout.contains("XDS SERVERS"), "{stdout}");
+        assert!(
+            !stderr.contains("warning") && !stderr.contains("note"),
+            "{stderr}"
+        );
+    }
     assert_eq!(
         common::metric(admin, "dubbo_cp_xds_servers_mtls").await,
         1.0

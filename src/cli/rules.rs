@@ -228,23 +228,33 @@ fn warn_unreceived(list: &serde_json::Value) {
     };
     let root = list["rootNamespace"].as_str().unwrap_or_default();
     let subscribers = list["subscribers"].as_u64().unwrap_or_default();
-    // Policies neither a discovery-stream client receives nor an xDS server enforces.
+    // Policies neither a discovery-stream client receives nor an xDS server enforces (a server
+    // that does not count enforcers counts none).
     let unreceived: Vec<(&String, &serde_json::Value)> = audiences
         .iter()
-        .filter(|(_, a)| a["receiving"].as_u64() == Some(0) && a["xdsServers"].as_u64() == Some(0))
+        .filter(|(_, a)| {
+            a["receiving"].as_u64() == Some(0) && a["xdsServers"].as_u64().unwrap_or(0) == 0
+        })
         .collect();
+    if unreceived.is_empty() {
+        return;
+    }
     if subscribers == 0 {
-        if !unreceived.is_empty() {
-            eprintln!(
-                "note: no discovery-stream client subscribes to this kind now, and no xDS server \
-                 enforces {} of these policies",
-                unreceived
-                    .iter()
-                    .map(|(key, _)| key.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+        const SHOWN: usize = 10;
+        let mut names: Vec<&str> = unreceived
+            .iter()
+            .take(SHOWN)
+            .map(|(k, _)| k.as_str())
+            .collect();
+        if unreceived.len() > SHOWN {
+            names.push("...");
         }
+        eprintln!(
+            "note: no discovery-stream client subscribes to this kind now, and {} of these \
+             policies reach no xDS server either: {}",
+            unreceived.len(),
+            names.join(", ")
+        );
         return;
     }
     for (key, audience) in unreceived {

@@ -162,12 +162,24 @@ pub(super) async fn get_rules(
         let subscribers = state.clients.subscribers(kind);
         // xDS servers enforce the policies too: which, read off the async threads (one lock per
         // open xDS stream).
-        let enforcing = match state.xds_clients.clone() {
-            Some(xds) => tokio::task::spawn_blocking(move || xds.servers_enforcing())
-                .await
-                .unwrap_or_default(),
-            None => Default::default(),
-        };
+        let mut enforcing: BTreeMap<String, usize> = rules
+            .iter()
+            .map(|rule| (format!("{}/{}", rule.namespace, rule.name), 0))
+            .collect();
+        if let Some(xds) = state.xds_clients.clone() {
+            let authorization = kind == Kind::AuthorizationPolicy;
+            enforcing = tokio::task::spawn_blocking(move || {
+                xds.count_enforcing(authorization, &mut enforcing);
+                enforcing
+            })
+            .await
+            .map_err(|_| {
+                api_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "counting the xDS servers that enforce the policies failed",
+                )
+            })?;
+        }
         let audiences: serde_json::Map<String, serde_json::Value> = rules
             .iter()
             .filter_map(|rule| {

@@ -204,7 +204,8 @@ pub(crate) trait Report: Send + Sync {
     /// Per type the first [`NAMES_SHOWN`] names subscribed to: asked for only for the clients
     /// an operator's page shows (a copy of names per stream is too much for every stream).
     fn subscribed(&self) -> BTreeMap<&'static str, Vec<String>>;
-    /// Each server listener it was sent, as operators see it.
+    /// Each server listener it was sent, as operators see it. `visit` runs under the stream's
+    /// lock: it must not call back into the stream or [`Clients`].
     fn each_server(&self, visit: &mut dyn FnMut(&ServerView));
 }
 
@@ -308,23 +309,33 @@ impl Clients {
         count
     }
 
-    /// Per auth policy (`namespace/name`), the server listeners open streams were sent that
-    /// enforce it: the policy decided their TLS mode, or their RBAC allows or denies by it.
-    pub fn servers_enforcing(&self) -> BTreeMap<String, usize> {
-        let mut enforcing = BTreeMap::new();
+    /// Counts, per policy of `counts` (`namespace/name`, each at 0), the server listeners open
+    /// streams were sent that enforce it as written: the AuthenticationPolicy that decided their
+    /// TLS mode (`authorization` false), or an AuthorizationPolicy their RBAC allows or denies by.
+    /// A policy a server lists as not enforced as written is not counted for it.
+    pub fn count_enforcing(&self, authorization: bool, counts: &mut BTreeMap<String, usize>) {
+        if counts.is_empty() {
+            return;
+        }
         for report in self.reports() {
             report.each_server(&mut |server| {
-                for policy in server
-                    .tls_policy
-                    .iter()
-                    .chain(&server.allow)
-                    .chain(&server.deny)
-                {
-                    *enforcing.entry(policy.clone()).or_default() += 1;
+                let policies: Vec<&String> = match authorization {
+                    false => server.tls_policy.iter().collect(),
+                    true => server.allow.iter().chain(&server.deny).collect(),
+                };
+                for policy in policies {
+                    let partly = server.not_enforced.iter().any(|n| {
+                        n.strip_prefix(policy.as_str())
+                            .is_some_and(|rest| rest.starts_with(':'))
+                    });
+                    if let Some(count) = counts.get_mut(policy.as_str())
+                        && !partly
+                    {
+                        *count += 1;
+                    }
                 }
             });
         }
-        enforcing
     }
 
     /// Every open stream, by the order they opened.
@@ -723,5 +734,67 @@ mod tests {
         // A client that subscribed to nothing yet is not behind.
         let idle = ClientView::of(client(vec![], Some("1")), Some(4));
         assert!(idle.stale.is_empty(), "{idle:?}");
+    }
+
+    /// A stream that was sent these server listeners.
+    struct Servers(Vec<ServerView>);
+
+    impl Report for Servers {
+        fn status(&self) -> ClientStatus {
+            ClientStatus::default()
+        }
+        fn subscribed(&self) -> BTreeMap<&'static str, Vec<String>> {
+            BTreeMap::new()
+        }
+        fn each_server(&self, visit: &mut dyn FnMut(&ServerView)) {
+            self.0.iter().for_each(visit);
+        }
+    }
+
+    fn server(tls_policy: Option<&str>, allow: &[&str], not_enforced: &[&str]) -> ServerView {
+        ServerView {
+            address: "10.0.0.1:7070".into(),
+            service: None,
+            namespace: "shop".into(),
+            tls: "STRICT".into(),
+            tls_policy: tls_policy.map(Into::into),
+            deny: vec![],
+            allow: allow.iter().map(|p| (*p).to_owned()).collect(),
+            not_enforced: not_enforced.iter().map(|p| (*p).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn servers_enforcing_a_policy_are_counted_by_kind_and_only_as_written() {
+        let clients = Clients::new(10);
+        clients.report(
+            1,
+            Arc::new(Servers(vec![
+                // `shop/x` names an AuthenticationPolicy and an AuthorizationPolicy alike.
+                server(Some("shop/x"), &["shop/x"], &[]),
+                server(
+                    Some("shop/y"),
+                    &[],
+                    &["shop/y: PERMISSIVE is served as plaintext"],
+                ),
+                server(Some("shop/yy"), &[], &["shop/y: another server's note"]),
+            ])),
+        );
+        let counts = |authorization: bool| {
+            let mut counts: BTreeMap<String, usize> = ["shop/x", "shop/y", "shop/yy", "shop/z"]
+                .into_iter()
+                .map(|p| (p.to_owned(), 0))
+                .collect();
+            clients.count_enforcing(authorization, &mut counts);
+            counts
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            counts(false),
+            [("shop/x".to_owned(), 1), ("shop/yy".to_owned(), 1)]
+        );
+        assert_eq!(counts(true), [("shop/x".to_owned(), 1)]);
     }
 }
