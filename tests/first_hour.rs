@@ -301,3 +301,49 @@ fn the_bootstraps_xds_address_has_its_own_flag_and_the_old_spelling_warns() {
         "{warned}"
     );
 }
+
+/// `status --wait-ready` waits through a port nobody listens on until its timeout, and fails at
+/// once on an answer that will not change (a port that is not the admin port).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_ready_waits_only_for_what_can_change() {
+    let wait_ready = |admin: String, timeout: &str| {
+        let timeout = timeout.to_owned();
+        async move {
+            let started = std::time::Instant::now();
+            let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+                .args([
+                    "status",
+                    "--wait-ready",
+                    "--wait-timeout",
+                    &timeout,
+                    "--admin",
+                ])
+                .arg(admin)
+                .output()
+                .await
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+            (output.status.success(), stderr, started.elapsed())
+        }
+    };
+    // Nobody listens: waited through, then the timeout says what was last seen.
+    let nobody = format!("127.0.0.1:{}", common::kube_local::free_port());
+    let (ok, stderr, took) = wait_ready(nobody, "500ms").await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("not ready within 500ms") && stderr.contains("cannot connect"),
+        "{stderr}"
+    );
+    assert!(took >= std::time::Duration::from_millis(500), "{took:?}");
+
+    // The gRPC port is not the admin port: no answer there will become ready.
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::start(common::test_config(dir.path())).await;
+    let (ok, stderr, _) = wait_ready(server.grpc_addr.to_string(), "1h").await;
+    assert!(!ok);
+    assert!(!stderr.contains("not ready within"), "{stderr}");
+
+    // The admin port of a ready server: ready at once.
+    let (ok, stderr, _) = wait_ready(server.admin_addr.to_string(), "10s").await;
+    assert!(ok, "{stderr}");
+}

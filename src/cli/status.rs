@@ -507,9 +507,9 @@ pub async fn unregister(
     Ok(())
 }
 
-/// Polls `/readyz` until it answers 200: a port not listening yet, one that does not answer yet
-/// and a 503 (sources still loading) are waited through, the last of them the error when time
-/// runs out; any other answer (a wrong port, a refused token) is an error at once.
+/// Polls `/readyz` until it answers 200: a port not listening yet and a 503 (sources still
+/// loading) are waited through, the last of them the error when time runs out; any other
+/// answer, or none (a wrong port, a refused token), is an error at once.
 async fn wait_ready(admin: &AdminArg, timeout: std::time::Duration) -> anyhow::Result<()> {
     let started = tokio::time::Instant::now();
     let deadline = started + timeout;
@@ -521,10 +521,15 @@ async fn wait_ready(admin: &AdminArg, timeout: std::time::Duration) -> anyhow::R
                 return Ok(());
             }
             Ok(Err(error)) => error,
-            Err(_) => anyhow::anyhow!("GET /readyz: no answer"),
+            Err(_) => anyhow::bail!(
+                "not ready within {}: GET /readyz was still unanswered",
+                humantime::format_duration(timeout)
+            ),
         };
         let message = format!("{error:#}");
-        let passing = ["cannot connect", "no answer", "not ready"]
+        // A port not listening yet, or sources still loading (503); a port that accepts and
+        // does not answer, or answers otherwise, is not one that becomes ready.
+        let passing = ["cannot connect", "not ready"]
             .iter()
             .any(|m| message.contains(m));
         if !passing {
