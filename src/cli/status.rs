@@ -513,6 +513,12 @@ pub async fn unregister(
 async fn wait_ready(admin: &AdminArg, timeout: std::time::Duration) -> anyhow::Result<()> {
     let started = tokio::time::Instant::now();
     let deadline = started + timeout;
+    let not_ready = |why: &str| {
+        anyhow::anyhow!(
+            "not ready within {}: {why}",
+            humantime::format_duration(timeout)
+        )
+    };
     loop {
         let attempt = request(admin, "GET", "/readyz", None);
         let error = match tokio::time::timeout_at(deadline, attempt).await {
@@ -521,10 +527,7 @@ async fn wait_ready(admin: &AdminArg, timeout: std::time::Duration) -> anyhow::R
                 return Ok(());
             }
             Ok(Err(error)) => error,
-            Err(_) => anyhow::bail!(
-                "not ready within {}: GET /readyz was still unanswered",
-                humantime::format_duration(timeout)
-            ),
+            Err(_) => return Err(not_ready("GET /readyz was still unanswered")),
         };
         let message = format!("{error:#}");
         // A port not listening yet, or sources still loading (503); a port that accepts and
@@ -535,14 +538,14 @@ async fn wait_ready(admin: &AdminArg, timeout: std::time::Duration) -> anyhow::R
         if !passing {
             return Err(error);
         }
-        if tokio::time::Instant::now() >= deadline {
-            anyhow::bail!(
-                "not ready within {}: {message}",
-                humantime::format_duration(timeout)
-            );
+        // A CLI's poll of a server starting up, not a test's wait; the last look is the one
+        // the timeout reports.
+        let next = tokio::time::Instant::now() + std::time::Duration::from_millis(100);
+        if next >= deadline {
+            tokio::time::sleep_until(deadline).await;
+            return Err(not_ready(&message));
         }
-        // A CLI's poll of a server starting up, not a test's wait.
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        tokio::time::sleep_until(next).await;
     }
 }
 
