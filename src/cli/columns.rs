@@ -30,7 +30,8 @@ pub fn table(what: &str, list: &Value) -> anyhow::Result<String> {
         .filter(|c| c.priority.unwrap_or(0) == 0 && c.type_ != "date")
         .map(|c| (c.name.to_ascii_uppercase(), c.json_path))
         .collect();
-    // The auth kinds: who receives each policy, and how many open discovery streams do now.
+    // The auth kinds: who receives each policy, how many subscribed discovery streams do now,
+    // and how many xDS servers enforce it.
     let audiences = list["audiences"].as_object();
     let mut header: Vec<String> = ["NAMESPACE", "NAME"]
         .into_iter()
@@ -51,7 +52,7 @@ pub fn table(what: &str, list: &Value) -> anyhow::Result<String> {
         row.extend(columns.iter().map(|(_, path)| cell(item, path)));
         if let Some(audiences) = audiences {
             let key = format!("{}/{}", text(&meta["namespace"]), text(&meta["name"]));
-            let audience = &audiences.get(&key).cloned().unwrap_or_default();
+            let audience = audiences.get(&key).unwrap_or(&Value::Null);
             row.push(format!(
                 "{}/{}",
                 text(&audience["receiving"]),

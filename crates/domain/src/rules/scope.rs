@@ -67,8 +67,8 @@ impl Audience {
         }
     }
 
-    /// Who receives the policy, in words for operators: `namespace demo` or `every namespace`,
-    /// then what else must match (`selectors` names them: "selector", "rule's to").
+    /// Who receives the policy, in words for operators: "clients of namespace demo" (or "of
+    /// every namespace"), then what else must match (`selectors` names them: "selector").
     pub fn describe(&self, selectors: &str) -> String {
         let scope = match &self.namespace {
             Some(namespace) => format!("clients of namespace {namespace}"),
