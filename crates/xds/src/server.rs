@@ -166,17 +166,20 @@ impl Ads {
 
 /// The client's namespace: its node metadata `NAMESPACE` (as Istio's bootstrap has it), else
 /// its authenticated identity's, else [`DEFAULT_NAMESPACE`].
-pub fn client_namespace(node: Option<&Node>, identity_namespace: Option<&str>) -> String {
+pub fn client_namespace<'a>(
+    node: Option<&'a Node>,
+    identity_namespace: Option<&'a str>,
+) -> &'a str {
     node.and_then(|node| node.metadata.as_ref())
         .and_then(|metadata| metadata.fields.get("NAMESPACE"))
         .and_then(|value| match &value.kind {
             Some(value::Kind::StringValue(namespace)) if !namespace.is_empty() => {
-                Some(namespace.clone())
+                Some(namespace.as_str())
             }
             _ => None,
         })
-        .or_else(|| identity_namespace.map(str::to_owned))
-        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned())
+        .or(identity_namespace)
+        .unwrap_or(DEFAULT_NAMESPACE)
 }
 
 type Responses =
@@ -240,6 +243,18 @@ trait AdsStream: Default + Send + 'static {
         resources: Selected,
         force: bool,
     ) -> Option<Self::Response>;
+    /// What `respond` would answer at a version following the one last sent, from the names
+    /// `changes` touches alone (looked up in `snapshot`); `None` when the stream cannot tell
+    /// without the whole selection.
+    fn respond_following(
+        &mut self,
+        _type_url: &'static str,
+        _version: &str,
+        _snapshot: &Snapshot,
+        _changes: &Changes,
+    ) -> Option<Option<Self::Response>> {
+        None
+    }
     /// Each subscribed type's status, for the stream's entry in [`Clients`].
     fn statuses(&self) -> Vec<(&'static str, TypeStatus)>;
     /// The names subscribed to of `type_url`, and whether it is a wildcard subscription.
@@ -319,6 +334,24 @@ impl AdsStream for Stream {
     ) -> Option<DiscoveryResponse> {
         Stream::respond(self, type_url, version, resources, force)
     }
+    fn respond_following(
+        &mut self,
+        type_url: &'static str,
+        version: &str,
+        snapshot: &Snapshot,
+        changes: &Changes,
+    ) -> Option<Option<DiscoveryResponse>> {
+        if type_url != ENDPOINT {
+            return None;
+        }
+        Stream::respond_following(
+            self,
+            type_url,
+            version,
+            |name| changes.touches(type_url, name),
+            |name| cluster_resource(snapshot, type_url, name),
+        )
+    }
     fn statuses(&self) -> Vec<(&'static str, TypeStatus)> {
         self.type_statuses().collect()
     }
@@ -381,14 +414,14 @@ fn answer<S: AdsStream>(
     identity_namespace: Option<&str>,
 ) -> Vec<(&'static str, S::Response)> {
     let stream = &mut shared.stream;
-    let namespace = client_namespace(stream.node(), identity_namespace);
+    let namespace = client_namespace(stream.node(), identity_namespace).to_owned();
     let version = snapshot.version.to_string();
     // When the stream holds the version before this one, types nothing of which moved are
     // skipped: what it holds of them is what it would be sent.
     let changes = snapshot
         .changes()
         .filter(|changes| shared.resolved == Some(changes.previous));
-    let mut plan: Vec<(&'static str, Selected)> = stream
+    let mut plan: Vec<(&'static str, Planned)> = stream
         .types()
         .into_iter()
         .filter(|type_url| {
@@ -396,38 +429,66 @@ fn answer<S: AdsStream>(
                 || changes.is_none_or(|changes| touched(stream, type_url, changes))
         })
         .map(|type_url| {
-            let selected = match changes {
-                Some(changes) if !forced.contains(&type_url) => {
-                    reselected(stream, snapshot, type_url, &namespace, changes)
+            let planned = match changes {
+                // Load assignments are answered from the touched names alone when they can be.
+                Some(_) if !forced.contains(&type_url) && type_url == ENDPOINT => {
+                    Planned::Following
                 }
-                _ => stream.selected(snapshot, type_url, &namespace),
+                Some(changes) if !forced.contains(&type_url) => {
+                    Planned::Selected(reselected(stream, snapshot, type_url, &namespace, changes))
+                }
+                _ => Planned::Selected(stream.selected(snapshot, type_url, &namespace)),
             };
-            (type_url, selected)
+            (type_url, planned)
         })
         .collect();
     shared.resolved = Some(snapshot.version);
     shared.servers = servers_in(&plan, snapshot, &namespace);
-    make_before_break(&mut plan, |type_url, selected| {
-        stream.would_remove(type_url, selected)
+    make_before_break(&mut plan, |type_url, planned| match planned {
+        Planned::Selected(selected) => stream.would_remove(type_url, selected),
+        Planned::Following => false,
     });
     plan.into_iter()
-        .filter_map(|(type_url, selected)| {
+        .filter_map(|(type_url, planned)| {
             let force = forced.contains(&type_url);
+            let selected = match (planned, changes) {
+                (Planned::Selected(selected), _) => selected,
+                (Planned::Following, Some(changes)) => {
+                    if let Some(answer) =
+                        stream.respond_following(type_url, &version, snapshot, changes)
+                    {
+                        return answer.map(|response| (type_url, response));
+                    }
+                    reselected(stream, snapshot, type_url, &namespace, changes)
+                }
+                (Planned::Following, None) => stream.selected(snapshot, type_url, &namespace),
+            };
             let response = stream.respond(type_url, &version, selected, force)?;
             Some((type_url, response))
         })
         .collect()
 }
 
+/// A type's part of an answer: what the subscription selects, or left to the stream to answer
+/// from what changed since the version it holds.
+enum Planned {
+    Selected(Selected),
+    Following,
+}
+
 /// What the server listeners in `plan` enforce, for operators.
 fn servers_in(
-    plan: &[(&'static str, Selected)],
+    plan: &[(&'static str, Planned)],
     snapshot: &Snapshot,
     namespace: &str,
 ) -> Vec<ServerView> {
     plan.iter()
         .filter(|(type_url, _)| *type_url == crate::LISTENER)
-        .flat_map(|(_, selected)| selected.iter())
+        .filter_map(|(_, planned)| match planned {
+            Planned::Selected(selected) => Some(selected),
+            Planned::Following => None,
+        })
+        .flat_map(|selected| selected.iter())
         .filter_map(|(name, _)| snapshot.server(name, namespace))
         .map(|server| ServerView::of(&server))
         .collect()
@@ -450,10 +511,7 @@ async fn send<S: AdsStream>(
 /// Moves a cluster answer that removes clusters after the listeners and routes of the same push:
 /// routes stop naming a cluster before it goes (make before break). Added clusters then come
 /// after the routes that name them too; gRPC clients wait for a cluster they have not seen yet.
-fn make_before_break(
-    plan: &mut Vec<(&'static str, Selected)>,
-    removes: impl Fn(&str, &Selected) -> bool,
-) {
+fn make_before_break<P>(plan: &mut Vec<(&'static str, P)>, removes: impl Fn(&str, &P) -> bool) {
     if let Some(at) = plan
         .iter()
         .position(|(type_url, selected)| *type_url == CLUSTER && removes(type_url, selected))
@@ -513,7 +571,7 @@ impl<S: AdsStream> crate::clients::Report for Locked<S> {
         let namespace = client_namespace(stream.node(), shared.identity_namespace.as_deref());
         let mut status = crate::clients::ClientStatus::of(
             stream.node(),
-            &namespace,
+            namespace,
             shared.seen,
             stream.statuses().into_iter(),
         );

@@ -71,8 +71,7 @@ impl Changes {
     pub(crate) fn touches(&self, type_url: &str, name: &str) -> bool {
         // `outbound|<port>|<subset>|<fqdn>`; a name of another form names no cluster at any
         // version, so it cannot have changed.
-        let mut parts = name.rsplitn(3, '|');
-        let (Some(fqdn), Some(subset)) = (parts.next(), parts.next()) else {
+        let Some((subset, fqdn)) = cluster_parts(name) else {
             return type_url != CLUSTER && type_url != ENDPOINT;
         };
         match type_url {
@@ -84,6 +83,32 @@ impl Changes {
             _ => true,
         }
     }
+}
+
+/// The subset and the FQDN of a cluster's name, `outbound|<port>|<subset>|<fqdn>`. Read byte by
+/// byte from the front: the separators are in its first bytes, and a string search for each
+/// (back over the FQDN, or forward) was 3-5 % of the server's CPU at an endpoint change, where
+/// every stream asks this of every name it holds.
+fn cluster_parts(name: &str) -> Option<(&str, &str)> {
+    let mut separators = [0usize; 3];
+    let mut found = 0;
+    for (at, byte) in name.bytes().enumerate() {
+        if byte == b'|' {
+            separators[found] = at;
+            found += 1;
+            if found == separators.len() {
+                break;
+            }
+        }
+    }
+    let [_, before_subset, before_fqdn] = separators;
+    // `|` is ASCII: each position is a character boundary.
+    (found == separators.len()).then(|| {
+        (
+            name.get(before_subset + 1..before_fqdn).unwrap_or_default(),
+            name.get(before_fqdn + 1..).unwrap_or_default(),
+        )
+    })
 }
 
 /// Everything but the endpoints alike.
@@ -176,6 +201,16 @@ mod tests {
         assert!(changes.touches(crate::LISTENER, "b"));
         assert!(changes.touches(crate::ROUTE, "b"));
         assert!(!changes.touches(ENDPOINT, "b"));
+        assert!(!changes.touches(ENDPOINT, "x|a.shop.svc.cluster.local"));
+        assert_eq!(
+            cluster_parts("outbound|80|tag-67|a.b"),
+            Some(("tag-67", "a.b"))
+        );
+        assert_eq!(cluster_parts("outbound|80||a|b"), Some(("", "a|b")));
+        assert_eq!(cluster_parts("outbound|80||"), Some(("", "")));
+        assert_eq!(cluster_parts("outbound|80|"), None);
+        assert_eq!(cluster_parts("outbound|80"), None);
+        assert!(!changes.touches(ENDPOINT, &format!("{}|x", cluster("a", ""))));
     }
 
     #[test]
