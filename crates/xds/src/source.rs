@@ -31,9 +31,15 @@ pub const KINDS: [Kind; 8] = [
 
 /// The state of the index's kinds that one snapshot reflects.
 pub fn build(index: &Index, version: u64, settings: &Settings) -> Snapshot {
+    build_reporting(index, version, settings).0
+}
+
+/// [`build`], and the hosts declared twice in its services (built once for both: every
+/// service and endpoint is copied to build them).
+fn build_reporting(index: &Index, version: u64, settings: &Settings) -> (Snapshot, Shadowed) {
     let synced = KINDS.iter().all(|kind| index.is_kind_loaded(*kind));
     let state = |kind| index.current(kind);
-    let (services, _) = services(&state(Kind::Service), &state(Kind::ServiceEntry));
+    let (services, shadowed) = services(&state(Kind::Service), &state(Kind::ServiceEntry));
     let mappings = mappings(&state(Kind::ServiceNameMapping));
     let tag_routes: Vec<(String, TagRouteSpec)> =
         rules(&state(Kind::TagRoute), |spec| match spec {
@@ -61,12 +67,13 @@ pub fn build(index: &Index, version: u64, settings: &Settings) -> Snapshot {
             _ => None,
         }),
     };
-    Snapshot::new(version, services, synced)
+    let snapshot = Snapshot::new(version, services, synced)
         .with_mappings(mappings)
         .with_dynamic_configs(configs)
         .with_tag_routes(tag_routes)
         .with_condition_routes(conditions)
-        .with_policies(policies)
+        .with_policies(policies);
+    (snapshot, shadowed)
 }
 
 /// `(namespace, interface, applications)` of every ServiceNameMapping.
@@ -251,17 +258,14 @@ pub async fn run(
             .iter()
             .map(|kind| index.current(*kind).revision)
             .collect();
-        let mut snapshot = build(&index, version, &settings)
+        let (snapshot, shadowed) = build_reporting(&index, version, &settings);
+        let mut snapshot = snapshot
             .counting_encodes_in(encodes.clone())
             .sharing_encodings_of(&previous);
         if inputs_before.as_ref() == Some(&inputs) {
             snapshot = snapshot.following(&previous);
         }
         inputs_before = Some(inputs);
-        let (_, shadowed) = services(
-            &index.current(Kind::Service),
-            &index.current(Kind::ServiceEntry),
-        );
         report_shadowed(&shadowed, &shadowed_before);
         shadowed_before = shadowed;
         // Translated again only when a rule or a mapping changed, not at every endpoint change.
