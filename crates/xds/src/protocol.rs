@@ -6,12 +6,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::google::protobuf::Any;
 
 pub use crate::clients::Nack;
 use crate::clients::{ClientStatus, Held, HeldResources, TypeStatus};
 use crate::{CLUSTER, ENDPOINT, LISTENER, PUSH_ORDER, ROUTE};
+pub use response::Response;
 
 /// Most names one type's subscription may hold; a client asking for more is refused.
 pub const MAX_NAMES: usize = 10_000;
@@ -138,6 +139,19 @@ pub(crate) fn digest(any: &Any) -> u64 {
     any.type_url.hash(&mut hasher);
     any.value.hash(&mut hasher);
     hasher.finish()
+}
+
+/// `name`'s entry in `held` pointed at `any` (the same bytes), if it points elsewhere. Looked at
+/// before it is changed: changing a shared map copies it apart from the other holder (what the
+/// client accepted, which [`Stream::respond_following`] needs it to be).
+fn refresh(held: &mut HeldResources, name: &str, any: &Arc<Any>) {
+    let elsewhere = held
+        .get(name)
+        .and_then(|held| held.resource.as_ref())
+        .is_some_and(|resource| !Arc::ptr_eq(resource, any));
+    if elsewhere && let Some(held) = held.get_mut(name) {
+        held.resource = Some(any.clone());
+    }
 }
 
 /// Whether two encodings say the same (the same bytes; the same `Arc` is the quick case).
@@ -363,8 +377,9 @@ impl Stream {
         version: &str,
         touches: impl Fn(&str) -> bool,
         lookup: impl Fn(&str) -> Option<Arc<Any>>,
-    ) -> Option<Option<DiscoveryResponse>> {
-        if !matches!(type_url, ENDPOINT | ROUTE) {
+    ) -> Option<Option<Response>> {
+        // Load assignments only: `lookup` answers for names of clusters, not of routes.
+        if type_url != ENDPOINT {
             return None;
         }
         let state = self.types.get_mut(type_url)?;
@@ -384,14 +399,7 @@ impl Stream {
         if updates.iter().all(|(_, same, _)| *same) {
             // Nothing new: this version's pointers, as `respond` keeps them.
             for (name, _, any) in updates {
-                if let Some(held) = sent.held.get_mut(name)
-                    && held
-                        .resource
-                        .as_ref()
-                        .is_some_and(|r| !Arc::ptr_eq(r, &any))
-                {
-                    held.resource = Some(any);
-                }
+                refresh(&mut sent.held, name, &any);
             }
             return Some(None);
         }
@@ -422,12 +430,11 @@ impl Stream {
             absent: sent.absent.clone(),
             at: std::time::Instant::now(),
         };
-        Some(Some(DiscoveryResponse {
+        Some(Some(Response {
             version_info: version.to_owned(),
-            resources: carried.into_iter().map(Arc::unwrap_or_clone).collect(),
+            resources: carried,
             type_url: type_url.to_owned(),
             nonce,
-            ..Default::default()
         }))
     }
 
@@ -439,7 +446,7 @@ impl Stream {
         version: &str,
         resources: Selected,
         force: bool,
-    ) -> Option<DiscoveryResponse> {
+    ) -> Option<Response> {
         let state = self.types.entry_or_default(type_url);
         let unchanged = state.sent.as_ref().is_some_and(|sent| {
             sent.held.len() == resources.len()
@@ -455,11 +462,7 @@ impl Stream {
             // version's copy alive (snapshots share unchanged encodings, so this is rare).
             if let Some(sent) = &mut state.sent {
                 for (name, any) in &resources {
-                    if let Some(held) = sent.held.get_mut(name)
-                        && held.resource.as_ref().is_some_and(|r| !Arc::ptr_eq(r, any))
-                    {
-                        held.resource = Some(any.clone());
-                    }
+                    refresh(&mut sent.held, name, any);
                 }
             }
             return None;
@@ -517,15 +520,16 @@ impl Stream {
             absent,
             at: std::time::Instant::now(),
         }));
-        Some(DiscoveryResponse {
+        Some(Response {
             version_info: version.to_owned(),
-            resources: carried.into_iter().map(Arc::unwrap_or_clone).collect(),
+            resources: carried,
             type_url: type_url.to_owned(),
             nonce,
-            ..Default::default()
         })
     }
 }
+
+mod response;
 
 #[cfg(test)]
 mod tests;

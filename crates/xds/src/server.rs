@@ -7,9 +7,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest,
 };
 use envoy_types::pb::google::protobuf::{Any, value};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -23,6 +22,9 @@ use crate::protocol::{Refused, Selected, Stream, Verdict};
 use crate::snapshot::{Changes, Snapshot, cluster_resource, select};
 use crate::stats::{TypeLabel, XdsStats};
 use crate::{CLUSTER, ENDPOINT};
+use ending::{Ending, responses};
+
+mod ending;
 
 /// Responses one stream may have queued; a client that reads none of them holds only these.
 const STREAM_QUEUE: usize = 8;
@@ -183,16 +185,16 @@ pub fn client_namespace<'a>(
 }
 
 type Responses =
-    Pin<Box<dyn tokio_stream::Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<crate::protocol::Response, Status>> + Send>>;
 type DeltaResponses =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for Ads {
-    type StreamAggregatedResourcesStream = Responses;
-    type DeltaAggregatedResourcesStream = DeltaResponses;
-
-    async fn stream_aggregated_resources(
+/// The two ADS calls, as [`crate::service::AdsService`] routes them (not tonic's generated
+/// trait: a state-of-the-world stream answers with [`crate::protocol::Response`], which shares
+/// its resources with the snapshot instead of owning copies).
+impl Ads {
+    /// A state-of-the-world stream.
+    pub async fn stream_aggregated_resources(
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Responses>, Status> {
@@ -203,7 +205,8 @@ impl AggregatedDiscoveryService for Ads {
         )))
     }
 
-    async fn delta_aggregated_resources(
+    /// An incremental stream.
+    pub async fn delta_aggregated_resources(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaResponses>, Status> {
@@ -243,6 +246,11 @@ trait AdsStream: Default + Send + 'static {
         resources: Selected,
         force: bool,
     ) -> Option<Self::Response>;
+    /// Whether [`AdsStream::respond_following`] answers `type_url` (it then also tells the
+    /// names touched apart, so they are not read twice).
+    fn follows(_type_url: &str) -> bool {
+        false
+    }
     /// What `respond` would answer at a version following the one last sent, from the names
     /// `changes` touches alone (looked up in `snapshot`); `None` when the stream cannot tell
     /// without the whole selection.
@@ -301,7 +309,7 @@ fn reselected<S: AdsStream>(
 impl AdsStream for Stream {
     const PROTOCOL: &'static str = "sotw";
     type Request = DiscoveryRequest;
-    type Response = DiscoveryResponse;
+    type Response = crate::protocol::Response;
     fn on_request(&mut self, request: &DiscoveryRequest) -> Result<Verdict, Refused> {
         Stream::on_request(self, request)
     }
@@ -331,8 +339,11 @@ impl AdsStream for Stream {
         version: &str,
         resources: Selected,
         force: bool,
-    ) -> Option<DiscoveryResponse> {
+    ) -> Option<crate::protocol::Response> {
         Stream::respond(self, type_url, version, resources, force)
+    }
+    fn follows(type_url: &str) -> bool {
+        type_url == ENDPOINT
     }
     fn respond_following(
         &mut self,
@@ -340,8 +351,8 @@ impl AdsStream for Stream {
         version: &str,
         snapshot: &Snapshot,
         changes: &Changes,
-    ) -> Option<Option<DiscoveryResponse>> {
-        if type_url != ENDPOINT {
+    ) -> Option<Option<crate::protocol::Response>> {
+        if !Self::follows(type_url) {
             return None;
         }
         Stream::respond_following(
@@ -424,22 +435,20 @@ fn answer<S: AdsStream>(
     let mut plan: Vec<(&'static str, Planned)> = stream
         .types()
         .into_iter()
-        .filter(|type_url| {
-            forced.contains(type_url)
-                || changes.is_none_or(|changes| touched(stream, type_url, changes))
-        })
-        .map(|type_url| {
+        .filter_map(|type_url| {
+            let forced = forced.contains(&type_url);
             let planned = match changes {
-                // Load assignments are answered from the touched names alone when they can be.
-                Some(_) if !forced.contains(&type_url) && type_url == ENDPOINT => {
-                    Planned::Following
-                }
-                Some(changes) if !forced.contains(&type_url) => {
+                // Answered from the touched names alone when they can be.
+                Some(_) if !forced && S::follows(type_url) => Planned::Following,
+                Some(changes) if !forced => {
+                    if !touched(stream, type_url, changes) {
+                        return None;
+                    }
                     Planned::Selected(reselected(stream, snapshot, type_url, &namespace, changes))
                 }
                 _ => Planned::Selected(stream.selected(snapshot, type_url, &namespace)),
             };
-            (type_url, planned)
+            Some((type_url, planned))
         })
         .collect();
     shared.resolved = Some(snapshot.version);
@@ -735,44 +744,6 @@ async fn ended(
 ) {
     if let Some(status) = run.await {
         let _ = end.send(status);
-    }
-}
-
-/// What the client reads: the queued responses, then the status the loop ended with. The status
-/// is not queued with them: a queue full of responses the client has not read yet must not
-/// lose it (the stream would end OK, and its client not know to reconnect), nor hold the loop,
-/// and with it the shutdown, until there is room.
-struct Ending<T> {
-    queue: mpsc::Receiver<Queued<T>>,
-    end: Option<oneshot::Receiver<Status>>,
-}
-
-fn responses<T>(queue: mpsc::Receiver<Queued<T>>, end: oneshot::Receiver<Status>) -> Ending<T> {
-    Ending {
-        queue,
-        end: Some(end),
-    }
-}
-
-impl<T> tokio_stream::Stream for Ending<T> {
-    type Item = Result<T, Status>;
-
-    fn poll_next(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        use std::task::{Poll, ready};
-        if let Some(queued) = ready!(self.queue.poll_recv(cx)) {
-            return Poll::Ready(Some(*queued));
-        }
-        // The loop has returned (its sender is gone) and everything it queued was read.
-        let Some(end) = self.end.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let ended = ready!(Pin::new(end).poll(cx));
-        self.end = None;
-        // No status sent: the loop ended OK.
-        Poll::Ready(ended.ok().map(Err))
     }
 }
 

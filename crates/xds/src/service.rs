@@ -16,7 +16,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use tokio_stream::Stream;
 use tonic::codec::{BufferSettings, Streaming};
 use tonic::server::NamedService;
