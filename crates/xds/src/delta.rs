@@ -245,6 +245,93 @@ impl DeltaStream {
         })
     }
 
+    /// What [`DeltaStream::respond`] would answer for load assignments at a version that
+    /// follows the one last sent, where only the names `touches` says may differ, each
+    /// `lookup`ed; `None` when that cannot be told without the whole selection. As on
+    /// state-of-the-world streams, a push then reads only what was touched, and each touched
+    /// resource's digest is taken once, not every held one's. It answers only where that is the
+    /// same as the whole selection's answer: every subscribed name is held or known absent, and
+    /// every touched name is held and still exists (else what is removed or absent changes).
+    pub(crate) fn respond_following(
+        &mut self,
+        type_url: &'static str,
+        version: &str,
+        touches: impl Fn(&str) -> bool,
+        lookup: impl Fn(&str) -> Option<Arc<Any>>,
+    ) -> Option<Option<DeltaDiscoveryResponse>> {
+        if type_url != crate::ENDPOINT {
+            return None;
+        }
+        let state = self.types.get_mut(type_url)?;
+        // Each subscribed name held (with its encoding) or known absent, as every answer
+        // leaves them; a name claimed on reconnect and not yet seen is neither.
+        if state.wildcard
+            || state.nonce.is_none()
+            || state.known.len() + state.absent.len() != state.subscribed.len()
+            || state.known.values().any(|held| held.resource.is_none())
+        {
+            return None;
+        }
+        let mut updates: Vec<(&str, String, Arc<Any>)> = Vec::new();
+        for name in state.subscribed.iter().filter(|name| touches(name)) {
+            let any = lookup(name)?;
+            let held = state.known.get(name.as_str())?;
+            held.resource.as_ref()?;
+            let resource_version = format!("{:016x}", digest(&any));
+            updates.push((name, resource_version, any));
+        }
+        let mut changed = Vec::new();
+        for (name, resource_version, any) in updates {
+            let same = state
+                .known
+                .get(name)
+                .is_some_and(|held| held.version.as_deref() == Some(resource_version.as_str()));
+            if !same {
+                changed.push((name, resource_version, any));
+                continue;
+            }
+            // Held at this version: this version's encoding, for the dump, without sending it.
+            let elsewhere = state
+                .known
+                .get(name)
+                .and_then(|held| held.resource.as_ref())
+                .is_none_or(|r| !Arc::ptr_eq(r, &any));
+            if elsewhere && let Some(held) = state.known.get_mut(name) {
+                held.resource = Some(any);
+            }
+        }
+        if changed.is_empty() {
+            return Some(None);
+        }
+        self.nonces += 1;
+        let number = self.nonces;
+        let resources: Vec<Resource> = changed
+            .into_iter()
+            .map(|(name, resource_version, any)| {
+                state.known.insert(
+                    name.to_owned(),
+                    Held::sent(any.clone(), Some(resource_version.clone()), number),
+                );
+                Resource {
+                    name: name.to_owned(),
+                    version: resource_version,
+                    resource: Some(Arc::unwrap_or_clone(any)),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        state.nonce = Some(number);
+        state.sent = Some(version.to_owned());
+        state.sent_at = Some(std::time::Instant::now());
+        Some(Some(DeltaDiscoveryResponse {
+            system_version_info: version.to_owned(),
+            resources,
+            type_url: type_url.to_owned(),
+            nonce: number.to_string(),
+            ..Default::default()
+        }))
+    }
+
     /// The stream as operators see it.
     pub fn status(&self, namespace: &str, seen: Option<u64>) -> ClientStatus {
         ClientStatus::of(self.node.as_ref(), namespace, seen, self.type_statuses())

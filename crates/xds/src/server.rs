@@ -407,6 +407,24 @@ impl AdsStream for DeltaStream {
     ) -> Option<DeltaDiscoveryResponse> {
         DeltaStream::respond(self, type_url, version, resources, force)
     }
+    fn follows(type_url: &str) -> bool {
+        type_url == ENDPOINT
+    }
+    fn respond_following(
+        &mut self,
+        type_url: &'static str,
+        version: &str,
+        snapshot: &Snapshot,
+        changes: &Changes,
+    ) -> Option<Option<DeltaDiscoveryResponse>> {
+        DeltaStream::respond_following(
+            self,
+            type_url,
+            version,
+            |name| changes.touches(type_url, name),
+            |name| cluster_resource(snapshot, type_url, name),
+        )
+    }
     fn statuses(&self) -> Vec<(&'static str, TypeStatus)> {
         self.type_statuses().collect()
     }
