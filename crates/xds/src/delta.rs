@@ -272,31 +272,33 @@ impl DeltaStream {
         {
             return None;
         }
-        let mut updates: Vec<(&str, String, Arc<Any>)> = Vec::new();
-        for name in state.subscribed.iter().filter(|name| touches(name)) {
-            let any = lookup(name)?;
-            let held = state.known.get(name.as_str())?;
-            held.resource.as_ref()?;
-            let resource_version = format!("{:016x}", digest(&any));
-            updates.push((name, resource_version, any));
-        }
-        let mut changed = Vec::new();
-        for (name, resource_version, any) in updates {
-            let same = state
-                .known
-                .get(name)
-                .is_some_and(|held| held.version.as_deref() == Some(resource_version.as_str()));
-            if !same {
-                changed.push((name, resource_version, any));
+        // What it holds is read in place, in the names' order; a touched name known absent
+        // that exists now would be new. Nothing changes before that is known.
+        let mut changed: Vec<(String, String, Arc<Any>)> = Vec::new();
+        let mut repointed: Vec<(String, Arc<Any>)> = Vec::new();
+        for (name, held) in state.known.iter() {
+            if !touches(name) {
                 continue;
             }
-            // Held at this version: this version's encoding, for the dump, without sending it.
-            let elsewhere = state
-                .known
-                .get(name)
-                .and_then(|held| held.resource.as_ref())
-                .is_none_or(|r| !Arc::ptr_eq(r, &any));
-            if elsewhere && let Some(held) = state.known.get_mut(name) {
+            let any = lookup(name)?;
+            let resource = held.resource.as_ref()?;
+            let resource_version = format!("{:016x}", digest(&any));
+            if held.version.as_deref() != Some(resource_version.as_str()) {
+                changed.push((name.clone(), resource_version, any));
+            } else if !Arc::ptr_eq(resource, &any) {
+                repointed.push((name.clone(), any));
+            }
+        }
+        if state
+            .absent
+            .iter()
+            .any(|name| touches(name) && lookup(name).is_some())
+        {
+            return None;
+        }
+        // Held at this version: this version's encoding, for the dump, without sending it.
+        for (name, any) in repointed {
+            if let Some(held) = state.known.get_mut(&name) {
                 held.resource = Some(any);
             }
         }
@@ -309,11 +311,11 @@ impl DeltaStream {
             .into_iter()
             .map(|(name, resource_version, any)| {
                 state.known.insert(
-                    name.to_owned(),
+                    name.clone(),
                     Held::sent(any.clone(), Some(resource_version.clone()), number),
                 );
                 Resource {
-                    name: name.to_owned(),
+                    name,
                     version: resource_version,
                     resource: Some(Arc::unwrap_or_clone(any)),
                     ..Default::default()
