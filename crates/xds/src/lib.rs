@@ -25,6 +25,8 @@
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
+#[cfg(test)]
+mod changing;
 pub mod clients;
 pub mod conditions;
 mod config;

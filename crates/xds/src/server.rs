@@ -247,9 +247,9 @@ trait AdsStream: Default + Send + 'static {
         force: bool,
     ) -> Option<Self::Response>;
     /// Whether [`AdsStream::respond_following`] answers `type_url` (it then also tells the
-    /// names touched apart, so they are not read twice).
-    fn follows(_type_url: &str) -> bool {
-        false
+    /// names touched apart, so they are not read twice): load assignments, on both kinds.
+    fn follows(type_url: &str) -> bool {
+        type_url == ENDPOINT
     }
     /// What `respond` would answer at a version following the one last sent, from the names
     /// `changes` touches alone (looked up in `snapshot`); `None` when the stream cannot tell
@@ -342,9 +342,6 @@ impl AdsStream for Stream {
     ) -> Option<crate::protocol::Response> {
         Stream::respond(self, type_url, version, resources, force)
     }
-    fn follows(type_url: &str) -> bool {
-        type_url == ENDPOINT
-    }
     fn respond_following(
         &mut self,
         type_url: &'static str,
@@ -352,9 +349,6 @@ impl AdsStream for Stream {
         snapshot: &Snapshot,
         changes: &Changes,
     ) -> Option<Option<crate::protocol::Response>> {
-        if !Self::follows(type_url) {
-            return None;
-        }
         Stream::respond_following(
             self,
             type_url,
@@ -406,9 +400,6 @@ impl AdsStream for DeltaStream {
         force: bool,
     ) -> Option<DeltaDiscoveryResponse> {
         DeltaStream::respond(self, type_url, version, resources, force)
-    }
-    fn follows(type_url: &str) -> bool {
-        type_url == ENDPOINT
     }
     fn respond_following(
         &mut self,

@@ -219,36 +219,23 @@ fn a_subscribed_name_that_does_not_exist_is_said_removed_once_until_it_appears()
 /// versions, ACKs, NACKs, resources changed, unchanged, re-encoded alike, gone and back.
 #[test]
 fn answering_from_the_touched_names_is_answering_from_the_whole_selection() {
-    use std::collections::BTreeMap;
     use std::sync::Arc;
-    let names = ["a", "b", "c", "d", "e", "missing"];
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+
+    use crate::changing::{NAMES, World};
     let mut answered_fast = 0;
-    for run in 0..200 {
+    for run in 0..200u64 {
+        let mut world = World::new(0x9e37_79b9_7f4a_7c15 ^ run);
         let (mut fast, mut whole) = (DeltaStream::default(), DeltaStream::default());
-        let mut world: BTreeMap<&str, Arc<Any>> = names[..5]
-            .iter()
-            .map(|name| (*name, any(format!("{name}0").as_bytes())))
-            .collect();
         for stream in [&mut fast, &mut whole] {
-            stream.on_request(&request(ENDPOINT, &names, &[], "")).ok();
-            let selected = world
-                .iter()
-                .map(|(n, a)| (n.to_string(), a.clone()))
-                .collect();
-            stream.respond(ENDPOINT, "0", selected, true);
+            stream.on_request(&request(ENDPOINT, &NAMES, &[], "")).ok();
+            stream.respond(ENDPOINT, "0", world.all(), true);
         }
         for version in 1..30u64 {
+            // The client answers the last response, rejects it, or not yet.
             let last = whole.types.get(ENDPOINT).and_then(|s| s.nonce);
             if let Some(last) = last {
                 let mut answer = request(ENDPOINT, &[], &[], &last.to_string());
-                match next(3) {
+                match world.next(3) {
                     0 => {}
                     1 => {
                         answer.error_detail = Some(Status {
@@ -263,43 +250,15 @@ fn answering_from_the_touched_names_is_answering_from_the_whole_selection() {
                     assert_eq!(fast.on_request(&answer), whole.on_request(&answer));
                 }
             }
-            let mut touched = Vec::new();
-            for name in &names {
-                if next(3) != 0 {
-                    continue;
-                }
-                touched.push(*name);
-                match next(9) {
-                    0 => {
-                        world.remove(name);
-                    }
-                    1..=2 => {
-                        let same = world.get(name).map(|a| a.value.clone());
-                        world.insert(name, any(&same.unwrap_or_default()));
-                    }
-                    3..=4 => {}
-                    _ => {
-                        world.insert(name, any(format!("{name}{version}{run}").as_bytes()));
-                    }
-                }
-            }
+            let (touched, _) = world.change(&format!("{version}/{run}"));
             let v = version.to_string();
-            let selected: Selected = names
-                .iter()
-                .filter_map(|name| {
-                    let any = match touched.contains(name) {
-                        true => world.get(name).cloned(),
-                        false => whole.held_resource(ENDPOINT, name),
-                    }?;
-                    Some((name.to_string(), any))
-                })
-                .collect();
+            let selected = world.selected(&touched, |name| whole.held_resource(ENDPOINT, name));
             let expected = whole.respond(ENDPOINT, &v, selected.clone(), false);
             let got = match fast.respond_following(
                 ENDPOINT,
                 &v,
                 |name| touched.contains(&name),
-                |name| world.get(name).cloned(),
+                |name| world.resources.get(name).cloned(),
             ) {
                 Some(answer) => {
                     answered_fast += 1;

@@ -183,29 +183,14 @@ fn a_reconnect_is_answered_in_full() {
 /// versions, ACKs, NACKs, resources changed, unchanged, re-encoded alike, added and removed.
 #[test]
 fn answering_from_the_touched_names_is_answering_from_the_whole_selection() {
-    use std::collections::BTreeMap;
-    let names = ["a", "b", "c", "d", "e", "missing"];
-    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    use crate::changing::{NAMES, World};
     let mut answered_fast = 0;
-    for run in 0..200 {
+    for run in 0..200u64 {
+        let mut world = World::new(0x2545_f491_4f6c_dd1d ^ run);
         let (mut fast, mut whole) = (Stream::default(), Stream::default());
-        let mut world: BTreeMap<&str, Arc<Any>> = names[..5]
-            .iter()
-            .map(|name| (*name, any(format!("{name}0").as_bytes())))
-            .collect();
         for stream in [&mut fast, &mut whole] {
-            stream.on_request(&request(ENDPOINT, &names, "", "")).ok();
-            let selected = world
-                .iter()
-                .map(|(n, a)| (n.to_string(), a.clone()))
-                .collect();
-            stream.respond(ENDPOINT, "0", selected, true);
+            stream.on_request(&request(ENDPOINT, &NAMES, "", "")).ok();
+            stream.respond(ENDPOINT, "0", world.all(), true);
         }
         for version in 1..30u64 {
             // The client answers what it was last sent, or not yet.
@@ -214,40 +199,16 @@ fn answering_from_the_touched_names_is_answering_from_the_whole_selection() {
                 .and_then(|s| s.sent.as_deref())
                 .cloned();
             if let Some(last) = last {
-                let answer = match next(3) {
-                    0 => Some(request(ENDPOINT, &names, &last.version, &last.nonce)),
-                    1 => Some(nack(ENDPOINT, &names, &last.version, &last.nonce)),
+                let answer = match world.next(3) {
+                    0 => Some(request(ENDPOINT, &NAMES, &last.version, &last.nonce)),
+                    1 => Some(nack(ENDPOINT, &NAMES, &last.version, &last.nonce)),
                     _ => None,
                 };
                 if let Some(answer) = answer {
                     assert_eq!(fast.on_request(&answer), whole.on_request(&answer));
                 }
             }
-            // Some names change: new bytes, the same bytes anew, the very same encoding, gone,
-            // or back (the one never there among them).
-            let mut touched = Vec::new();
-            let mut same_pointers = true;
-            for name in &names {
-                if next(3) != 0 {
-                    continue;
-                }
-                touched.push(*name);
-                match next(9) {
-                    0 => {
-                        same_pointers &= world.remove(name).is_none();
-                    }
-                    1..=2 => {
-                        let same = world.get(name).map(|a| a.value.clone());
-                        world.insert(name, any(&same.unwrap_or_default()));
-                        same_pointers = false;
-                    }
-                    3..=4 => {}
-                    _ => {
-                        world.insert(name, any(format!("{name}{version}{run}").as_bytes()));
-                        same_pointers = false;
-                    }
-                }
-            }
+            let (touched, same_pointers) = world.change(&format!("{version}/{run}"));
             let shared = |stream: &Stream| {
                 stream.state(ENDPOINT).is_some_and(|s| {
                     s.sent
@@ -257,22 +218,13 @@ fn answering_from_the_touched_names_is_answering_from_the_whole_selection() {
             };
             let shared_before = shared(&fast);
             let v = version.to_string();
-            let selected: Selected = names
-                .iter()
-                .filter_map(|name| {
-                    let any = match touched.contains(name) {
-                        true => world.get(name).cloned(),
-                        false => whole.held_resource(ENDPOINT, name),
-                    }?;
-                    Some((name.to_string(), any))
-                })
-                .collect();
+            let selected = world.selected(&touched, |name| whole.held_resource(ENDPOINT, name));
             let expected = whole.respond(ENDPOINT, &v, selected.clone(), false);
             let fast_answer = fast.respond_following(
                 ENDPOINT,
                 &v,
                 |name| touched.contains(&name),
-                |name| world.get(name).cloned(),
+                |name| world.resources.get(name).cloned(),
             );
             let answered = fast_answer.is_some();
             let got = match fast_answer {
@@ -288,7 +240,6 @@ fn answering_from_the_touched_names_is_answering_from_the_whole_selection() {
             if answered && got.is_none() && same_pointers && shared_before {
                 assert!(shared(&fast), "run {run}, version {version}");
             }
-            let (f, w) = (fast.state(ENDPOINT), whole.state(ENDPOINT));
             // Which encoding each entry points at, too: both streams are given the same ones.
             let pointers = |held: &HeldResources| -> Vec<Option<*const Any>> {
                 held.values()
@@ -307,7 +258,11 @@ fn answering_from_the_touched_names_is_answering_from_the_whole_selection() {
                     )
                 })
             };
-            assert_eq!(key(f), key(w), "run {run}, version {version}");
+            assert_eq!(
+                key(fast.state(ENDPOINT)),
+                key(whole.state(ENDPOINT)),
+                "run {run}, version {version}"
+            );
         }
     }
     // Most versions were answered from the touched names: the test compares something.
