@@ -250,8 +250,9 @@ impl DeltaStream {
     /// `lookup`ed; `None` when that cannot be told without the whole selection. As on
     /// state-of-the-world streams, a push then reads only what was touched, and each touched
     /// resource's digest is taken once, not every held one's. It answers only where that is the
-    /// same as the whole selection's answer: every subscribed name is held or known absent, and
-    /// every touched name is held and still exists (else what is removed or absent changes).
+    /// same as the whole selection's answer: every subscribed name is held or known absent, every
+    /// touched name held still exists, and no touched name known absent has appeared (else what
+    /// is removed or absent changes).
     pub(crate) fn respond_following(
         &mut self,
         type_url: &'static str,
@@ -264,11 +265,11 @@ impl DeltaStream {
         }
         let state = self.types.get_mut(type_url)?;
         // Each subscribed name held (with its encoding) or known absent, as every answer
-        // leaves them; a name claimed on reconnect and not yet seen is neither.
+        // leaves them; a name claimed on reconnect and not yet seen is neither (checked below,
+        // in the one pass over what is held).
         if state.wildcard
             || state.nonce.is_none()
             || state.known.len() + state.absent.len() != state.subscribed.len()
-            || state.known.values().any(|held| held.resource.is_none())
         {
             return None;
         }
@@ -277,11 +278,11 @@ impl DeltaStream {
         let mut changed: Vec<(String, String, Arc<Any>)> = Vec::new();
         let mut repointed: Vec<(String, Arc<Any>)> = Vec::new();
         for (name, held) in state.known.iter() {
+            let resource = held.resource.as_ref()?;
             if !touches(name) {
                 continue;
             }
             let any = lookup(name)?;
-            let resource = held.resource.as_ref()?;
             let resource_version = format!("{:016x}", digest(&any));
             if held.version.as_deref() != Some(resource_version.as_str()) {
                 changed.push((name.clone(), resource_version, any));

@@ -73,6 +73,9 @@ pub struct TypeState {
     /// The newest response acknowledged, and what it held (what a NACK leaves the client on).
     pub(crate) acked_nonce: u64,
     pub(crate) accepted: HeldResources,
+    /// The names changed since the last response was selected from them (a request that
+    /// changes them is answered in full; until then, what was sent says nothing of them).
+    pub(crate) renamed: bool,
 }
 
 /// A stream's state per type: a few entries at most (the types served), kept in a vector. A
@@ -275,6 +278,7 @@ impl Stream {
         if !same_names {
             state.names = asked.into_iter().map(str::to_owned).collect();
         }
+        state.renamed |= changed;
         state.wildcard = wildcard;
         if request.response_nonce.is_empty() {
             // A first request, or a reconnect (which carries the last version it had): answered
@@ -369,7 +373,8 @@ impl Stream {
     /// changed (the whole selection, looked up and rebuilt name by name, was a fifth of the
     /// server's CPU per push at 10,000 streams). It answers only where that is the same as the
     /// whole selection's answer: the client acknowledged what it was last sent (else what it
-    /// did not take goes again), and every touched name is held and still exists (else what
+    /// did not take goes again), its names are those that response was selected from, every
+    /// touched name held still exists and no touched name known absent has appeared (else what
     /// is held or absent changes).
     pub(crate) fn respond_following(
         &mut self,
@@ -385,7 +390,8 @@ impl Stream {
         let state = self.types.get_mut(type_url)?;
         let sent = state.sent.as_mut()?;
         // What was sent is what was selected from these names: held or absent, each once.
-        if !sent.held.ptr_eq(&state.accepted)
+        if state.renamed
+            || !sent.held.ptr_eq(&state.accepted)
             || sent.held.len() + sent.absent.len() != state.names.len()
         {
             return None;
@@ -531,6 +537,7 @@ impl Stream {
             type_url,
             crate::clients::newly_absent(before, &absent),
         );
+        state.renamed = false;
         state.sent = Some(Box::new(Sent {
             version: version.to_owned(),
             nonce: nonce.clone(),

@@ -291,3 +291,27 @@ fn answering_from_the_touched_names_is_answering_from_the_whole_selection() {
     // Most versions were answered from the touched names: the test compares something.
     assert!(answered_fast > 200 * 29 / 2, "{answered_fast}");
 }
+
+/// A reconnect's claims and a wildcard subscription are answered from the whole selection.
+#[test]
+fn the_quick_answer_leaves_claims_and_wildcards_to_the_whole_selection() {
+    let mut claims = request(ENDPOINT, &["a"], &[], "");
+    claims.initial_resource_versions = [("a".to_owned(), "0123".to_owned())].into();
+    let mut stream = DeltaStream::default();
+    stream.on_request(&claims).ok();
+    assert!(
+        stream
+            .respond_following(ENDPOINT, "1", |_| false, |_| None)
+            .is_none()
+    );
+    let mut wildcard = DeltaStream::default();
+    wildcard
+        .on_request(&request(ENDPOINT, &["*"], &[], ""))
+        .ok();
+    wildcard.respond(ENDPOINT, "1", vec![("a".into(), any(b"a"))], true);
+    assert!(
+        wildcard
+            .respond_following(ENDPOINT, "2", |_| true, |_| Some(any(b"a2")))
+            .is_none()
+    );
+}

@@ -268,3 +268,44 @@ fn answering_from_the_touched_names_is_answering_from_the_whole_selection() {
     // Most versions were answered from the touched names: the test compares something.
     assert!(answered_fast > 200 * 29 / 6, "{answered_fast}");
 }
+
+/// Names changed by an ACK (as many as before) are not what was sent was selected from: the
+/// quick answer leaves it to the whole selection until a response is selected from them.
+#[test]
+fn the_quick_answer_waits_for_an_answer_to_changed_names() {
+    let mut stream = Stream::default();
+    stream
+        .on_request(&request(ENDPOINT, &["a", "x"], "", ""))
+        .ok();
+    let a = any(b"a");
+    let first = stream
+        .respond(ENDPOINT, "1", vec![("a".into(), a.clone())], true)
+        .expect("forced");
+    assert_eq!(
+        stream.on_request(&request(ENDPOINT, &["a", "c"], "1", &first.nonce)),
+        Ok(Verdict::Answer(ENDPOINT))
+    );
+    let c = any(b"c");
+    let touches_c = |name: &str| name == "c";
+    let lookup = |name: &str| match name {
+        "a" => Some(a.clone()),
+        "c" => Some(c.clone()),
+        _ => None,
+    };
+    assert_eq!(
+        stream.respond_following(ENDPOINT, "2", touches_c, lookup),
+        None
+    );
+    // Answered in full, as the server answers a changed subscription, and acknowledged.
+    let all = vec![("a".into(), a.clone()), ("c".into(), c.clone())];
+    let second = stream.respond(ENDPOINT, "2", all, true).expect("forced");
+    assert_eq!(
+        stream.on_request(&request(ENDPOINT, &["a", "c"], "2", &second.nonce)),
+        Ok(Verdict::Settled)
+    );
+    let c2 = any(b"c2");
+    let lookup = |name: &str| (name == "c").then(|| c2.clone());
+    let third = stream.respond_following(ENDPOINT, "3", touches_c, lookup);
+    let resources = third.flatten().map(|r| r.resources);
+    assert_eq!(resources, Some(vec![c2.clone()]));
+}
