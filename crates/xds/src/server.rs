@@ -246,23 +246,16 @@ trait AdsStream: Default + Send + 'static {
         resources: Selected,
         force: bool,
     ) -> Option<Self::Response>;
-    /// Whether [`AdsStream::respond_following`] answers `type_url` (it then also tells the
-    /// names touched apart, so they are not read twice): load assignments, on both kinds.
-    fn follows(type_url: &str) -> bool {
-        type_url == ENDPOINT
-    }
-    /// What `respond` would answer at a version following the one last sent, from the names
-    /// `changes` touches alone (looked up in `snapshot`); `None` when the stream cannot tell
-    /// without the whole selection.
+    /// What `respond` would answer for load assignments at a version following the one last
+    /// sent, from the names `touches` says may differ alone, each `lookup`ed; `None` when the
+    /// stream cannot tell without the whole selection.
     fn respond_following(
         &mut self,
-        _type_url: &'static str,
-        _version: &str,
-        _snapshot: &Snapshot,
-        _changes: &Changes,
-    ) -> Option<Option<Self::Response>> {
-        None
-    }
+        type_url: &'static str,
+        version: &str,
+        touches: &dyn Fn(&str) -> bool,
+        lookup: &dyn Fn(&str) -> Option<Arc<Any>>,
+    ) -> Option<Option<Self::Response>>;
     /// Each subscribed type's status, for the stream's entry in [`Clients`].
     fn statuses(&self) -> Vec<(&'static str, TypeStatus)>;
     /// The names subscribed to of `type_url`, and whether it is a wildcard subscription.
@@ -346,16 +339,10 @@ impl AdsStream for Stream {
         &mut self,
         type_url: &'static str,
         version: &str,
-        snapshot: &Snapshot,
-        changes: &Changes,
+        touches: &dyn Fn(&str) -> bool,
+        lookup: &dyn Fn(&str) -> Option<Arc<Any>>,
     ) -> Option<Option<crate::protocol::Response>> {
-        Stream::respond_following(
-            self,
-            type_url,
-            version,
-            |name| changes.touches(type_url, name),
-            |name| cluster_resource(snapshot, type_url, name),
-        )
+        Stream::respond_following(self, type_url, version, touches, lookup)
     }
     fn statuses(&self) -> Vec<(&'static str, TypeStatus)> {
         self.type_statuses().collect()
@@ -405,16 +392,10 @@ impl AdsStream for DeltaStream {
         &mut self,
         type_url: &'static str,
         version: &str,
-        snapshot: &Snapshot,
-        changes: &Changes,
+        touches: &dyn Fn(&str) -> bool,
+        lookup: &dyn Fn(&str) -> Option<Arc<Any>>,
     ) -> Option<Option<DeltaDiscoveryResponse>> {
-        DeltaStream::respond_following(
-            self,
-            type_url,
-            version,
-            |name| changes.touches(type_url, name),
-            |name| cluster_resource(snapshot, type_url, name),
-        )
+        DeltaStream::respond_following(self, type_url, version, touches, lookup)
     }
     fn statuses(&self) -> Vec<(&'static str, TypeStatus)> {
         self.type_statuses().collect()
@@ -447,8 +428,9 @@ fn answer<S: AdsStream>(
         .filter_map(|type_url| {
             let forced = forced.contains(&type_url);
             let planned = match changes {
-                // Answered from the touched names alone when they can be.
-                Some(_) if !forced && S::follows(type_url) => Planned::Following,
+                // Load assignments are answered from the touched names alone when they can be
+                // (which also tells them apart, so they are not read twice here).
+                Some(changes) if !forced && type_url == ENDPOINT => Planned::Following(changes),
                 Some(changes) if !forced => {
                     if !touched(stream, type_url, changes) {
                         return None;
@@ -464,22 +446,23 @@ fn answer<S: AdsStream>(
     shared.servers = servers_in(&plan, snapshot, &namespace);
     make_before_break(&mut plan, |type_url, planned| match planned {
         Planned::Selected(selected) => stream.would_remove(type_url, selected),
-        Planned::Following => false,
+        Planned::Following(_) => false,
     });
     plan.into_iter()
         .filter_map(|(type_url, planned)| {
             let force = forced.contains(&type_url);
-            let selected = match (planned, changes) {
-                (Planned::Selected(selected), _) => selected,
-                (Planned::Following, Some(changes)) => {
+            let selected = match planned {
+                Planned::Selected(selected) => selected,
+                Planned::Following(changes) => {
+                    let touches = |name: &str| changes.touches(type_url, name);
+                    let lookup = |name: &str| cluster_resource(snapshot, type_url, name);
                     if let Some(answer) =
-                        stream.respond_following(type_url, &version, snapshot, changes)
+                        stream.respond_following(type_url, &version, &touches, &lookup)
                     {
                         return answer.map(|response| (type_url, response));
                     }
                     reselected(stream, snapshot, type_url, &namespace, changes)
                 }
-                (Planned::Following, None) => stream.selected(snapshot, type_url, &namespace),
             };
             let response = stream.respond(type_url, &version, selected, force)?;
             Some((type_url, response))
@@ -489,9 +472,10 @@ fn answer<S: AdsStream>(
 
 /// A type's part of an answer: what the subscription selects, or left to the stream to answer
 /// from what changed since the version it holds.
-enum Planned {
+enum Planned<'a> {
     Selected(Selected),
-    Following,
+    /// The version follows the one the stream holds, by these changes.
+    Following(&'a Changes),
 }
 
 /// What the server listeners in `plan` enforce, for operators.
@@ -504,7 +488,7 @@ fn servers_in(
         .filter(|(type_url, _)| *type_url == crate::LISTENER)
         .filter_map(|(_, planned)| match planned {
             Planned::Selected(selected) => Some(selected),
-            Planned::Following => None,
+            Planned::Following(_) => None,
         })
         .flat_map(|selected| selected.iter())
         .filter_map(|(name, _)| snapshot.server(name, namespace))
