@@ -22,6 +22,7 @@ mod fanout;
 mod load;
 mod separate;
 mod xds;
+mod xds_h2;
 mod xds_load;
 mod xds_streams;
 mod zk;

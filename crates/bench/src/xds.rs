@@ -57,6 +57,17 @@ pub struct XdsArgs {
     /// Node.js processes the grpc-js streams are shared among (one runs JavaScript on one core).
     #[arg(long, default_value_t = 1)]
     grpc_js_processes: usize,
+    /// The in-process client: tonic's, or the lean one on the h2 crate (every stream of a
+    /// connection in one task, so the load generator takes less of the cores it shares with
+    /// the server; it does not reconnect, so not with `--storm`).
+    #[arg(long, value_enum, default_value_t = Client::Tonic)]
+    client: Client,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum Client {
+    Tonic,
+    H2,
 }
 
 fn cluster(service: usize) -> String {
@@ -122,6 +133,52 @@ async fn metric(admin: SocketAddr, name: &str) -> anyhow::Result<f64> {
         .unwrap_or(0.0))
 }
 
+/// The server's own view of the streams once every stream ACKed the last round: how many it
+/// serves and how many are not current (a response unacknowledged or rejected, or a version
+/// behind). Waited on, as the last ACKs may still be on their way; an error when the server
+/// does not see every stream current within `timeout` (a client whose ACKs the server does not
+/// take for ACKs would be pushed the slow way, and the numbers would not be the server's).
+async fn server_view(
+    admin: SocketAddr,
+    streams: usize,
+    timeout: Duration,
+) -> anyhow::Result<(u64, u64)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut stream = tokio::net::TcpStream::connect(admin).await?;
+        stream
+            .write_all(
+                format!(
+                    "GET /debug/xds?limit=1 HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        let view: serde_json::Value =
+            serde_json::from_str(body).with_context(|| format!("/debug/xds answered {body:?}"))?;
+        let (total, stale) = (
+            view["total"].as_u64().unwrap_or(0),
+            view["stale"].as_u64().unwrap_or(u64::MAX),
+        );
+        if total == streams as u64 && stale == 0 {
+            return Ok((total, stale));
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the server sees {total} streams, {stale} not current, {timeout:?} after the last ACK"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A channel to the xDS port whose writes go out once per poll of its connection task, as
 /// gRPC's own clients batch theirs (grpc-go's writer flushes when its queue is empty): without
 /// it the load generator makes a system call per ACK, on the two cores the server runs on.
@@ -160,25 +217,50 @@ async fn start_load(args: &XdsArgs, xds: SocketAddr) -> anyhow::Result<Load> {
     }
     let acks = Arc::new(Acks::default());
     let connections = args.streams.div_ceil(per_connection);
+    if args.client == Client::H2 {
+        for c in 0..connections {
+            let streams = (c * per_connection..((c + 1) * per_connection).min(args.streams))
+                .map(|i| names(args, i))
+                .collect();
+            let (acks, delta) = (acks.clone(), args.delta);
+            tokio::spawn(async move {
+                if let Err(error) =
+                    super::xds_h2::connection(xds, streams, delta, acks.clone()).await
+                {
+                    acks.failed_with("Unavailable transport", &format!("{error:#}"));
+                }
+            });
+        }
+        return Ok(Load::InProcess {
+            acks,
+            streams: args.streams,
+            mark: 0,
+            client: "h2 (lean)",
+        });
+    }
     let mut channels = Vec::new();
     for _ in 0..connections {
         channels.push(xds_channel(xds).await?);
     }
     for i in 0..args.streams {
-        // The shared service 0, and `per_stream` others spread over the rest.
-        let mut services = vec![0];
-        services.extend(
-            (0..args.per_stream).map(|k| 1 + (i * args.per_stream + k) % (args.services - 1)),
-        );
-        let names = services.iter().map(|s| cluster(*s)).collect();
         let channel = channels[i % connections].clone();
-        tokio::spawn(client(i, channel, names, args.delta, acks.clone()));
+        tokio::spawn(client(i, channel, names(args, i), args.delta, acks.clone()));
     }
-    Ok(Load::Tonic {
+    Ok(Load::InProcess {
         acks,
         streams: args.streams,
         mark: 0,
+        client: "tonic",
     })
+}
+
+/// Stream `i`'s cluster names: the shared service 0's, and `per_stream` others spread over the
+/// rest.
+fn names(args: &XdsArgs, i: usize) -> Vec<String> {
+    let mut services = vec![0];
+    services
+        .extend((0..args.per_stream).map(|k| 1 + (i * args.per_stream + k) % (args.services - 1)));
+    services.iter().map(|s| cluster(*s)).collect()
 }
 
 /// `measure` of each process, added up.
@@ -190,6 +272,12 @@ fn sum<T: std::iter::Sum>(
 }
 
 pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
+    if args.storm && args.client == Client::H2 {
+        bail!("--storm needs a client that reconnects: --client tonic, or --grpc-js");
+    }
+    if args.grpc_js.is_some() && args.client == Client::H2 {
+        bail!("--grpc-js and --client h2 are two load generators: choose one");
+    }
     let mut server = spawn_server_in(tempfile::tempdir()?, &[])?;
     let xds = server.xds_addr.context("the server serves no xDS")?;
     let admin = server.admin_addr;
@@ -231,6 +319,7 @@ pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
     }
     let server_cpu = cpu_seconds(&pid.to_string())? - server_cpu;
     let client_cpu = sum(&load.pids(), |pid| cpu_seconds(&pid.to_string()))? - client_cpu;
+    let (total, stale) = server_view(admin, args.streams, Duration::from_secs(30)).await?;
     let (p50, p99, max) = percentiles(&mut latencies);
     let per_stream = (after.saturating_sub(before)) as f64 / args.streams as f64;
     encodes.sort_by(f64::total_cmp);
@@ -273,6 +362,9 @@ pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
         "  resources encoded per round: median {} (distinct resources the streams hold: {}), not per stream",
         encodes.get(encodes.len() / 2).copied().unwrap_or_default(),
         2 * (1 + (args.streams * args.per_stream).min(args.services - 1))
+    );
+    println!(
+        "  the server's view after the rounds (/debug/xds): {total} streams, {stale} not current (unacknowledged, rejected or behind)"
     );
     if args.storm {
         let xds_port = xds.to_string();

@@ -1,5 +1,5 @@
-//! The xDS bench's two load generators behind one face: tonic streams in this process
-//! (xds_streams.rs), or released @grpc/grpc-js in a Node.js process of its own
+//! The xDS bench's load generators behind one face: tonic streams in this process
+//! (xds_streams.rs), lean streams on the h2 crate in this process (xds_h2.rs), or released @grpc/grpc-js in a Node.js process of its own
 //! (`grpc_js/streams.js`), whose transport, status codes and reconnection are those of a gRPC
 //! library users run.
 
@@ -45,10 +45,13 @@ impl Count {
 }
 
 pub enum Load {
-    Tonic {
+    /// Streams in this process: tonic's (xds_streams.rs) or the lean generator's (xds_h2.rs).
+    InProcess {
         acks: Arc<Acks>,
         streams: usize,
         mark: usize,
+        /// The client, as the report names it.
+        client: &'static str,
     },
     /// Node.js processes, each with its share of the streams.
     GrpcJs(Vec<GrpcJs>),
@@ -58,7 +61,7 @@ impl Load {
     /// Notes how many load assignments were ACKed, for `Count::Endpoint`.
     pub async fn mark(&mut self) -> anyhow::Result<()> {
         match self {
-            Load::Tonic { acks, mark, .. } => *mark = acks.endpoint.get(),
+            Load::InProcess { acks, mark, .. } => *mark = acks.endpoint.get(),
             Load::GrpcJs(processes) => {
                 for js in processes {
                     js.mark = js.ask("count").await?["endpoint"]
@@ -76,10 +79,11 @@ impl Load {
         let (mut got, mut wanted) = (0, 0);
         let mut reached = true;
         match self {
-            Load::Tonic {
+            Load::InProcess {
                 acks,
                 streams,
                 mark,
+                ..
             } => {
                 let (counter, goal) = match count {
                     Count::Subscribed => (&acks.subscribed, *streams),
@@ -121,7 +125,7 @@ impl Load {
     async fn codes(&mut self) -> anyhow::Result<BTreeMap<String, (u64, String)>> {
         let mut codes = BTreeMap::new();
         match self {
-            Load::Tonic { acks, .. } => return Ok(acks.codes()),
+            Load::InProcess { acks, .. } => return Ok(acks.codes()),
             Load::GrpcJs(processes) => {
                 for js in processes {
                     let answer = js.ask("errors").await?;
@@ -154,16 +158,16 @@ impl Load {
     }
 
     /// Failures a gRPC client reports as other than UNAVAILABLE: for grpc-js its own codes,
-    /// transport failures included; for tonic the statuses the server sent (tonic's names for
-    /// transport failures, which gRPC clients report as UNAVAILABLE, are left out).
+    /// transport failures included; in this process the statuses the server sent (the names
+    /// for transport failures, which gRPC clients report as UNAVAILABLE, are left out).
     pub async fn beyond_unavailable(&mut self) -> anyhow::Result<u64> {
-        let tonic = matches!(self, Load::Tonic { .. });
+        let in_process = matches!(self, Load::InProcess { .. });
         Ok(self
             .codes()
             .await?
             .iter()
             .filter(|(code, _)| !code.to_uppercase().starts_with("UNAVAILABLE"))
-            .filter(|(code, _)| !(tonic && code.contains(" transport")))
+            .filter(|(code, _)| !(in_process && code.contains(" transport")))
             .map(|(_, (n, _))| n)
             .sum())
     }
@@ -171,7 +175,7 @@ impl Load {
     /// Streams ending from now on end because the run is over.
     pub async fn finish(&mut self) -> anyhow::Result<()> {
         match self {
-            Load::Tonic { acks, .. } => acks.finished.store(true, Ordering::SeqCst),
+            Load::InProcess { acks, .. } => acks.finished.store(true, Ordering::SeqCst),
             Load::GrpcJs(processes) => {
                 for js in processes {
                     js.send("finish").await?;
@@ -181,10 +185,10 @@ impl Load {
         Ok(())
     }
 
-    /// The load generator as the report names it: tonic, or grpc-js with the version installed.
+    /// The load generator as the report names it: tonic, h2, or grpc-js with the version installed.
     pub async fn describe(&mut self) -> anyhow::Result<String> {
         match self {
-            Load::Tonic { .. } => Ok("tonic".to_owned()),
+            Load::InProcess { client, .. } => Ok((*client).to_owned()),
             Load::GrpcJs(processes) => {
                 let count = processes.len();
                 let Some(js) = processes.first_mut() else {
@@ -202,7 +206,7 @@ impl Load {
     /// The processes whose CPU and memory the load costs: this one, or Node's.
     pub fn pids(&self) -> Vec<u32> {
         match self {
-            Load::Tonic { .. } => vec![std::process::id()],
+            Load::InProcess { .. } => vec![std::process::id()],
             Load::GrpcJs(processes) => processes.iter().filter_map(|js| js.child.id()).collect(),
         }
     }

@@ -106,11 +106,29 @@ impl Acks {
         entry.0 += 1;
     }
 
-    fn acked_endpoints(&self, state: &mut StreamState) {
+    /// Counts a failure of the lean generator's (xds_h2.rs), under `code` as tonic names it.
+    pub fn failed_with(&self, code: &str, message: &str) {
+        let mut errors = self
+            .errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = errors
+            .entry(code.to_owned())
+            .or_insert_with(|| (0, message.chars().take(240).collect()));
+        entry.0 += 1;
+    }
+
+    /// Counts a load assignment ACKed by a stream that never reconnects (`subscribed`: it
+    /// ACKed one before).
+    pub fn acked(&self, subscribed: &mut bool) {
         self.endpoint.add();
-        if !std::mem::replace(&mut state.subscribed, true) {
+        if !std::mem::replace(subscribed, true) {
             self.subscribed.add();
         }
+    }
+
+    fn acked_endpoints(&self, state: &mut StreamState) {
+        self.acked(&mut state.subscribed);
         if std::mem::take(&mut state.after_failure) {
             state.back = true;
             self.reconnected.add();

@@ -1,0 +1,293 @@
+//! The xDS bench's lean load generator: the same ADS streams as xds_streams.rs (Envoy's
+//! protos, each response decoded whole and ACKed with the stream's whole subscription), spoken
+//! over the `h2` crate directly, with every stream of a connection driven by one task.
+//!
+//! Why: the load generator shares the two cores with the server it measures. tonic's client
+//! gives every stream two tasks (its loop and the request body's pipe) and a channel between
+//! them, which at 100,000 streams cost about 60 % of the server's own CPU per push; clients on
+//! machines of their own would not take it from the server. The wire is the same (HTTP/2,
+//! gRPC's length-prefixed messages, `grpc-status` in the trailers), and so is every byte the
+//! server reads. It does not reconnect: a failed stream is counted by code and stays down (the
+//! restart's storm runs on tonic or grpc-js, whose reconnection is gRPC's).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use dubbo_cp::coalesce::Coalesced;
+use dubbo_cp::xds::{CLUSTER, ENDPOINT};
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use prost::Message;
+
+use super::xds_streams::Acks;
+
+const SOTW: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+const DELTA: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+
+/// Largest response a stream takes (tonic's default limit for a decoded message).
+const MAX_MESSAGE: usize = 4 * 1024 * 1024;
+
+/// Opens one HTTP/2 connection to `xds` and runs a stream per entry of `streams` (the cluster
+/// names it subscribes to) on it until each fails or the connection ends.
+pub async fn connection(
+    xds: SocketAddr,
+    streams: Vec<Vec<String>>,
+    delta: bool,
+    acks: Arc<Acks>,
+) -> anyhow::Result<()> {
+    let tcp = tokio::net::TcpStream::connect(xds).await?;
+    tcp.set_nodelay(true)?;
+    // Writes go out once per poll of the connection, as gRPC's own clients batch theirs.
+    // The windows hyper's client (tonic's) opens with, so flow control paces both alike.
+    let (client, driver) = h2::client::Builder::new()
+        .initial_window_size(2 * 1024 * 1024)
+        .initial_connection_window_size(5 * 1024 * 1024)
+        .handshake(Coalesced::new(tcp))
+        .await?;
+    let failures = acks.clone();
+    tokio::spawn(async move {
+        if let Err(error) = driver.await {
+            failures.failed_with("Unavailable transport", &format!("connection: {error}"));
+        }
+    });
+    let path = format!("http://{xds}{}", if delta { DELTA } else { SOTW });
+    let mut opened = FuturesUnordered::new();
+    for names in streams {
+        let (client, acks, path) = (client.clone(), acks.clone(), path.clone());
+        opened.push(async move {
+            if let Err(Failure { code, message }) =
+                one_stream(client, &path, &names, delta, &acks).await
+            {
+                acks.failed_with(&code, &message);
+            }
+        });
+    }
+    // Every stream of the connection in this one task: a frame for one wakes only this task.
+    while opened.next().await.is_some() {}
+    Ok(())
+}
+
+/// Why a stream ended: a gRPC status code's name (or the transport's failure) and its message.
+struct Failure {
+    code: String,
+    message: String,
+}
+
+impl Failure {
+    fn transport(error: impl std::fmt::Display) -> Self {
+        Failure {
+            code: "Unavailable transport".to_owned(),
+            message: error.to_string(),
+        }
+    }
+}
+
+async fn one_stream(
+    client: h2::client::SendRequest<Bytes>,
+    path: &str,
+    names: &[String],
+    delta: bool,
+    acks: &Acks,
+) -> Result<(), Failure> {
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .map_err(Failure::transport)?;
+    let mut client = client.ready().await.map_err(Failure::transport)?;
+    let (response, mut send) = client
+        .send_request(request, false)
+        .map_err(Failure::transport)?;
+    let first = |type_url: &str| {
+        if delta {
+            framed(&DeltaDiscoveryRequest {
+                type_url: type_url.into(),
+                resource_names_subscribe: names.to_vec(),
+                node: Some(node()),
+                ..Default::default()
+            })
+        } else {
+            framed(&DiscoveryRequest {
+                type_url: type_url.into(),
+                resource_names: names.to_vec(),
+                node: Some(node()),
+                ..Default::default()
+            })
+        }
+    };
+    for type_url in [CLUSTER, ENDPOINT] {
+        send.send_data(first(type_url), false)
+            .map_err(Failure::transport)?;
+    }
+    let response = response.await.map_err(Failure::transport)?;
+    status_of(response.headers())?;
+    let mut body = response.into_body();
+    let mut buffer = BytesMut::new();
+    let mut subscribed = false;
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.map_err(Failure::transport)?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        buffer.put(chunk);
+        while let Some(message) = next_message(&mut buffer)? {
+            let (type_url, ack) = if delta {
+                let response = DeltaDiscoveryResponse::decode(message).map_err(undecodable)?;
+                let ack = framed(&DeltaDiscoveryRequest {
+                    type_url: response.type_url.clone(),
+                    response_nonce: response.nonce,
+                    ..Default::default()
+                });
+                (response.type_url, ack)
+            } else {
+                let response = DiscoveryResponse::decode(message).map_err(undecodable)?;
+                // The node only in the first requests, as gRPC's xDS clients send it.
+                let ack = framed(&DiscoveryRequest {
+                    type_url: response.type_url.clone(),
+                    resource_names: names.to_vec(),
+                    version_info: response.version_info,
+                    response_nonce: response.nonce,
+                    ..Default::default()
+                });
+                (response.type_url, ack)
+            };
+            send.send_data(ack, false).map_err(Failure::transport)?;
+            if type_url == ENDPOINT {
+                acks.acked(&mut subscribed);
+            }
+        }
+    }
+    match body.trailers().await.map_err(Failure::transport)? {
+        Some(trailers) => status_of(&trailers),
+        None => Err(Failure::transport("the stream ended without trailers")),
+    }
+}
+
+fn node() -> Node {
+    Node {
+        id: "bench".into(),
+        ..Default::default()
+    }
+}
+
+/// `message` as gRPC frames it: uncompressed, its length, its bytes.
+fn framed(message: &impl Message) -> Bytes {
+    let len = message.encoded_len();
+    let mut buffer = BytesMut::with_capacity(5 + len);
+    buffer.put_u8(0);
+    buffer.put_u32(len as u32);
+    // Cannot fail: the buffer has room for the whole message.
+    let _ = message.encode(&mut buffer);
+    buffer.freeze()
+}
+
+/// The next whole message at the front of `buffer`, taken off it.
+fn next_message(buffer: &mut BytesMut) -> Result<Option<Bytes>, Failure> {
+    if buffer.len() < 5 {
+        return Ok(None);
+    }
+    let compressed = buffer[0];
+    let len = u32::from_be_bytes([buffer[1], buffer[2], buffer[3], buffer[4]]) as usize;
+    if compressed != 0 || len > MAX_MESSAGE {
+        return Err(Failure {
+            code: "Internal".to_owned(),
+            message: format!("a message compressed ({compressed}) or of {len} bytes"),
+        });
+    }
+    if buffer.len() < 5 + len {
+        return Ok(None);
+    }
+    buffer.advance(5);
+    Ok(Some(buffer.split_to(len).freeze()))
+}
+
+fn undecodable(error: prost::DecodeError) -> Failure {
+    Failure {
+        code: "Internal".to_owned(),
+        message: format!("a response that does not decode: {error}"),
+    }
+}
+
+/// `Ok` for `grpc-status: 0` or none yet (headers before messages); else the status, named as
+/// tonic names its codes so both generators report alike.
+fn status_of(headers: &http::HeaderMap) -> Result<(), Failure> {
+    let Some(status) = headers.get("grpc-status") else {
+        return Ok(());
+    };
+    let code = status
+        .to_str()
+        .ok()
+        .and_then(|code| code.parse::<i32>().ok())
+        .unwrap_or(2);
+    if code == 0 {
+        return Ok(());
+    }
+    let message = headers
+        .get("grpc-message")
+        .and_then(|message| message.to_str().ok())
+        .unwrap_or_default();
+    Err(Failure {
+        code: format!("{:?}", tonic::Code::from_i32(code)),
+        message: message.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_is_taken_whole_once_its_bytes_are_there() {
+        let request = DiscoveryRequest {
+            type_url: ENDPOINT.into(),
+            resource_names: vec!["a".into(), "b".into()],
+            ..Default::default()
+        };
+        let frame = framed(&request);
+        let mut buffer = BytesMut::from(&frame[..frame.len() - 1]);
+        assert!(matches!(next_message(&mut buffer), Ok(None)));
+        buffer.put_slice(&frame[frame.len() - 1..]);
+        buffer.put_slice(&frame);
+        for _ in 0..2 {
+            let message = match next_message(&mut buffer) {
+                Ok(Some(message)) => message,
+                _ => panic!("a whole message is there"),
+            };
+            assert_eq!(
+                DiscoveryRequest::decode(message).ok(),
+                Some(request.clone())
+            );
+        }
+        assert!(buffer.is_empty());
+    }
+
+    #[test]
+    fn a_compressed_or_oversized_message_fails_the_stream() {
+        let mut buffer = BytesMut::from(&[1u8, 0, 0, 0, 1, 0][..]);
+        assert!(next_message(&mut buffer).is_err());
+        let mut buffer = BytesMut::new();
+        buffer.put_u8(0);
+        buffer.put_u32(MAX_MESSAGE as u32 + 1);
+        assert!(next_message(&mut buffer).is_err());
+    }
+
+    #[test]
+    fn a_status_is_named_as_tonic_names_it() {
+        let mut headers = http::HeaderMap::new();
+        assert!(status_of(&headers).is_ok());
+        headers.insert("grpc-status", http::HeaderValue::from_static("14"));
+        headers.insert("grpc-message", http::HeaderValue::from_static("going"));
+        let failure = status_of(&headers).err().map(|f| (f.code, f.message));
+        assert_eq!(
+            failure,
+            Some(("Unavailable".to_owned(), "going".to_owned()))
+        );
+    }
+}
