@@ -222,10 +222,11 @@ async fn start_load(args: &XdsArgs, xds: SocketAddr) -> anyhow::Result<Load> {
             let streams = (c * per_connection..((c + 1) * per_connection).min(args.streams))
                 .map(|i| names(args, i))
                 .collect();
+            let client = super::xds_h2::connect(xds, &acks).await?;
             let (acks, delta) = (acks.clone(), args.delta);
             tokio::spawn(async move {
                 if let Err(error) =
-                    super::xds_h2::connection(xds, streams, delta, acks.clone()).await
+                    super::xds_h2::run_streams(client, xds, streams, delta, acks.clone()).await
                 {
                     acks.failed_with("Unavailable transport", &format!("{error:#}"));
                 }

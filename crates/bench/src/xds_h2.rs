@@ -22,6 +22,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use h2::client::SendRequest;
 use prost::Message;
 
 use super::xds_streams::Acks;
@@ -34,14 +35,10 @@ const DELTA: &str =
 /// Largest response a stream takes (tonic's default limit for a decoded message).
 const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 
-/// Opens one HTTP/2 connection to `xds` and runs a stream per entry of `streams` (the cluster
-/// names it subscribes to) on it until each fails or the connection ends.
-pub async fn connection(
-    xds: SocketAddr,
-    streams: Vec<Vec<String>>,
-    delta: bool,
-    acks: Arc<Acks>,
-) -> anyhow::Result<()> {
+/// Opens one HTTP/2 connection to `xds`, driven by a task of its own. Connections are opened
+/// one after another, as the tonic generator's are: a thousand connects at once overflow the
+/// server's accept queue, and this client does not retry.
+pub async fn connect(xds: SocketAddr, acks: &Arc<Acks>) -> anyhow::Result<SendRequest<Bytes>> {
     let tcp = tokio::net::TcpStream::connect(xds).await?;
     tcp.set_nodelay(true)?;
     // Writes go out once per poll of the connection, as gRPC's own clients batch theirs.
@@ -57,20 +54,51 @@ pub async fn connection(
             failures.failed_with("Unavailable transport", &format!("connection: {error}"));
         }
     });
+    Ok(client)
+}
+
+/// Runs a stream per entry of `streams` (the cluster names it subscribes to) on `client`'s
+/// connection until each fails or the connection ends.
+pub async fn run_streams(
+    mut client: SendRequest<Bytes>,
+    xds: SocketAddr,
+    streams: Vec<Vec<String>>,
+    delta: bool,
+    acks: Arc<Acks>,
+) -> anyhow::Result<()> {
     let path = format!("http://{xds}{}", if delta { DELTA } else { SOTW });
-    let mut opened = FuturesUnordered::new();
-    for names in streams {
-        let (client, acks, path) = (client.clone(), acks.clone(), path.clone());
-        opened.push(async move {
-            if let Err(Failure { code, message }) =
-                one_stream(client, &path, &names, delta, &acks).await
-            {
-                acks.failed_with(&code, &message);
+    let mut waiting = streams.into_iter();
+    let mut next = waiting.next();
+    let mut running = FuturesUnordered::new();
+    // Streams are opened here, one at a time (h2 wakes one waiter for room to open a stream,
+    // so openers on clones of the client would lose wakeups), while those opened run: every
+    // stream of the connection in this one task, so a frame for one wakes only this task.
+    loop {
+        tokio::select! {
+            ready = std::future::poll_fn(|cx| client.poll_ready(cx)), if next.is_some() => {
+                ready?;
+                let Some(names) = next.take() else { continue };
+                next = waiting.next();
+                let request = http::Request::builder()
+                    .method("POST")
+                    .uri(&path)
+                    .header("content-type", "application/grpc")
+                    .header("te", "trailers")
+                    .body(())?;
+                let (response, send) = client.send_request(request, false)?;
+                let acks = acks.clone();
+                running.push(async move {
+                    if let Err(Failure { code, message }) =
+                        one_stream(response, send, &names, delta, &acks).await
+                    {
+                        acks.failed_with(&code, &message);
+                    }
+                });
             }
-        });
+            Some(()) = running.next(), if !running.is_empty() => {}
+            else => break,
+        }
     }
-    // Every stream of the connection in this one task: a frame for one wakes only this task.
-    while opened.next().await.is_some() {}
     Ok(())
 }
 
@@ -90,23 +118,12 @@ impl Failure {
 }
 
 async fn one_stream(
-    client: h2::client::SendRequest<Bytes>,
-    path: &str,
+    response: h2::client::ResponseFuture,
+    mut send: h2::SendStream<Bytes>,
     names: &[String],
     delta: bool,
     acks: &Acks,
 ) -> Result<(), Failure> {
-    let request = http::Request::builder()
-        .method("POST")
-        .uri(path)
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .map_err(Failure::transport)?;
-    let mut client = client.ready().await.map_err(Failure::transport)?;
-    let (response, mut send) = client
-        .send_request(request, false)
-        .map_err(Failure::transport)?;
     let first = |type_url: &str| {
         if delta {
             framed(&DeltaDiscoveryRequest {
