@@ -93,7 +93,7 @@ impl DeltaStream {
             } else {
                 state.subscribed.remove(name);
                 state.absent.remove(name);
-                state.known.remove(name);
+                state.known.remove(name.as_str());
             }
         }
         if first
@@ -147,7 +147,7 @@ impl DeltaStream {
             state
                 .known
                 .keys()
-                .any(|name| !resources.iter().any(|(n, _)| n == name))
+                .any(|name| !resources.iter().any(|(n, _)| **n == **name))
         })
     }
 
@@ -174,8 +174,8 @@ impl DeltaStream {
         let mut removed: Vec<String> = state
             .known
             .keys()
-            .filter(|name| !present.contains(name.as_str()))
-            .cloned()
+            .filter(|name| !present.contains(&***name))
+            .map(|name| name.to_string())
             .collect();
         removed.extend(
             state
@@ -191,7 +191,7 @@ impl DeltaStream {
         let mut changed = Vec::new();
         for (name, any) in resources {
             let resource_version = format!("{:016x}", digest(&any));
-            match state.known.get_mut(&name) {
+            match state.known.get_mut(name.as_str()) {
                 Some(held) if held.version.as_deref() == Some(resource_version.as_str()) => {
                     // Held at this version (perhaps only claimed on reconnect): this version's
                     // encoding, for the dump, without sending it.
@@ -209,7 +209,7 @@ impl DeltaStream {
         let number = self.nonces;
         let mut newly_absent = Vec::new();
         for name in &removed {
-            state.known.remove(name);
+            state.known.remove(name.as_str());
             if state.subscribed.contains(name) && state.absent.insert(name.clone()).is_none() {
                 newly_absent.push(name);
             }
@@ -220,8 +220,8 @@ impl DeltaStream {
             .into_iter()
             .map(|(name, version, any)| {
                 known.insert(
-                    name.clone(),
-                    Held::sent(any.clone(), Some(version.clone()), number),
+                    name.as_str().into(),
+                    Held::sent(any.clone(), Some(version.as_str().into()), number),
                 );
                 Resource {
                     name,
@@ -275,8 +275,8 @@ impl DeltaStream {
         }
         // What it holds is read in place, in the names' order; a touched name known absent
         // that exists now would be new. Nothing changes before that is known.
-        let mut changed: Vec<(String, String, Arc<Any>)> = Vec::new();
-        let mut repointed: Vec<(String, Arc<Any>)> = Vec::new();
+        let mut changed: Vec<(Arc<str>, String, Arc<Any>)> = Vec::new();
+        let mut repointed: Vec<(Arc<str>, Arc<Any>)> = Vec::new();
         for (name, held) in state.known.iter() {
             let resource = held.resource.as_ref()?;
             if !touches(name) {
@@ -299,7 +299,7 @@ impl DeltaStream {
         }
         // Held at this version: this version's encoding, for the dump, without sending it.
         for (name, any) in repointed {
-            if let Some(held) = state.known.get_mut(&name) {
+            if let Some(held) = state.known.get_mut(&*name) {
                 held.resource = Some(any);
             }
         }
@@ -313,10 +313,10 @@ impl DeltaStream {
             .map(|(name, resource_version, any)| {
                 state.known.insert(
                     name.clone(),
-                    Held::sent(any.clone(), Some(resource_version.clone()), number),
+                    Held::sent(any.clone(), Some(resource_version.as_str().into()), number),
                 );
                 Resource {
-                    name,
+                    name: name.to_string(),
                     version: resource_version,
                     resource: Some(Arc::unwrap_or_clone(any)),
                     ..Default::default()

@@ -69,7 +69,7 @@ pub fn client_config(client: &ClientStatus) -> ClientConfig {
                 .unwrap_or_default();
             let mut config = GenericXdsConfig {
                 type_url: (*type_url).to_owned(),
-                name: name.clone(),
+                name: name.to_string(),
                 version_info: version,
                 xds_config: held.resource.as_deref().cloned(),
                 ..Default::default()

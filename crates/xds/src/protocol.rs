@@ -359,7 +359,7 @@ impl Stream {
             .is_some_and(|sent| {
                 sent.held
                     .keys()
-                    .any(|name| !resources.iter().any(|(n, _)| n == name))
+                    .any(|name| !resources.iter().any(|(n, _)| **n == **name))
             })
     }
 
@@ -433,6 +433,7 @@ impl Stream {
         let nonce = number.to_string();
         let mut held = sent.held.clone();
         let mut carried = Vec::new();
+        let shared_version: Arc<str> = version.into();
         for (name, same, _, any) in updates {
             let Some(entry) = held.get_mut(name) else {
                 continue;
@@ -442,7 +443,7 @@ impl Stream {
                 entry.resource = Some(any);
             } else {
                 carried.push(any.clone());
-                *entry = Held::sent(any, Some(version.to_owned()), number);
+                *entry = Held::sent(any, Some(shared_version.clone()), number);
             }
         }
         // The names held are the same, so what is absent is too (and was logged when it was
@@ -477,7 +478,7 @@ impl Stream {
             sent.held.len() == resources.len()
                 && resources.iter().all(|(name, any)| {
                     sent.held
-                        .get(name)
+                        .get(name.as_str())
                         .and_then(|held| held.resource.as_ref())
                         .is_some_and(|held| same(held, any))
                 })
@@ -506,11 +507,12 @@ impl Stream {
         let partial = !force && matches!(type_url, ENDPOINT | ROUTE);
         let before = partial.then_some(&state.accepted);
         let mut carried = Vec::with_capacity(resources.len());
+        let shared_version: Arc<str> = version.into();
         let held: HeldResources = resources
             .iter()
             .map(|(name, any)| {
                 let kept = before
-                    .and_then(|held| held.get(name))
+                    .and_then(|held| held.get(name.as_str()))
                     .filter(|held| held.resource.as_ref().is_some_and(|r| same(r, any)));
                 let held = match kept {
                     Some(kept) => Held {
@@ -519,7 +521,7 @@ impl Stream {
                     },
                     None => {
                         carried.push(any.clone());
-                        Held::sent(any.clone(), partial.then(|| version.to_owned()), number)
+                        Held::sent(any.clone(), partial.then(|| shared_version.clone()), number)
                     }
                 };
                 (name.clone(), held)
