@@ -19,6 +19,9 @@ use crate::{CLUSTER, ENDPOINT};
 /// apart and look everything up (a large burst costs what it cost before, nothing more).
 const MAX_CHANGED_SERVICES: usize = 1_000;
 
+/// Changed services few enough to compare a name with each rather than parse and hash it.
+const FEW: usize = 4;
+
 /// What may differ from the version before (`previous`).
 #[derive(Debug, Default)]
 pub struct Changes {
@@ -69,6 +72,19 @@ impl Changes {
 
     /// Whether the resource `name` of `type_url` may differ from the previous version's.
     pub(crate) fn touches(&self, type_url: &str, name: &str) -> bool {
+        // A cluster's name ends with its service's FQDN, and every FQDN whose clusters may
+        // differ has load assignments that may: when those are few, a name ending with none
+        // of them is untouched, told without parsing it or hashing (at an endpoint change
+        // every stream asks this of every name it holds).
+        if matches!(type_url, CLUSTER | ENDPOINT)
+            && self.endpoints.len() <= FEW
+            && !self
+                .endpoints
+                .iter()
+                .any(|fqdn| name.ends_with(fqdn.as_str()))
+        {
+            return false;
+        }
         // `outbound|<port>|<subset>|<fqdn>`; a name of another form names no cluster at any
         // version, so it cannot have changed.
         let Some((subset, fqdn)) = cluster_parts(name) else {
@@ -211,6 +227,50 @@ mod tests {
         assert_eq!(cluster_parts("outbound|80|"), None);
         assert_eq!(cluster_parts("outbound|80"), None);
         assert!(!changes.touches(ENDPOINT, &format!("{}|x", cluster("a", ""))));
+    }
+
+    #[test]
+    fn a_few_changed_services_are_told_by_their_names_ends_as_by_parsing() {
+        let fqdn = |name: &str| format!("{name}.shop.svc.cluster.local");
+        let few = Changes {
+            previous: 1,
+            endpoints: [fqdn("a"), fqdn("b")].into_iter().collect(),
+            clusters: [fqdn("b")].into_iter().collect(),
+        };
+        // The same changes with more services than FEW, which are parsed: the unrelated
+        // services added change no answer about these names.
+        let mut many = Changes {
+            previous: 1,
+            endpoints: few.endpoints.clone(),
+            clusters: few.clusters.clone(),
+        };
+        many.endpoints
+            .extend((0..FEW).map(|i| fqdn(&format!("unrelated-{i}"))));
+        assert!(many.endpoints.len() > FEW);
+        let names = [
+            cluster("a", ""),
+            cluster("a", "tag-gray"),
+            cluster("b", ""),
+            cluster("b", "tag-gray"),
+            cluster("ba", ""),
+            cluster("c", ""),
+            fqdn("a"),
+            format!("x|{}", fqdn("a")),
+            format!("outbound|7070|tag|x.{}", fqdn("a")),
+            "outbound|7070||".to_owned(),
+        ];
+        for type_url in [CLUSTER, ENDPOINT, crate::LISTENER, crate::ROUTE] {
+            for name in &names {
+                assert_eq!(
+                    few.touches(type_url, name),
+                    many.touches(type_url, name),
+                    "{type_url} {name}"
+                );
+            }
+        }
+        assert!(few.touches(ENDPOINT, &cluster("a", "")));
+        assert!(few.touches(CLUSTER, &cluster("b", "")));
+        assert!(!few.touches(ENDPOINT, &cluster("ba", "")));
     }
 
     #[test]
