@@ -320,7 +320,10 @@ pub async fn run(args: XdsArgs) -> anyhow::Result<()> {
     }
     let server_cpu = cpu_seconds(&pid.to_string())? - server_cpu;
     let client_cpu = sum(&load.pids(), |pid| cpu_seconds(&pid.to_string()))? - client_cpu;
-    let (total, stale) = server_view(admin, args.streams, Duration::from_secs(30)).await?;
+    let (total, stale) = match server_view(admin, args.streams, Duration::from_secs(30)).await {
+        Ok(view) => view,
+        Err(error) => bail!("{error:#}; stream failures: {}", load.errors().await?),
+    };
     let (p50, p99, max) = percentiles(&mut latencies);
     let per_stream = (after.saturating_sub(before)) as f64 / args.streams as f64;
     encodes.sort_by(f64::total_cmp);

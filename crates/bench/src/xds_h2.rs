@@ -12,6 +12,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use dubbo_cp::coalesce::Coalesced;
@@ -44,6 +45,9 @@ pub async fn connect(xds: SocketAddr, acks: &Arc<Acks>) -> anyhow::Result<SendRe
     // Writes go out once per poll of the connection, as gRPC's own clients batch theirs.
     // The windows hyper's client (tonic's) opens with, so flow control paces both alike.
     let (client, driver) = h2::client::Builder::new()
+        // hyper's too: at most 100 streams opened before the server's own limit is known.
+        .initial_max_send_streams(100)
+        .enable_push(false)
         .initial_window_size(2 * 1024 * 1024)
         .initial_connection_window_size(5 * 1024 * 1024)
         .handshake(Coalesced::new(tcp))
@@ -76,7 +80,6 @@ pub async fn run_streams(
     loop {
         tokio::select! {
             ready = std::future::poll_fn(|cx| client.poll_ready(cx)), if next.is_some() => {
-                ready?;
                 let Some(names) = next.take() else { continue };
                 next = waiting.next();
                 let request = http::Request::builder()
@@ -85,15 +88,26 @@ pub async fn run_streams(
                     .header("content-type", "application/grpc")
                     .header("te", "trailers")
                     .body(())?;
-                let (response, send) = client.send_request(request, false)?;
-                let acks = acks.clone();
-                running.push(async move {
-                    if let Err(Failure { code, message }) =
-                        one_stream(response, send, &names, delta, &acks).await
-                    {
-                        acks.failed_with(&code, &message);
+                match ready.and_then(|()| client.send_request(request, false)) {
+                    Ok((response, send)) => {
+                        let acks = acks.clone();
+                        running.push(async move {
+                            let Failure { code, message } =
+                                one_stream(response, send, &names, delta, &acks).await;
+                            if !acks.finished.load(Ordering::SeqCst) {
+                                acks.failed_with(&code, &message);
+                            }
+                        });
                     }
-                });
+                    // The connection is gone: this stream and those not opened yet fail
+                    // with it, and the opened ones end as they will.
+                    Err(error) => {
+                        for _ in std::iter::once(names).chain(waiting.by_ref()) {
+                            acks.failed_with("Unavailable transport", &error.to_string());
+                        }
+                        next = None;
+                    }
+                }
             }
             Some(()) = running.next(), if !running.is_empty() => {}
             else => break,
@@ -117,13 +131,28 @@ impl Failure {
     }
 }
 
+/// Runs one stream to its end, and says why it ended: as for tonic's streams, every end is
+/// counted, a status of OK too (a gRPC client would reconnect after it).
 async fn one_stream(
+    response: h2::client::ResponseFuture,
+    send: h2::SendStream<Bytes>,
+    names: &[String],
+    delta: bool,
+    acks: &Acks,
+) -> Failure {
+    match streaming(response, send, names, delta, acks).await {
+        Ok(ended) | Err(ended) => ended,
+    }
+}
+
+/// The stream's life: `Ok` with the status it ended with, `Err` on a failure on the way.
+async fn streaming(
     response: h2::client::ResponseFuture,
     mut send: h2::SendStream<Bytes>,
     names: &[String],
     delta: bool,
     acks: &Acks,
-) -> Result<(), Failure> {
+) -> Result<Failure, Failure> {
     let first = |type_url: &str| {
         if delta {
             framed(&DeltaDiscoveryRequest {
@@ -146,45 +175,55 @@ async fn one_stream(
             .map_err(Failure::transport)?;
     }
     let response = response.await.map_err(Failure::transport)?;
-    status_of(response.headers())?;
+    if response.status() != http::StatusCode::OK {
+        return Err(Failure {
+            code: "Unknown".to_owned(),
+            message: format!("HTTP status {}", response.status()),
+        });
+    }
+    // A response of headers only carries its status in them.
+    if response.headers().contains_key("grpc-status") {
+        return Ok(ended(response.headers()));
+    }
     let mut body = response.into_body();
     let mut buffer = BytesMut::new();
     let mut subscribed = false;
+    // The version of the last load assignment counted: each counts once.
+    let mut counted = String::new();
     while let Some(chunk) = body.data().await {
         let chunk = chunk.map_err(Failure::transport)?;
         let _ = body.flow_control().release_capacity(chunk.len());
         buffer.put(chunk);
         while let Some(message) = next_message(&mut buffer)? {
-            let (type_url, ack) = if delta {
+            let (type_url, version, ack) = if delta {
                 let response = DeltaDiscoveryResponse::decode(message).map_err(undecodable)?;
                 let ack = framed(&DeltaDiscoveryRequest {
                     type_url: response.type_url.clone(),
                     response_nonce: response.nonce,
                     ..Default::default()
                 });
-                (response.type_url, ack)
+                (response.type_url, response.system_version_info, ack)
             } else {
                 let response = DiscoveryResponse::decode(message).map_err(undecodable)?;
                 // The node only in the first requests, as gRPC's xDS clients send it.
                 let ack = framed(&DiscoveryRequest {
                     type_url: response.type_url.clone(),
                     resource_names: names.to_vec(),
-                    version_info: response.version_info,
+                    version_info: response.version_info.clone(),
                     response_nonce: response.nonce,
                     ..Default::default()
                 });
-                (response.type_url, ack)
+                (response.type_url, response.version_info, ack)
             };
             send.send_data(ack, false).map_err(Failure::transport)?;
-            if type_url == ENDPOINT {
+            if type_url == ENDPOINT && version != counted {
+                counted = version;
                 acks.acked(&mut subscribed);
             }
         }
     }
-    match body.trailers().await.map_err(Failure::transport)? {
-        Some(trailers) => status_of(&trailers),
-        None => Err(Failure::transport("the stream ended without trailers")),
-    }
+    let trailers = body.trailers().await.map_err(Failure::transport)?;
+    Ok(ended(&trailers.unwrap_or_default()))
 }
 
 fn node() -> Node {
@@ -232,28 +271,32 @@ fn undecodable(error: prost::DecodeError) -> Failure {
     }
 }
 
-/// `Ok` for `grpc-status: 0` or none yet (headers before messages); else the status, named as
-/// tonic names its codes so both generators report alike.
-fn status_of(headers: &http::HeaderMap) -> Result<(), Failure> {
-    let Some(status) = headers.get("grpc-status") else {
-        return Ok(());
+/// The status a stream ended with, from its trailers, named as tonic names its codes so both
+/// generators report alike (none: Unknown, as gRPC's clients take it).
+fn ended(trailers: &http::HeaderMap) -> Failure {
+    let Some(status) = trailers.get("grpc-status") else {
+        return Failure {
+            code: "Unknown".to_owned(),
+            message: "the stream ended without a grpc-status".to_owned(),
+        };
     };
     let code = status
         .to_str()
         .ok()
         .and_then(|code| code.parse::<i32>().ok())
         .unwrap_or(2);
-    if code == 0 {
-        return Ok(());
-    }
-    let message = headers
+    let message = trailers
         .get("grpc-message")
         .and_then(|message| message.to_str().ok())
-        .unwrap_or_default();
-    Err(Failure {
+        .unwrap_or(if code == 0 {
+            "the server ended the stream"
+        } else {
+            ""
+        });
+    Failure {
         code: format!("{:?}", tonic::Code::from_i32(code)),
         message: message.to_owned(),
-    })
+    }
 }
 
 #[cfg(test)]
@@ -296,15 +339,23 @@ mod tests {
     }
 
     #[test]
-    fn a_status_is_named_as_tonic_names_it() {
+    fn every_end_is_named_as_tonic_names_it() {
+        let named = |headers: &http::HeaderMap| {
+            let Failure { code, message } = ended(headers);
+            (code, message)
+        };
         let mut headers = http::HeaderMap::new();
-        assert!(status_of(&headers).is_ok());
+        assert_eq!(named(&headers).0, "Unknown");
+        headers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        assert_eq!(
+            named(&headers),
+            ("Ok".to_owned(), "the server ended the stream".to_owned())
+        );
         headers.insert("grpc-status", http::HeaderValue::from_static("14"));
         headers.insert("grpc-message", http::HeaderValue::from_static("going"));
-        let failure = status_of(&headers).err().map(|f| (f.code, f.message));
         assert_eq!(
-            failure,
-            Some(("Unavailable".to_owned(), "going".to_owned()))
+            named(&headers),
+            ("Unavailable".to_owned(), "going".to_owned())
         );
     }
 }

@@ -248,6 +248,8 @@ async fn sotw_stream(
         .stream_aggregated_resources(ReceiverStream::new(rx))
         .await?
         .into_inner();
+    // The version of the last load assignment counted: each counts once.
+    let mut counted = String::new();
     while let Some(response) = responses.message().await? {
         state.backoff = Duration::from_secs(1);
         tx.send(request(
@@ -257,7 +259,8 @@ async fn sotw_stream(
         ))
         .await
         .map_err(closed)?;
-        if response.type_url == ENDPOINT {
+        if response.type_url == ENDPOINT && response.version_info != counted {
+            counted = response.version_info;
             acks.acked_endpoints(state);
         }
     }
@@ -285,6 +288,7 @@ async fn delta_stream(
         .delta_aggregated_resources(ReceiverStream::new(rx))
         .await?
         .into_inner();
+    let mut counted = String::new();
     while let Some(response) = responses.message().await? {
         state.backoff = Duration::from_secs(1);
         tx.send(DeltaDiscoveryRequest {
@@ -294,7 +298,8 @@ async fn delta_stream(
         })
         .await
         .map_err(closed)?;
-        if response.type_url == ENDPOINT {
+        if response.type_url == ENDPOINT && response.system_version_info != counted {
+            counted = response.system_version_info;
             acks.acked_endpoints(state);
         }
     }

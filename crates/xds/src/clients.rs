@@ -25,9 +25,9 @@ pub struct Nack {
 pub struct Held {
     /// Its own version (delta streams); on state-of-the-world streams, the version of the
     /// response that carried it for routes and load assignments (which are sent only when they
-    /// change), else `None` (the type's). Boxed: a stream holds one entry per resource, and
-    /// every byte counts per stream. Shared (`Arc`): the entries one response carries share
-    /// one, and copying a map's leaf when an entry changes copies none.
+    /// change), else `None` (the type's). Behind a pointer: a stream holds one entry per
+    /// resource, and every byte counts per stream; shared (`Arc`): the entries one response
+    /// carries share one, and copying a map's leaf when an entry changes copies none.
     pub version: Option<Arc<str>>,
     /// Its encoding; `None` for what a reconnecting delta client said it holds, until it is
     /// seen in a snapshot at that version.

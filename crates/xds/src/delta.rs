@@ -74,7 +74,7 @@ impl DeltaStream {
                         resource: None,
                         nonce: 0,
                     };
-                    (name.clone(), held)
+                    (Arc::from(name.as_str()), held)
                 })
                 .collect();
         }

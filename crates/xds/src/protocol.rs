@@ -507,7 +507,7 @@ impl Stream {
         let partial = !force && matches!(type_url, ENDPOINT | ROUTE);
         let before = partial.then_some(&state.accepted);
         let mut carried = Vec::with_capacity(resources.len());
-        let shared_version: Arc<str> = version.into();
+        let shared_version: Option<Arc<str>> = partial.then(|| version.into());
         let held: HeldResources = resources
             .iter()
             .map(|(name, any)| {
@@ -521,10 +521,10 @@ impl Stream {
                     },
                     None => {
                         carried.push(any.clone());
-                        Held::sent(any.clone(), partial.then(|| shared_version.clone()), number)
+                        Held::sent(any.clone(), shared_version.clone(), number)
                     }
                 };
-                (name.clone(), held)
+                (Arc::from(name.as_str()), held)
             })
             .collect();
         let absent: imbl::OrdSet<String> = state

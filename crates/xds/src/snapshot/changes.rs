@@ -67,6 +67,9 @@ impl Changes {
                 return None;
             }
         }
+        // `touches` relies on it: a service whose clusters may differ has load assignments
+        // that may.
+        debug_assert!(changes.clusters.is_subset(&changes.endpoints));
         Some(changes)
     }
 
