@@ -138,17 +138,23 @@ fn spawn_process(data_dir: &std::path::Path, extra: &[&str]) -> anyhow::Result<S
 
 /// Whether `/readyz` on `admin` answers 200.
 pub async fn readyz(admin: SocketAddr) -> anyhow::Result<bool> {
+    Ok(admin_get(admin, "/readyz")
+        .await?
+        .starts_with("HTTP/1.1 200"))
+}
+
+/// The whole HTTP/1.1 response (status line, headers, body) to `GET path` on `admin`.
+pub async fn admin_get(admin: SocketAddr, path: &str) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(admin).await?;
     stream
         .write_all(
-            format!("GET /readyz HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
+            format!("GET {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n").as_bytes(),
         )
         .await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
-    Ok(response.starts_with("HTTP/1.1 200"))
+    Ok(response)
 }
 
 pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {

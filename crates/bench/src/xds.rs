@@ -17,7 +17,7 @@ use anyhow::{Context, bail};
 use dubbo_cp::coalesce::Coalesced;
 use tonic::transport::Channel;
 
-use super::fanout::{cpu_seconds, rss_kib, spawn_server_in};
+use super::fanout::{admin_get, cpu_seconds, rss_kib, spawn_server_in};
 use super::load::{ms, percentiles};
 use super::xds_load::{Count, GrpcJs, Load, Streams};
 use super::xds_streams::{Acks, client};
@@ -114,17 +114,8 @@ async fn apply(admin: SocketAddr, manifest: &str) -> anyhow::Result<()> {
 }
 
 async fn metric(admin: SocketAddr, name: &str) -> anyhow::Result<f64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(admin).await?;
-    stream
-        .write_all(
-            format!("GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    Ok(response
+    Ok(admin_get(admin, "/metrics")
+        .await?
         .lines()
         .find_map(|line| {
             let (key, value) = line.split_once(' ')?;
@@ -143,20 +134,9 @@ async fn server_view(
     streams: usize,
     timeout: Duration,
 ) -> anyhow::Result<(u64, u64)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let deadline = Instant::now() + timeout;
     loop {
-        let mut stream = tokio::net::TcpStream::connect(admin).await?;
-        stream
-            .write_all(
-                format!(
-                    "GET /debug/xds?limit=1 HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
-                )
-                .as_bytes(),
-            )
-            .await?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await?;
+        let response = admin_get(admin, "/debug/xds?limit=1").await?;
         let body = response
             .split_once("\r\n\r\n")
             .map(|(_, body)| body)

@@ -271,30 +271,22 @@ fn undecodable(error: prost::DecodeError) -> Failure {
     }
 }
 
-/// The status a stream ended with, from its trailers, named as tonic names its codes so both
-/// generators report alike (none: Unknown, as gRPC's clients take it).
+/// The status a stream ended with, from its trailers, read as tonic reads them (its message
+/// percent-decoded) and named as tonic names its codes, so both generators report alike (no
+/// status: Unknown, as gRPC's clients take it).
 fn ended(trailers: &http::HeaderMap) -> Failure {
-    let Some(status) = trailers.get("grpc-status") else {
+    let Some(status) = tonic::Status::from_header_map(trailers) else {
         return Failure {
             code: "Unknown".to_owned(),
             message: "the stream ended without a grpc-status".to_owned(),
         };
     };
-    let code = status
-        .to_str()
-        .ok()
-        .and_then(|code| code.parse::<i32>().ok())
-        .unwrap_or(2);
-    let message = trailers
-        .get("grpc-message")
-        .and_then(|message| message.to_str().ok())
-        .unwrap_or(if code == 0 {
-            "the server ended the stream"
-        } else {
-            ""
-        });
+    let message = match status.message() {
+        "" if status.code() == tonic::Code::Ok => "the server ended the stream",
+        message => message,
+    };
     Failure {
-        code: format!("{:?}", tonic::Code::from_i32(code)),
+        code: format!("{:?}", status.code()),
         message: message.to_owned(),
     }
 }
@@ -352,10 +344,13 @@ mod tests {
             ("Ok".to_owned(), "the server ended the stream".to_owned())
         );
         headers.insert("grpc-status", http::HeaderValue::from_static("14"));
-        headers.insert("grpc-message", http::HeaderValue::from_static("going"));
+        headers.insert(
+            "grpc-message",
+            http::HeaderValue::from_static("going%20away"),
+        );
         assert_eq!(
             named(&headers),
-            ("Unavailable".to_owned(), "going".to_owned())
+            ("Unavailable".to_owned(), "going away".to_owned())
         );
     }
 }

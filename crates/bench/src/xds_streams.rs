@@ -90,23 +90,16 @@ impl Acks {
     /// own clients report every such failure as UNAVAILABLE and retry it, whatever code tonic
     /// gives it. The first message of each carries its cause's chain.
     fn failed(&self, status: &tonic::Status, reconnecting: bool) {
-        let mut errors = self
-            .errors
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let from = if std::error::Error::source(status).is_some() {
             " transport"
         } else {
             ""
         };
         let when = if reconnecting { " reconnecting" } else { "" };
-        let entry = errors
-            .entry(format!("{:?}{from}{when}", status.code()))
-            .or_insert_with(|| (0, cause(status)));
-        entry.0 += 1;
+        self.failed_with(&format!("{:?}{from}{when}", status.code()), &cause(status));
     }
 
-    /// Counts a failure of the lean generator's (xds_h2.rs), under `code` as tonic names it.
+    /// Counts a failure under `code` (as tonic names codes), keeping its first message.
     pub fn failed_with(&self, code: &str, message: &str) {
         let mut errors = self
             .errors
