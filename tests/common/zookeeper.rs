@@ -111,12 +111,7 @@ impl ZooKeeper {
 
     /// A four-letter command's answer (`wchs`: how many watches the server holds).
     pub fn four_letters(&self, command: &str) -> String {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        stream.write_all(command.as_bytes()).unwrap();
-        let mut answer = String::new();
-        let _ = stream.read_to_string(&mut answer);
-        answer
+        four_letters(self.port, command)
     }
 
     /// A client of this server, as an SDK would hold one.
@@ -248,4 +243,163 @@ pub async fn wait_node(client: &zookeeper_client::Client, path: &str, expected: 
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Three ZooKeeper servers on loopback forming one ensemble (Debian's package, the same jar),
+/// each stoppable and startable on its own with its data kept: a rolling restart.
+pub struct Ensemble {
+    servers: Vec<Option<Child>>,
+    /// Client ports, by server.
+    pub ports: Vec<u16>,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Ensemble {
+    fn drop(&mut self) {
+        for i in 0..self.servers.len() {
+            self.stop(i);
+        }
+    }
+}
+
+fn free_ports(count: usize) -> Vec<u16> {
+    // Held together while picking, so no two are alike.
+    let listeners: Vec<std::net::TcpListener> = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+impl Ensemble {
+    /// Starts three servers and waits until the ensemble serves.
+    pub async fn start() -> Ensemble {
+        super::install_package("zookeeper", &|| {
+            std::path::Path::new(JAR).exists() && which("java")
+        });
+        let ports = free_ports(9);
+        let dir = tempfile::tempdir().unwrap();
+        let peers: String = (0..3)
+            .map(|i| {
+                format!(
+                    "server.{}=127.0.0.1:{}:{}\n",
+                    i + 1,
+                    ports[3 + i],
+                    ports[6 + i]
+                )
+            })
+            .collect();
+        for (i, client_port) in ports[..3].iter().enumerate() {
+            let data = dir.path().join(format!("s{}", i + 1));
+            std::fs::create_dir_all(&data).unwrap();
+            std::fs::write(data.join("myid"), format!("{}\n", i + 1)).unwrap();
+            std::fs::write(
+                dir.path().join(format!("zoo{}.cfg", i + 1)),
+                format!(
+                    "tickTime={TICK_MS}\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={}\n\
+                     clientPortAddress=127.0.0.1\nminSessionTimeout={}\nmaxSessionTimeout={}\n\
+                     admin.enableServer=false\nmaxClientCnxns=0\n\
+                     4lw.commands.whitelist=ruok,srvr,mntr\n{peers}",
+                    data.display(),
+                    client_port,
+                    TICK_MS * 2,
+                    TICK_MS * 20,
+                ),
+            )
+            .unwrap();
+        }
+        let mut ensemble = Ensemble {
+            servers: vec![None, None, None],
+            ports: ports[..3].to_vec(),
+            dir,
+        };
+        for i in 0..3 {
+            ensemble.spawn(i);
+        }
+        for i in 0..3 {
+            ensemble.wait_serving(i).await;
+        }
+        ensemble
+    }
+
+    /// The connect string of all three.
+    pub fn address(&self) -> String {
+        self.ports
+            .iter()
+            .map(|port| format!("127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn spawn(&mut self, i: usize) {
+        assert!(self.servers[i].is_none(), "server {i} already runs");
+        let log_dir = self.dir.path().join(format!("log{}", i + 1));
+        std::fs::create_dir_all(&log_dir).unwrap();
+        let child = Command::new("java")
+            .args(["-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
+            .arg("-Dzookeeper.admin.enableServer=false")
+            .arg(format!("-Dzookeeper.log.dir={}", log_dir.display()))
+            .args(["-cp", &format!("{JAR}:/etc/zookeeper/conf")])
+            .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+            .arg(self.dir.path().join(format!("zoo{}.cfg", i + 1)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start ZooKeeper (java)");
+        self.servers[i] = Some(child);
+    }
+
+    /// Waits until server `i` is a follower or the leader (`srvr` names its mode).
+    async fn wait_serving(&self, i: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let answer = four_letters(self.ports[i], "srvr");
+            if answer.contains("Mode: leader") || answer.contains("Mode: follower") {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "server {i} of the ensemble never served: {answer:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops server `i` (its data stays).
+    pub fn stop(&mut self, i: usize) {
+        if let Some(mut child) = self.servers[i].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts server `i` again and waits until it serves in the ensemble.
+    pub async fn resume(&mut self, i: usize) {
+        self.spawn(i);
+        self.wait_serving(i).await;
+    }
+
+    /// A client of the whole ensemble, as an SDK would hold one.
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.address())
+            .await
+            .expect("cannot connect to the ensemble")
+    }
+}
+
+/// A four-letter command's answer from the server on `port` (empty when it does not answer).
+pub fn four_letters(port: u16, command: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream.write_all(command.as_bytes()).is_err() {
+        return String::new();
+    }
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
 }

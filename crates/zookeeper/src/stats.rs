@@ -34,6 +34,8 @@ pub struct ZkStats {
     pub relists: AtomicU64,
     /// Sessions established.
     pub sessions: AtomicU64,
+    /// Watches added again after a reconnection of a session that survived.
+    pub rewatches: AtomicU64,
     state: Mutex<SourceState>,
 }
 
@@ -49,7 +51,7 @@ pub struct SourceState {
     pub session_id: Option<String>,
     /// The timeout the ensemble granted, in milliseconds.
     pub session_timeout_ms: u64,
-    /// Nodes the watch last read (mappings, rules, providers, instances).
+    /// Nodes the watch knows now (mappings, rules, providers, instances), after every batch.
     pub watched_nodes: usize,
     /// Unix seconds of the last complete re-list.
     pub last_sync: Option<u64>,
@@ -132,7 +134,7 @@ impl ZkStats {
     }
 
     pub fn register_metrics(self: &std::sync::Arc<Self>, registry: &mut Registry) {
-        let counters: [Counter; 8] = [
+        let counters: [Counter; 9] = [
             ("zookeeper_writes", "Mapping nodes created or set", |s| {
                 s.writes.load(Ordering::Relaxed)
             }),
@@ -167,6 +169,11 @@ impl ZkStats {
             ("zookeeper_sessions", "Sessions established", |s| {
                 s.sessions.load(Ordering::Relaxed)
             }),
+            (
+                "zookeeper_rewatches",
+                "Persistent watches added again after a reconnection",
+                |s| s.rewatches.load(Ordering::Relaxed),
+            ),
         ];
         for (name, help, read) in counters {
             scraped_counter(registry, name, help, self, read);

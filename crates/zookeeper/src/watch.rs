@@ -124,6 +124,11 @@ fn fail(index: &Index, error: &str) {
 }
 
 /// The session's node events as paths to read, and a re-list at each (re)connection.
+///
+/// The watch is added again after every reconnection, not only with a new session: the client
+/// (zookeeper-client 0.11) re-sends only one-shot watches when it reconnects a session that
+/// survived, so a persistent watch would silently stop across an ensemble restart. Adding it
+/// again is idempotent on the server; the re-list that follows covers what happened meanwhile.
 async fn events(
     session: Arc<Session>,
     tx: mpsc::Sender<Pending>,
@@ -142,38 +147,67 @@ async fn events(
         };
         let Some(client) = client else { continue };
         watched = Some(client.session_id());
-        let mut watcher = match client.watch("/", AddWatchMode::PersistentRecursive).await {
-            Ok(watcher) => watcher,
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot watch ZooKeeper; trying again");
-                session.stats().error(format!("watch: {err}"));
-                // The same session may work again; forget it so the loop takes it once more.
+        match watch_session(&session, &client, &tx, &mut shutdown).await {
+            SessionEnd::Shutdown => return,
+            SessionEnd::Ended => {}
+            // The same session may work again; forget it so the loop takes it once more.
+            SessionEnd::Retry => {
                 watched = None;
                 tokio::select! {
                     () = crate::shutdown::signalled(&mut shutdown) => return,
-                    () = tokio::time::sleep(RETRY) => continue,
+                    () = tokio::time::sleep(RETRY) => {}
                 }
             }
-        };
-        if tx.send(Pending::relist()).await.is_err() {
-            return;
         }
+    }
+}
+
+/// How watching one session ended.
+enum SessionEnd {
+    /// Shutdown, or nobody reads the paths any more.
+    Shutdown,
+    /// The session is over; wait for the next.
+    Ended,
+    /// The watch could not be added; try this session again after a pause.
+    Retry,
+}
+
+/// Watches `client`'s session until it ends: the watch added (again at each reconnection), then
+/// a re-list, then node events as paths.
+async fn watch_session(
+    session: &Session,
+    client: &Client,
+    tx: &mpsc::Sender<Pending>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> SessionEnd {
+    let stats = session.stats();
+    let mut watcher = match client.watch("/", AddWatchMode::PersistentRecursive).await {
+        Ok(watcher) => watcher,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot watch ZooKeeper; trying again");
+            stats.error(format!("watch: {err}"));
+            return SessionEnd::Retry;
+        }
+    };
+    loop {
+        if tx.send(Pending::relist()).await.is_err() {
+            return SessionEnd::Shutdown;
+        }
+        // Node events until the connection comes back (or the session ends).
         loop {
             let event = tokio::select! {
-                () = crate::shutdown::signalled(&mut shutdown) => return,
+                () = crate::shutdown::signalled(shutdown) => return SessionEnd::Shutdown,
                 event = watcher.changed() => event,
             };
             let pending = match event.event_type {
                 EventType::Session => match event.session_state {
-                    SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
-                        Pending::relist()
-                    }
+                    SessionState::SyncConnected | SessionState::ConnectedReadOnly => break,
                     SessionState::Disconnected => continue,
                     // Terminal: the watcher must not be asked again; a new session comes.
-                    _ => break,
+                    _ => return SessionEnd::Ended,
                 },
                 _ => {
-                    ZkStats::count(&session.stats().watch_events);
+                    ZkStats::count(&stats.watch_events);
                     // Consumers, metadata, other systems' nodes: nothing to read.
                     if matches!(layout::classify(&event.path), layout::Node::Other) {
                         continue;
@@ -182,10 +216,41 @@ async fn events(
                 }
             };
             if tx.send(pending).await.is_err() {
-                return;
+                return SessionEnd::Shutdown;
+            }
+        }
+        // Reconnected: add the watch again before the re-list, so nothing written after the
+        // re-list's reads goes unheard. The old watcher goes only once the new one is in place
+        // (dropping it then asks the server to remove nothing: the path is still watched).
+        ZkStats::count(&stats.rewatches);
+        loop {
+            match client.watch("/", AddWatchMode::PersistentRecursive).await {
+                Ok(again) => {
+                    watcher = again;
+                    break;
+                }
+                Err(err) if session_over(&err) => return SessionEnd::Ended,
+                Err(err) => {
+                    // Disconnected again before the watch was added: the re-list waits for the
+                    // next attempt, as a re-list without the watch would miss what follows.
+                    tracing::warn!(error = %err, "cannot watch ZooKeeper again after reconnecting; retrying");
+                    stats.error(format!("watch after reconnecting: {err}"));
+                    tokio::select! {
+                        () = crate::shutdown::signalled(shutdown) => return SessionEnd::Shutdown,
+                        () = tokio::time::sleep(RETRY) => {}
+                    }
+                }
             }
         }
     }
+}
+
+/// Whether `err` says this session can do nothing more.
+fn session_over(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::SessionExpired | Error::ClientClosed | Error::AuthFailed
+    )
 }
 
 /// Reads what `pending` names and applies it.
@@ -224,9 +289,11 @@ async fn flush(
     if changes.services_changed {
         publish_services(sinks, state);
     }
-    session
-        .stats()
-        .update(|s| s.unreadable = state.unreadable.clone());
+    // The count follows every batch, not only re-lists.
+    session.stats().update(|s| {
+        s.unreadable = state.unreadable.clone();
+        s.watched_nodes = state.node_count();
+    });
     Ok(())
 }
 
@@ -345,6 +412,10 @@ async fn list_all(client: &Client) -> Result<(Vec<String>, Vec<(String, String)>
         let top = join("/", &root);
         if root == OURS {
             for namespace in children(client, &top, &mut skipped).await? {
+                // The CA's own nodes (`/dubbo-cp/.ca`), which no namespace can be named.
+                if namespace.starts_with('.') {
+                    continue;
+                }
                 let ns_dir = join(&top, &namespace);
                 for plural in children(client, &ns_dir, &mut skipped).await? {
                     dirs.push(join(&ns_dir, &plural));
