@@ -204,6 +204,34 @@ async fn grpcio_servers_enforce_mtls_and_rbac_from_policies_on_live_traffic() {
     );
     assert_eq!(greeter["service"], "shop/greeter", "{greeter}");
     assert_eq!(greeter["notEnforced"], serde_json::json!([]), "{greeter}");
+    // What the server (grpcio, xDS-enabled) and its mTLS client were sent renders as a config
+    // dump: the listener's DownstreamTlsContext and both RBAC filters, the client's cluster with
+    // its UpstreamTlsContext.
+    for (node, expected) in [
+        (
+            "greeter-0.shop",
+            "envoy.extensions.filters.http.rbac.v3.RBAC",
+        ),
+        ("greeter-0.shop", "DownstreamTlsContext"),
+        ("client-b", "UpstreamTlsContext"),
+    ] {
+        let path = format!("/debug/xds/config_dump?node={node}");
+        let (status, body) = http_send(admin, "GET", &path, "", Some(ADMIN)).await;
+        assert_eq!(status, 200, "{node}: {body}");
+        // A dump that cannot be rendered is listed with an `error` instead.
+        assert!(!body.contains("\"error\""), "{node}: {body}");
+        assert!(body.contains(expected), "{node}: no {expected} in {body}");
+    }
+    let path = "/debug/xds/config_dump?node=greeter-0.shop";
+    let (_, body) = http_send(admin, "GET", path, "", Some(ADMIN)).await;
+    // Both filters; ALLOW is the enum's default, which protobuf JSON leaves out.
+    for expected in [
+        "\"envoy.filters.http.rbac\"",
+        "\"envoy.filters.http.rbac.DENY\"",
+        "\"action\":\"DENY\"",
+    ] {
+        assert!(body.contains(expected), "no {expected} in {body}");
+    }
     // `dubbo-cp get` counts the servers enforcing each policy (no discovery-stream client here).
     for (kind, policy) in [
         ("authenticationpolicies", "shop/strict"),

@@ -24,7 +24,9 @@ use crate::clients::ClientStatus;
 pub const DESCRIPTORS: &[u8] = include_bytes!("dump/envoy.binpb");
 
 /// The files whose types a dump holds; the descriptor file is their closure.
-pub const DUMPED_FILES: [&str; 7] = [
+/// Every `typed_config` the generator emits must be defined here (`dump/kinds_tests.rs` renders
+/// each resource kind and fails on one that is not).
+pub const DUMPED_FILES: [&str; 9] = [
     "envoy/service/status/v3/csds.proto",
     "envoy/config/listener/v3/listener.proto",
     "envoy/config/route/v3/route.proto",
@@ -32,6 +34,8 @@ pub const DUMPED_FILES: [&str; 7] = [
     "envoy/config/endpoint/v3/endpoint.proto",
     "envoy/extensions/filters/network/http_connection_manager/v3/http_connection_manager.proto",
     "envoy/extensions/filters/http/router/v3/router.proto",
+    "envoy/extensions/filters/http/rbac/v3/rbac.proto",
+    "envoy/extensions/transport_sockets/tls/v3/tls.proto",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -143,5 +147,7 @@ pub fn to_json(config: &ClientConfig) -> Result<serde_json::Value, DumpError> {
         .map_err(|e| DumpError::Render(e.to_string()))
 }
 
+#[cfg(test)]
+mod kinds_tests;
 #[cfg(test)]
 mod tests;
