@@ -104,7 +104,7 @@ impl BootstrapArgs {
 
 pub fn run(args: &BootstrapArgs) -> anyhow::Result<()> {
     let bootstrap = args.bootstrap()?;
-    println!("{}", serde_json::to_string_pretty(&bootstrap.to_json())?);
+    outln!("{}", serde_json::to_string_pretty(&bootstrap.to_json())?);
     if bootstrap.token_file.is_some() {
         // What a user would otherwise find out from a silent UNAUTHENTICATED.
         eprintln!("note: grpc-core clients read call_creds only with {CALL_CREDS_ENV}=true");

@@ -47,7 +47,7 @@ pub async fn run(command: CaCommand) -> anyhow::Result<()> {
         CaCommand::Show { admin, json } => {
             let view = request(&admin, "GET", "/api/v1/ca", None).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&view)?);
+                outln!("{}", serde_json::to_string_pretty(&view)?);
             } else {
                 print_view(&view);
             }
@@ -55,7 +55,7 @@ pub async fn run(command: CaCommand) -> anyhow::Result<()> {
         }
         CaCommand::Rotate { admin } => {
             let view = request(&admin, "POST", "/api/v1/ca/rotate", None).await?;
-            println!(
+            outln!(
                 "rotated: issuing from the new root; the old one is trusted until its certificates expire"
             );
             print_view(&view);
@@ -66,7 +66,7 @@ pub async fn run(command: CaCommand) -> anyhow::Result<()> {
             let pems = view["trustPems"].as_array().cloned().unwrap_or_default();
             anyhow::ensure!(!pems.is_empty(), "the CA answered no root");
             for pem in pems {
-                print!("{}", pem.as_str().unwrap_or_default());
+                out!("{}", pem.as_str().unwrap_or_default());
             }
             Ok(())
         }
@@ -83,7 +83,7 @@ pub async fn run(command: CaCommand) -> anyhow::Result<()> {
             })
             .to_string();
             let issued = request(&admin, "POST", "/api/v1/ca/issue", Some(body)).await?;
-            print!("{}", issued["certPem"].as_str().unwrap_or_default());
+            out!("{}", issued["certPem"].as_str().unwrap_or_default());
             eprintln!(
                 "valid until {}; trust: {} root(s)",
                 issued["expireTime"].as_str().unwrap_or("?"),
@@ -106,18 +106,21 @@ fn read(path: &Path) -> anyhow::Result<String> {
 
 fn print_view(view: &serde_json::Value) {
     let text = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_owned();
-    println!(
+    outln!(
         "managed: {}   certificate validity: {}   next rotation: {}",
         view["managed"].as_bool().unwrap_or(false),
         text(&view["certValidity"]),
         text(&view["rotationDue"]),
     );
-    println!(
+    outln!(
         "{:<9} {:<21} {:<21} {:<21} FINGERPRINT (SHA-256)",
-        "STATE", "NOT BEFORE", "NOT AFTER", "DROPPED AFTER"
+        "STATE",
+        "NOT BEFORE",
+        "NOT AFTER",
+        "DROPPED AFTER"
     );
     for root in view["roots"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "{:<9} {:<21} {:<21} {:<21} {}",
             text(&root["state"]),
             text(&root["notBefore"]),

@@ -58,25 +58,26 @@ pub async fn run(command: CanaryCommand) -> anyhow::Result<()> {
             let client = client(&target).await?;
             let canary = ops::canary(&client, &target.namespace, &target.name).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&canary.status)?);
+                outln!("{}", serde_json::to_string_pretty(&canary.status)?);
             } else {
-                print!("{}", render_status(&canary));
+                out!("{}", render_status(&canary));
             }
             Ok(())
         }
         CanaryCommand::Promote { target } => {
             let client = client(&target).await?;
             ops::request_action(&client, &target.namespace, &target.name, "promote").await?;
-            println!(
+            outln!(
                 "promotion of {}/{} requested",
-                target.namespace, target.name
+                target.namespace,
+                target.name
             );
             Ok(())
         }
         CanaryCommand::Abort { target } => {
             let client = client(&target).await?;
             ops::request_action(&client, &target.namespace, &target.name, "abort").await?;
-            println!("abort of {}/{} requested", target.namespace, target.name);
+            outln!("abort of {}/{} requested", target.namespace, target.name);
             Ok(())
         }
         CanaryCommand::History { target } => {
@@ -86,7 +87,7 @@ pub async fn run(command: CanaryCommand) -> anyhow::Result<()> {
                 .status
                 .unwrap_or_default()
                 .current_revision;
-            println!("{:<10} {:<30} {:<40} CURRENT", "REVISION", "NAME", "IMAGES");
+            outln!("{:<10} {:<30} {:<40} CURRENT", "REVISION", "NAME", "IMAGES");
             for revision in ops::history(&client, &target.namespace, &target.name).await? {
                 let name = revision.metadata.name.clone().unwrap_or_default();
                 let images = ops::template_of(&revision)
@@ -100,7 +101,7 @@ pub async fn run(command: CanaryCommand) -> anyhow::Result<()> {
                     })
                     .unwrap_or_default();
                 let marker = if name == current { "*" } else { "" };
-                println!(
+                outln!(
                     "{:<10} {:<30} {:<40} {marker}",
                     revision.revision.unwrap_or_default(),
                     name,
@@ -116,9 +117,10 @@ pub async fn run(command: CanaryCommand) -> anyhow::Result<()> {
             let client = client(&target).await?;
             let name =
                 ops::rollback_to(&client, &target.namespace, &target.name, to_revision).await?;
-            println!(
+            outln!(
                 "{}/{}: target set to revision {to_revision} ({name}); a new run starts",
-                target.namespace, target.name
+                target.namespace,
+                target.name
             );
             Ok(())
         }

@@ -8,6 +8,8 @@ use crate::pb::snp::ServiceMappingRequest;
 use crate::pb::snp::service_name_mapping_service_client::ServiceNameMappingServiceClient;
 use crate::{server, telemetry};
 
+#[macro_use]
+mod output;
 mod agent;
 mod bootstrap;
 mod ca;
@@ -35,7 +37,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the control plane (standalone by default; `--mode kubernetes` for ServiceNameMapping objects).
+    /// Run the control plane: standalone by default (embedded SQLite); `--mode kubernetes` for
+    /// custom resources; `--zookeeper HOST:PORT` for Dubbo's ZooKeeper registry and config center.
     Serve {
         #[command(flatten)]
         args: Box<ServeArgs>,
@@ -65,8 +68,9 @@ pub enum Command {
         #[arg(long, default_value = "30s", value_parser = crate::duration::DurationArg)]
         wait_timeout: std::time::Duration,
     },
-    /// Remove an application from mappings (standalone; an admin identity when authentication
-    /// is configured): from the interfaces given, or from every one it serves.
+    /// Remove an application from mappings (standalone only: in Kubernetes mode edit the
+    /// objects, in ZooKeeper mode the mapping nodes; an admin identity when authentication is
+    /// configured): from the interfaces given, or from every one it serves.
     Unregister {
         #[command(flatten)]
         admin: AdminArg,
@@ -101,9 +105,13 @@ pub enum Command {
         server: ServerArg,
         #[command(flatten)]
         admin: AdminArg,
-        /// Only this namespace.
-        #[arg(short, long)]
+        /// Only this namespace. Without it `get` lists every namespace (kubectl's `-A`), not a
+        /// default one.
+        #[arg(short, long, conflicts_with = "all_namespaces")]
         namespace: Option<String>,
+        /// Every namespace, as kubectl's `-A`: what `get` lists without `-n` too.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
         /// `get mappings`: only the interfaces this application serves.
         #[arg(short, long)]
         application: Option<String>,
@@ -111,7 +119,8 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t = RuleOutput::Text)]
         output: RuleOutput,
     },
-    /// Create or update rules from Kubernetes-style manifests (standalone; all or nothing).
+    /// Create or update rules from Kubernetes-style manifests, all or nothing (standalone and
+    /// ZooKeeper mode; in Kubernetes mode rules are custom resources: use kubectl apply).
     Apply {
         #[command(flatten)]
         admin: AdminArg,
@@ -175,7 +184,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve { args, print_config } => {
             let config = Config::load(&args)?;
             if print_config {
-                print!("{}", config.to_yaml()?);
+                out!("{}", config.to_yaml()?);
                 return Ok(());
             }
             telemetry::init(config.log.format);
@@ -201,7 +210,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     wait_timeout,
                 )
                 .await?;
-                println!("served after {} ms", took.as_millis());
+                outln!("served after {} ms", took.as_millis());
             }
             Ok(())
         }
@@ -214,7 +223,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bootstrap(args) => bootstrap::run(&args),
         Command::Agent(args) => agent::run(args).await,
         Command::Crd => {
-            print!("{}", crate::k8s::crd::crd_yaml()?);
+            out!("{}", crate::k8s::crd::crd_yaml()?);
             Ok(())
         }
         Command::Watch {
@@ -233,6 +242,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             namespace,
             application,
             output,
+            all_namespaces: _,
         } => {
             let mappings = what == "mappings" || what == "mapping" || what == "snp";
             if mappings && application.is_some() || what == "applications" || what == "application"
@@ -319,9 +329,10 @@ async fn register(
         })
         .await?
         .into_inner();
-    println!(
+    outln!(
         "success: {}, message: {}",
-        response.success, response.message
+        response.success,
+        response.message
     );
     anyhow::ensure!(response.success, "registration refused");
     Ok(())

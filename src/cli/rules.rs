@@ -205,15 +205,15 @@ pub async fn get(
     }
     let list = request(admin, "GET", &path, None).await?;
     match output {
-        RuleOutput::Json => println!("{}", serde_json::to_string_pretty(&list)?),
-        RuleOutput::Yaml => print!("{}", serde_yaml::to_string(&list)?),
+        RuleOutput::Json => outln!("{}", serde_json::to_string_pretty(&list)?),
+        RuleOutput::Yaml => out!("{}", serde_yaml::to_string(&list)?),
         // As kubectl: no header over nothing, and the note on standard error (scripts read
         // standard output).
         RuleOutput::Text if list["items"].as_array().is_none_or(Vec::is_empty) => match namespace {
             Some(namespace) => eprintln!("No resources found in {namespace} namespace."),
             None => eprintln!("No resources found"),
         },
-        RuleOutput::Text => print!("{}", columns::table(kind, &list)?),
+        RuleOutput::Text => out!("{}", columns::table(kind, &list)?),
     }
     warn_unreceived(&list);
     Ok(())
@@ -271,7 +271,7 @@ fn print_report(report: &serde_json::Value, sections: &[(&str, &str)]) {
     for (field, verb) in sections {
         for object in report[*field].as_array().into_iter().flatten() {
             if let Some(object) = object.as_str() {
-                println!("{object} {verb}");
+                outln!("{object} {verb}");
             }
         }
     }

@@ -61,8 +61,8 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     let sources = request(&args.admin, "GET", "/debug/sources", None).await?;
     let sources: Vec<crate::admin::SourceView> =
         serde_json::from_value(sources).context("unexpected /debug/sources answer")?;
-    print!("{}", sources_table(&sources));
-    print!("{}", status_table(&clients, &args));
+    out!("{}", sources_table(&sources));
+    out!("{}", status_table(&clients, &args));
     let mut query = form_urlencoded::Serializer::new(String::new());
     if let Some(namespace) = &args.namespace {
         query.append_pair("namespace", namespace);
@@ -81,22 +81,22 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         serde_json::from_value(xds["clients"].clone()).context("unexpected /debug/xds answer")?;
     // Only when there are xDS clients: scripts reading the table above see no change.
     if !clients.is_empty() {
-        print!("\n{}", xds_table(&clients, &args));
+        out!("\n{}", xds_table(&clients, &args));
     }
     let missing = not_found_table(&clients, &args);
     if missing.lines().count() > 1 {
-        print!("\n{missing}");
+        out!("\n{missing}");
     }
     let matched = xds["matched"].as_u64().unwrap_or(0);
     if matched > clients.len() as u64 {
-        println!(
+        outln!(
             "... and {} more xDS clients (narrow with -n or --stale; /debug/xds pages with offset)",
             matched - clients.len() as u64
         );
     }
     let servers = servers_table(&clients, &args);
     if servers.lines().count() > 1 {
-        print!("\n{servers}");
+        out!("\n{servers}");
     }
     Ok(())
 }
@@ -387,7 +387,7 @@ async fn compare_replicas(admin: &AdminArg, addresses: &[String]) -> anyhow::Res
     }
     let report = compare(&views);
     let (text, disagreeing) = comparison_text(addresses, &report);
-    print!("{text}");
+    out!("{text}");
     anyhow::ensure!(
         disagreeing == 0,
         "the replicas disagree on {disagreeing} kind(s)"
@@ -455,26 +455,29 @@ pub async fn applications(
     let views: Vec<ApplicationView> =
         serde_json::from_value(answer).context("unexpected /debug/applications answer")?;
     if output == super::RuleOutput::Json {
-        println!("{}", serde_json::to_string_pretty(&views)?);
+        outln!("{}", serde_json::to_string_pretty(&views)?);
     } else if output == super::RuleOutput::Yaml {
-        print!("{}", serde_yaml::to_string(&views)?);
+        out!("{}", serde_yaml::to_string(&views)?);
     } else if application.is_some() {
-        println!("{:<24} {:<40} INTERFACE", "NAMESPACE", "APPLICATION");
+        outln!("{:<24} {:<40} INTERFACE", "NAMESPACE", "APPLICATION");
         for view in &views {
             for interface in &view.interfaces {
-                println!(
+                outln!(
                     "{:<24} {:<40} {interface}",
-                    view.namespace, view.application
+                    view.namespace,
+                    view.application
                 );
             }
         }
     } else {
-        println!(
+        outln!(
             "{:<24} {:<40} {:>10} PODS",
-            "NAMESPACE", "APPLICATION", "INTERFACES"
+            "NAMESPACE",
+            "APPLICATION",
+            "INTERFACES"
         );
         for view in &views {
-            println!(
+            outln!(
                 "{:<24} {:<40} {:>10} {}",
                 view.namespace,
                 view.application,
@@ -499,7 +502,7 @@ pub async fn unregister(
     });
     let answer = request(admin, "POST", "/api/v1/unregister", Some(body.to_string())).await?;
     for interface in answer["removed"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "{application} removed from {namespace}/{}",
             interface.as_str().unwrap_or_default()
         );
@@ -523,7 +526,7 @@ async fn wait_ready(admin: &AdminArg, timeout: std::time::Duration) -> anyhow::R
         let attempt = request(admin, "GET", "/readyz", None);
         let error = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(Ok(_)) => {
-                println!("ready after {} ms", started.elapsed().as_millis());
+                outln!("ready after {} ms", started.elapsed().as_millis());
                 return Ok(());
             }
             Ok(Err(error)) => error,

@@ -119,11 +119,11 @@ fn rule_spec(kind: Kind, any: &prost_types::Any) -> Option<serde_json::Value> {
 
 fn print_state(state: &StateView, output: Output) -> anyhow::Result<()> {
     match output {
-        Output::Json => println!("{}", serde_json::to_string(state)?),
+        Output::Json => outln!("{}", serde_json::to_string(state)?),
         // One YAML document per state, so `watch -o yaml` stays a valid stream.
-        Output::Yaml => print!("---\n{}", serde_yaml::to_string(state)?),
+        Output::Yaml => out!("---\n{}", serde_yaml::to_string(state)?),
         Output::Text => {
-            println!(
+            outln!(
                 "# {} revision {} ({} objects)",
                 state.r#type,
                 state.revision,
@@ -132,11 +132,11 @@ fn print_state(state: &StateView, output: Output) -> anyhow::Result<()> {
             for object in &state.objects {
                 match (&object.interface_name, &object.application_names) {
                     (Some(interface), Some(apps)) => {
-                        println!("{}\t{}\t{}", object.key, interface, apps.join(","));
+                        outln!("{}\t{}\t{}", object.key, interface, apps.join(","));
                     }
                     _ => match &object.spec {
-                        Some(spec) => println!("{}\t{spec}", object.key),
-                        None => println!(
+                        Some(spec) => outln!("{}\t{spec}", object.key),
+                        None => outln!(
                             "{}\t{}",
                             object.key,
                             object.type_url.as_deref().unwrap_or("")

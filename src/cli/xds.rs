@@ -54,7 +54,7 @@ async fn split(args: SplitArgs) -> anyhow::Result<()> {
     }
     let path = format!("/debug/xds/split?{}", query.finish());
     let answer = request(&args.admin, "GET", &path, None).await?;
-    print!(
+    out!(
         "{}",
         table(&answer).context("unexpected /debug/xds/split answer")?
     );

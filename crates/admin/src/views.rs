@@ -33,7 +33,11 @@ fn zookeeper_source(state: &crate::zookeeper::stats::SourceState) -> SourceView 
         condition.push(format!("{} unreadable nodes", state.unreadable.len()));
     }
     if let Some((at, error)) = &state.last_error {
-        condition.push(format!("last error at {at}: {error}"));
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(*at);
+        condition.push(format!(
+            "last error at {}: {error}",
+            humantime::format_rfc3339_seconds(at)
+        ));
     }
     SourceView {
         kind: "ZooKeeper".to_owned(),
