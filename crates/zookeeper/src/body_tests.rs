@@ -370,3 +370,23 @@ fn a_directorys_objects_say_so_and_read_back_the_same() {
         .unwrap();
     assert_eq!(back, rule);
 }
+
+#[test]
+fn a_policy_body_carries_what_the_user_wrote_not_unset_defaults() {
+    const POLICY: &str = "
+apiVersion: dubbo.apache.org/v1alpha1
+kind: AuthorizationPolicy
+metadata: {name: callers, namespace: shop}
+spec:
+  action: ALLOW
+  rules:
+    - from: {namespaces: [a]}
+";
+    let written = text(&rule(POLICY));
+    for unset in ["order", "samples", "matchType"] {
+        assert!(!written.contains(unset), "{unset} in {written}");
+    }
+    let set = text(&rule(&format!("{POLICY}  samples: 50\n  order: 2\n")));
+    assert!(set.contains("samples: 50"), "{set}");
+    assert!(set.contains("order: 2"), "{set}");
+}

@@ -33,24 +33,27 @@ pub fn parse(data: &[u8]) -> Result<Vec<String>, ValueError> {
 
 /// The new value once `applications` are appended to `current` (the node's raw text) as Java's
 /// `MetadataServiceNameMapping` appends one: an application already listed (the exact item, not
-/// a substring as dubbo-go tests it) is not added again. None when nothing is missing.
+/// a substring as dubbo-go tests it) is not added again. None when nothing is missing. A value
+/// written with spaces or empty items (`java-app, go-app,,`) is written back as readers should
+/// see it (`java-app,go-app,...`): dubbo-go would read ` go-app`.
 pub fn append<'a>(
     current: &str,
     applications: impl IntoIterator<Item = &'a String>,
 ) -> Option<String> {
-    let mut listed: std::collections::HashSet<&str> = current.split(',').map(str::trim).collect();
-    let mut value = current.trim().trim_matches(',').to_owned();
-    let mut added = false;
-    for application in applications {
-        if listed.insert(application.as_str()) {
-            if !value.is_empty() {
-                value.push(',');
-            }
-            value.push_str(application);
-            added = true;
+    let mut seen = std::collections::HashSet::new();
+    let mut listed: Vec<&str> = Vec::new();
+    for item in current.split(',').map(str::trim) {
+        if !item.is_empty() && seen.insert(item) {
+            listed.push(item);
         }
     }
-    added.then_some(value)
+    let before = listed.len();
+    for application in applications {
+        if seen.insert(application.as_str()) {
+            listed.push(application);
+        }
+    }
+    (listed.len() > before).then(|| listed.join(","))
 }
 
 #[cfg(test)]
@@ -84,6 +87,12 @@ mod tests {
         // A list someone else wrote with spaces keeps its items; ours adds none.
         assert_eq!(append("a, b", &apps(&["b"])), None);
         assert_eq!(append("a,", &apps(&["c"])).as_deref(), Some("a,c"));
+        // Adding to such a list writes it back without spaces or empty items.
+        assert_eq!(
+            append("java-app, go-app,,", &apps(&["rust-app"])).as_deref(),
+            Some("java-app,go-app,rust-app")
+        );
+        assert_eq!(append(" a ,a, b", &apps(&["c"])).as_deref(), Some("a,b,c"));
         assert_eq!(append("", &apps(&["x", "x"])).as_deref(), Some("x"));
     }
 }

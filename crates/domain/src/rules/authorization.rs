@@ -24,14 +24,20 @@ pub struct AuthorizationPolicySpec {
     #[schemars(length(max = limits::MATCHERS))]
     pub rules: Vec<AuthorizationRule>,
     /// Percentage of requests checked.
-    #[serde(default)]
+    // Unset (0) is not written back: stores keep what the user wrote, not defaults never set.
+    #[serde(default, skip_serializing_if = "unset")]
     #[schemars(range(min = 0, max = 100))]
     pub samples: f32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "unset")]
     pub order: f32,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(extend("enum" = ["ANY_MATCH", "ALL_MATCH"]), length(max = limits::ENUM))]
     pub match_type: String,
+}
+
+/// Whether a number is its default (0), which readers assume when it is absent.
+fn unset(value: &f32) -> bool {
+    value.to_bits() == 0
 }
 
 /// Callers `from`, meeting `when`, calling endpoints `to`; an absent part matches everything.
