@@ -386,13 +386,49 @@ async fn compare_replicas(admin: &AdminArg, addresses: &[String]) -> anyhow::Res
         views.push(view);
     }
     let report = compare(&views);
-    let (text, disagreeing) = comparison_text(addresses, &report);
+    let (mut text, disagreeing) = comparison_text(addresses, &report);
+    let roots_agree = ca_roots_text(addresses, &views, &mut text);
     out!("{text}");
     anyhow::ensure!(
         disagreeing == 0,
         "the replicas disagree on {disagreeing} kind(s)"
     );
+    anyhow::ensure!(
+        roots_agree,
+        "the replicas' CA roots differ: workloads their agents serve cannot verify each other \
+         (ZooKeeper mode: give every replica the same zookeeper.auth, or the same \
+         --ca-cert/--ca-key)"
+    );
     Ok(())
+}
+
+/// The CA row: whether every replica issues from the same root and trusts the same ones (by
+/// fingerprint, the active one first). Replicas without a CA are left out.
+fn ca_roots_text(addresses: &[String], views: &[DigestView], out: &mut String) -> bool {
+    let with_ca: Vec<(&String, &Vec<String>)> = addresses
+        .iter()
+        .zip(views)
+        .map(|(address, view)| (address, &view.ca_roots))
+        .filter(|(_, roots)| !roots.is_empty())
+        .collect();
+    let Some((_, first)) = with_ca.first() else {
+        return true;
+    };
+    let agree = with_ca.iter().all(|(_, roots)| roots == first);
+    let states: Vec<String> = with_ca
+        .iter()
+        .map(|(address, roots)| {
+            let short: Vec<&str> = roots.iter().map(|r| r.get(..16).unwrap_or(r)).collect();
+            format!("{address} {}", short.join("+"))
+        })
+        .collect();
+    out.push_str(&format!(
+        "{:<22} {:<6} {}\n",
+        "CA roots",
+        if agree { "yes" } else { "NO" },
+        states.join(", ")
+    ));
+    agree
 }
 
 fn comparison_text(

@@ -17,7 +17,7 @@ pub(super) async fn open_security(
         shutdown_rx,
         ..
     } = wiring;
-    let authority = open_ca(config, kube_client, registry, tasks).await?;
+    let authority = open_ca(config, kube_client, source, registry, tasks).await?;
     let (policy, pods) = auth_policy(config, kube_client, registry, tasks, shutdown_rx.clone())?;
     start_expiry(config, source, kube_client.zip(pods), registry, tasks);
     if let Some(client) = kube_client {
@@ -274,11 +274,12 @@ pub(super) fn serving_identity(config: &Config) -> anyhow::Result<Option<Serving
 }
 
 /// The certificate authority: its roots in the store (standalone), Secret `dubbo-ca-secret`
-/// (Kubernetes), or the operator's files; in Kubernetes mode the roots are also published to
-/// every namespace.
+/// (Kubernetes), the ensemble (ZooKeeper mode with `zookeeper.auth`), or the operator's files;
+/// in Kubernetes mode the roots are also published to every namespace.
 pub(super) async fn open_ca(
     config: &Config,
     kube_client: Option<&kube::Client>,
+    source: &Source,
     registry: &mut Registry,
     tasks: &mut Supervisor,
 ) -> anyhow::Result<Option<Authority>> {
@@ -315,14 +316,43 @@ pub(super) async fn open_ca(
             })
             .await
             .context("CA store open task failed")??;
-            Backend::Sqlite(Arc::new(roots))
+            match &source.zookeeper {
+                Some(zk) if zk.shares_roots => Backend::Ensemble {
+                    roots: crate::ca::ensemble::EnsembleRoots::new(zk.session.subscribe()),
+                    cache: Arc::new(roots),
+                },
+                Some(_) => {
+                    tracing::warn!(
+                        "ZooKeeper mode without zookeeper.auth: the CA's signing key is not put \
+                         in the ensemble (anyone could read it), so this replica keeps its own \
+                         root and workloads served by other replicas will not trust it. Give every \
+                         replica the same identity (--zookeeper-auth FILE holding \
+                         digest:USER:PASSWORD) to share one root, or the same --ca-cert/--ca-key"
+                    );
+                    Backend::Sqlite(Arc::new(roots))
+                }
+                None => Backend::Sqlite(Arc::new(roots)),
+            }
         }
     };
     let (authority, manager) = Authority::open(backend, settings)
         .await
         .context("cannot start the certificate authority")?;
-    let authority = authority.with_trust_domain(&config.tls.trust_domain);
+    let mut authority = authority.with_trust_domain(&config.tls.trust_domain);
     authority.stats.register_metrics(registry);
+    if let Some(zk) = &source.zookeeper {
+        // Replicas on one ensemble compare their roots, however each got them.
+        let (fleet, follow) = crate::ca::fleet::start(
+            zk.session.subscribe(),
+            authority.subscribe(),
+            tasks.shutdown_receiver(),
+        );
+        tasks.spawn("CA roots of the fleet", async move {
+            follow.await;
+            Ok(())
+        });
+        authority = authority.with_fleet(fleet);
+    }
     let shutdown = tasks.shutdown_receiver();
     tasks.spawn("CA roots", async move {
         manager.run(shutdown).await;

@@ -13,6 +13,9 @@ pub(super) struct ZkParts {
     pub outbox: Outbox,
     pub rules: Arc<ZkRules>,
     pub stats: Arc<ZkStats>,
+    /// The session, for the CA's shared roots; `shares_roots` when it has an identity for them.
+    pub session: Arc<Session>,
+    pub shares_roots: bool,
 }
 
 /// Refuses, before it is acknowledged, a registration that names no node.
@@ -34,7 +37,15 @@ pub(super) async fn open_zookeeper(
         .context("ZooKeeper mode needs zookeeper.address")?;
     let stats = Arc::new(ZkStats::new(&address));
     stats.register_metrics(registry);
-    let session = Session::new(&address, config.zookeeper.session_timeout, stats.clone())?;
+    let credentials = config.zookeeper.credentials()?;
+    let shares_roots = credentials.is_some();
+    let session = Session::with_identity(
+        &address,
+        config.zookeeper.session_timeout,
+        stats.clone(),
+        credentials,
+        config.zookeeper.read_only_acl()?,
+    )?;
     tasks.spawn("ZooKeeper session", {
         let run = session.clone().run(tasks.shutdown_receiver());
         async move {
@@ -85,7 +96,7 @@ pub(super) async fn open_zookeeper(
         watch.await;
         Ok(())
     });
-    let rules = Arc::new(ZkRules::new(session, catalog.clone()));
+    let rules = Arc::new(ZkRules::new(session.clone(), catalog.clone()));
     // The directory's objects are written to the ensemble; the watch serves them like any.
     start_rules_dir(config, rules.clone(), &catalog, registry, tasks, false).await?;
     Ok(Source {
@@ -101,6 +112,8 @@ pub(super) async fn open_zookeeper(
             outbox,
             rules,
             stats,
+            session,
+            shares_roots,
         }),
     })
 }

@@ -243,6 +243,9 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
             source.ensemble, source.session
         ));
     }
+    if let Some(problem) = state.ca.as_ref().and_then(|ca| ca.fleet_problem()) {
+        body.push_str(&format!("CA: {problem}\n"));
+    }
     let code = if ready {
         StatusCode::OK
     } else {

@@ -76,6 +76,23 @@ pub(super) async fn debug_sources(
     let mut views = views;
     if let Some(zk) = &state.zookeeper {
         views.push(zookeeper_source(&zk.stats.state()));
+        if let Some(ca) = &state.ca {
+            let problem = ca.fleet_problem();
+            views.push(SourceView {
+                kind: "CA".to_owned(),
+                loaded: ca.current().is_some(),
+                state: if problem.is_some() {
+                    "disagreeing"
+                } else {
+                    "agreeing"
+                }
+                .to_owned(),
+                condition: Some(problem.unwrap_or_else(|| {
+                    "every replica on the ensemble trusts this replica's root".to_owned()
+                })),
+                detail: None,
+            });
+        }
     }
     Ok(Json(views))
 }
@@ -394,10 +411,15 @@ pub(super) async fn digest(
     let index = state.index.clone();
     // Hashing a large state is CPU work: off the async threads.
     let encoder = state.encoder.clone();
-    tokio::task::spawn_blocking(move || crate::digest::view(&index, &encoder, query.objects))
-        .await
-        .map(Json)
-        .map_err(|_| api_error(StatusCode::INTERNAL_SERVER_ERROR, "digest failed"))
+    let mut view =
+        tokio::task::spawn_blocking(move || crate::digest::view(&index, &encoder, query.objects))
+            .await
+            .map_err(|_| api_error(StatusCode::INTERNAL_SERVER_ERROR, "digest failed"))?;
+    // Replicas that issue from different roots make workloads that cannot talk: compared too.
+    if let Some(bundle) = state.ca.as_ref().and_then(|ca| ca.current()) {
+        view.ca_roots = bundle.trusted().map(|r| r.fingerprint.clone()).collect();
+    }
+    Ok(Json(view))
 }
 
 /// What `/debug/outbox` shows.

@@ -16,6 +16,8 @@ use dubbo_cp_kit::{ratelimit, shutdown};
 
 pub mod authority;
 pub mod config;
+pub mod ensemble;
+pub mod fleet;
 pub mod pb;
 pub mod publish;
 pub mod service;
@@ -59,6 +61,12 @@ pub enum Backend {
     },
     /// `--ca-cert`/`--ca-key`: used as is, never written.
     Files(StoredRoots),
+    /// ZooKeeper mode with `zookeeper.auth`: the roots in the ensemble, shared by every
+    /// replica; `cache` as for the Secret.
+    Ensemble {
+        roots: ensemble::EnsembleRoots,
+        cache: Arc<SqliteRoots>,
+    },
 }
 
 /// A backend's version of what it holds (SQLite row version, Secret resourceVersion); `None`
@@ -81,6 +89,11 @@ impl Backend {
                 self.remember(&roots).await;
                 Ok((roots, Some(rv)))
             }
+            Backend::Ensemble { roots, .. } => {
+                let (roots, version) = within(roots.load_or_create(generate)).await??;
+                self.remember(&roots).await;
+                Ok((roots, Some(version)))
+            }
             Backend::Sqlite(db) => {
                 let db = db.clone();
                 blocking(move || {
@@ -99,7 +112,7 @@ impl Backend {
 
     /// The roots last read from the Secret, when it cannot be read now.
     async fn cached(&self) -> Option<StoredRoots> {
-        let Backend::Secret { cache, .. } = self else {
+        let (Backend::Secret { cache, .. } | Backend::Ensemble { cache, .. }) = self else {
             return None;
         };
         let cache = cache.clone();
@@ -114,7 +127,7 @@ impl Backend {
 
     /// Keeps what the Secret holds in the cache (Kubernetes mode; best effort).
     async fn remember(&self, roots: &StoredRoots) {
-        let Backend::Secret { cache, .. } = self else {
+        let (Backend::Secret { cache, .. } | Backend::Ensemble { cache, .. }) = self else {
             return;
         };
         let (cache, roots) = (cache.clone(), roots.clone());
@@ -137,6 +150,11 @@ impl Backend {
                 let (roots, rv) = within(secret.write(roots, expected)).await??;
                 self.remember(&roots).await;
                 Ok((roots, Some(rv)))
+            }
+            Backend::Ensemble { roots: node, .. } => {
+                let (roots, version) = within(node.write(roots, expected)).await??;
+                self.remember(&roots).await;
+                Ok((roots, Some(version)))
             }
             Backend::Sqlite(db) => {
                 let db = db.clone();
@@ -163,6 +181,13 @@ impl Backend {
                     }
                     None => Ok(None),
                 }
+            }
+            Backend::Ensemble { roots, .. } => {
+                let found = within(roots.read()).await??;
+                if let Some((roots, _)) = &found {
+                    self.remember(roots).await;
+                }
+                Ok(found.map(|(roots, version)| (roots, Some(version))))
             }
             Backend::Sqlite(db) => {
                 let db = db.clone();
@@ -263,6 +288,8 @@ pub struct Authority {
     /// The SPIFFE trust domain this CA issues in (`tls.trustDomain`); an admin's `ca issue`
     /// for another one is refused unless asked for explicitly.
     pub trust_domain: Arc<str>,
+    /// ZooKeeper mode: whether the replicas on the ensemble trust each other's roots.
+    fleet: Option<fleet::FleetView>,
 }
 
 /// What callers are told while the roots are not loaded.
@@ -337,6 +364,7 @@ impl Authority {
                 settings,
                 stats,
                 trust_domain: crate::auth::DEFAULT_TRUST_DOMAIN.into(),
+                fleet: None,
             },
             manager,
         ))
@@ -353,6 +381,17 @@ impl Authority {
             trust_domain.into()
         };
         self
+    }
+
+    /// Follows the replicas of a fleet (ZooKeeper mode), see [`fleet`].
+    pub fn with_fleet(mut self, fleet: fleet::FleetView) -> Self {
+        self.fleet = Some(fleet);
+        self
+    }
+
+    /// Why this replica's root is not the fleet's, if it is not (ZooKeeper mode).
+    pub fn fleet_problem(&self) -> Option<String> {
+        self.fleet.as_ref().and_then(fleet::FleetView::problem)
     }
 
     /// The roots now; `None` while they are not loaded.
@@ -417,6 +456,10 @@ impl Manager {
             ) as SecretEvents),
             _ => None,
         };
+        let mut ensemble_changes = match &self.backend {
+            Backend::Ensemble { roots, .. } => Some(roots.changes()),
+            _ => None,
+        };
         let mut seen_secret = false;
         loop {
             let wait = self
@@ -447,6 +490,7 @@ impl Manager {
                     Ok(_) => {}
                     Err(err) => tracing::warn!(error = %err, "watch of Secret {} failed", store::SECRET_NAME),
                 },
+                Some(()) = next_change(&mut ensemble_changes) => self.follow_ensemble().await,
             }
         }
     }
@@ -571,8 +615,15 @@ impl Manager {
                 return;
             }
         };
+        let from = format!("Secret {}", store::SECRET_NAME);
+        self.adopt_stored(stored, Some(version), &from).await;
+    }
+
+    /// Roots read from the shared store (`from`): served unless they are what is served already
+    /// or older than it.
+    async fn adopt_stored(&mut self, stored: StoredRoots, version: Version, from: &str) {
         if self.stored.as_ref() == Some(&stored) {
-            self.version = Some(version);
+            self.version = version;
             return;
         }
         // A watch event older than what we read since (our own rotation, then the event of the
@@ -582,19 +633,29 @@ impl Manager {
             current.retiring.iter().any(|r| r.pem.trim() == active)
         });
         if stale {
-            tracing::debug!("ignoring a stale event of Secret {}", store::SECRET_NAME);
+            tracing::debug!("ignoring stale CA roots from {from}");
             return;
         }
         match stored.bundle(self.settings.cert_validity, SystemTime::now()) {
             Ok(bundle) => {
-                tracing::info!(fingerprint = %bundle.signer.root().fingerprint, "CA roots read from Secret {}", store::SECRET_NAME);
+                tracing::info!(fingerprint = %bundle.signer.root().fingerprint, "CA roots read from {from}");
                 self.backend.remember(&stored).await;
-                (self.stored, self.version) = (Some(stored), Some(version));
+                (self.stored, self.version) = (Some(stored), version);
                 self.publish(bundle);
             }
             Err(err) => {
-                tracing::error!(error = %err, "Secret {} holds unusable roots; still serving the roots loaded before", store::SECRET_NAME)
+                tracing::error!(error = %err, "{from} holds unusable CA roots; still serving the roots loaded before")
             }
+        }
+    }
+
+    /// The roots' node changed (another replica's rotation, or read again after a
+    /// reconnection): take what it holds now, or write ours back if it is gone.
+    async fn follow_ensemble(&mut self) {
+        match self.backend.reload().await {
+            Ok(Some((stored, version))) => self.adopt_stored(stored, version, "the ensemble").await,
+            Ok(None) => self.recreate().await,
+            Err(err) => tracing::warn!(error = %err, "cannot read the CA roots from the ensemble"),
         }
     }
 
@@ -640,6 +701,13 @@ impl Manager {
 type SecretEvents = std::pin::Pin<
     Box<dyn tokio_stream::Stream<Item = Result<Event<Secret>, watcher::Error>> + Send>,
 >;
+
+async fn next_change(changes: &mut Option<mpsc::Receiver<()>>) -> Option<()> {
+    match changes {
+        Some(changes) => changes.recv().await,
+        None => std::future::pending().await,
+    }
+}
 
 async fn next_event(
     events: &mut Option<SecretEvents>,

@@ -38,10 +38,14 @@ pub struct DigestView {
     /// RFC 3339.
     pub computed_at: String,
     pub kinds: Vec<KindDigest>,
-    /// The kinds served over xDS only (ServiceEntry, Service): their objects and revision. No
-    /// digest: they have no discovery-stream encoding to hash.
+    /// The kinds served over xDS only (ServiceEntry, Service): their objects, revision and a
+    /// digest of their domain values (they have no discovery-stream encoding to hash).
     #[serde(default)]
     pub xds_kinds: Vec<KindCount>,
+    /// The CA's trusted roots by fingerprint, the active one first (empty: no CA). Filled by
+    /// the admin port, which knows the CA.
+    #[serde(default)]
+    pub ca_roots: Vec<String>,
 }
 
 /// A kind's objects and revision, as `/debug/digest` shows the kinds it does not digest.
@@ -51,6 +55,22 @@ pub struct KindCount {
     pub kind: String,
     pub revision: i64,
     pub objects: usize,
+    /// SHA-256 over the sorted keys and each object's domain value as Rust prints it (every
+    /// field of a service or ServiceEntry is ordered, so equal values print alike); empty from
+    /// a replica older than this field.
+    #[serde(default)]
+    pub digest: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_digests: Option<BTreeMap<String, String>>,
+}
+
+/// Each object's domain value as printed, the bytes an xDS-only kind's digest is taken over.
+fn printed(snapshot: &crate::index::KindSnapshot) -> Vec<(&str, Vec<u8>)> {
+    snapshot
+        .objects
+        .iter()
+        .map(|(key, object)| (key.as_str(), format!("{:?}", object.value).into_bytes()))
+        .collect()
 }
 
 /// Every kind's digest at its current revision.
@@ -73,10 +93,18 @@ pub fn view(index: &Index, encoder: &Encoder, with_objects: bool) -> DigestView 
         .filter(|kind| !Kind::DISCOVERY.contains(kind))
         .map(|kind| {
             let state = index.current(*kind);
+            let printed = printed(&state);
             KindCount {
                 kind: kind.name().to_owned(),
                 revision: state.revision,
                 objects: state.objects.len(),
+                digest: state_digest(printed.iter().map(|(k, v)| (*k, v.as_slice()))),
+                object_digests: with_objects.then(|| {
+                    printed
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), object_digest(v)))
+                        .collect()
+                }),
             }
         })
         .collect();
@@ -85,6 +113,7 @@ pub fn view(index: &Index, encoder: &Encoder, with_objects: bool) -> DigestView 
         computed_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         kinds,
         xds_kinds,
+        ca_roots: Vec::new(),
     }
 }
 
@@ -111,18 +140,32 @@ pub struct KindComparison {
     pub differing: Vec<(String, Vec<Option<String>>)>,
 }
 
-/// Compares the views of several replicas kind by kind, naming the objects that differ.
+/// Every kind of a view with its digest, the xDS-only kinds included.
+fn digested(view: &DigestView) -> Vec<KindDigest> {
+    let xds = view.xds_kinds.iter().map(|k| KindDigest {
+        kind: k.kind.clone(),
+        revision: k.revision,
+        objects: k.objects,
+        digest: k.digest.clone(),
+        object_digests: k.object_digests.clone(),
+    });
+    view.kinds.iter().cloned().chain(xds).collect()
+}
+
+/// Compares the views of several replicas kind by kind (ServiceEntry and Service too), naming
+/// the objects that differ.
 pub fn compare(replicas: &[DigestView]) -> Vec<KindComparison> {
-    let kinds: BTreeSet<&str> = replicas
+    let all: Vec<Vec<KindDigest>> = replicas.iter().map(digested).collect();
+    let kinds: BTreeSet<&str> = all
         .iter()
-        .flat_map(|r| r.kinds.iter().map(|k| k.kind.as_str()))
+        .flat_map(|r| r.iter().map(|k| k.kind.as_str()))
         .collect();
     kinds
         .into_iter()
         .map(|kind| {
-            let per: Vec<Option<&KindDigest>> = replicas
+            let per: Vec<Option<&KindDigest>> = all
                 .iter()
-                .map(|r| r.kinds.iter().find(|k| k.kind == kind))
+                .map(|r| r.iter().find(|k| k.kind == kind))
                 .collect();
             let states: Vec<Option<(i64, String)>> = per
                 .iter()

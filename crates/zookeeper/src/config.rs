@@ -1,5 +1,6 @@
 //! The `zookeeper` section of the configuration.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use dubbo_cp_kit::duration::{self, DurationArg};
@@ -39,4 +40,150 @@ pub struct ZooKeeperConfig {
     #[serde(rename = "parkedRetryInterval", with = "duration")]
     #[default(Duration::from_secs(30))]
     pub parked_retry: Duration,
+    /// A file holding dubbo-cp's ZooKeeper identity, `digest:USER:PASSWORD` (or `USER:PASSWORD`),
+    /// the same file on every replica. With it the CA's roots and signing key are shared through
+    /// the ensemble under an ACL only this identity passes; without it each replica keeps its
+    /// own root. Read from a file so the password is never on a command line.
+    #[arg(
+        id = "zookeeper.auth",
+        long = "zookeeper-auth",
+        env = "DUBBO_CP_ZOOKEEPER_AUTH"
+    )]
+    pub auth: Option<PathBuf>,
+    /// The ACL of the mapping and rule nodes dubbo-cp creates: `open` (anyone may read and
+    /// write, as Dubbo SDKs must) or `read` (anyone may read; only dubbo-cp's `zookeeper.auth`
+    /// identity may change them; SDKs can then no longer register mappings themselves).
+    #[arg(id = "zookeeper.acl", long = "zookeeper-acl", env = "DUBBO_CP_ZOOKEEPER_ACL",
+          value_parser = ["open", "read"])]
+    #[default("open".to_owned())]
+    pub acl: String,
+}
+
+/// dubbo-cp's identity in the ensemble, read from `zookeeper.auth`'s file.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub scheme: String,
+    /// `USER:PASSWORD` for `digest`.
+    pub secret: Vec<u8>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credentials({}:...)", self.scheme)
+    }
+}
+
+/// Why `zookeeper.auth` or `zookeeper.acl` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("zookeeper.auth {path}: cannot read it: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "zookeeper.auth {path}: {reason} (the file holds one line, digest:USER:PASSWORD or USER:PASSWORD)"
+    )]
+    Invalid { path: PathBuf, reason: &'static str },
+    #[error("zookeeper.acl {0:?}: `read` needs zookeeper.auth (the identity allowed to write)")]
+    AclWithoutAuth(String),
+    #[error("zookeeper.acl {0:?}: must be `open` or `read`")]
+    Acl(String),
+}
+
+/// The most a credentials file may hold.
+const MAX_AUTH_BYTES: u64 = 4096;
+
+impl ZooKeeperConfig {
+    /// The identity `zookeeper.auth` names, if any.
+    pub fn credentials(&self) -> Result<Option<Credentials>, AuthError> {
+        let Some(path) = &self.auth else {
+            return Ok(None);
+        };
+        let invalid = |reason| AuthError::Invalid {
+            path: path.clone(),
+            reason,
+        };
+        let read = |source| AuthError::Read {
+            path: path.clone(),
+            source,
+        };
+        let size = std::fs::metadata(path).map_err(read)?.len();
+        if size > MAX_AUTH_BYTES {
+            return Err(invalid("is over 4 KiB"));
+        }
+        let text = std::fs::read_to_string(path).map_err(read)?;
+        let line = text.trim();
+        if line.contains('\n') {
+            return Err(invalid("has more than one line"));
+        }
+        let (scheme, secret) = match line.split_once(':') {
+            Some(("digest", rest)) => ("digest", rest),
+            Some(("", _)) => return Err(invalid("names no user")),
+            _ => ("digest", line),
+        };
+        match secret.split_once(':') {
+            Some((user, password)) if !user.is_empty() && !password.is_empty() => {}
+            _ => return Err(invalid("has no USER:PASSWORD")),
+        }
+        Ok(Some(Credentials {
+            scheme: scheme.to_owned(),
+            secret: secret.as_bytes().to_vec(),
+        }))
+    }
+
+    /// Whether nodes dubbo-cp creates are read-only to others (`zookeeper.acl: read`).
+    pub fn read_only_acl(&self) -> Result<bool, AuthError> {
+        match self.acl.as_str() {
+            "open" => Ok(false),
+            "read" if self.auth.is_none() => Err(AuthError::AclWithoutAuth(self.acl.clone())),
+            "read" => Ok(true),
+            other => Err(AuthError::Acl(other.to_owned())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_file(text: &str) -> (tempfile::NamedTempFile, ZooKeeperConfig) {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        let config = ZooKeeperConfig {
+            auth: Some(file.path().to_owned()),
+            ..ZooKeeperConfig::default()
+        };
+        (file, config)
+    }
+
+    #[test]
+    fn credentials_are_read_from_the_file() {
+        for text in ["digest:dubbo-cp:s3cret\n", "dubbo-cp:s3cret"] {
+            let (_file, config) = with_file(text);
+            let credentials = config.credentials().unwrap().unwrap();
+            assert_eq!(credentials.scheme, "digest");
+            assert_eq!(credentials.secret, b"dubbo-cp:s3cret");
+            assert!(!format!("{credentials:?}").contains("s3cret"));
+        }
+        for bad in ["", "digest:", "user", "digest:user:", "a:b\nc:d"] {
+            let (_file, config) = with_file(bad);
+            let err = config.credentials().unwrap_err().to_string();
+            assert!(err.contains("zookeeper.auth"), "{bad:?}: {err}");
+        }
+        assert!(ZooKeeperConfig::default().credentials().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_read_only_acl_needs_an_identity() {
+        let config = ZooKeeperConfig {
+            acl: "read".into(),
+            ..ZooKeeperConfig::default()
+        };
+        assert!(config.read_only_acl().is_err());
+        let (_file, mut config) = with_file("u:p");
+        config.acl = "read".into();
+        assert!(config.read_only_acl().unwrap());
+        assert!(!ZooKeeperConfig::default().read_only_acl().unwrap());
+    }
 }

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use zookeeper_client::{Acls, Client, CreateMode, Error, MultiWriteError};
+use zookeeper_client::{Client, Error, MultiWriteError};
 
 use crate::body::Origin;
 use crate::index::catalog::{Catalog, RuleKey, describe, key_of};
@@ -205,7 +205,7 @@ impl ZkRules {
         for _ in 0..TRIES {
             let mut report = Report::default();
             let mut multi = client.new_multi_writer();
-            let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+            let options = self.session.create_options();
             let mut checks = Vec::new();
             for (path, (rule, bytes)) in &nodes {
                 let name = describe(&key_of(rule));

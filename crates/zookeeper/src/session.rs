@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use zookeeper_client::{Acls, Client, CreateMode, SessionState};
+use zookeeper_client::{Acls, Client, CreateMode, CreateOptions, SessionState};
 
+use crate::config::Credentials;
 use crate::stats::{ZkStats, now};
 
 /// The longest wait between two connection attempts.
@@ -21,6 +22,10 @@ pub struct Session {
     timeout: Duration,
     current: watch::Sender<Option<Client>>,
     stats: Arc<ZkStats>,
+    /// dubbo-cp's identity (`zookeeper.auth`), given at every connection.
+    credentials: Option<Credentials>,
+    /// Nodes dubbo-cp creates are read-only to everyone else (`zookeeper.acl: read`).
+    read_only: bool,
 }
 
 /// Why a connect string is refused.
@@ -37,6 +42,18 @@ impl Session {
         address: &str,
         timeout: Duration,
         stats: Arc<ZkStats>,
+    ) -> Result<Arc<Self>, AddressError> {
+        Self::with_identity(address, timeout, stats, None, false)
+    }
+
+    /// A session that authenticates as `credentials` at every connection; with `read_only`, the
+    /// nodes it creates may be changed by that identity alone (everyone may read them).
+    pub fn with_identity(
+        address: &str,
+        timeout: Duration,
+        stats: Arc<ZkStats>,
+        credentials: Option<Credentials>,
+        read_only: bool,
     ) -> Result<Arc<Self>, AddressError> {
         let refuse = |reason| AddressError {
             address: address.to_owned(),
@@ -65,7 +82,28 @@ impl Session {
             timeout,
             current: watch::Sender::new(None),
             stats,
+            credentials,
+            read_only,
         }))
+    }
+
+    /// How the mapping and rule nodes dubbo-cp creates are made: open to all (Dubbo SDKs read
+    /// and write them), or with `zookeeper.acl: read`, readable by all and changed by this
+    /// identity only.
+    pub fn create_options(&self) -> CreateOptions<'static> {
+        static READ_ONLY: std::sync::OnceLock<[zookeeper_client::Acl; 2]> =
+            std::sync::OnceLock::new();
+        if !self.read_only {
+            return CreateMode::Persistent.with_acls(Acls::anyone_all());
+        }
+        let acls = READ_ONLY.get_or_init(|| {
+            use zookeeper_client::{Acl, AuthId, Permission};
+            [
+                Acl::new(Permission::READ, AuthId::anyone()),
+                Acl::new(Permission::ALL, AuthId::authed()),
+            ]
+        });
+        CreateMode::Persistent.with_acls(Acls::new(acls))
     }
 
     /// The client of the current session, if there is one.
@@ -169,17 +207,18 @@ impl Session {
 
     /// One connection attempt: the hosts, then the chroot (created when missing, as it is ours).
     async fn connect(&self) -> Result<Client, zookeeper_client::Error> {
-        let connect = Client::connector()
-            .with_session_timeout(self.timeout)
-            .connect(&self.hosts);
+        let mut connector = Client::connector().with_session_timeout(self.timeout);
+        if let Some(credentials) = &self.credentials {
+            connector = connector.with_auth(&credentials.scheme, &credentials.secret);
+        }
+        let connect = connector.connect(&self.hosts);
         let client = tokio::time::timeout(self.timeout, connect)
             .await
             .map_err(|_| zookeeper_client::Error::Timeout)??;
         if self.chroot.is_empty() {
             return Ok(client);
         }
-        let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
-        client.mkdir(&self.chroot, &options).await?;
+        client.mkdir(&self.chroot, &self.create_options()).await?;
         client
             .chroot(self.chroot.as_str())
             .map_err(|_| zookeeper_client::Error::BadArguments(&"invalid chroot"))

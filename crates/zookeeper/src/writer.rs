@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use zookeeper_client::{Acls, Client, CreateMode, Error};
+use zookeeper_client::{Client, CreateOptions, Error};
 
 use crate::mapping::MappingKey;
 use crate::mapping::registrants::Pending;
@@ -70,7 +70,7 @@ impl ZkWriter {
             return Err(Failure::Transient(backoff(failures)));
         };
         for _ in 0..CAS_TRIES {
-            match cas_once(&client, &path, applications).await {
+            match cas_once(&client, &path, applications, &self.session.create_options()).await {
                 Ok(true) => {
                     ZkStats::count(&self.stats.writes);
                     return Ok(());
@@ -128,6 +128,7 @@ async fn cas_once(
     client: &Client,
     path: &str,
     applications: &BTreeSet<String>,
+    options: &CreateOptions<'_>,
 ) -> Result<bool, Round> {
     match client.get_data(path).await {
         Ok((data, stat)) => {
@@ -161,13 +162,12 @@ async fn cas_once(
             let Some(value) = crate::mapping_value::append("", applications) else {
                 return Ok(false);
             };
-            let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
             if let Some((parent, _)) = path.rsplit_once('/')
-                && let Err(err) = client.mkdir(parent, &options).await
+                && let Err(err) = client.mkdir(parent, options).await
             {
                 return Err(Round::Failed(err));
             }
-            match client.create(path, value.as_bytes(), &options).await {
+            match client.create(path, value.as_bytes(), options).await {
                 Ok(_) => Ok(true),
                 Err(Error::NodeExists) => Err(Round::Lost),
                 Err(err) => Err(Round::Failed(err)),

@@ -244,7 +244,7 @@ function renderDigest(d) {
   setText($('#computed-at'), fmtTime(d.computedAt) ?? '–');
   $('#computed-at').title = d.computedAt ?? '';
   // Kinds served over xDS only have no discovery-stream encoding to digest.
-  const xdsOnly = (d.xdsKinds || []).map((k) => ({ ...k, digest: null }));
+  const xdsOnly = (d.xdsKinds || []).map((k) => ({ ...k, digest: k.digest || null }));
   syncRows($('#kinds'), [...(d.kinds || []), ...xdsOnly], (k) => ({
     key: k.kind,
     cls: 'kind',
