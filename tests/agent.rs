@@ -78,6 +78,7 @@ fn agent_command(args: &[&str]) -> Command {
     // What the webhook injects must not leak in from the test's environment.
     for var in [
         "DUBBO_CA_ADDRESS",
+        "DUBBO_CP_SERVER",
         "DUBBO_CA_CERT_PATH",
         "DUBBO_OIDC_TOKEN",
         "DUBBO_OIDC_TOKEN_TYPE",
@@ -570,4 +571,68 @@ fn bad_input_is_a_clear_error() {
         }
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_follows_dubbo_cp_server_and_names_its_settings_when_the_ca_is_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(config(dir.path(), Duration::from_secs(3600))).await;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "sdk\n").unwrap();
+    // The README's moved ports set DUBBO_CP_SERVER (a bare host:port is the plain gRPC port):
+    // the agent follows it when no --ca-address or DUBBO_CA_ADDRESS is given.
+    let out = dir.path().join("certs");
+    let once = agent_command(&["--out", path(&out), "--token-file", path(&token), "--once"])
+        .env("DUBBO_CP_SERVER", server.grpc_addr.to_string())
+        .output()
+        .unwrap();
+    assert!(once.status.success(), "{once:?}");
+    assert!(out.join(CERT_CHAIN_FILE).is_file());
+
+    // A CA that is not there: the message names the settings that move it.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let away = dir.path().join("away");
+    let failed = agent_command(&[
+        "--out",
+        path(&away),
+        "--token-file",
+        path(&token),
+        "--once",
+        "--ca-address",
+        &address,
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success());
+    assert!(
+        stderr.contains("--ca-address") && stderr.contains("DUBBO_CA_ADDRESS"),
+        "{stderr}"
+    );
+
+    // A bootstrap names the agent's files by absolute paths, whatever directory it was made in.
+    let bootstrap = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .current_dir(dir.path())
+        .args([
+            "bootstrap",
+            "--xds-server",
+            "127.0.0.1:1",
+            "--certificates",
+            "./certs",
+        ])
+        .output()
+        .unwrap();
+    assert!(bootstrap.status.success(), "{bootstrap:?}");
+    let json: Value = serde_json::from_slice(&bootstrap.stdout).unwrap();
+    let file = json["certificate_providers"]["default"]["config"]["certificate_file"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        Path::new(&file).is_absolute() && file.ends_with("/certs/cert-chain.pem"),
+        "{file}"
+    );
+    server.stop().await.unwrap();
 }

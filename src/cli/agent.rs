@@ -50,12 +50,10 @@ pub struct AgentArgs {
     pub out: PathBuf,
     /// The CA: `host:port` or `https://host:port` (TLS, verified with --ca-cert-file; the
     /// control plane's TLS port, 30062), or `http://host:port` (its plain gRPC port, 30060).
-    #[arg(
-        long,
-        env = "DUBBO_CA_ADDRESS",
-        default_value = "http://127.0.0.1:30060"
-    )]
-    pub ca_address: String,
+    /// Unset, the CLI's `DUBBO_CP_SERVER` (what every other command talks to), else
+    /// `http://127.0.0.1:30060`.
+    #[arg(long, env = "DUBBO_CA_ADDRESS")]
+    pub ca_address: Option<String>,
     /// The CA's root bundle (PEM): verifies the CA over TLS, and is compared every
     /// --poll-interval: when its roots change (a rotation), the certificate is issued again.
     /// In Kubernetes the `dubbo-ca-cert` ConfigMap's `ca.crt`.
@@ -172,10 +170,24 @@ struct Agent {
     shared: Arc<Shared>,
 }
 
+/// The CA the agent asks: `--ca-address`/`DUBBO_CA_ADDRESS`, else the control plane the other
+/// commands use (`DUBBO_CP_SERVER`, where a bare `host:port` is the plain gRPC port), so one
+/// moved port moves both.
+fn ca_address(given: Option<&str>) -> String {
+    if let Some(given) = given {
+        return given.to_owned();
+    }
+    match std::env::var("DUBBO_CP_SERVER") {
+        Ok(server) if server.contains("://") => server,
+        Ok(server) if !server.trim().is_empty() => format!("http://{}", server.trim()),
+        _ => "http://127.0.0.1:30060".to_owned(),
+    }
+}
+
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     crate::telemetry::init(args.log_format);
     let ca = issue::Ca::new(
-        &args.ca_address,
+        &ca_address(args.ca_address.as_deref()),
         args.ca_cert_file.clone(),
         args.token_file.clone(),
         &args.token_type,

@@ -39,6 +39,8 @@ pub struct BootstrapArgs {
     pub token_file: Option<String>,
     /// The directory `dubbo-cp agent --out` keeps the workload certificate in: adds gRPC's
     /// `file_watcher` certificate provider, for mTLS between workloads (docs/security.md).
+    /// Written as an absolute path (a relative one would resolve against the workload's
+    /// working directory).
     #[arg(long)]
     pub certificates: Option<String>,
 }
@@ -97,9 +99,19 @@ impl BootstrapArgs {
             namespace: self.namespace.clone(),
             application,
             locality: self.locality.clone(),
-            certificates: self.certificates.clone(),
+            certificates: self.certificates.as_deref().map(absolute).transpose()?,
         })
     }
+}
+
+/// `dir` made absolute against the operator's working directory: the bootstrap is read by a
+/// workload whose own working directory a relative path would resolve against.
+fn absolute(dir: &str) -> anyhow::Result<String> {
+    let path = std::path::absolute(dir)
+        .map_err(|err| anyhow::anyhow!("--certificates {dir:?}: cannot make it absolute: {err}"))?;
+    path.to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow::anyhow!("--certificates {dir:?}: not UTF-8 once made absolute"))
 }
 
 pub fn run(args: &BootstrapArgs) -> anyhow::Result<()> {

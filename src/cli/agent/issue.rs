@@ -129,7 +129,8 @@ impl Ca {
                 failure(
                     "unreachable",
                     format!(
-                        "cannot connect to the CA at {}: {}",
+                        "cannot connect to the CA at {} (--ca-address, DUBBO_CA_ADDRESS; \
+                         without them DUBBO_CP_SERVER, else 127.0.0.1:30060): {}",
                         self.address,
                         super::super::error_chain(&err)
                     ),
@@ -170,7 +171,7 @@ impl Ca {
                 failure(
                     "unreachable",
                     format!(
-                        "the CA at {} did not answer within {}",
+                        "the CA at {} (--ca-address, DUBBO_CA_ADDRESS) did not answer within {}",
                         self.address,
                         humantime::format_duration(REQUEST_TIMEOUT)
                     ),
