@@ -127,6 +127,13 @@ pub enum Command {
         /// A manifest file, a directory of them, or `-` for standard input.
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<std::path::PathBuf>,
+        /// Return once every object is what clients are served (in ZooKeeper mode: written and
+        /// read back by the watch), as `register --wait` does.
+        #[arg(long)]
+        wait: bool,
+        /// How long `--wait` waits.
+        #[arg(long, default_value = "30s", value_parser = crate::duration::DurationArg)]
+        wait_timeout: std::time::Duration,
     },
     /// Print a gRPC xDS bootstrap (server, credentials, node with namespace and locality) for
     /// `GRPC_XDS_BOOTSTRAP_CONFIG`.
@@ -266,7 +273,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 rules::get(&admin, &what, namespace.as_deref(), output).await
             }
         }
-        Command::Apply { admin, files } => rules::apply(&admin, &files).await,
+        Command::Apply {
+            admin,
+            files,
+            wait,
+            wait_timeout,
+        } => rules::apply(&admin, &files, wait.then_some(wait_timeout)).await,
         Command::Ca { command } => ca::run(command).await,
         Command::Canary { command } => canary::run(command).await,
         Command::Status(args) => status::run(args).await,

@@ -82,8 +82,18 @@ fn read_file(path: &Path) -> anyhow::Result<String> {
 }
 
 /// `dubbo-cp apply -f ...`: prints what was created, changed and left unchanged.
-pub async fn apply(admin: &AdminArg, files: &[PathBuf]) -> anyhow::Result<()> {
+/// With `wait`, returns once every object is what clients are served, or fails after it.
+pub async fn apply(
+    admin: &AdminArg,
+    files: &[PathBuf],
+    wait: Option<Duration>,
+) -> anyhow::Result<()> {
     let manifests = read_manifests(files)?;
+    // Parsed here only to know what to wait for; the server validates and says why it refuses.
+    let expected = match wait {
+        Some(_) => crate::rules::parse_manifests(&manifests).ok(),
+        None => None,
+    };
     let report = request(admin, "POST", "/api/v1/apply", Some(manifests)).await?;
     print_report(
         &report,
@@ -93,7 +103,59 @@ pub async fn apply(admin: &AdminArg, files: &[PathBuf]) -> anyhow::Result<()> {
             ("unchanged", "unchanged"),
         ],
     );
-    Ok(())
+    match (wait, expected) {
+        (Some(limit), Some(rules)) => wait_served(admin, &rules, limit).await,
+        _ => Ok(()),
+    }
+}
+
+/// Polls the rule lists (what clients are served: in ZooKeeper mode what the watch read back)
+/// until each of `rules` is there with the same spec, for at most `limit`.
+async fn wait_served(
+    admin: &AdminArg,
+    rules: &[crate::rules::Rule],
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut pending: Vec<&crate::rules::Rule> = rules.iter().collect();
+    loop {
+        let mut lists: std::collections::BTreeMap<(&str, &str), serde_json::Value> =
+            std::collections::BTreeMap::new();
+        let mut still = Vec::new();
+        for rule in pending {
+            let list_key = (rule.kind().plural(), rule.namespace.as_str());
+            if let std::collections::btree_map::Entry::Vacant(entry) = lists.entry(list_key) {
+                let path = format!("/api/v1/rules/{}?namespace={}", list_key.0, list_key.1);
+                entry.insert(request(admin, "GET", &path, None).await?);
+            }
+            let wanted = rule.to_manifest();
+            let served = lists[&list_key]["items"].as_array().is_some_and(|items| {
+                items.iter().any(|item| {
+                    item["metadata"]["name"] == wanted["metadata"]["name"]
+                        && item["spec"] == wanted["spec"]
+                })
+            });
+            if !served {
+                still.push(rule);
+            }
+        }
+        if still.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let names: Vec<String> = still
+                .iter()
+                .map(|r| format!("{} {}/{}", r.kind().name(), r.namespace, r.name))
+                .collect();
+            bail!(
+                "not served within {} (--wait-timeout): {}",
+                humantime::format_duration(limit),
+                names.join(", ")
+            );
+        }
+        pending = still;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// `dubbo-cp delete -f ...`: like kubectl, an object that does not exist is an error (exit 1)

@@ -1,0 +1,77 @@
+//! `apply --wait` in ZooKeeper mode: the rule is written to the config center, read back by the
+//! watch and served before the command returns, so a `get` right after prints it (without the
+//! wait it printed "No resources found": the write had not come back yet).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Stdio;
+
+use common::zookeeper::{ZooKeeper, zk_config};
+use common::*;
+use tokio::io::AsyncWriteExt;
+
+const TAG_ROUTE: &str = "apiVersion: dubbo.apache.org/v1alpha1
+kind: TagRoute
+metadata: {name: grey, namespace: default}
+spec:
+  key: shop-provider
+  configVersion: v3.0
+  tags:
+    - name: gray
+      addresses: ['10.0.0.7:20880']
+";
+
+async fn cli(args: &[&str], stdin: &str) -> std::process::Output {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    child.wait_with_output().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_wait_returns_once_the_rule_is_served() {
+    let zk = ZooKeeper::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // A slow debounce, so the read-back takes a while and a command that does not wait loses.
+    let mut config = zk_config(dir.path(), &zk);
+    config.debounce.after = std::time::Duration::from_millis(300);
+    config.debounce.max = std::time::Duration::from_millis(600);
+    let server = start(config).await;
+    wait_ready(server.admin_addr).await;
+    let admin = server.admin_addr.to_string();
+
+    let applied = cli(
+        &["apply", "-f", "-", "--wait", "--admin", &admin],
+        TAG_ROUTE,
+    )
+    .await;
+    assert!(applied.status.success(), "{applied:?}");
+    assert!(String::from_utf8_lossy(&applied.stdout).contains("created"));
+    let got = cli(
+        &["get", "tagroutes", "-n", "default", "--admin", &admin],
+        "",
+    )
+    .await;
+    let text = String::from_utf8_lossy(&got.stdout);
+    assert!(text.contains("grey"), "{got:?}");
+
+    // A changed spec is waited for too.
+    let changed = TAG_ROUTE.replace("10.0.0.7", "10.0.0.8");
+    let applied = cli(&["apply", "-f", "-", "--wait", "--admin", &admin], &changed).await;
+    assert!(applied.status.success(), "{applied:?}");
+    let (_, body) = http_get(
+        server.admin_addr,
+        "/api/v1/rules/tagroutes?namespace=default",
+    )
+    .await;
+    assert!(body.contains("10.0.0.8"), "{body}");
+    server.stop().await.unwrap();
+}
