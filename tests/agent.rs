@@ -636,3 +636,41 @@ async fn the_agent_follows_dubbo_cp_server_and_names_its_settings_when_the_ca_is
     );
     server.stop().await.unwrap();
 }
+
+/// docs/agent.md's TLS variant as written: `dubbo-cp ca root > ca.pem` against a control plane
+/// with a token file and no admin token at hand, then the agent over the TLS port trusting it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_steps_of_the_docs_work_without_an_admin_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(config(dir.path(), Duration::from_secs(3600))).await;
+    let root = Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+        .args(["ca", "root", "--admin", &server.admin_addr.to_string()])
+        .env_remove("DUBBO_CP_TOKEN")
+        .output()
+        .unwrap();
+    assert!(root.status.success(), "{root:?}");
+    let pem = String::from_utf8(root.stdout).unwrap();
+    assert!(pem.starts_with("-----BEGIN CERTIFICATE-----"), "{pem}");
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &pem).unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "sdk\n").unwrap();
+    let out = dir.path().join("certs");
+    let tls = format!("localhost:{}", server.tls_addr.unwrap().port());
+    let once = agent_command(&[
+        "--out",
+        path(&out),
+        "--ca-address",
+        &tls,
+        "--ca-cert-file",
+        path(&ca_file),
+        "--token-file",
+        path(&token),
+        "--once",
+    ])
+    .output()
+    .unwrap();
+    assert!(once.status.success(), "{once:?}");
+    assert!(out.join(CERT_CHAIN_FILE).is_file());
+    server.stop().await.unwrap();
+}

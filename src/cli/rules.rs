@@ -383,6 +383,30 @@ async fn exchange(
     path: &str,
     body: Option<String>,
 ) -> anyhow::Result<serde_json::Value> {
+    let body = exchange_text(admin, method, path, body).await?;
+    Ok(serde_json::from_str(&body).unwrap_or(serde_json::Value::Null))
+}
+
+/// A GET of a text answer (`ca root`'s PEM bundle), or the server's error message.
+pub(super) async fn request_text(admin: &AdminArg, path: &str) -> anyhow::Result<String> {
+    tokio::time::timeout(admin.timeout, exchange_text(admin, "GET", path, None))
+        .await
+        .map_err(|_| {
+            let address = admin_address(&admin.admin_address).unwrap_or(&admin.admin_address);
+            anyhow::anyhow!(
+                "GET http://{address}{path}: no answer within {}; {ADMIN_HINT}",
+                humantime::format_duration(admin.timeout)
+            )
+        })?
+}
+
+/// One exchange; the answer's body when its status is 2xx.
+async fn exchange_text(
+    admin: &AdminArg,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> anyhow::Result<String> {
     let address = admin_address(&admin.admin_address)?;
     let asked = format!("{method} http://{address}{path}");
     let mut stream = tokio::net::TcpStream::connect(address)
@@ -431,8 +455,9 @@ async fn exchange(
     } else {
         String::from_utf8_lossy(raw_body).into_owned()
     };
-    let json: serde_json::Value = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
     if !(200..300).contains(&status) {
+        let json: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
         let message = json["error"]
             .as_str()
             .map_or(body.trim().to_owned(), str::to_owned);
@@ -460,7 +485,7 @@ async fn exchange(
         };
         bail!("{asked}: HTTP {status}: {message}{hint}");
     }
-    Ok(json)
+    Ok(body)
 }
 
 /// The payload of a chunked body (bytes: a chunk may end inside a UTF-8 character).

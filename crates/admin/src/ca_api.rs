@@ -30,6 +30,33 @@ pub(super) async fn show_ca(
         .ok_or_else(|| api_error(StatusCode::SERVICE_UNAVAILABLE, crate::ca::NOT_READY))
 }
 
+/// `dubbo-cp ca root`: the trusted roots as one PEM bundle, the active one first. Public, as
+/// the `dubbo-ca-cert` ConfigMap is readable by every pod and SPIFFE's bundle endpoint needs no
+/// credential: certificates are what every peer is shown anyway, and a workload needs them
+/// before it has an identity to ask with (docs/agent.md's TLS steps).
+pub(super) async fn ca_roots(
+    State(state): State<AdminState>,
+) -> Result<impl IntoResponse, ApiError> {
+    let ca = state.ca.as_ref().ok_or_else(|| {
+        api_error(
+            StatusCode::NOT_FOUND,
+            "the certificate authority is disabled (ca.enabled: false)",
+        )
+    })?;
+    let bundle = ca
+        .current()
+        .ok_or_else(|| api_error(StatusCode::SERVICE_UNAVAILABLE, crate::ca::NOT_READY))?;
+    let pem: String = bundle
+        .trust_pems()
+        .iter()
+        .map(|pem| format!("{}\n", pem.trim_end()))
+        .collect();
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-pem-file")],
+        pem,
+    ))
+}
+
 /// `dubbo-cp ca rotate`: a new active root, the old one trusted until its certificates expire.
 pub(super) async fn rotate_ca(
     State(state): State<AdminState>,

@@ -190,6 +190,7 @@ pub fn router(state: AdminState) -> Router {
             axum::routing::delete(delete_rule),
         )
         .route("/api/v1/ca", get(show_ca))
+        .route("/api/v1/ca/roots", get(ca_roots))
         .route("/api/v1/ca/rotate", post(rotate_ca))
         .route("/api/v1/ca/issue", post(issue_certificate))
         .merge(ui::router())
