@@ -145,7 +145,12 @@ async fn every_example_is_in_the_docs_and_the_rules_apply() {
         }
     }
     let mut manifests = 0;
-    for dir in ["examples/rules", "examples/kubernetes", "examples/xds"] {
+    for dir in [
+        "examples/rules",
+        "examples/kubernetes",
+        "examples/xds",
+        "examples/security",
+    ] {
         for entry in std::fs::read_dir(repository().join(dir)).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_none_or(|e| e != "yaml") {
