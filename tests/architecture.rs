@@ -128,6 +128,20 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ),
     ("dubbo-cp-debounce", PROTOCOLS),
     ("dubbo-cp-canary", PROTOCOLS),
+    // The workload side: the CA's protocol (its own client) and the kit, nothing of the
+    // server's, no Kubernetes client, no database.
+    (
+        "dubbo-cp-agent",
+        &[
+            "kube",
+            "k8s-openapi",
+            "rusqlite",
+            "dubbo-cp-ca",
+            "dubbo-cp-xds",
+            "dubbo-cp-admin",
+            "dubbo-cp-store",
+        ],
+    ),
 ];
 
 /// Our crates each may depend on; any other edge between our crates is refused.
@@ -179,6 +193,7 @@ const OURS: &[(&str, &[&str])] = &[
         ],
     ),
     ("dubbo-cp-ca", &["dubbo-cp-kit", "dubbo-cp-auth"]),
+    ("dubbo-cp-agent", &["dubbo-cp-kit"]),
     (
         "dubbo-cp-webhook",
         &[
@@ -241,6 +256,7 @@ const OURS: &[(&str, &[&str])] = &[
             "dubbo-cp-xds",
             "dubbo-cp-admin",
             "dubbo-cp-zookeeper",
+            "dubbo-cp-agent",
         ],
     ),
     ("dubbo-cp-bench", &["dubbo-cp"]),

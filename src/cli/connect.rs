@@ -229,19 +229,8 @@ impl ServerArg {
     }
 }
 
-/// An error and its sources in one line, each said once (transport errors repeat their cause).
-pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(err) = next {
-        let text = err.to_string();
-        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        next = err.source();
-    }
-    parts.join(": ")
-}
+/// An error and its sources as one line (the kit's, shared with the agent).
+pub use dubbo_cp_kit::error_chain as chain;
 
 #[cfg(test)]
 mod tests {

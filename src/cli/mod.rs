@@ -10,7 +10,6 @@ use crate::{server, telemetry};
 
 #[macro_use]
 mod output;
-mod agent;
 mod bootstrap;
 mod ca;
 mod canary;
@@ -141,7 +140,7 @@ pub enum Command {
     /// Keep a workload certificate from the CA in a directory (`cert-chain.pem`, `key.pem`,
     /// `root-cert.pem`) for gRPC's file_watcher certificate provider, renewed before expiry and
     /// when the roots rotate (`--once`: write it and exit).
-    Agent(agent::AgentArgs),
+    Agent(dubbo_cp_agent::AgentArgs),
     /// Which clients have which revisions of each kind (`--stale`: only those behind); with
     /// `--compare ADMIN...`, whether several replicas serve byte-identical state.
     Status(status::StatusArgs),
@@ -228,7 +227,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             interfaces,
         } => status::unregister(&admin, namespace, application, interfaces).await,
         Command::Bootstrap(args) => bootstrap::run(&args),
-        Command::Agent(args) => agent::run(args).await,
+        Command::Agent(args) => dubbo_cp_agent::run(args).await,
         Command::Crd => {
             out!("{}", crate::k8s::crd::crd_yaml()?);
             Ok(())
@@ -308,16 +307,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
 /// Resolves on SIGTERM or Ctrl-C.
 async fn shutdown_signal() -> anyhow::Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot listen for SIGTERM")?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        result = tokio::signal::ctrl_c() => {
-            result.context("cannot listen for Ctrl-C")?;
-            tracing::info!("interrupt received");
-        }
-    }
-    Ok(())
+    dubbo_cp_kit::shutdown::terminated()
+        .await
+        .context("cannot listen for SIGTERM or Ctrl-C")
 }
 
 async fn register(

@@ -210,7 +210,7 @@ pub fn metrics_response(
             StatusCode::OK,
             [(
                 axum::http::header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                crate::metrics::CONTENT_TYPE,
             )],
             text,
         )

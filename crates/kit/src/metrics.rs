@@ -179,6 +179,9 @@ impl<T: Send + Sync + 'static> Collector for Scraped<T> {
     }
 }
 
+/// The `Content-Type` of what [`render`] makes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 /// The registry as OpenMetrics text.
 pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
     let mut text = String::new();

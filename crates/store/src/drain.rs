@@ -15,10 +15,10 @@
 //! Pairs stay in the outbox until written, so nothing acknowledged is lost whatever the truth
 //! answers; what is not written at shutdown is written first at the next start.
 
+pub use dubbo_cp_kit::backoff::jittered_backoff;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -359,22 +359,6 @@ async fn sleep_until(deadline: Option<Instant>) {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
-}
-
-/// `base * 2^attempt` capped at `cap`, then a random point in its upper half, so replicas that
-/// collided do not retry in lockstep.
-pub fn jittered_backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
-    let exponential = base.saturating_mul(1u32 << attempt.min(16)).min(cap);
-    let half = exponential / 2;
-    half + half.mul_f64(random_unit())
-}
-
-/// A random number in [0, 1): std's randomly keyed hasher is a fine source for jitter.
-fn random_unit() -> f64 {
-    let bits = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]

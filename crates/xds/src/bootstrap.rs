@@ -23,9 +23,7 @@ pub const SERVER_LISTENER_PREFIX: &str = "grpc/server?xds.resource.listening_add
 pub const CERTIFICATE_PROVIDER: &str = "default";
 /// The files `dubbo-cp agent` writes and gRPC's `file_watcher` provider reads (istio-agent's
 /// names, so tooling that knows those finds ours).
-pub const CERT_CHAIN_FILE: &str = "cert-chain.pem";
-pub const KEY_FILE: &str = "key.pem";
-pub const ROOT_CERT_FILE: &str = "root-cert.pem";
+pub use dubbo_cp_kit::workload::{CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE};
 /// How often gRPC re-reads those files (the agent renews long before expiry).
 pub const CERTIFICATE_REFRESH: &str = "60s";
 

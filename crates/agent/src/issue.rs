@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 use super::pki::{self, Leaf};
-use crate::pb::ca::IdentityRequest;
-use crate::pb::ca::authority_service_client::AuthorityServiceClient;
+use crate::pb::IdentityRequest;
+use crate::pb::authority_service_client::AuthorityServiceClient;
 
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -132,7 +132,7 @@ impl Ca {
                         "cannot connect to the CA at {} (--ca-address, DUBBO_CA_ADDRESS; \
                          without them DUBBO_CP_SERVER, else 127.0.0.1:30060): {}",
                         self.address,
-                        super::super::error_chain(&err)
+                        dubbo_cp_kit::error_chain(&err)
                     ),
                 )
             })?;
@@ -270,7 +270,7 @@ impl Ca {
     fn check(
         &self,
         key: rcgen::KeyPair,
-        response: &crate::pb::ca::IdentityResponse,
+        response: &crate::pb::IdentityResponse,
     ) -> Result<Issued, Failure> {
         let bad = |reason: String| {
             failure(

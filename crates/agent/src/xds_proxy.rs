@@ -23,7 +23,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::xds::bootstrap::{CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE};
+use dubbo_cp_kit::workload::{CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE};
 
 /// How long opening the upstream connection may take before the client is told to retry.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

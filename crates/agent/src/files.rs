@@ -8,7 +8,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::pki::{self, Leaf};
-use crate::xds::bootstrap::{CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE};
+use dubbo_cp_kit::workload::{CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE};
 
 /// The files as they are on disk, when they are usable together.
 #[derive(Debug, Clone)]

@@ -4,10 +4,16 @@
 //! `file_watcher` certificate provider (gRFC A29) re-reads it. It renews at the CA's
 //! `refresh_time` (else half-way), at once when the CA bundle file changes, keeps the last good
 //! files while the CA cannot be reached, and says how it is doing on `/healthz` and `/metrics`.
+//!
+//! A program of its own that runs beside workloads, not the control plane: it depends on the
+//! CA's protocol (compiled here from `proto/ca.proto`) and the kit, never on the server's crates
+//! (`tests/architecture.rs`). `dubbo-cp agent` runs it.
+#![forbid(unsafe_code)]
 
 mod files;
 mod http;
 mod issue;
+mod pb;
 mod pki;
 mod xds_proxy;
 
@@ -20,10 +26,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::duration::DurationArg;
-use crate::metrics::ReasonLabel;
-use crate::store::drain::jittered_backoff;
-use crate::telemetry::LogFormat;
+use dubbo_cp_kit::backoff::jittered_backoff;
+use dubbo_cp_kit::duration::DurationArg;
+use dubbo_cp_kit::metrics::ReasonLabel;
+use dubbo_cp_kit::telemetry::LogFormat;
 
 /// The failure reasons, each a series from the start (0 until it happens).
 const REASONS: [&str; 7] = [
@@ -185,7 +191,7 @@ fn ca_address(given: Option<&str>) -> String {
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
-    crate::telemetry::init(args.log_format);
+    dubbo_cp_kit::telemetry::init(args.log_format);
     let ca = issue::Ca::new(
         &ca_address(args.ca_address.as_deref()),
         args.ca_cert_file.clone(),
@@ -263,7 +269,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     tokio::select! {
         () = agent.run() => Ok(()),
         result = proxy => result,
-        result = super::shutdown_signal() => result,
+        result = dubbo_cp_kit::shutdown::terminated() => result.map_err(anyhow::Error::from),
     }
 }
 

@@ -19,8 +19,16 @@ pub fn router(shared: Arc<Shared>) -> axum::Router {
         .with_state(shared)
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
-    crate::admin::metrics_response(&shared.registry)
+async fn metrics(State(shared): State<Arc<Shared>>) -> axum::response::Response {
+    use dubbo_cp_kit::metrics;
+    match metrics::render(&shared.registry) {
+        Ok(text) => (
+            [(axum::http::header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+            text,
+        )
+            .into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n").into_response(),
+    }
 }
 
 async fn healthz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
