@@ -150,6 +150,7 @@ async fn every_example_is_in_the_docs_and_the_rules_apply() {
         "examples/kubernetes",
         "examples/xds",
         "examples/security",
+        "examples/zookeeper",
     ] {
         for entry in std::fs::read_dir(repository().join(dir)).unwrap() {
             let path = entry.unwrap().path();

@@ -129,6 +129,16 @@ async fn the_dashboard_lists_xds_clients_their_subscriptions_and_a_nack() {
             "document.querySelector('tr.xds-client[data-node=\"dash-one\"]').cells[3].textContent",
         );
         assert_eq!(protocol, serde_json::json!("sotw"));
+        // Versions read as the time they were published, the number itself in the title.
+        let sent = browser.evaluate(
+            "(c => [c.textContent, c.title])(document.querySelector('tr.xds-client[data-node=\"dash-one\"]').cells[7])",
+        );
+        let (text, title) = (sent[0].as_str().unwrap(), sent[1].as_str().unwrap());
+        assert!(
+            text.len() == 23 && text.starts_with("20") && text.as_bytes()[10] == b' ',
+            "{sent}"
+        );
+        assert!(title.parse::<u64>().is_ok(), "{sent}");
         // The rejecting stream, with its message, and alone under the filter.
         browser.wait_for(
             "[...document.querySelectorAll('tr.xds-client.stale[data-node=\"nacker\"]')]\

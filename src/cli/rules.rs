@@ -109,8 +109,23 @@ pub async fn apply(
     }
 }
 
+/// Whether `served` says at least what `wanted` does: a store may write back defaults the
+/// manifest left out (ZooKeeper's bodies carry `side: provider`, as Dubbo's SDKs read them).
+fn includes(served: &serde_json::Value, wanted: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (served, wanted) {
+        (Value::Object(served), Value::Object(wanted)) => wanted
+            .iter()
+            .all(|(key, value)| served.get(key).is_some_and(|s| includes(s, value))),
+        (Value::Array(served), Value::Array(wanted)) => {
+            served.len() == wanted.len() && served.iter().zip(wanted).all(|(s, w)| includes(s, w))
+        }
+        _ => served == wanted,
+    }
+}
+
 /// Polls the rule lists (what clients are served: in ZooKeeper mode what the watch read back)
-/// until each of `rules` is there with the same spec, for at most `limit`.
+/// until each of `rules` is there with at least its spec, for at most `limit`.
 async fn wait_served(
     admin: &AdminArg,
     rules: &[crate::rules::Rule],
@@ -132,7 +147,7 @@ async fn wait_served(
             let served = lists[&list_key]["items"].as_array().is_some_and(|items| {
                 items.iter().any(|item| {
                     item["metadata"]["name"] == wanted["metadata"]["name"]
-                        && item["spec"] == wanted["spec"]
+                        && includes(&item["spec"], &wanted["spec"])
                 })
             });
             if !served {
@@ -512,6 +527,19 @@ fn dechunk(body: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_served_spec_may_say_more_than_the_manifest() {
+        let served =
+            serde_json::json!({"key": "g", "configs": [{"side": "provider", "addresses": ["a"]}]});
+        let wanted = serde_json::json!({"key": "g", "configs": [{"addresses": ["a"]}]});
+        assert!(includes(&served, &wanted));
+        assert!(!includes(&wanted, &served));
+        let other = serde_json::json!({"key": "g", "configs": [{"addresses": ["b"]}]});
+        assert!(!includes(&served, &other));
+        let more = serde_json::json!({"key": "g", "configs": [{"addresses": ["a"]}, {}]});
+        assert!(!includes(&served, &more));
+    }
 
     #[test]
     fn chunked_bodies_are_joined() {

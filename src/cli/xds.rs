@@ -63,6 +63,18 @@ async fn split(args: SplitArgs) -> anyhow::Result<()> {
 
 /// The answer as the CLI prints it: the route, the clusters, then one line per endpoint with
 /// its share and a bar of it.
+/// An xDS version with the time it stands for: versions are published at Unix milliseconds (or
+/// one past the previous), so `1796691594678 (2026-12-08T00:59:54.678Z)`.
+fn readable_version(version: &str) -> String {
+    match version.parse::<u64>() {
+        Ok(millis) if millis >= 1_000_000_000_000 => {
+            let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(millis);
+            format!("{version} ({})", humantime::format_rfc3339_millis(at))
+        }
+        _ => version.to_owned(),
+    }
+}
+
 fn table(answer: &serde_json::Value) -> Option<String> {
     let split = &answer["split"];
     let headers: Vec<&str> = answer["headers"]
@@ -79,7 +91,7 @@ fn table(answer: &serde_json::Value) -> Option<String> {
         } else {
             format!(" with {}", printable(&headers.join(", ")))
         },
-        split["version"].as_str()?,
+        readable_version(split["version"].as_str()?),
         split["route"].as_u64()?,
         printable(split["matched"].as_str()?),
     );
@@ -141,6 +153,11 @@ mod tests {
             "greeter:7070 from namespace shop with dubbo-tag:gray, version 9"
         );
         assert_eq!(lines[1], "route 2: dubbo-tag=gray");
+        // Versions that are times say which.
+        assert_eq!(
+            readable_version("1796691594678"),
+            "1796691594678 (2026-12-08T00:59:54.678Z)"
+        );
         assert!(
             lines[5].starts_with("10.0.0.1:7070") && lines[5].contains(" 80.0%"),
             "{text}"

@@ -222,6 +222,14 @@ const sortBy = (arr, keyOf) => [...(arr || [])].sort((a, b) => {
 const mono = (text, title) => ({ text, title, cls: 'mono' });
 const num = (text, extra = '') => ({ text, cls: `num mono ${extra}`.trim() });
 const fmtTime = (iso) => (iso ? String(iso).replace('T', ' ').replace(/\.\d+/, '') : null);
+// xDS versions are when they were published, in Unix milliseconds (or one past the previous
+// version): shown as that time (UTC, to the millisecond), the number itself in the title.
+const fmtVersion = (v) => {
+  const n = Number(v);
+  if (v == null || v === '' || !Number.isFinite(n) || n < 1e12) return v ?? null;
+  return new Date(n).toISOString().replace('T', ' ').replace('Z', '');
+};
+const version = (v, extra = '') => ({ text: fmtVersion(v), title: v ?? null, cls: `num mono ${extra}`.trim() });
 
 // ---------- sections ----------
 
@@ -414,13 +422,13 @@ function renderXdsClients() {
         { text: fmtTime(c.connected_since), title: c.connected_since, cls: `mono ${dim}`.trim() },
         t ? t.type : null,
         { text: names, title: shown.join('\n') + (t && t.names > shown.length ? `\n… ${t.names - shown.length} more` : ''), cls: 'num mono' },
-        num(t && t.sent),
-        num(t && t.acked, t && t.sent !== t.acked ? 'bad' : ''),
+        version(t && t.sent),
+        version(t && t.acked, t && t.sent !== t.acked ? 'bad' : ''),
         num(t && t.lag_seconds != null ? Number(t.lag_seconds).toFixed(1) : null, t && t.lag_seconds >= 10 ? 'bad' : ''),
         t && t.not_found_count
           ? { text: `${t.not_found.join(', ')}${t.not_found_count > t.not_found.length ? ` (+${t.not_found_count - t.not_found.length})` : ''}`, title: 'subscribed, but resolves to nothing: the client is told it does not exist', cls: 'mono bad not-found' }
           : null,
-        { text: nack ? `v${nack.version}: ${nack.message}` : null, title: nack ? nack.message : null, cls: nack ? 'mono bad' : 'mono' },
+        { text: nack ? `${fmtVersion(nack.version)}: ${nack.message}` : null, title: nack ? `version ${nack.version}: ${nack.message}` : null, cls: nack ? 'mono bad' : 'mono' },
         { text: stale ? 'no' : 'yes', title: (c.stale || []).join('\n'), cls: stale ? 'bad' : 'ok' },
       ],
     };
@@ -488,7 +496,7 @@ function renderSplit() {
   const answer = named ? last.split : null;
   const split = answer && answer.split;
   setText($('#split-route'), answer && answer.error ? answer.error
-    : split ? `route ${split.route}: ${split.matched} · version ${split.version}${(split.notes || []).map((n) => ` · ${n}`).join('')}` : '');
+    : split ? `route ${split.route}: ${split.matched} · version of ${fmtVersion(split.version)}${(split.notes || []).map((n) => ` · ${n}`).join('')}` : '');
   $('#split-route').classList.toggle('error', Boolean(answer && answer.error));
   const rows = split ? split.endpoints : [];
   reconcile($('.split-bars', section), rows, (e) => keyStr([e.cluster, e.address]), () => {

@@ -49,14 +49,9 @@ pub fn venv(name: &str, requirement: &str, check: &str) -> PathBuf {
             .expect("python3 is needed for the released-client tests");
         assert!(made.success(), "python3 -m venv {} failed", venv.display());
         let installed = std::process::Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                requirement,
-            ])
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+            // Several requirements, separated by spaces.
+            .args(requirement.split_whitespace())
             .status()
             .unwrap();
         assert!(installed.success(), "pip install {requirement} failed");
