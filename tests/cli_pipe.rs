@@ -22,6 +22,28 @@ async fn listing_commands_end_quietly_when_their_reader_goes_away() {
         assert!(reply.is_ok());
     }
     wait_published(&server, 1).await;
+    // Something for every listing below to print.
+    let (status, body) = http_send(
+        server.admin_addr,
+        "POST",
+        "/api/v1/apply",
+        "apiVersion: dubbo.apache.org/v1alpha1
+kind: TagRoute
+metadata: {name: grey, namespace: shop}
+spec: {key: shop-provider, configVersion: v3.0, tags: [{name: gray, addresses: ['10.0.0.7:20880']}]}
+---
+apiVersion: dubbo.apache.org/v1alpha1
+kind: ServiceEntry
+metadata: {name: greeter, namespace: shop}
+spec:
+  hosts: [greeter]
+  ports: [{number: 7070, name: grpc, protocol: GRPC}]
+  endpoints: [{address: 127.0.0.1, ports: {grpc: 50051}}]
+",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
     let grpc_addr = format!("http://{}", server.grpc_addr);
     let admin = server.admin_addr.to_string();
     let commands: Vec<Vec<&str>> = vec![
@@ -46,7 +68,8 @@ async fn listing_commands_end_quietly_when_their_reader_goes_away() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // The reader is gone before the command writes anything.
+        // The reader is gone before the command writes anything (each writes something: the
+        // same command with a reader is checked below).
         drop(child.stdout.take());
         let output = child.wait_with_output().await.unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -59,6 +82,12 @@ async fn listing_commands_end_quietly_when_their_reader_goes_away() {
             "{args:?} ended with {:?}: {stderr}",
             output.status
         );
+        let read = tokio::process::Command::new(env!("CARGO_BIN_EXE_dubbo-cp"))
+            .args(&args)
+            .output()
+            .await
+            .unwrap();
+        assert!(!read.stdout.is_empty(), "{args:?} prints nothing: {read:?}");
     }
     server.stop().await.unwrap();
 }

@@ -75,3 +75,70 @@ async fn apply_wait_returns_once_the_rule_is_served() {
     assert!(body.contains("10.0.0.8"), "{body}");
     server.stop().await.unwrap();
 }
+
+/// What dubbo-cp appends to a mapping node someone wrote with spaces and empty items is written
+/// back as readers should see it (dubbo-go splits without trimming).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mapping_written_with_spaces_is_written_back_without_them() {
+    let zk = ZooKeeper::start().await;
+    let sdk = zk.client().await;
+    common::zookeeper::put(
+        &sdk,
+        "/dubbo/mapping/org.demo.Spaced",
+        b"java-app, go-app,,",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(zk_config(dir.path(), &zk)).await;
+    wait_ready(server.admin_addr).await;
+    let mut grpc = client(server.grpc_addr).await;
+    let reply = grpc
+        .register_service_app_mapping(request("default", "rust-app", &["org.demo.Spaced"]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.success, "{reply:?}");
+    common::zookeeper::wait_node(
+        &sdk,
+        "/dubbo/mapping/org.demo.Spaced",
+        Some("java-app,go-app,rust-app"),
+    )
+    .await;
+    server.stop().await.unwrap();
+}
+
+/// `zookeeper.acl: read`: the nodes dubbo-cp creates are read by anyone and changed by its own
+/// identity only; without the setting they stay open (SDKs append to mapping nodes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_acl_lets_sdks_read_our_nodes_but_not_change_them() {
+    let zk = ZooKeeper::start().await;
+    let sdk = zk.client().await;
+    for (acl, interface) in [("read", "org.demo.Guarded"), ("open", "org.demo.Open")] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = zk_config(dir.path(), &zk);
+        let auth = dir.path().join("zookeeper-auth");
+        std::fs::write(&auth, "digest:dubbo-cp:s3cret\n").unwrap();
+        config.zookeeper.auth = Some(auth);
+        config.zookeeper.acl = acl.to_owned();
+        let server = start(config).await;
+        wait_ready(server.admin_addr).await;
+        let mut grpc = client(server.grpc_addr).await;
+        let reply = grpc
+            .register_service_app_mapping(request("default", "shop", &[interface]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(reply.success, "{reply:?}");
+        let path = format!("/dubbo/mapping/{interface}");
+        common::zookeeper::wait_node(&sdk, &path, Some("shop")).await;
+        let written = sdk.set_data(&path, b"shop,sdk-app", None).await;
+        match acl {
+            "read" => assert!(
+                matches!(written, Err(zookeeper_client::Error::NoAuth)),
+                "{written:?}"
+            ),
+            _ => assert!(written.is_ok(), "{written:?}"),
+        }
+        server.stop().await.unwrap();
+    }
+}

@@ -168,6 +168,17 @@ async fn replicas_on_one_ensemble_share_one_ca_and_a_foreign_root_is_refused() {
         anonymous.get_data(ROOTS_NODE).await,
         Err(zookeeper_client::Error::NoAuth)
     ));
+    // Nor may it replace them: the directory refuses a delete or a create but dubbo-cp's.
+    assert!(matches!(
+        anonymous.delete(ROOTS_NODE, None).await,
+        Err(zookeeper_client::Error::NoAuth)
+    ));
+    let open =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    assert!(matches!(
+        anonymous.create("/dubbo-cp/.ca/other", b"x", &open).await,
+        Err(zookeeper_client::Error::NoAuth)
+    ));
 
     // Released grpcio on both ends, their agents served by different replicas, STRICT mTLS.
     let port = free_port();
@@ -224,8 +235,9 @@ async fn replicas_on_one_ensemble_share_one_ca_and_a_foreign_root_is_refused() {
     let rotated = roots(a.admin_addr).await;
     assert_eq!(rotated.len(), 2, "{rotated:?}");
     assert_eq!(rotated[1], first[0]);
-    wait_until("B serves A's rotation", async || {
-        roots(b.admin_addr).await == rotated
+    // B issues from the new root (the old one may already be dropped: certificates live 10 s).
+    wait_until("B issues from A's new root", async || {
+        roots(b.admin_addr).await.first() == rotated.first()
     })
     .await;
     let (_, body) = http_send(a.admin_addr, "GET", "/api/v1/ca", "", Some(ADMIN)).await;
@@ -271,7 +283,7 @@ async fn replicas_on_one_ensemble_share_one_ca_and_a_foreign_root_is_refused() {
                 http_get(replica, "/readyz")
                     .await
                     .1
-                    .contains("CA: this replica's CA root")
+                    .contains("CA: the replicas on the ensemble do not trust each other's CA roots")
             },
         )
         .await;

@@ -149,6 +149,10 @@ async fn a_rolling_restart_of_three_servers_leaves_no_replica_deaf() {
     }
     for server in 0..3 {
         ensemble.stop(server);
+        // The other two serve (a new leader, when the stopped one led) before the SDK writes.
+        for other in (0..3).filter(|other| *other != server) {
+            ensemble.wait_serving(other).await;
+        }
         // Each replica was on one of the three: at least one stop moved each to another.
         let sdk = ensemble.client().await;
         let took = heard_after_reconnection(&sdk, &replicas, &format!("Without{server}")).await;

@@ -89,11 +89,9 @@ pub async fn apply(
     wait: Option<Duration>,
 ) -> anyhow::Result<()> {
     let manifests = read_manifests(files)?;
-    // Parsed here only to know what to wait for; the server validates and says why it refuses.
-    let expected = match wait {
-        Some(_) => crate::rules::parse_manifests(&manifests).ok(),
-        None => None,
-    };
+    // Parsed here only to know what to wait for; the server validates and says why it refuses
+    // (so a manifest this CLI cannot read is sent all the same, and the wait then says so).
+    let expected = wait.map(|_| crate::rules::parse_manifests(&manifests));
     let report = request(admin, "POST", "/api/v1/apply", Some(manifests)).await?;
     print_report(
         &report,
@@ -104,7 +102,10 @@ pub async fn apply(
         ],
     );
     match (wait, expected) {
-        (Some(limit), Some(rules)) => wait_served(admin, &rules, limit).await,
+        (Some(limit), Some(Ok(rules))) => wait_served(admin, &rules, limit).await,
+        (Some(_), Some(Err(err))) => {
+            bail!("applied, but --wait cannot tell what to wait for: {err}")
+        }
         _ => Ok(()),
     }
 }

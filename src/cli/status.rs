@@ -409,17 +409,23 @@ fn ca_roots_text(addresses: &[String], views: &[DigestView], out: &mut String) -
         .iter()
         .zip(views)
         .map(|(address, view)| (address, &view.ca_roots))
-        .filter(|(_, roots)| !roots.is_empty())
         .collect();
-    let Some((_, first)) = with_ca.first() else {
+    // No replica runs a CA: nothing to compare. Once one does, a replica without roots (its CA
+    // disabled or not loaded) disagrees too.
+    if with_ca.iter().all(|(_, roots)| roots.is_empty()) {
         return true;
-    };
-    let agree = with_ca.iter().all(|(_, roots)| roots == first);
+    }
+    let first = with_ca[0].1;
+    let agree = with_ca.iter().all(|(_, roots)| *roots == first);
     let states: Vec<String> = with_ca
         .iter()
         .map(|(address, roots)| {
             let short: Vec<&str> = roots.iter().map(|r| r.get(..16).unwrap_or(r)).collect();
-            format!("{address} {}", short.join("+"))
+            if short.is_empty() {
+                format!("{address} -")
+            } else {
+                format!("{address} {}", short.join("+"))
+            }
         })
         .collect();
     out.push_str(&format!(

@@ -352,7 +352,7 @@ impl Ensemble {
     }
 
     /// Waits until server `i` is a follower or the leader (`srvr` names its mode).
-    async fn wait_serving(&self, i: usize) {
+    pub async fn wait_serving(&self, i: usize) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
         loop {
             let answer = four_letters(self.ports[i], "srvr");

@@ -10,13 +10,22 @@
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use zookeeper_client::{Acls, Client, CreateMode, Error};
+use zookeeper_client::{Acl, Acls, Client, CreateMode, Error, Permission};
 
 use super::store::{CaStoreError, StoredRoots};
 
 /// Everything of the CA's in the ensemble, beside the rule and mapping trees (a name no
-/// Kubernetes namespace can have, so it never reads as one).
+/// Kubernetes namespace can have, so it never reads as one). Changed only by dubbo-cp's
+/// identity: ZooKeeper checks a delete or create against the parent's ACL, so an open
+/// directory would let anyone replace the roots node with a root of their own.
 pub const DIR: &str = "/dubbo-cp/.ca";
+/// The directory above it, open as dubbo-cp's other nodes are.
+const PARENT: &str = "/dubbo-cp";
+/// [`DIR`]'s ACL: dubbo-cp's identity may do anything, everyone may list it.
+static GUARDED: [Acl; 2] = [
+    Acl::new_const(Permission::ALL, "auth", ""),
+    Acl::new_const(Permission::READ, "world", "anyone"),
+];
 /// The roots and the signing key.
 pub const ROOTS_NODE: &str = "/dubbo-cp/.ca/roots";
 /// Longest wait for a session when the roots are needed.
@@ -102,14 +111,57 @@ impl EnsembleRoots {
         }
     }
 
-    /// The roots and the node's version; `None` when there are none yet.
+    /// Makes [`DIR`] exist with [`GUARDED`], taking it back if it was left open (by an older
+    /// version, or by someone else first); refuses when it is guarded by another identity.
+    async fn guard(&self, client: &Client) -> Result<(), CaStoreError> {
+        let open = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        match client.mkdir(PARENT, &open).await {
+            Ok(()) | Err(Error::NodeExists) => {}
+            Err(err) => return Err(failed(err)),
+        }
+        let guarded = CreateMode::Persistent.with_acls(Acls::new(&GUARDED));
+        match client.create(DIR, &[], &guarded).await {
+            Ok(_) => return Ok(()),
+            Err(Error::NodeExists) => {}
+            Err(err) => return Err(failed(err)),
+        }
+        let (acls, _) = client.get_acl(DIR).await.map_err(failed)?;
+        if acls.iter().all(|acl| {
+            acl.scheme() == "digest"
+                || (acl.scheme() == "world" && acl.permission() == Permission::READ)
+        }) {
+            return Ok(());
+        }
+        tracing::warn!(
+            node = DIR,
+            "the CA's directory in the ensemble was open to anyone; closing it to dubbo-cp's identity"
+        );
+        client.set_acl(DIR, &GUARDED, None).await.map_err(failed)?;
+        Ok(())
+    }
+
+    /// The roots and the node's version; `None` when there are none yet. A node that anyone
+    /// but dubbo-cp's identity may read or change is refused, not used.
     pub async fn read(&self) -> Result<Option<(StoredRoots, String)>, CaStoreError> {
         let client = self.client().await?;
-        match client.get_data(ROOTS_NODE).await {
-            Ok((data, stat)) => Ok(Some((decode(&data)?, stat.version.to_string()))),
-            Err(Error::NoNode) => Ok(None),
-            Err(err) => Err(failed(err)),
+        self.guard(&client).await?;
+        let (data, stat) = match client.get_data(ROOTS_NODE).await {
+            Ok(read) => read,
+            Err(Error::NoNode) => return Ok(None),
+            Err(err) => return Err(failed(err)),
+        };
+        let (acls, _) = client.get_acl(ROOTS_NODE).await.map_err(failed)?;
+        if let Some(open) = acls.iter().find(|acl| acl.scheme() != "digest") {
+            return Err(CaStoreError::Unmanaged(format!(
+                "ZooKeeper {ROOTS_NODE} is not dubbo-cp's: its ACL lets {}:{} {} it, so anyone \
+                 could read the signing key or replace the root. Delete the node with \
+                 zookeeper.auth's identity; the next replica to start creates it",
+                open.scheme(),
+                open.id(),
+                open.permission()
+            )));
         }
+        Ok(Some((decode(&data)?, stat.version.to_string())))
     }
 
     /// The roots in the ensemble, created from `generate` by the first replica to get there.
@@ -151,11 +203,7 @@ impl EnsembleRoots {
             },
             Some(Err(_)) => return Err(CaStoreError::Conflict),
             None => {
-                let open = CreateMode::Persistent.with_acls(Acls::anyone_all());
-                match client.mkdir(DIR, &open).await {
-                    Ok(()) | Err(Error::NodeExists) => {}
-                    Err(err) => return Err(failed(err)),
-                }
+                self.guard(&client).await?;
                 // Only sessions authenticated as this one's identity may read the key.
                 let secret = CreateMode::Persistent.with_acls(Acls::creator_all());
                 match client.create(ROOTS_NODE, &data, &secret).await {
@@ -175,9 +223,12 @@ impl EnsembleRoots {
         let mut sessions = self.sessions.clone();
         tokio::spawn(async move {
             loop {
-                let client = match sessions.wait_for(Option::is_some).await {
-                    Ok(client) => client.clone(),
-                    Err(_) => return,
+                let client = tokio::select! {
+                    client = sessions.wait_for(Option::is_some) => match client {
+                        Ok(client) => client.clone(),
+                        Err(_) => return,
+                    },
+                    () = tx.closed() => return,
                 };
                 let Some(client) = client else { continue };
                 let armed = client.check_and_watch_stat(ROOTS_NODE).await;
@@ -194,14 +245,22 @@ impl EnsembleRoots {
                         };
                         if event.event_type == zookeeper_client::EventType::Session {
                             // The session ended: wait for the next one.
-                            tokio::time::sleep(REARM).await;
+                            pause(&tx).await;
                         }
                     }
-                    Err(_) => tokio::time::sleep(REARM).await,
+                    Err(_) => pause(&tx).await,
                 }
             }
         });
         rx
+    }
+}
+
+/// [`REARM`], or less when nobody listens any more.
+async fn pause(tx: &mpsc::Sender<()>) {
+    tokio::select! {
+        () = tokio::time::sleep(REARM) => {}
+        () = tx.closed() => {}
     }
 }
 

@@ -15,8 +15,9 @@ use zookeeper_client::{Acls, Client, CreateMode, Error};
 
 use super::authority::Bundle;
 
-/// One ephemeral node per live replica.
-pub const REPLICAS_DIR: &str = "/dubbo-cp/.ca/replicas";
+/// One ephemeral node per live replica, open to every replica (those without `zookeeper.auth`
+/// too), so beside the CA's guarded directory, not in it.
+pub const REPLICAS_DIR: &str = "/dubbo-cp/.fleet";
 /// Peers read at most (a larger directory is not a fleet of ours).
 const MAX_PEERS: usize = 256;
 /// A peer's node read at most.
@@ -75,9 +76,10 @@ fn disagreement(mine: &Trust, peers: &BTreeMap<String, Trust>) -> Option<String>
         })
         .collect();
     Some(format!(
-        "this replica's CA root {} is not the fleet's: other replicas on the ensemble issue from {}; \
-         workloads they serve cannot verify each other. Give every replica the same \
-         zookeeper.auth (one root shared through the ensemble) or the same --ca-cert/--ca-key",
+        "the replicas on the ensemble do not trust each other's CA roots: this one issues from \
+         {}, other replicas from {}; workloads they serve cannot verify each other. Give every \
+         replica the same zookeeper.auth (one root shared through the ensemble) or the same \
+         --ca-cert/--ca-key",
         short(active),
         others.join("; ")
     ))

@@ -22,6 +22,9 @@ pub mod pb;
 pub mod publish;
 pub mod service;
 pub mod store;
+mod view;
+
+pub use view::{CaView, RootView};
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -306,6 +309,9 @@ pub struct Manager {
     bundle: watch::Sender<Option<Arc<Bundle>>>,
     rotate: mpsc::Receiver<Reply>,
     stats: Arc<CaStats>,
+    /// The ensemble's roots node changed and could not be read: read it again at the next
+    /// tick (no other notification comes until it changes again).
+    follow_again: bool,
 }
 
 impl Authority {
@@ -344,6 +350,7 @@ impl Authority {
             bundle: tx,
             rotate: rotate_rx,
             stats: stats.clone(),
+            follow_again: false,
         };
         if let Some((stored, version)) = loaded {
             let bundle = stored.bundle(settings.cert_validity, SystemTime::now())?;
@@ -470,6 +477,9 @@ impl Manager {
             tokio::select! {
                 _ = crate::shutdown::signalled(&mut shutdown) => return,
                 () = tokio::time::sleep(wait) => {
+                    if self.follow_again {
+                        self.follow_ensemble().await;
+                    }
                     if let Err(err) = self.tick().await {
                         tracing::warn!(error = %err, "CA root maintenance failed; retrying");
                         tokio::time::sleep(RETRY).await;
@@ -509,6 +519,9 @@ impl Manager {
     }
 
     fn next_deadline(&self) -> Option<SystemTime> {
+        if self.follow_again {
+            return Some(SystemTime::now() + RETRY);
+        }
         let (Some(stored), Some(bundle)) = (&self.stored, self.bundle()) else {
             // Not loaded yet: try again soon.
             return Some(SystemTime::now() + RETRY);
@@ -652,10 +665,14 @@ impl Manager {
     /// The roots' node changed (another replica's rotation, or read again after a
     /// reconnection): take what it holds now, or write ours back if it is gone.
     async fn follow_ensemble(&mut self) {
+        self.follow_again = false;
         match self.backend.reload().await {
             Ok(Some((stored, version))) => self.adopt_stored(stored, version, "the ensemble").await,
             Ok(None) => self.recreate().await,
-            Err(err) => tracing::warn!(error = %err, "cannot read the CA roots from the ensemble"),
+            Err(err) => {
+                tracing::warn!(error = %err, retry_in = ?RETRY, "cannot read the CA roots from the ensemble");
+                self.follow_again = true;
+            }
         }
     }
 
@@ -721,67 +738,5 @@ async fn next_event(
 impl crate::auth::TokenVerifier for Authority {
     fn verify(&self, token: &str) -> Result<(String, SystemTime), String> {
         self.verify_token(token)
-    }
-}
-
-/// A trusted root as `dubbo-cp ca show` prints it.
-#[derive(Debug, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RootView {
-    /// `active` (issues) or `retiring` (trusted until what it issued has expired).
-    pub state: &'static str,
-    pub fingerprint: String,
-    pub subject: String,
-    pub not_before: String,
-    pub not_after: String,
-    /// Retiring roots: when they stop being trusted.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub drop_after: Option<String>,
-}
-
-/// The CA as the admin API shows it.
-#[derive(Debug, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CaView {
-    /// Generated (and rotated) by the control plane; `false`: the operator's root.
-    pub managed: bool,
-    /// When the active root is replaced automatically, if it is.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rotation_due: Option<String>,
-    pub cert_validity: String,
-    pub roots: Vec<RootView>,
-    /// The trust domain certificates are issued in.
-    pub trust_domain: String,
-    /// PEM of every root a client should trust (`dubbo-cp ca root`), the active one first.
-    pub trust_pems: Vec<String>,
-}
-
-impl Authority {
-    /// `None` while the roots are not loaded.
-    pub fn view(&self) -> Option<CaView> {
-        let bundle = self.current()?;
-        let time = |at: SystemTime| humantime::format_rfc3339_seconds(at).to_string();
-        let active = bundle.signer.root();
-        let drop_after = time(store::drop_time(active, self.settings.cert_validity));
-        Some(CaView {
-            managed: bundle.managed,
-            rotation_due: (bundle.managed && self.settings.auto_rotate)
-                .then(|| time(store::rotation_time(active))),
-            cert_validity: humantime::format_duration(self.settings.cert_validity).to_string(),
-            roots: bundle
-                .trusted()
-                .enumerate()
-                .map(|(i, root)| RootView {
-                    state: if i == 0 { "active" } else { "retiring" },
-                    fingerprint: root.fingerprint.clone(),
-                    subject: root.subject.clone(),
-                    not_before: time(root.not_before),
-                    not_after: time(root.not_after),
-                    drop_after: (i > 0).then(|| drop_after.clone()),
-                })
-                .collect(),
-            trust_domain: self.trust_domain.to_string(),
-            trust_pems: bundle.trust_pems(),
-        })
     }
 }

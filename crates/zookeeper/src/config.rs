@@ -52,7 +52,8 @@ pub struct ZooKeeperConfig {
     pub auth: Option<PathBuf>,
     /// The ACL of the mapping and rule nodes dubbo-cp creates: `open` (anyone may read and
     /// write, as Dubbo SDKs must) or `read` (anyone may read; only dubbo-cp's `zookeeper.auth`
-    /// identity may change them; SDKs can then no longer register mappings themselves).
+    /// identity may change them; SDKs can then no longer append to those mapping nodes). The
+    /// directories above them stay open either way.
     #[arg(id = "zookeeper.acl", long = "zookeeper-acl", env = "DUBBO_CP_ZOOKEEPER_ACL",
           value_parser = ["open", "read"])]
     #[default("open".to_owned())]
@@ -108,11 +109,16 @@ impl ZooKeeperConfig {
             path: path.clone(),
             source,
         };
-        let size = std::fs::metadata(path).map_err(read)?.len();
-        if size > MAX_AUTH_BYTES {
+        // Read through a limit, not after a size check: a FIFO or a device has no size.
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(std::fs::File::open(path).map_err(read)?, MAX_AUTH_BYTES + 1),
+            &mut text,
+        )
+        .map_err(read)?;
+        if text.len() as u64 > MAX_AUTH_BYTES {
             return Err(invalid("is over 4 KiB"));
         }
-        let text = std::fs::read_to_string(path).map_err(read)?;
         let line = text.trim();
         if line.contains('\n') {
             return Err(invalid("has more than one line"));

@@ -205,7 +205,7 @@ impl ZkRules {
         for _ in 0..TRIES {
             let mut report = Report::default();
             let mut multi = client.new_multi_writer();
-            let options = self.session.create_options();
+            let (options, parents) = (self.session.create_options(), self.session.parent_options());
             let mut checks = Vec::new();
             for (path, (rule, bytes)) in &nodes {
                 let name = describe(&key_of(rule));
@@ -216,7 +216,7 @@ impl ZkRules {
                     Held::Nothing => {
                         if let Some(parent) = path.rsplit_once('/').map(|(parent, _)| parent) {
                             client
-                                .mkdir(parent, &options)
+                                .mkdir(parent, &parents)
                                 .await
                                 .map_err(|err| RuleError::Unavailable(err.to_string()))?;
                         }

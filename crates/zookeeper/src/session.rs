@@ -87,6 +87,12 @@ impl Session {
         }))
     }
 
+    /// How the directories above them are made: open to all, whatever `zookeeper.acl` says, as
+    /// SDKs create their own nodes beside ours (`/dubbo/<interface>/providers/...`).
+    pub fn parent_options(&self) -> CreateOptions<'static> {
+        CreateMode::Persistent.with_acls(Acls::anyone_all())
+    }
+
     /// How the mapping and rule nodes dubbo-cp creates are made: open to all (Dubbo SDKs read
     /// and write them), or with `zookeeper.acl: read`, readable by all and changed by this
     /// identity only.
@@ -218,7 +224,7 @@ impl Session {
         if self.chroot.is_empty() {
             return Ok(client);
         }
-        client.mkdir(&self.chroot, &self.create_options()).await?;
+        client.mkdir(&self.chroot, &self.parent_options()).await?;
         client
             .chroot(self.chroot.as_str())
             .map_err(|_| zookeeper_client::Error::BadArguments(&"invalid chroot"))

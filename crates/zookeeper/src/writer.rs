@@ -70,7 +70,8 @@ impl ZkWriter {
             return Err(Failure::Transient(backoff(failures)));
         };
         for _ in 0..CAS_TRIES {
-            match cas_once(&client, &path, applications, &self.session.create_options()).await {
+            let options = (self.session.create_options(), self.session.parent_options());
+            match cas_once(&client, &path, applications, &options).await {
                 Ok(true) => {
                     ZkStats::count(&self.stats.writes);
                     return Ok(());
@@ -128,7 +129,7 @@ async fn cas_once(
     client: &Client,
     path: &str,
     applications: &BTreeSet<String>,
-    options: &CreateOptions<'_>,
+    (options, parents): &(CreateOptions<'_>, CreateOptions<'_>),
 ) -> Result<bool, Round> {
     match client.get_data(path).await {
         Ok((data, stat)) => {
@@ -163,7 +164,7 @@ async fn cas_once(
                 return Ok(false);
             };
             if let Some((parent, _)) = path.rsplit_once('/')
-                && let Err(err) = client.mkdir(parent, options).await
+                && let Err(err) = client.mkdir(parent, parents).await
             {
                 return Err(Round::Failed(err));
             }
