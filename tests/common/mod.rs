@@ -9,6 +9,7 @@ pub mod browser;
 pub mod gates;
 pub mod kube_local;
 pub mod sa_tokens;
+pub mod walkthrough;
 pub mod xds;
 pub mod zookeeper;
 
