@@ -239,6 +239,23 @@ async fn rotate(admin: SocketAddr) {
     assert_eq!(status, 200, "{body}");
 }
 
+/// `dubbo-cp agent --once` over the TLS port `tls` (`host:port`), trusting `ca_file`.
+fn once_over_tls(out: &Path, tls: &str, ca_file: &Path, token: &Path) -> std::process::Output {
+    agent_command(&[
+        "--out",
+        path(out),
+        "--ca-address",
+        tls,
+        "--ca-cert-file",
+        path(ca_file),
+        "--token-file",
+        path(token),
+        "--once",
+    ])
+    .output()
+    .unwrap()
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -256,19 +273,7 @@ async fn writes_the_files_keeps_them_across_a_restart_and_follows_the_bundle() {
 
     // --once over TLS (host:port is TLS; the port's certificate names localhost).
     let tls = format!("localhost:{}", server.tls_addr.unwrap().port());
-    let once = agent_command(&[
-        "--out",
-        path(&out),
-        "--ca-address",
-        &tls,
-        "--ca-cert-file",
-        path(&ca_file),
-        "--token-file",
-        path(&token),
-        "--once",
-    ])
-    .output()
-    .unwrap();
+    let once = once_over_tls(&out, &tls, &ca_file, &token);
     assert!(once.status.success(), "{once:?}");
     let stdout = String::from_utf8_lossy(&once.stdout);
     assert!(
@@ -657,19 +662,7 @@ async fn the_tls_steps_of_the_docs_work_without_an_admin_identity() {
     std::fs::write(&token, "sdk\n").unwrap();
     let out = dir.path().join("certs");
     let tls = format!("localhost:{}", server.tls_addr.unwrap().port());
-    let once = agent_command(&[
-        "--out",
-        path(&out),
-        "--ca-address",
-        &tls,
-        "--ca-cert-file",
-        path(&ca_file),
-        "--token-file",
-        path(&token),
-        "--once",
-    ])
-    .output()
-    .unwrap();
+    let once = once_over_tls(&out, &tls, &ca_file, &token);
     assert!(once.status.success(), "{once:?}");
     assert!(out.join(CERT_CHAIN_FILE).is_file());
     server.stop().await.unwrap();

@@ -15,9 +15,8 @@ use std::time::Instant;
 
 use common::{http_send, start, test_config};
 use released::Released;
-use security::{Workload, client, count, free_port, server};
+use security::{ADMIN, Workload, apply, client, count, free_port, greeter_entry, server};
 
-const ADMIN: &str = "admin-token";
 const TOKENS: &str = "tokens:
   - {token: admin-token, namespace: ops, identity: ops-admin}
   - {token: shop-token, namespace: shop, serviceAccount: greeter}
@@ -25,8 +24,8 @@ const TOKENS: &str = "tokens:
   - {token: b-token, namespace: b, serviceAccount: client}
 ";
 const TARGET: &str = "xds:///greeter.shop:7070";
-const GET: &str = "/shop.Items/Get";
-const DELETE: &str = "/shop.Items/Delete";
+const GET: &str = "/org.example.Greeter/SayHello";
+const DELETE: &str = "/org.example.Greeter/Delete";
 const A: &str = "spiffe://cluster.local/ns/a/sa/client";
 
 /// The control plane with the test's tokens, its certificates valid for `validity`.
@@ -43,24 +42,6 @@ async fn control_plane(
         config.ca.cert_validity = validity;
     }
     start(config).await
-}
-
-async fn apply(admin: SocketAddr, manifest: &str) {
-    let (status, body) = http_send(admin, "POST", "/api/v1/apply", manifest, Some(ADMIN)).await;
-    assert_eq!(status, 200, "{body}");
-}
-
-fn greeter_entry(port: u16) -> String {
-    format!(
-        "apiVersion: dubbo.apache.org/v1alpha1
-kind: ServiceEntry
-metadata: {{name: greeter, namespace: shop}}
-spec:
-  hosts: [greeter]
-  ports: [{{number: 7070, name: grpc, protocol: GRPC}}]
-  endpoints: [{{address: 127.0.0.1, ports: {{grpc: {port}}}, labels: {{app: greeter}}}}]
-"
-    )
 }
 
 const STRICT: &str = "apiVersion: dubbo.apache.org/v1alpha1

@@ -17,37 +17,31 @@ use std::time::Duration;
 use common::zookeeper::ZooKeeper;
 use common::{http_get, http_send, start, test_config};
 use released::Released;
-use security::{Workload, client, count, free_port, server};
+use security::{ADMIN, Workload, apply, client, count, free_port, greeter_entry, server};
 use serde_json::Value;
 
-const ADMIN: &str = "admin-token";
 const TOKENS: &str = "tokens:
   - {token: admin-token, namespace: ops, identity: ops-admin}
   - {token: shop-token, namespace: shop, serviceAccount: greeter}
   - {token: a-token, namespace: a, serviceAccount: client}
 ";
 const TARGET: &str = "xds:///greeter.shop:7070";
-const GET: &str = "/shop.Items/Get";
+const GET: &str = "/org.example.Greeter/SayHello";
 const CREDENTIALS: &str = "dubbo-cp:s3cret";
 const ROOTS_NODE: &str = "/dubbo-cp/.ca/roots";
 /// The released Python SDK's environment, which carries kazoo (tests/zookeeper_providers.rs).
 const DUBBO_PYTHON: &str = "apache-dubbo[zookeeper]==3.0.0b1";
 
-fn greeter_entry(port: u16) -> String {
+/// The greeter on `port`, STRICT for namespace shop.
+fn strict_greeter(port: u16) -> String {
     format!(
-        "apiVersion: dubbo.apache.org/v1alpha1
-kind: ServiceEntry
-metadata: {{name: greeter, namespace: shop}}
-spec:
-  hosts: [greeter]
-  ports: [{{number: 7070, name: grpc, protocol: GRPC}}]
-  endpoints: [{{address: 127.0.0.1, ports: {{grpc: {port}}}, labels: {{app: greeter}}}}]
----
+        "{}---
 apiVersion: dubbo.apache.org/v1alpha1
 kind: AuthenticationPolicy
 metadata: {{name: strict, namespace: shop}}
 spec: {{action: STRICT}}
-"
+",
+        greeter_entry(port)
     )
 }
 
@@ -74,11 +68,6 @@ fn replica(dir: &Path, zk: Option<&ZooKeeper>, auth: bool) -> dubbo_cp::config::
         }
     }
     config
-}
-
-async fn apply(admin: SocketAddr, manifest: &str) {
-    let (status, body) = http_send(admin, "POST", "/api/v1/apply", manifest, Some(ADMIN)).await;
-    assert_eq!(status, 200, "{body}");
 }
 
 /// The fingerprints a replica trusts, the active one first.
@@ -182,7 +171,7 @@ async fn replicas_on_one_ensemble_share_one_ca_and_a_foreign_root_is_refused() {
 
     // Released grpcio on both ends, their agents served by different replicas, STRICT mTLS.
     let port = free_port();
-    apply(a.admin_addr, &greeter_entry(port)).await;
+    apply(a.admin_addr, &strict_greeter(port)).await;
     let root = dir.path().join("workloads");
     let shop = Workload::start(&root, "shop", "shop", "shop-token", a.grpc_addr, &[]).await;
     let on_b = Workload::start(&root, "a", "a", "a-token", b.grpc_addr, &[]).await;
@@ -218,7 +207,7 @@ async fn replicas_on_one_ensemble_share_one_ca_and_a_foreign_root_is_refused() {
     // same services) is refused by the fleet's server.
     let other = start(replica(&dir.path().join("other"), None, false)).await;
     common::wait_ready(other.admin_addr).await;
-    apply(other.admin_addr, &greeter_entry(port)).await;
+    apply(other.admin_addr, &strict_greeter(port)).await;
     let foreign = Workload::start(&root, "f", "a", "a-token", other.grpc_addr, &[]).await;
     let mut refused = client(
         Released::Grpcio,

@@ -1,6 +1,7 @@
 //! Zero trust with released gRPC on both ends: workloads whose certificates `dubbo-cp agent`
-//! keeps, their xDS bootstraps, and the processes of `secure.py` (grpcio) and `secure.js`
-//! (@grpc/grpc-js-xds) serving and calling through the control plane.
+//! keeps, their xDS bootstraps, the shipped example servers (examples/security/, grpcio and
+//! @grpc/grpc-js-xds) and the client drivers `secure.py` and `secure.js` calling through the
+//! control plane.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ const CERT_CHAIN: &str = "cert-chain.pem";
 const KEY: &str = "key.pem";
 const ROOT_CERT: &str = "root-cert.pem";
 
+/// The client driver of `kind` (tests/security/).
 fn script(kind: Released) -> PathBuf {
     let name = match kind {
         Released::Grpcio => "secure.py",
@@ -24,6 +26,17 @@ fn script(kind: Released) -> PathBuf {
     };
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/security")
+        .join(name)
+}
+
+/// The shipped example server of `kind` (examples/security/, what docs/security.md runs).
+fn example_server(kind: Released) -> PathBuf {
+    let name = match kind {
+        Released::Grpcio => "server.py",
+        Released::GrpcJs => "server.js",
+    };
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/security")
         .join(name)
 }
 
@@ -198,8 +211,14 @@ pub async fn server(
     let mut all = vec![("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap)];
     all.extend(env.iter().cloned());
     let port = port.to_string();
-    let mut proc = Proc::spawn(kind, &["server", name, "127.0.0.1", &port], &all);
-    assert_eq!(proc.line().await, "started");
+    let mut proc = Proc(crate::released::Proc::spawn_script(
+        kind,
+        &example_server(kind),
+        &["127.0.0.1", &port, name],
+        &all,
+    ));
+    let line = proc.line().await;
+    assert!(line.contains(" started on "), "{line}");
     proc
 }
 
@@ -221,4 +240,29 @@ pub fn free_port() -> u16 {
 
 pub fn count(result: &Value, code: &str) -> u64 {
     result[code].as_u64().unwrap_or(0)
+}
+
+/// The admin token of the tests' token files.
+pub const ADMIN: &str = "admin-token";
+
+/// Applies `manifest` through the admin API as [`ADMIN`].
+pub async fn apply(admin: std::net::SocketAddr, manifest: &str) {
+    let (status, body) =
+        crate::common::http_send(admin, "POST", "/api/v1/apply", manifest, Some(ADMIN)).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// The greeter of namespace shop (host `greeter`, port 7070) served on 127.0.0.1:`port`: the
+/// address its xDS-enabled server binds, by which its listener is found.
+pub fn greeter_entry(port: u16) -> String {
+    format!(
+        "apiVersion: dubbo.apache.org/v1alpha1
+kind: ServiceEntry
+metadata: {{name: greeter, namespace: shop}}
+spec:
+  hosts: [greeter]
+  ports: [{{number: 7070, name: grpc, protocol: GRPC}}]
+  endpoints: [{{address: 127.0.0.1, ports: {{grpc: {port}}}, labels: {{app: greeter}}}}]
+"
+    )
 }

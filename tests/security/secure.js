@@ -1,8 +1,5 @@
-// Released @grpc/grpc-js-xds on both ends of zero trust; the same commands as secure.py:
-//   server NAME HOST PORT   an XdsServer with xDS server credentials (plaintext fallback) answering
-//                           /shop.Items/{Get,Delete} with {"who": NAME, "peer": SPIFFE ID or ""};
-//                           prints "started" once bindAsync was called (it serves when its
-//                           listener arrives). RBAC needs GRPC_XDS_EXPERIMENTAL_RBAC=true.
+// Released @grpc/grpc-js-xds's xDS clients, driven by the tests with the same commands as
+// secure.py (the servers are the shipped examples/security/server.py and server.js):
 //   client TARGET MODE      MODE "xds" (xDS channel credentials) or "plain"; reads lines:
 //     call N METHOD             prints {"OK": n, CODE: n, "peers": {id: n}, "last_error": s}
 //     settle OUTCOME RUN METHOD calls until OUTCOME comes RUN times in a row (at most 30 s)
@@ -12,39 +9,6 @@ const xds = require('@grpc/grpc-js-xds');
 const readline = require('readline');
 
 const identity = (x) => x;
-const METHODS = ['Get', 'Delete'];
-
-function peerId(call) {
-  const certificate = call.getAuthContext().sslPeerCertificate;
-  const names = (certificate && certificate.subjectaltname) || '';
-  const uri = names.split(', ').find((n) => n.startsWith('URI:spiffe://'));
-  return uri ? uri.slice(4) : '';
-}
-
-function server(name, host, port) {
-  // Registers the HTTP filters (router, RBAC) too: without it every listener is NACKed.
-  xds.register();
-  const server = new xds.XdsServer();
-  const definition = {};
-  const handlers = {};
-  for (const method of METHODS) {
-    definition[method] = {
-      path: `/shop.Items/${method}`, requestStream: false, responseStream: false,
-      requestSerialize: identity, requestDeserialize: identity,
-      responseSerialize: identity, responseDeserialize: identity,
-    };
-    handlers[method] = (call, done) =>
-      done(null, Buffer.from(JSON.stringify({ who: name, peer: peerId(call) })));
-  }
-  server.addService(definition, handlers);
-  const credentials = new xds.XdsServerCredentials(grpc.ServerCredentials.createInsecure());
-  server.bindAsync(`${host}:${port}`, credentials, (err) => {
-    if (err) { console.error(err); process.exit(1); }
-  });
-  console.log('started');
-  process.stdin.resume();
-  process.stdin.on('end', () => server.forceShutdown());
-}
 
 function outcome(client, method) {
   return new Promise((resolve) => {
@@ -95,5 +59,4 @@ async function client(target, mode) {
   client.close();
 }
 
-if (process.argv[2] === 'server') server(process.argv[3], process.argv[4], process.argv[5]);
-else client(process.argv[3], process.argv[4]);
+client(process.argv[3], process.argv[4]);

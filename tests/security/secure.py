@@ -1,9 +1,6 @@
-"""Released grpcio on both ends of zero trust: an xDS-enabled server (gRFC A36) taking its TLS and
-RBAC from the control plane, and xDS clients with or without xDS credentials. No generated code.
+"""Released grpcio's xDS clients, with or without xDS credentials, driven line by line by the
+tests (the servers are the shipped examples/security/server.py and server.js). No generated code.
 
-server NAME HOST PORT: serves every unary method on HOST:PORT with xDS server credentials (plaintext
-fallback), answering {"who": NAME, "peer": the caller's SPIFFE ID or ""}; prints "started" once
-start() returned (serving begins only when the listener arrives).
 client TARGET MODE: MODE "xds" (xDS channel credentials, plaintext fallback) or "plain" (no TLS
 whatever the control plane says). Reads lines from stdin:
   "call N METHOD [PAUSE_MS]" makes N calls (PAUSE_MS apart) and prints {"OK": n, CODE: n, ...,
@@ -15,40 +12,9 @@ The bootstrap comes from GRPC_XDS_BOOTSTRAP_CONFIG.
 import json
 import sys
 import time
-from concurrent import futures
 
 import grpc
 import grpc.experimental
-
-
-def peer_id(context):
-    auth = context.auth_context()
-    for key in ("peer_spiffe_id", "x509_subject_alternative_name"):
-        for value in auth.get(key, []):
-            text = value.decode(errors="replace")
-            if text.startswith("spiffe://"):
-                return text
-    return ""
-
-
-def server(name, host, port):
-    class Handler(grpc.GenericRpcHandler):
-        def service(self, handler_call_details):
-            def answer(request, context):
-                return json.dumps({"who": name, "peer": peer_id(context)}).encode()
-
-            return grpc.unary_unary_rpc_method_handler(answer)
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), xds=True)
-    server.add_generic_rpc_handlers((Handler(),))
-    server.add_secure_port(
-        "%s:%s" % (host, port),
-        grpc.xds_server_credentials(grpc.insecure_server_credentials()),
-    )
-    server.start()
-    print("started", flush=True)
-    sys.stdin.read()  # until the test closes stdin
-    server.stop(None)
 
 
 def client(target, mode):
@@ -101,7 +67,4 @@ def client(target, mode):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "server":
-        server(*sys.argv[2:5])
-    else:
-        client(sys.argv[2], sys.argv[3])
+    client(sys.argv[2], sys.argv[3])
